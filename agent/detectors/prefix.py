@@ -1,0 +1,46 @@
+"""Strip the prefixes that kernel lines carry in saved logs, so rules see the bare message.
+
+Recognised (and combinations such as a syslog header followed by a dmesg timestamp):
+
+- raw ``/dev/kmsg`` record header ``prio,seq,usec,flags;``
+- ``dmesg -r`` priority ``<N>``
+- ``dmesg`` timestamps ``[  123.456789]``, ``dmesg -T`` ``[Sun Feb 23 16:24:18 2025]``, redacted ``[XXXXX]``
+- ``dmesg --decode`` ``kern  :warn  : 2025-01-21T04:41:44,283302+00:00``
+- syslog/journal ``Nov 22 14:56:44 host kernel:`` and ISO ``2025-01-21T04:41:44.283+0000 host kernel:``
+- a bare ``kernel:`` tag
+"""
+
+from __future__ import annotations
+
+import re
+
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+
+_PREFIXES = re.compile(
+    "|".join(
+        [
+            r"\d+,\d+,\d+,[^;\s]*;",  # /dev/kmsg record header
+            r"<\d{1,3}>",  # dmesg -r
+            r"\[\s*\d+\.\d+\]\s?",  # dmesg
+            rf"\[{_DAY} {_MONTH} +\d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}} \d{{4}}\]\s?",  # dmesg -T
+            r"\[X+\]\s?",  # documentation with a redacted timestamp
+            rf"[a-z]+ *:[a-z]+ *: {_ISO}\s",  # dmesg --decode --time-format iso
+            rf"{_MONTH} +\d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}} \S+ kernel: ?",  # syslog / journalctl
+            rf"{_ISO} \S+ kernel: ?",  # journalctl -o short-iso
+            r"kernel: ?",
+        ]
+    )
+)
+
+
+def strip_prefix(line: str) -> str:
+    """The kernel message without any leading log-format prefixes (at most four layers)."""
+    text = line
+    for _ in range(4):
+        m = _PREFIXES.match(text)
+        if m is None or m.end() == 0:
+            break
+        text = text[m.end() :]
+    return text

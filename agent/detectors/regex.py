@@ -1,0 +1,224 @@
+"""Regex helpers for rule packs: Go (RE2) syntax → Python, and static analysis for the fast matcher.
+
+node-problem-detector patterns are Go regular expressions. The common subset is the same in Python;
+the differences that occur in real configs are translated here (``\\z``, POSIX classes, ``\\Q..\\E``);
+anything else Python cannot compile is reported as a validation error by the loader.
+
+The analysis answers two questions the fast matcher needs, conservatively (when unsure it says
+"unknown", which only costs speed, never correctness):
+
+- ``required_literals``: strings of which at least one occurs in every line (or window) the
+  pattern can match; a line containing none of them cannot match.
+- ``can_span_lines``: whether a match may cross a ``\\n`` or depends on text before the newest
+  line (start anchors, look-behind), in which case the rule is evaluated on the joined line buffer.
+"""
+
+from __future__ import annotations
+
+import re
+from re import _constants as sre  # the parser's opcode constants (stable since 3.11)
+from re import _parser as sre_parse
+
+_POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "ascii": "\\x00-\\x7F",
+    "blank": "\\t ",
+    "cntrl": "\\x00-\\x1F\\x7F",
+    "digit": "0-9",
+    "graph": "!-~",
+    "lower": "a-z",
+    "print": " -~",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
+_POSIX_RE = re.compile(r"\[:(\^?)([a-z]+):\]")
+_QUOTE_RE = re.compile(r"\\Q(.*?)(?:\\E|$)", re.S)
+
+
+class PatternError(ValueError):
+    """A pattern that cannot be used; the message says why."""
+
+
+def translate_go(pattern: str) -> str:
+    """Translate the Go/RE2 constructs Python spells differently; raise PatternError for unsupported ones."""
+    out = _QUOTE_RE.sub(lambda m: re.escape(m.group(1)), pattern)
+
+    def posix(m: re.Match[str]) -> str:
+        negate, name = m.group(1), m.group(2)
+        if name not in _POSIX_CLASSES:
+            raise PatternError(f"unknown POSIX class [:{name}:]")
+        if negate:
+            raise PatternError(f"negated POSIX class [:^{name}:] is not supported; use [^...]")
+        return _POSIX_CLASSES[name]
+
+    out = _POSIX_RE.sub(posix, out)
+    # \z (end of text) is \Z in Python; \Z does not exist in Go, so the rewrite is unambiguous.
+    out = re.sub(r"(?<!\\)((?:\\\\)*)\\z", r"\1\\Z", out)
+    if re.search(r"(?<!\\)((?:\\\\)*)\\[pP]", out):
+        raise PatternError("Unicode classes (\\p{..}) are not supported by Python's re module")
+    return out
+
+
+def compile_anchored(pattern: str) -> re.Pattern[str]:
+    """Compile an NPD pattern with NPD semantics: it must match up to the end of the text."""
+    try:
+        return re.compile(f"(?:{translate_go(pattern)})\\Z")
+    except re.error as exc:
+        raise PatternError(str(exc)) from exc
+
+
+def _parse(pattern: str) -> sre_parse.SubPattern | None:
+    try:
+        return sre_parse.parse(translate_go(pattern))
+    except (re.error, PatternError, RecursionError):
+        return None
+
+
+def _literal_runs(items: list) -> tuple[list[str], list[list[str]]]:
+    """Required literal runs in a sequence, and required alternative sets (from branches).
+
+    Returns (runs, alternatives): every run in ``runs`` occurs in any match; for every list in
+    ``alternatives`` at least one of its strings occurs in any match.
+    """
+    runs: list[str] = []
+    alternatives: list[list[str]] = []
+    current: list[str] = []
+
+    def flush() -> None:
+        if current:
+            runs.append("".join(current))
+            current.clear()
+
+    for op, arg in items:
+        if op is sre.LITERAL and arg != 10:
+            current.append(chr(arg))
+            continue
+        flush()
+        if op is sre.SUBPATTERN:
+            _group, add_flags, _del_flags, sub = arg
+            if add_flags & (sre.SRE_FLAG_IGNORECASE):
+                continue
+            sub_runs, sub_alts = _literal_runs(list(sub))
+            runs.extend(sub_runs)
+            alternatives.extend(sub_alts)
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+            low, _high, sub = arg
+            if low >= 1:
+                sub_runs, sub_alts = _literal_runs(list(sub))
+                runs.extend(sub_runs)
+                alternatives.extend(sub_alts)
+        elif op is sre.BRANCH:
+            options: list[str] = []
+            for branch in arg[1]:
+                best = _best_literal(list(branch))
+                if best is None:
+                    options = []
+                    break
+                options.extend(best)
+            if options:
+                alternatives.append(options)
+        elif op is getattr(sre, "ATOMIC_GROUP", None):
+            sub_runs, sub_alts = _literal_runs(list(arg))
+            runs.extend(sub_runs)
+            alternatives.extend(sub_alts)
+    flush()
+    return runs, alternatives
+
+
+def _best_literal(items: list) -> list[str] | None:
+    runs, alternatives = _literal_runs(items)
+    candidates: list[list[str]] = [[r] for r in runs if r] + [a for a in alternatives if all(a)]
+    if not candidates:
+        return None
+    # Prefer the option whose weakest member is longest (more selective, fewer needles).
+    return max(candidates, key=lambda opts: (min(len(o) for o in opts), -len(opts)))
+
+
+def required_literals(pattern: str) -> tuple[str, ...] | None:
+    """Strings of which at least one occurs in every match of ``pattern``; None if unknown."""
+    parsed = _parse(pattern)
+    if parsed is None or parsed.state.flags & sre.SRE_FLAG_IGNORECASE:
+        return None
+    best = _best_literal(list(parsed))
+    if best is None or min(len(s) for s in best) < 3:
+        return None
+    return tuple(dict.fromkeys(best))
+
+
+def _may_match_newline(items: list, dotall: bool) -> bool:
+    for op, arg in items:
+        if op is sre.LITERAL:
+            if arg == 10:
+                return True
+        elif op is sre.NOT_LITERAL:
+            if arg != 10:
+                return True
+        elif op is sre.ANY:
+            if dotall:
+                return True
+        elif op is sre.IN:
+            if _class_may_match_newline(arg):
+                return True
+        elif op is sre.SUBPATTERN:
+            _g, add_flags, del_flags, sub = arg
+            sub_dotall = (dotall or bool(add_flags & sre.SRE_FLAG_DOTALL)) and not (del_flags & sre.SRE_FLAG_DOTALL)
+            if add_flags & sre.SRE_FLAG_MULTILINE or _may_match_newline(list(sub), sub_dotall):
+                return True
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+            if _may_match_newline(list(arg[2]), dotall):
+                return True
+        elif op is sre.BRANCH:
+            if any(_may_match_newline(list(b), dotall) for b in arg[1]):
+                return True
+        elif op is sre.AT:
+            if arg in (sre.AT_BEGINNING, sre.AT_BEGINNING_STRING, sre.AT_BEGINNING_LINE):
+                return True  # anchors to the start of the buffer, not of the newest line
+        elif op in (sre.ASSERT, sre.ASSERT_NOT):
+            direction, sub = arg
+            if direction < 0 or _may_match_newline(list(sub), dotall):
+                return True  # look-behind can see the previous line
+        elif op is getattr(sre, "ATOMIC_GROUP", None):
+            if _may_match_newline(list(arg), dotall):
+                return True
+        elif op in (sre.GROUPREF, sre.GROUPREF_EXISTS) or op is sre.CATEGORY:
+            return True
+    return False
+
+
+_NEWLINE_CATEGORIES = frozenset(
+    {
+        sre.CATEGORY_SPACE,
+        sre.CATEGORY_NOT_DIGIT,
+        sre.CATEGORY_NOT_WORD,
+        sre.CATEGORY_LINEBREAK,
+        sre.CATEGORY_UNI_SPACE,
+        sre.CATEGORY_UNI_NOT_DIGIT,
+        sre.CATEGORY_UNI_NOT_WORD,
+        sre.CATEGORY_UNI_LINEBREAK,
+    }
+)
+
+
+def _class_may_match_newline(items: list) -> bool:
+    """Whether a character class ``[...]`` can match ``\\n``."""
+    negated = any(op is sre.NEGATE for op, _ in items)
+    matches = any(
+        (op is sre.LITERAL and arg == 10)
+        or (op is sre.RANGE and arg[0] <= 10 <= arg[1])
+        or (op is sre.CATEGORY and arg in _NEWLINE_CATEGORIES)
+        for op, arg in items
+    )
+    return matches != negated
+
+
+def can_span_lines(pattern: str) -> bool:
+    """True when a match may include a newline or depend on text before the newest line."""
+    parsed = _parse(pattern)
+    if parsed is None:
+        return True
+    flags = parsed.state.flags
+    return _may_match_newline(list(parsed), bool(flags & sre.SRE_FLAG_DOTALL)) or bool(flags & sre.SRE_FLAG_MULTILINE)

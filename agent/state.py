@@ -1,0 +1,238 @@
+"""NodeState: the single source of truth, a fold of findings into conditions, counts and events.
+
+Every transition happens here, including the way back to healthy: a check reporting healthy
+again (a ``False`` finding), or ``clearAfter`` seconds without a new match for log-derived
+conditions. Sinks (Kubernetes, Prometheus, logs, CloudWatch) only read ``Snapshot``s and the
+``Event``s returned by ``apply``/``expire``, so they can never disagree.
+
+Rules for a condition that is already ``True``: a new finding with a different reason replaces
+the reason only when it is at least as severe (a critical Xid 79 is not overwritten by a later
+warning); ``lastTransitionTime`` changes only when the status changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+
+from agent.durations import format_duration
+from agent.types import (
+    Condition,
+    ConditionSpec,
+    Event,
+    Finding,
+    RuleType,
+    Severity,
+    Snapshot,
+    Status,
+)
+
+log = logging.getLogger(__name__)
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
+
+
+def event_type(severity: Severity) -> str:
+    """Kubernetes Event type for a problem of this severity."""
+    return "Normal" if severity is Severity.INFO else "Warning"
+
+
+class NodeState:
+    """Conditions and problem counts of this node. Not thread-safe: one owner (the main loop)."""
+
+    def __init__(
+        self,
+        *,
+        conditions: Sequence[ConditionSpec],
+        clock: Callable[[], float],
+        reasons: Iterable[str] = (),
+        problem_pairs: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self._clock = clock
+        self._specs = {c.type: c for c in conditions}
+        now = clock()
+        self._conditions: dict[str, Condition] = {
+            c.type: Condition(
+                type=c.type,
+                status=Status.FALSE,
+                reason=c.reason,
+                message=c.message,
+                last_transition=now,
+                last_update=now,
+            )
+            for c in conditions
+        }
+        self._counts: Counter[str] = Counter({r: 0 for r in reasons})
+        self._pairs: dict[tuple[str, str], None] = dict.fromkeys(problem_pairs)
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Increases on every change of a condition (status, reason or message)."""
+        return self._generation
+
+    def seed(self, conditions: Iterable[Condition]) -> None:
+        """Adopt conditions read back at startup (e.g. from the Node) for the types we own.
+
+        Keeps their status, reason, message and transition time, so a restart neither resets a
+        problem to healthy nor moves ``lastTransitionTime``. No events are produced.
+        """
+        for cond in conditions:
+            if cond.type in self._specs:
+                self._conditions[cond.type] = cond
+                if cond.status is Status.TRUE:
+                    self._pairs.setdefault((cond.type, cond.reason), None)
+                self._generation += 1
+
+    def apply(self, finding: Finding) -> list[Event]:
+        """Fold one finding in; return the events it produces (maybe none)."""
+        now = self._clock()
+        if finding.type is RuleType.TEMPORARY:
+            self._counts[finding.reason] += 1
+            return [
+                Event(
+                    type=event_type(finding.severity),
+                    reason=finding.reason,
+                    message=finding.message,
+                    timestamp=finding.timestamp,
+                    source=finding.source,
+                    severity=finding.severity,
+                    rule=finding.rule,
+                    fields=finding.fields,
+                )
+            ]
+        if finding.condition is None or finding.condition not in self._specs:
+            log.warning("finding for undeclared condition %r from rule %s ignored", finding.condition, finding.rule)
+            return []
+        current = self._conditions[finding.condition]
+        if finding.status is Status.TRUE:
+            return self._set_problem(current, finding, now)
+        spec = self._specs[finding.condition]
+        reason = spec.reason if finding.status is Status.FALSE else finding.reason
+        message = spec.message if finding.status is Status.FALSE else finding.message
+        if current.status is finding.status and current.reason == reason:
+            self._conditions[current.type] = _replace(current, last_update=now)
+            return []
+        return [
+            self._transition(
+                current,
+                status=finding.status,
+                reason=reason,
+                message=message,
+                now=now,
+                severity=finding.severity,
+                source=finding.source,
+                rule=finding.rule,
+                fields={},
+            )
+        ]
+
+    def _set_problem(self, current: Condition, finding: Finding, now: float) -> list[Event]:
+        if current.status is Status.TRUE:
+            same = current.reason == finding.reason
+            weaker = _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[current.severity]
+            if same or weaker:
+                self._conditions[current.type] = _replace(current, last_update=now)
+                return []
+        self._counts[finding.reason] += 1
+        self._pairs.setdefault((current.type, finding.reason), None)
+        return [
+            self._transition(
+                current,
+                status=Status.TRUE,
+                reason=finding.reason,
+                message=finding.message,
+                now=now,
+                severity=finding.severity,
+                source=finding.source,
+                rule=finding.rule,
+                fields=finding.fields,
+                # NPD uses the log time as transition time; never in the future of our clock.
+                transition_time=min(finding.timestamp, now) if finding.timestamp else now,
+            )
+        ]
+
+    def _transition(
+        self,
+        current: Condition,
+        *,
+        status: Status,
+        reason: str,
+        message: str,
+        now: float,
+        severity: Severity,
+        source: str,
+        rule: str | None,
+        fields: object,
+        transition_time: float | None = None,
+    ) -> Event:
+        changed_status = current.status is not status
+        updated = Condition(
+            type=current.type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition=(transition_time if transition_time is not None else now)
+            if changed_status
+            else current.last_transition,
+            last_update=now,
+            severity=severity if status is Status.TRUE else Severity.INFO,
+            fields=dict(fields) if isinstance(fields, dict) else {},
+        )
+        self._conditions[current.type] = updated
+        self._generation += 1
+        return Event(
+            type="Warning" if status is not Status.FALSE else "Normal",
+            reason=reason,
+            message=f"Node condition {current.type} is now: {status.value}, reason: {reason}, message: {message!r}",
+            timestamp=now,
+            source=source or self._specs[current.type].source,
+            severity=severity if status is not Status.FALSE else Severity.INFO,
+            condition=current.type,
+            status=status,
+            rule=rule,
+            fields=updated.fields,
+        )
+
+    def expire(self) -> list[Event]:
+        """Heal conditions whose ``clearAfter`` quiet period has passed."""
+        now = self._clock()
+        events = []
+        for type_, cond in list(self._conditions.items()):
+            spec = self._specs[type_]
+            if cond.status is Status.TRUE and spec.clear_after and now - cond.last_update >= spec.clear_after:
+                events.append(
+                    self._transition(
+                        cond,
+                        status=Status.FALSE,
+                        reason=spec.reason,
+                        message=f"{spec.message} (cleared after {format_duration(spec.clear_after)} without "
+                        f"a new {cond.reason})",
+                        now=now,
+                        severity=Severity.INFO,
+                        source=spec.source,
+                        rule=None,
+                        fields={},
+                    )
+                )
+        return events
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            conditions=tuple(self._conditions.values()),
+            generated_at=self._clock(),
+            problem_counts=dict(self._counts),
+            problem_pairs=tuple(self._pairs),
+            generation=self._generation,
+        )
+
+
+def _replace(cond: Condition, **changes: object) -> Condition:
+    return dataclasses.replace(cond, **changes)  # type: ignore[arg-type]
+
+
+def counted(event: Event) -> bool:
+    """Whether an event counts as a problem occurrence (NPD ``problem_counter`` semantics)."""
+    return event.condition is None or event.status is Status.TRUE

@@ -1,0 +1,133 @@
+"""Small internal types shared by sources, detectors, state and sinks.
+
+They are deliberately independent of the Kubernetes API objects: sinks translate them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RuleType(enum.StrEnum):
+    """NPD rule type: a temporary problem is an Event, a permanent one sets a condition."""
+
+    TEMPORARY = "temporary"
+    PERMANENT = "permanent"
+
+
+class Severity(enum.StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class Status(enum.StrEnum):
+    """Node condition status. For our problem conditions ``True`` means the problem is present."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogRecord:
+    """One kernel/log line as read by a source. A source never decides anything about it.
+
+    ``timestamp`` is wall-clock seconds since the epoch; ``seq`` the kmsg sequence number (or the
+    1-based input line number for file sources); ``priority``/``facility`` are syslog values when known.
+    """
+
+    message: str
+    timestamp: float
+    seq: int | None = None
+    priority: int | None = None
+    facility: int | None = None
+    monotonic_usec: int | None = None
+    continuation: bool = False
+    fields: Mapping[str, str] = field(default_factory=dict)  # kmsg dictionary (" KEY=value") lines
+    source: str = "kmsg"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Finding:
+    """What a detector concluded from input: a rule match or a check result.
+
+    ``status`` is the condition status a permanent finding asks for (``True`` = problem present;
+    check plugins may also report ``False`` = healthy again, or ``Unknown``).
+    """
+
+    rule: str
+    type: RuleType
+    condition: str | None
+    reason: str
+    severity: Severity
+    message: str
+    timestamp: float
+    source: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    line: int | None = None
+    status: Status = Status.TRUE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConditionSpec:
+    """A condition type a rule pack owns, with its healthy default."""
+
+    type: str
+    reason: str
+    message: str
+    clear_after: float | None = None  # seconds of quiet after which a True condition heals; None = never
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Condition:
+    type: str
+    status: Status
+    reason: str
+    message: str
+    last_transition: float
+    last_update: float  # last time a finding confirmed this status (drives clear_after)
+    severity: Severity = Severity.INFO
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """Something to tell the world once: a temporary problem or a condition transition."""
+
+    type: str  # "Warning" | "Normal" (Kubernetes Event types)
+    reason: str
+    message: str
+    timestamp: float
+    source: str
+    severity: Severity
+    condition: str | None = None  # set for condition transitions
+    status: Status | None = None  # new status for condition transitions
+    rule: str | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Snapshot:
+    """An immutable view of NodeState that sinks read."""
+
+    conditions: tuple[Condition, ...]
+    generated_at: float
+    problem_counts: Mapping[str, int] = field(default_factory=dict)  # reason -> occurrences (NPD problem_counter)
+    problem_pairs: tuple[tuple[str, str], ...] = ()  # (condition type, reason) seen, for problem_gauge zeros
+    generation: int = 0  # increases whenever a condition changes
+
+    def condition(self, type_: str) -> Condition | None:
+        for c in self.conditions:
+            if c.type == type_:
+                return c
+        return None
+
+    @property
+    def problems(self) -> tuple[Condition, ...]:
+        return tuple(c for c in self.conditions if c.status is Status.TRUE)
