@@ -15,6 +15,7 @@ The analysis answers two questions the fast matcher needs, conservatively (when 
 
 from __future__ import annotations
 
+import math
 import re
 from re import _constants as sre  # the parser's opcode constants (stable since 3.11)
 from re import _parser as sre_parse
@@ -37,6 +38,59 @@ _POSIX_CLASSES = {
 }
 _POSIX_RE = re.compile(r"\[:(\^?)([a-z]+):\]")
 _QUOTE_RE = re.compile(r"\\Q(.*?)(?:\\E|$)", re.S)
+
+
+# Estimated share of each character in kernel log text (English-like lowercase prose, hex,
+# digits; uppercase and most punctuation are rare). Used to pick where needles start.
+_LOWER = dict(
+    zip(
+        "etaoinsrdhlcumfpgwybvkxjqz",
+        (70, 50, 45, 42, 42, 40, 36, 36, 26, 22, 22, 22, 16, 16, 13, 12, 11, 8, 7, 7, 6, 4, 5, 0.5, 0.5, 0.5),
+        strict=True,
+    )
+)
+_PUNCT = {
+    " ": 150,
+    ":": 15,
+    ".": 10,
+    ",": 6,
+    "-": 6,
+    "_": 5,
+    "=": 6,
+    "/": 4,
+    "(": 4,
+    ")": 4,
+    "[": 2,
+    "]": 2,
+    '"': 3,
+    "'": 0.8,
+    "#": 0.5,
+    "!": 0.3,
+    ";": 0.3,
+    "<": 0.5,
+    ">": 0.5,
+    "@": 0.3,
+    "+": 0.5,
+    "*": 0.3,
+}
+
+
+def char_frequency(ch: str) -> float:
+    """Estimated per-mille frequency of ``ch`` in kernel log text."""
+    if ch in _LOWER:
+        return _LOWER[ch]
+    if ch.isdigit():
+        return 30 if ch == "0" else 12
+    if ch in _PUNCT:
+        return _PUNCT[ch]
+    if ch.isupper():
+        return 5 if ch in "EINRSTACDOP" else (0.8 if ch in "QXZJKVWY" else 2)
+    return 0.2
+
+
+def information(text: str) -> float:
+    """How selective a literal is: bits of surprise under ``char_frequency`` (higher = rarer)."""
+    return sum(math.log2(1000.0 / char_frequency(c)) for c in text)
 
 
 class PatternError(ValueError):
@@ -131,11 +185,55 @@ def _literal_runs(items: list) -> tuple[list[str], list[list[str]]]:
 
 def _best_literal(items: list) -> list[str] | None:
     runs, alternatives = _literal_runs(items)
-    candidates: list[list[str]] = [[r] for r in runs if r] + [a for a in alternatives if all(a)]
+    candidates: list[list[str]] = [[r] for r in runs if len(r) >= MIN_LITERAL] + [
+        a for a in alternatives if all(len(o) >= MIN_LITERAL for o in a)
+    ]
     if not candidates:
         return None
-    # Prefer the option whose weakest member is longest (more selective, fewer needles).
-    return max(candidates, key=lambda opts: (min(len(o) for o in opts), -len(opts)))
+    # Prefer the option whose weakest member is most selective: it contains a rare character
+    # (device and driver names made of common letters recur in benign lines), then is long.
+    return max(candidates, key=lambda opts: (min(_selectivity(o) for o in opts), -len(opts)))
+
+
+# Subsystem tags that start most benign kernel lines on accelerator nodes: a literal made of
+# them finds many lines that cannot match, so they count for nothing when choosing literals.
+COMMON_TAGS = (
+    "NVRM: GPU ",
+    "NVRM: ",
+    "nvidia-nvswitch",
+    "nvidia",
+    "EXT4-fs (",
+    "XFS (",
+    "mlx5_core ",
+    "infiniband ",
+    "nvme nvme",
+    "efa ",
+    "ena ",
+    "pcieport ",
+    "IPv6: ",
+    "audit: ",
+    "systemd",
+    "neuron:",
+    "device ",
+    "pci ",
+    "kernel: ",
+)
+MIN_LITERAL = 4
+
+
+def _selectivity(text: str) -> float:
+    for tag in COMMON_TAGS:
+        text = text.replace(tag, "")
+    return information(text) if len(text) >= MIN_LITERAL else 0.0
+
+
+def required_runs(pattern: str) -> tuple[str, ...]:
+    """Literal runs that all occur in every match (outside groups that may be skipped)."""
+    parsed = _parse(pattern)
+    if parsed is None or parsed.state.flags & sre.SRE_FLAG_IGNORECASE:
+        return ()
+    runs, _alternatives = _literal_runs(list(parsed))
+    return tuple(dict.fromkeys(r for r in runs if len(r) >= 2))
 
 
 def required_literals(pattern: str) -> tuple[str, ...] | None:
@@ -144,7 +242,7 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
     if parsed is None or parsed.state.flags & sre.SRE_FLAG_IGNORECASE:
         return None
     best = _best_literal(list(parsed))
-    if best is None or min(len(s) for s in best) < 3:
+    if best is None:
         return None
     return tuple(dict.fromkeys(best))
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from agent.detectors.regex import PatternError, can_span_lines, compile_anchored, required_literals
+from agent.detectors.regex import PatternError, can_span_lines, compile_anchored, required_literals, required_runs
 from agent.durations import parse_duration
 from agent.errors import ConfigError, ConfigProblem
 from agent.types import ConditionSpec, RuleType, Severity
@@ -99,6 +99,7 @@ class CompiledRule:
     multiline: bool  # False when the pattern provably cannot match across lines
     window: int  # lines the fast matcher joins: buffer_size if multiline else 1
     literals: tuple[str, ...] | None  # one of these occurs in every match; None = unknown
+    requires: tuple[str, ...]  # all of these occur in every match (may be empty)
     suffix: str
     where: tuple[FieldFilter, ...]
     threshold: Threshold | None
@@ -501,6 +502,7 @@ def _compile_rule(
         multiline=multiline,
         window=raw.buffer_size if multiline else 1,
         literals=required_literals(pattern),
+        requires=required_runs(pattern),
         suffix=suffix,
         where=tuple(where),
         threshold=threshold,

@@ -327,6 +327,11 @@ class KmsgReader:
 
     # -- public ------------------------------------------------------------------------------------
 
+    @property
+    def stats(self) -> KmsgStats:
+        """The counters this reader updates (read them at any time; one writer, this reader)."""
+        return self._stats
+
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
         """Yield parsed records until ``stop`` is set; unparsable records are counted and skipped."""
         for raw in self.raw_records(stop=stop):

@@ -1,0 +1,264 @@
+"""Command line: ``run``, ``simulate`` and ``validate-config``.
+
+Exit codes: 0 success, 2 bad configuration or unusable input (before anything touches the
+cluster), 1 an unexpected failure. ``main(argv)`` is callable from tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from agent import __version__
+from agent.detectors.rulepack import RuleSet, load_rule_set
+from agent.detectors.rules import RuleEngine
+from agent.errors import ConfigError
+from agent.pipeline import normalize
+from agent.settings import (
+    DEFAULT_KMSG,
+    DEFAULT_LISTEN,
+    DEFAULT_STATE_DIR,
+    Settings,
+    build_settings,
+    builtin_plugins_dir,
+    env_default,
+)
+
+log = logging.getLogger("agent")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+SIMULATE_BATCH = 4096
+
+
+def _add_rule_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="extra rule pack (node-problem-detector system-log-monitor JSON/YAML, with extensions), applied "
+        "after the plugins; repeatable",
+    )
+    parser.add_argument(
+        "--plugins-dir",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help=f"directory of rule packs, replaces the built-in one ({builtin_plugins_dir()}); repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="node-health-agent",
+        description="Per-node health agent for Kubernetes nodes with accelerators (AWS Neuron, NVIDIA GPUs).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=env_default("log-level", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="diagnostic log level on stderr (env NHA_LOG_LEVEL; default info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the agent", description="Run the agent (every flag has an NHA_* env var).")
+    _add_rule_args(run)
+    run.add_argument(
+        "--standalone",
+        action="store_true",
+        default=env_default("standalone", "false").lower() in ("1", "true", "yes"),
+        help="no cluster: log each transition as one JSON line on stdout and serve HTTP (env NHA_STANDALONE)",
+    )
+    run.add_argument("--kmsg-path", default=env_default("kmsg-path", str(DEFAULT_KMSG)), help="kernel log device")
+    run.add_argument(
+        "--kmsg-relay",
+        default=env_default("kmsg-relay"),
+        metavar="SOCKET",
+        help="read raw kmsg records from a kmsg-relay UNIX socket instead of --kmsg-path",
+    )
+    run.add_argument(
+        "--listen",
+        default=env_default("listen", DEFAULT_LISTEN),
+        metavar="HOST:PORT",
+        help=f"HTTP address for /metrics, /healthz, /conditions; 0 disables (default {DEFAULT_LISTEN})",
+    )
+    run.add_argument(
+        "--state-dir",
+        default=env_default("state-dir", str(DEFAULT_STATE_DIR)),
+        help=f"where the kmsg cursor survives restarts (default {DEFAULT_STATE_DIR})",
+    )
+    run.add_argument(
+        "--lookback",
+        default=env_default("lookback", "5m"),
+        help="with no saved cursor, temporary rules fire for records this recent (default 5m)",
+    )
+    run.add_argument(
+        "--stall-timeout",
+        default=env_default("stall-timeout", "60s"),
+        help="/healthz fails when the reader or main loop shows no sign of life for this long (default 60s)",
+    )
+    run.add_argument("--node-name", default=env_default("node-name") or None, help="Kubernetes node name")
+    run.add_argument("--kubeconfig", default=env_default("kubeconfig") or None, help="kubeconfig file")
+
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a saved log through the rule packs",
+        description="Print one JSON object per finding. Lines may carry kmsg, dmesg, syslog or journal prefixes.",
+    )
+    _add_rule_args(sim)
+    sim.add_argument("logfile", metavar="LOGFILE", help="log file to replay, - for stdin")
+
+    val = sub.add_parser(
+        "validate-config",
+        help="check rule packs",
+        description="Validate the rule packs (the plugins plus FILEs); exit 0 with a summary or 2 with every problem.",
+    )
+    val.add_argument(
+        "--plugins-dir", action="append", default=None, metavar="DIR", help="directory of rule packs; repeatable"
+    )
+    val.add_argument("files", nargs="*", metavar="FILE", help="rule pack files to validate")
+    return parser
+
+
+def _rule_paths(plugins_dirs: Sequence[str] | None, files: Sequence[str] | None) -> list[Path]:
+    dirs = [Path(p) for p in plugins_dirs] if plugins_dirs else [builtin_plugins_dir()]
+    return [*dirs, *(Path(f) for f in files or ())]
+
+
+def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
+    print(f"configuration error ({len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}):", file=stream)
+    for problem in exc.problems:
+        print(f"  {problem}", file=stream)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "simulate":
+            return simulate(args)
+        if args.command == "validate-config":
+            return validate(args)
+        return run(args)
+    except ConfigError as exc:
+        _print_config_error(exc, sys.stderr)
+        return EXIT_CONFIG
+
+
+def validate(args: argparse.Namespace) -> int:
+    paths = _rule_paths(args.plugins_dir, args.files)
+    rule_set = load_rule_set(paths)
+    temporary = sum(1 for r in rule_set.rules if r.type.value == "temporary")
+    print(
+        f"OK: {len(rule_set.files)} file(s), {len(rule_set.rules)} rules ({temporary} temporary, "
+        f"{len(rule_set.rules) - temporary} permanent), {len(rule_set.conditions)} conditions"
+    )
+    for f in rule_set.files:
+        print(f"  file: {f}")
+    for cond in rule_set.conditions:
+        print(f"  condition: {cond.type} (healthy reason {cond.reason})")
+    slow = [r.name for r in rule_set.rules if r.literals is None]
+    if slow:
+        print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
+    return EXIT_OK
+
+
+def _read_lines(path: str) -> Iterator[str]:
+    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
+    try:
+        for raw in stream:
+            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def simulate(args: argparse.Namespace) -> int:
+    rule_set = load_rule_set(_rule_paths(args.plugins_dir, args.config))
+    if args.logfile != "-" and not Path(args.logfile).is_file():
+        print(f"cannot read {args.logfile}: no such file", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        for finding in simulate_lines(rule_set=rule_set, lines=_read_lines(args.logfile)):
+            print(json.dumps(finding, sort_keys=False))
+    except OSError as exc:
+        print(f"cannot read {args.logfile}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_OK
+
+
+def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]:
+    """Findings for input lines as the JSON-able objects ``simulate`` prints.
+
+    Lines are treated as simultaneous (time 0), so count-in-window thresholds count every match.
+    A line holding several messages (embedded newlines) is not possible here: one input line is
+    one kernel message.
+    """
+    engine = RuleEngine(rule_set=rule_set)
+    batch: list[str] = []
+    numbers: list[int] = []
+
+    def flush() -> Iterator[dict]:
+        for f in engine.feed(batch, times=0.0, line_numbers=numbers):
+            yield {
+                "line": f.line,
+                "rule": f.rule,
+                "type": f.type.value,
+                "condition": f.condition,
+                "reason": f.reason,
+                "severity": f.severity.value,
+                "message": f.message,
+                "fields": dict(f.fields),
+            }
+        batch.clear()
+        numbers.clear()
+
+    for number, line in enumerate(lines, start=1):
+        batch.append(normalize(line)[0])
+        numbers.append(number)
+        if len(batch) >= SIMULATE_BATCH:
+            yield from flush()
+    if batch:
+        yield from flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = build_settings(args)
+    rule_set = load_rule_set(list(settings.rule_paths))
+    if settings.standalone:
+        from agent.standalone import run_standalone
+
+        return run_standalone(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
+    from agent.kubernetes_mode import run_kubernetes
+
+    return run_kubernetes(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+__all__ = ["Settings", "main"]

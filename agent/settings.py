@@ -1,0 +1,130 @@
+"""Frozen, validated settings for the ``run`` command (flags, with environment-variable defaults).
+
+Every flag of ``run`` can also be set through an environment variable ``NHA_<FLAG>`` (dashes
+become underscores, e.g. ``NHA_STATE_DIR``); flags win over the environment. Errors name the
+flag and the variable so a DaemonSet author knows what to fix; they make the CLI exit 2 before
+anything touches the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.durations import parse_duration
+from agent.errors import ConfigError, ConfigProblem
+
+DEFAULT_LISTEN = "0.0.0.0:20257"
+DEFAULT_STATE_DIR = Path("/var/lib/node-health-agent")
+DEFAULT_KMSG = Path("/dev/kmsg")
+
+
+def builtin_plugins_dir() -> Path:
+    """Where the built-in rule packs live: inside the installed package, or ``plugins/`` of a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "builtin_plugins", here.parent / "plugins"):
+        if candidate.is_dir():
+            return candidate
+    return here / "builtin_plugins"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Listen:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    standalone: bool
+    config_files: tuple[Path, ...]
+    plugins_dirs: tuple[Path, ...]
+    kmsg_path: Path
+    kmsg_relay: Path | None
+    listen: Listen | None  # None = HTTP server disabled
+    state_dir: Path
+    lookback: float
+    stall_timeout: float
+    node_name: str | None = None
+    kubeconfig: Path | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def rule_paths(self) -> tuple[Path, ...]:
+        return (*self.plugins_dirs, *self.config_files)
+
+
+def parse_listen(value: str) -> Listen | None:
+    """``HOST:PORT``, ``:PORT`` or ``PORT``; ``0`` disables the server."""
+    text = value.strip()
+    if text in ("0", ""):
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "0.0.0.0", text
+    host = host.strip("[]") or "0.0.0.0"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid listen address {value!r}: expected HOST:PORT with a port 1-65535, or 0 to disable")
+    if int(port) == 0:
+        return None
+    return Listen(host=host, port=int(port))
+
+
+def env_default(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if environ is None else environ
+    return env.get(f"NHA_{name.upper().replace('-', '_')}", default)
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    """Settings from parsed ``run`` arguments. Raises ConfigError naming each bad flag."""
+    problems: list[ConfigProblem] = []
+
+    def bad(flag: str, message: str) -> None:
+        var = f"NHA_{flag.upper().replace('-', '_')}"
+        problems.append(ConfigProblem(file=f"--{flag} / {var}", field="", message=message))
+
+    listen = None
+    try:
+        listen = parse_listen(args.listen)
+    except ValueError as exc:
+        bad("listen", str(exc))
+    lookback = 300.0
+    try:
+        lookback = parse_duration(args.lookback)
+    except ValueError as exc:
+        bad("lookback", str(exc))
+    stall = 60.0
+    try:
+        stall = parse_duration(args.stall_timeout)
+        if stall <= 0:
+            bad("stall-timeout", "must be greater than 0")
+    except ValueError as exc:
+        bad("stall-timeout", str(exc))
+    config_files = tuple(Path(p) for p in args.config or ())
+    for path in config_files:
+        if not path.is_file():
+            bad("config", f"{path}: no such file")
+    plugins_dirs = tuple(Path(p) for p in args.plugins_dir or ()) or (builtin_plugins_dir(),)
+    for path in plugins_dirs:
+        if not path.exists():
+            bad("plugins-dir", f"{path}: no such file or directory")
+    relay = args.kmsg_relay
+    kubeconfig = args.kubeconfig
+    if problems:
+        raise ConfigError(problems)
+    return Settings(
+        standalone=bool(args.standalone),
+        config_files=config_files,
+        plugins_dirs=plugins_dirs,
+        kmsg_path=Path(args.kmsg_path),
+        kmsg_relay=Path(relay) if relay else None,
+        listen=listen,
+        state_dir=Path(args.state_dir),
+        lookback=lookback,
+        stall_timeout=stall,
+        node_name=args.node_name or None,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+    )

@@ -1,0 +1,129 @@
+"""Prometheus metrics, computed at scrape time from the state snapshot and the agent's own stats.
+
+node-problem-detector compatible series (so existing dashboards and alerts keep working):
+
+- ``problem_counter{reason}``: occurrences of each problem (temporary match or condition
+  transition to True). Exposed untyped under NPD's exact name; the same numbers are also the
+  proper counter ``node_health_agent_problems_total{reason}``.
+- ``problem_gauge{type,reason}``: 1 while condition ``type`` is True with ``reason``, else 0;
+  unlike NPD it returns to 0 when the condition clears.
+
+The agent's own health: ``node_health_agent_*`` (records read/lost, reader restarts, rule
+matches, last record time, config generation, component health, condition status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from agent.types import Snapshot, Status
+
+NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
+NPD_GAUGE_HELP = "Whether a specific type of problem is affecting the node or not."
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentStats:
+    """The agent's own figures at one instant (built by the app at scrape time)."""
+
+    records_read: int
+    records_lost: int
+    reader_restarts: int
+    read_errors: int
+    parse_errors: int
+    last_record_time: float | None
+    lines_matched: int
+    rule_matches: Mapping[str, int]
+    config_generation: int
+    rules_loaded: int
+    components: Mapping[str, bool]  # component -> healthy
+
+
+class AgentCollector:
+    """A prometheus_client collector; ``snapshot`` and ``stats`` are called on every scrape."""
+
+    def __init__(self, *, snapshot: Callable[[], Snapshot], stats: Callable[[], AgentStats]) -> None:
+        self._snapshot = snapshot
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        stats = self._stats()
+
+        npd_counter = Metric("problem_counter", NPD_COUNTER_HELP, "unknown")
+        problems = CounterMetricFamily(
+            "node_health_agent_problems", "Problems detected, by reason (NPD problem_counter).", labels=["reason"]
+        )
+        for reason, count in sorted(snap.problem_counts.items()):
+            npd_counter.add_sample("problem_counter", {"reason": reason}, count)
+            problems.add_metric([reason], count)
+        yield npd_counter
+        yield problems
+
+        gauge = GaugeMetricFamily("problem_gauge", NPD_GAUGE_HELP, labels=["type", "reason"])
+        status = GaugeMetricFamily(
+            "node_health_agent_condition_status",
+            "1 for the current status of each owned node condition (True = problem present).",
+            labels=["condition", "status", "reason"],
+        )
+        current = {c.type: c for c in snap.conditions}
+        for type_, reason in sorted(set(snap.problem_pairs)):
+            cond = current.get(type_)
+            active = cond is not None and cond.status is Status.TRUE and cond.reason == reason
+            gauge.add_metric([type_, reason], 1.0 if active else 0.0)
+        for cond in snap.conditions:
+            status.add_metric([cond.type, cond.status.value, cond.reason], 1.0)
+        yield gauge
+        yield status
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(f"node_health_agent_{name}", doc)
+            family.add_metric([], value)
+            return family
+
+        yield counter("kmsg_records_read", "Kernel log records read.", stats.records_read)
+        yield counter(
+            "kmsg_records_lost",
+            "Kernel log records lost (ring buffer overwrote them before reading).",
+            stats.records_lost,
+        )
+        yield counter("kmsg_reader_restarts", "Times the kernel log reader reopened its source.", stats.reader_restarts)
+        yield counter("kmsg_read_errors", "Errors reading the kernel log.", stats.read_errors)
+        yield counter("kmsg_parse_errors", "Kernel log records that could not be parsed.", stats.parse_errors)
+        yield counter("lines_matched", "Log lines run through the rule packs.", stats.lines_matched)
+        matches = CounterMetricFamily("node_health_agent_rule_matches", "Findings produced, by rule.", labels=["rule"])
+        for rule, count in sorted(stats.rule_matches.items()):
+            matches.add_metric([rule], count)
+        yield matches
+        last = GaugeMetricFamily(
+            "node_health_agent_last_record_timestamp_seconds", "Wall-clock time of the newest kernel log record."
+        )
+        if stats.last_record_time is not None:
+            last.add_metric([], stats.last_record_time)
+        yield last
+        gen = GaugeMetricFamily("node_health_agent_config_generation", "Generation of the loaded configuration.")
+        gen.add_metric([], stats.config_generation)
+        yield gen
+        rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
+        rules.add_metric([], stats.rules_loaded)
+        yield rules
+        healthy = GaugeMetricFamily(
+            "node_health_agent_component_healthy",
+            "1 while an agent component (kmsg reader, main loop, ...) is healthy; 0 means the agent, not the "
+            "hardware, has a problem.",
+            labels=["component"],
+        )
+        for component, ok in sorted(stats.components.items()):
+            healthy.add_metric([component], 1.0 if ok else 0.0)
+        yield healthy
+
+
+def build_registry(collector: AgentCollector) -> CollectorRegistry:
+    """A fresh registry (never the process-global one) holding only our collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
