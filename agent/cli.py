@@ -29,6 +29,7 @@ from agent.settings import (
     build_settings,
     builtin_plugins_dir,
     env_default,
+    rule_dirs,
 )
 
 log = logging.getLogger("agent")
@@ -53,7 +54,15 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="DIR",
-        help=f"directory of rule packs, replaces the built-in one ({builtin_plugins_dir()}); repeatable",
+        help=f"directory of rule packs, instead of the built-in ones ({builtin_plugins_dir()}); repeatable",
+    )
+    parser.add_argument(
+        "--pack",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="use only these built-in packs (kernel, neuron, nvidia); repeatable or comma-separated "
+        "(env NHA_PACKS; default: all)",
     )
 
 
@@ -126,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--plugins-dir", action="append", default=None, metavar="DIR", help="directory of rule packs; repeatable"
     )
+    val.add_argument("--pack", action="append", default=None, metavar="NAME", help="built-in packs to use")
     val.add_argument("files", nargs="*", metavar="FILE", help="rule pack files to validate")
     return parser
 
 
-def _rule_paths(plugins_dirs: Sequence[str] | None, files: Sequence[str] | None) -> list[Path]:
-    dirs = [Path(p) for p in plugins_dirs] if plugins_dirs else [builtin_plugins_dir()]
-    return [*dirs, *(Path(f) for f in files or ())]
+def _rule_paths(args: argparse.Namespace, files: Sequence[str] | None) -> list[Path]:
+    return [*rule_dirs(plugins_dirs=args.plugins_dir, packs=args.pack), *(Path(f) for f in files or ())]
 
 
 def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
@@ -161,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    paths = _rule_paths(args.plugins_dir, args.files)
+    paths = _rule_paths(args, args.files)
     rule_set = load_rule_set(paths)
     temporary = sum(1 for r in rule_set.rules if r.type.value == "temporary")
     print(
@@ -189,7 +198,7 @@ def _read_lines(path: str) -> Iterator[str]:
 
 
 def simulate(args: argparse.Namespace) -> int:
-    rule_set = load_rule_set(_rule_paths(args.plugins_dir, args.config))
+    rule_set = load_rule_set(_rule_paths(args, args.config))
     if args.logfile != "-" and not Path(args.logfile).is_file():
         print(f"cannot read {args.logfile}: no such file", file=sys.stderr)
         return EXIT_CONFIG

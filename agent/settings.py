@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,34 @@ def builtin_plugins_dir() -> Path:
         if candidate.is_dir():
             return candidate
     return here / "builtin_plugins"
+
+
+def builtin_packs() -> tuple[str, ...]:
+    root = builtin_plugins_dir()
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))))
+
+
+def rule_dirs(*, plugins_dirs: Sequence[str] | None, packs: Sequence[str] | None) -> list[Path]:
+    """Rule pack directories from ``--plugins-dir`` and ``--pack`` (``NHA_PACKS``); default: all built-ins.
+
+    Raises ConfigError for an unknown pack name.
+    """
+    names = [n.strip() for item in (packs or [env_default("packs") or ""]) for n in item.split(",") if n.strip()]
+    dirs = [Path(p) for p in plugins_dirs or ()]
+    known = builtin_packs()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    file="--pack / NHA_PACKS",
+                    field="",
+                    message=f"unknown built-in pack {unknown[0]!r} (available: {', '.join(known)})",
+                )
+            ]
+        )
+    dirs.extend(builtin_plugins_dir() / n for n in names)
+    return dirs or [builtin_plugins_dir()]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,7 +135,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
     for path in config_files:
         if not path.is_file():
             bad("config", f"{path}: no such file")
-    plugins_dirs = tuple(Path(p) for p in args.plugins_dir or ()) or (builtin_plugins_dir(),)
+    plugins_dirs = tuple(rule_dirs(plugins_dirs=args.plugins_dir, packs=args.pack))
     for path in plugins_dirs:
         if not path.exists():
             bad("plugins-dir", f"{path}: no such file or directory")

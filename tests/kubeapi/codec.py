@@ -21,6 +21,10 @@ class DecodeError(ValueError):
     """The body cannot be decoded into the Go type."""
 
 
+class StrictDecodingError(DecodeError):
+    """Unknown fields with ``fieldValidation=Strict`` (always answered 400)."""
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
@@ -39,7 +43,6 @@ class _Decoder:
     def __init__(self, strict: bool) -> None:
         self.strict = strict
         self.warnings: list[str] = []
-        self.strict_errors: list[str] = []
 
     def mismatch(self, value: Any, node: SchemaNode, path: list[str], owner: str) -> DecodeError:
         where = ".".join(path)
@@ -72,8 +75,9 @@ class _Decoder:
                 return value
             if isinstance(value, int | float) and not isinstance(value, bool):
                 return str(int(value)) if float(value).is_integer() else repr(value)
-            raise DecodeError("quantities must match the regular expression "
-                              "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+            raise DecodeError(
+                "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+            )
         if kind == "object":
             if not isinstance(value, dict):
                 raise self.mismatch(value, node, path, owner)
@@ -131,5 +135,5 @@ def decode(body: Any, node: SchemaNode, *, strict: bool = False) -> tuple[dict[s
     decoder = _Decoder(strict)
     result = decoder.object(body, node, [])
     if strict and decoder.warnings:
-        raise DecodeError("strict decoding error: " + ", ".join(decoder.warnings))
+        raise StrictDecodingError("strict decoding error: " + ", ".join(decoder.warnings))
     return result, decoder.warnings

@@ -35,10 +35,8 @@ class FieldError:
     def body(self) -> str:
         """``ErrorBody()``: the message without the field path."""
         label = self._CAUSES[self.type][1]
-        if self.type in ("Invalid", "NotSupported", "Duplicate"):
-            text = f"{label}: {_go_value(self.value)}"
-        else:
-            text = label
+        with_value = self.type in ("Invalid", "NotSupported", "Duplicate")
+        text = f"{label}: {_go_value(self.value)}" if with_value else label
         return f"{text}: {self.detail}" if self.detail else text
 
     def __str__(self) -> str:
@@ -104,9 +102,7 @@ def already_exists(resource: GroupResource, name: str) -> ApiError:
     return ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists', _details(resource, name))
 
 
-OPTIMISTIC_LOCK_MESSAGE = (
-    "the object has been modified; please apply your changes to the latest version and try again"
-)
+OPTIMISTIC_LOCK_MESSAGE = "the object has been modified; please apply your changes to the latest version and try again"
 
 
 def conflict(resource: GroupResource, name: str, why: str = OPTIMISTIC_LOCK_MESSAGE) -> ApiError:
@@ -157,6 +153,11 @@ def internal(message: str) -> ApiError:
     )
 
 
+def unknown(message: str, code: int = 500) -> ApiError:
+    """An error the API server passes through unclassified (``ErrorToAPIStatus``: reason Unknown)."""
+    return ApiError(code, "Unknown", message)
+
+
 def unauthorized() -> ApiError:
     return ApiError(401, "Unauthorized", "Unauthorized")
 
@@ -178,7 +179,9 @@ def unsupported_media_type(accepted: list[str]) -> ApiError:
     )
 
 
-def too_many_requests(message: str, retry_after: int | None = None, causes: list[dict[str, str]] | None = None) -> ApiError:
+def too_many_requests(
+    message: str, retry_after: int | None = None, causes: list[dict[str, str]] | None = None
+) -> ApiError:
     details: dict[str, Any] = {}
     if causes:
         details["causes"] = causes

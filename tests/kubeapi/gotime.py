@@ -34,7 +34,7 @@ def _parse(value: str, *, micro: bool) -> datetime:
     if head is None:
         raise _fail(value, layout, value, "2006")
     year, month, day, hour, minute, second = (int(g) for g in head.groups())
-    rest = value[head.end():]
+    rest = value[head.end() :]
     micros = 0
     if micro:
         if len(rest) < 7 or rest[0] not in ".," or not rest[1:7].isdigit():
@@ -46,12 +46,12 @@ def _parse(value: str, *, micro: bool) -> datetime:
         assert digits is not None
         frac = digits.group(0)
         micros = int((frac + "000000")[:6])
-        rest = rest[1 + len(frac):]
+        rest = rest[1 + len(frac) :]
     zone = _ZONE.match(rest)
     if zone is None:
         raise _fail(value, layout, rest, "Z07:00")
     if zone.end() != len(rest):
-        raise TimeParseError(f'parsing time "{value}": extra text: "{rest[zone.end():]}"')
+        raise TimeParseError(f'parsing time "{value}": extra text: "{rest[zone.end() :]}"')
     if zone.group(0) == "Z":
         tz: timezone = UTC
     else:

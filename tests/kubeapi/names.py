@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import string
 from dataclasses import dataclass
 
 
@@ -26,6 +25,3 @@ def generate_name(prefix: str, rng: random.Random) -> str:
     """``metadata.generateName`` + five random characters, truncated like the real generator."""
     max_prefix = 63 - 5
     return prefix[:max_prefix] + "".join(rng.choice(_GENERATE_ALPHABET) for _ in range(5))
-
-
-DNS1123_LABEL_CHARS = set(string.ascii_lowercase + string.digits + "-")

@@ -54,7 +54,7 @@ def _container(doc: Any, tokens: list[str], pointer: str) -> Any:
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
-            raise JsonPatchError("unprocessable", f"doc is missing path: \"{pointer}\": missing value")
+            raise JsonPatchError("unprocessable", f'doc is missing path: "{pointer}": missing value')
     return node
 
 
@@ -68,7 +68,7 @@ def _get(doc: Any, pointer: str) -> Any:
         return parent[last]
     if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
         return parent[int(last)]
-    raise JsonPatchError("unprocessable", f"doc is missing path: \"{pointer}\": missing value")
+    raise JsonPatchError("unprocessable", f'doc is missing path: "{pointer}": missing value')
 
 
 def _add(doc: Any, pointer: str, value: Any) -> Any:
@@ -85,16 +85,16 @@ def _add(doc: Any, pointer: str, value: Any) -> Any:
         elif last.isdigit() and int(last) <= len(parent):
             parent.insert(int(last), value)
         else:
-            raise JsonPatchError("unprocessable", f"add operation does not apply: doc is missing path: \"{pointer}\"")
+            raise JsonPatchError("unprocessable", f'add operation does not apply: doc is missing path: "{pointer}"')
     else:
-        raise JsonPatchError("unprocessable", f"add operation does not apply: doc is missing path: \"{pointer}\"")
+        raise JsonPatchError("unprocessable", f'add operation does not apply: doc is missing path: "{pointer}"')
     return doc
 
 
 def _remove(doc: Any, pointer: str, op: str = "remove") -> Any:
     tokens = _tokens(pointer)
     if not tokens:
-        raise JsonPatchError("unprocessable", f"{op} operation does not apply: doc is missing path: \"{pointer}\"")
+        raise JsonPatchError("unprocessable", f'{op} operation does not apply: doc is missing path: "{pointer}"')
     parent = _container(doc, tokens, pointer)
     last = tokens[-1]
     if isinstance(parent, dict) and last in parent:

@@ -141,7 +141,7 @@ class OpenApiSchema:
     def resolve(self, raw: dict[str, Any]) -> SchemaNode:
         ref = raw.get("$ref")
         if isinstance(ref, str) and ref.startswith(_REF_PREFIX):
-            name = ref[len(_REF_PREFIX):]
+            name = ref[len(_REF_PREFIX) :]
             return SchemaNode(self, self._definitions[name], name)
         return SchemaNode(self, raw)
 
@@ -154,7 +154,7 @@ def available_releases() -> list[str]:
     """Releases shipped by ``kubernetes-validate`` (e.g. ``1.37.0``), oldest first."""
     root = resources.files("kubernetes_validate").joinpath("kubernetes-json-schema")
     names = [entry.name for entry in root.iterdir() if re.fullmatch(r"v[\d.]+-local", entry.name)]
-    return [name[1:-len("-local")] for name in sorted(names, key=_release_key)]
+    return [name[1 : -len("-local")] for name in sorted(names, key=_release_key)]
 
 
 @functools.lru_cache(maxsize=4)

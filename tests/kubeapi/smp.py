@@ -38,8 +38,8 @@ DELETE_FROM_PRIMITIVE_LIST = "$deleteFromPrimitiveList"
 class SmpError(Exception):
     """A patch the API server rejects.
 
-    ``category`` is ``bad_request`` (400), ``unprocessable`` (422) or ``internal`` (500: errors
-    the server passes through unclassified, such as a missing merge key).
+    ``category`` is ``bad_request`` (400), ``unprocessable`` (422) or ``internal`` (500 with
+    reason ``Unknown``: errors the server passes through unclassified, such as a missing merge key).
     """
 
     def __init__(self, category: str, message: str) -> None:
@@ -267,8 +267,11 @@ def _apply_special_elements(original: list, patch: list, merge_key: str) -> tupl
         if directive == "delete":
             if merge_key not in item:
                 raise _no_merge_key(item, merge_key)
-            original = [o for o in original if not (isinstance(o, dict) and o.get(merge_key) == item[merge_key]
-                                                    and merge_key in o)]
+            original = [
+                o
+                for o in original
+                if not (isinstance(o, dict) and o.get(merge_key) == item[merge_key] and merge_key in o)
+            ]
         elif directive == "replace":
             replace = True
         elif directive == "merge":
@@ -283,8 +286,13 @@ def _apply_special_elements(original: list, patch: list, merge_key: str) -> tupl
 def _index(values: list, item: Any, merge_key: str, is_map: bool) -> int:
     for position, value in enumerate(values):
         if is_map:
-            if isinstance(value, dict) and isinstance(item, dict) and merge_key in value and merge_key in item \
-                    and value[merge_key] == item[merge_key]:
+            if (
+                isinstance(value, dict)
+                and isinstance(item, dict)
+                and merge_key in value
+                and merge_key in item
+                and value[merge_key] == item[merge_key]
+            ):
                 return position
         elif value == item:
             return position
