@@ -84,9 +84,7 @@ def _fill(template: str, rng: random.Random) -> str:
         num=rng.randint(100, 999999),
         epoch=rng.randint(1700000000, 1800000000),
         ms=rng.randint(100, 999),
-        uuid="{:08x}-{:04x}-{:04x}-{:04x}-{:012x}".format(
-            rng.getrandbits(32), rng.getrandbits(16), rng.getrandbits(16), rng.getrandbits(16), rng.getrandbits(48)
-        ),
+        uuid="-".join(f"{rng.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
     )
 
 

@@ -22,8 +22,15 @@ SPECS = (
 )
 
 
-def finding(reason: str, *, condition: str | None = None, severity: Severity = Severity.ERROR, ts: float = 990.0,
-            status: Status = Status.TRUE, message: str = "msg") -> Finding:
+def finding(
+    reason: str,
+    *,
+    condition: str | None = None,
+    severity: Severity = Severity.ERROR,
+    ts: float = 990.0,
+    status: Status = Status.TRUE,
+    message: str = "msg",
+) -> Finding:
     return Finding(
         rule=f"test/{reason}",
         type=RuleType.PERMANENT if condition else RuleType.TEMPORARY,
@@ -54,21 +61,57 @@ def test_initial_conditions_are_healthy_defaults():
 @pytest.mark.parametrize(
     ("findings", "expected_status", "expected_reason", "n_events"),
     [
-        pytest.param([finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth")], Status.TRUE,
-                     "NeuronHasError_DMA_ERROR", 1, id="problem-sets-condition"),
-        pytest.param([finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth")] * 3, Status.TRUE,
-                     "NeuronHasError_DMA_ERROR", 1, id="repeats-do-not-transition"),
-        pytest.param([finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth", severity=Severity.CRITICAL),
-                      finding("NeuronHasError_X", condition="NeuronHealth", severity=Severity.WARNING)], Status.TRUE,
-                     "NeuronHasError_DMA_ERROR", 1, id="weaker-reason-does-not-replace"),
-        pytest.param([finding("NeuronHasError_A", condition="NeuronHealth", severity=Severity.ERROR),
-                      finding("NeuronHasError_B", condition="NeuronHealth", severity=Severity.CRITICAL)], Status.TRUE,
-                     "NeuronHasError_B", 2, id="stronger-reason-replaces"),
-        pytest.param([finding("NeuronHasError_A", condition="NeuronHealth"),
-                      finding("Healthy", condition="NeuronHealth", status=Status.FALSE)], Status.FALSE,
-                     "NeuronHasNoError", 2, id="false-finding-heals-with-default-reason"),
-        pytest.param([finding("CheckFailed", condition="NeuronHealth", status=Status.UNKNOWN)], Status.UNKNOWN,
-                     "CheckFailed", 1, id="unknown"),
+        pytest.param(
+            [finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth")],
+            Status.TRUE,
+            "NeuronHasError_DMA_ERROR",
+            1,
+            id="problem-sets-condition",
+        ),
+        pytest.param(
+            [finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth")] * 3,
+            Status.TRUE,
+            "NeuronHasError_DMA_ERROR",
+            1,
+            id="repeats-do-not-transition",
+        ),
+        pytest.param(
+            [
+                finding("NeuronHasError_DMA_ERROR", condition="NeuronHealth", severity=Severity.CRITICAL),
+                finding("NeuronHasError_X", condition="NeuronHealth", severity=Severity.WARNING),
+            ],
+            Status.TRUE,
+            "NeuronHasError_DMA_ERROR",
+            1,
+            id="weaker-reason-does-not-replace",
+        ),
+        pytest.param(
+            [
+                finding("NeuronHasError_A", condition="NeuronHealth", severity=Severity.ERROR),
+                finding("NeuronHasError_B", condition="NeuronHealth", severity=Severity.CRITICAL),
+            ],
+            Status.TRUE,
+            "NeuronHasError_B",
+            2,
+            id="stronger-reason-replaces",
+        ),
+        pytest.param(
+            [
+                finding("NeuronHasError_A", condition="NeuronHealth"),
+                finding("Healthy", condition="NeuronHealth", status=Status.FALSE),
+            ],
+            Status.FALSE,
+            "NeuronHasNoError",
+            2,
+            id="false-finding-heals-with-default-reason",
+        ),
+        pytest.param(
+            [finding("CheckFailed", condition="NeuronHealth", status=Status.UNKNOWN)],
+            Status.UNKNOWN,
+            "CheckFailed",
+            1,
+            id="unknown",
+        ),
     ],
 )
 def test_fold(findings, expected_status, expected_reason, n_events):
@@ -162,6 +205,14 @@ def test_undeclared_condition_is_ignored():
 def test_counted(status, condition, expected):
     from agent.types import Event
 
-    event = Event(type="Warning", reason="r", message="m", timestamp=0, source="s", severity=Severity.ERROR,
-                  condition=condition, status=status)
+    event = Event(
+        type="Warning",
+        reason="r",
+        message="m",
+        timestamp=0,
+        source="s",
+        severity=Severity.ERROR,
+        condition=condition,
+        status=status,
+    )
     assert counted(event) is expected

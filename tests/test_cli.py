@@ -1,0 +1,251 @@
+"""The command line as users run it: simulate, validate-config, run --standalone (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+AGENT = [sys.executable, "-m", "agent"]
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AGENT, *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_simulate_prints_one_json_object_per_finding(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Jan 14 22:15:17 node-1 kernel: [2437042.862382] hello world\n"
+        "[  12.345678] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        "test NEURON_HW_ERR=DMA_ERROR test\n"
+    )
+    proc = run_cli("simulate", str(log))
+    assert proc.returncode == 0, proc.stderr
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(o["line"], o["rule"], o["type"], o["condition"], o["reason"]) for o in out] == [
+        (2, "nvidia/xid-node", "permanent", "GpuXid", "GpuXid79"),
+        (3, "neuron/hw-error", "permanent", "NeuronHealth", "NeuronHasError_DMA_ERROR"),
+    ]
+    assert out[0]["fields"] == {
+        "pci": "0000:3b:00",
+        "xid": 79,
+        "pid": "<unknown>",
+        "name": "<unknown>",
+        "detail": "GPU has fallen off the bus.",
+    }
+    assert set(out[0]) == {"line", "rule", "type", "condition", "reason", "severity", "message", "fields"}
+
+
+def test_simulate_reads_stdin_and_extra_config(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        "source: mine\nrules:\n  - name: mine/hello\n    type: temporary\n    reason: Hello\n"
+        "    pattern: 'hello (?P<who>\\w+)'\n"
+    )
+    proc = run_cli("simulate", "--config", str(extra), "-", stdin="say hello bob\n")
+    assert proc.returncode == 0, proc.stderr
+    (found,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (found["rule"], found["type"], found["condition"], found["fields"]) == (
+        "mine/hello",
+        "temporary",
+        None,
+        {"who": "bob"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "stderr_part"),
+    [
+        pytest.param(["simulate", "/nonexistent/file.log"], "cannot read /nonexistent/file.log", id="missing-input"),
+        pytest.param(["simulate", "--config", "{bad}", "-"], "rules[0].pattern", id="bad-config"),
+        pytest.param(["validate-config", "{bad}"], "rules[0].pattern", id="validate-bad"),
+        pytest.param(["run", "--standalone", "--config", "{bad}"], "rules[0].pattern", id="run-bad-config"),
+        pytest.param(["run", "--standalone", "--listen", "nonsense:port"], "--listen / NHA_LISTEN", id="bad-listen"),
+        pytest.param(["run", "--standalone", "--lookback", "five"], "--lookback", id="bad-lookback"),
+        pytest.param(["validate-config", "--pack", "nope"], "unknown built-in pack 'nope'", id="bad-pack"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(tmp_path, args, stderr_part):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - type: temporary\n    reason: Broken\n    pattern: '(unclosed'\n")
+    args = [a.replace("{bad}", str(bad)) for a in args]
+    proc = run_cli(*args, stdin="")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert stderr_part in proc.stderr
+    if "rules[0].pattern" in stderr_part:
+        assert f"{bad}:4" in proc.stderr, "YAML problems carry the line number"
+
+
+def test_validate_config_summary():
+    proc = run_cli("validate-config")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK: 3 file(s)")
+    assert "condition: NeuronHealth (healthy reason NeuronHasNoError)" in proc.stdout
+
+
+def test_main_is_callable_in_process(capsys, tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("INFO: task docker:20744 blocked for more than 120 seconds.\n")
+    assert main(["simulate", str(log)]) == 0
+    reasons = [json.loads(line)["reason"] for line in capsys.readouterr().out.splitlines()]
+    assert reasons == ["TaskHung", "DockerHung"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def _start_agent(kmsg: Path, state: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *AGENT,
+            "run",
+            "--standalone",
+            "--kmsg-path",
+            str(kmsg),
+            "--state-dir",
+            str(state),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str, float]:
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    return out, err, time.monotonic() - start
+
+
+def test_run_standalone_end_to_end_with_restart(tmp_path):
+    """Records in a kmsg-format file → JSON transition lines, /conditions, /metrics, /healthz; a restart
+    rebuilds the permanent condition from records already processed but does not repeat the Event."""
+    kmsg = tmp_path / "kmsg"
+    usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6) - 1_000_000  # recent: within the 5m lookback
+    kmsg.write_text(
+        f"6,1,{usec},-;hello\n"
+        f"3,2,{usec + 1},-;NEURON_HW_ERR=DMA_ERROR instance-id=i-0abc hostname=ip-10-0-0-1 nd-id=3 nc-id=1 "
+        "serial-num=19fcda00f5ff6eb9 action=TERMINATE_INSTANCE\n"
+        f"4,3,{usec + 2},-;Killed process 1012 (python) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB\n"
+    )
+    state = tmp_path / "state"
+    port = _free_port()
+    proc = _start_agent(kmsg, state, port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        doc = _wait_for(lambda: _conditions_with(base, "NeuronHealth", "True"))
+        neuron = next(c for c in doc["conditions"] if c["type"] == "NeuronHealth")
+        assert neuron["reason"] == "NeuronHasError_DMA_ERROR"
+        assert neuron["fields"]["nd_id"] == 3
+        status, body = _get(f"{base}/healthz")
+        assert status == 200 and json.loads(body)["components"] == {"kmsg_reader": True, "main_loop": True}
+        metrics = _get(f"{base}/metrics")[1]
+        assert 'problem_gauge{reason="NeuronHasError_DMA_ERROR",type="NeuronHealth"} 1.0' in metrics
+        assert 'problem_counter{reason="OOMKilling"} 1.0' in metrics
+        assert "node_health_agent_kmsg_records_read_total 3.0" in metrics
+    finally:
+        out, err, took = _stop(proc)
+    assert proc.returncode == 0, err
+    assert took < 5, "clean shutdown on SIGTERM within 5 s"
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(e["kind"], e["reason"]) for e in lines] == [
+        ("condition", "NeuronHasError_DMA_ERROR"),
+        ("event", "OOMKilling"),
+    ]
+    assert json.loads((state / "kmsg-cursor.json").read_text())["last_seq"] == 3
+
+    # Restart: the same records are still in the "ring buffer"; the problem is rebuilt, the OOM
+    # event (temporary, already reported) is not repeated.
+    proc = _start_agent(kmsg, state, port)
+    try:
+        _wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True"))
+        time.sleep(0.3)
+    finally:
+        out, err, _ = _stop(proc)
+    assert [(e["kind"], e["reason"]) for e in map(json.loads, out.splitlines())] == [
+        ("condition", "NeuronHasError_DMA_ERROR")
+    ]
+
+
+def _conditions_with(base: str, type_: str, status: str, reason: str | None = None):
+    try:
+        code, body = _get(f"{base}/conditions")
+    except OSError:
+        return None
+    if code != 200:
+        return None
+    doc = json.loads(body)
+    wanted = [c for c in doc["conditions"] if c["type"] == type_ and c["status"] == status]
+    return doc if wanted and (reason is None or wanted[0]["reason"] == reason) else None
+
+
+def _kmsg_usable() -> bool:
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.kmsg
+@pytest.mark.skipif(not _kmsg_usable(), reason="/dev/kmsg is not readable and writable here (needs root)")
+def test_real_dev_kmsg_line_is_detected(tmp_path):
+    """A uniquely marked Neuron error written to the real /dev/kmsg becomes a condition."""
+    port = _free_port()
+    marker = uuid.uuid4().hex.upper()  # a unique error type: earlier test lines may still be in the ring buffer
+    proc = _start_agent(Path("/dev/kmsg"), tmp_path / "state", port)
+    try:
+        _wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if _port_open(port) else False)
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<3>NEURON_HW_ERR=NHA_TEST_{marker} nd-id=7 nc-id=0\n")
+        reason = f"NeuronHasError_NHA_TEST_{marker}"
+        doc = _wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True", reason))
+        neuron = next(c for c in doc["conditions"] if c["type"] == "NeuronHealth")
+        assert neuron["fields"] == {"error": f"NHA_TEST_{marker}", "nd_id": 7, "nc_id": 0}
+    finally:
+        out, err, took = _stop(proc)
+    assert took < 5
+    assert any(marker in line for line in out.splitlines()), (out, err)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
