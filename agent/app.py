@@ -21,7 +21,7 @@ from agent.sinks.log import snapshot_json
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sources.kmsg import Cursor, CursorStore, KmsgStats, ReplayMode, replay_mode
 from agent.state import NodeState
-from agent.types import Event, LogRecord, Snapshot
+from agent.types import Condition, Event, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         state: NodeState | None = None,
+        aggregate: bool = False,
         config_generation: int = 1,
     ) -> None:
         self.rule_set = rule_set
@@ -74,7 +75,9 @@ class Agent:
             clock=clock,
             reasons=rule_set.reasons,
             problem_pairs=[(r.condition, r.reason) for r in rule_set.rules if r.condition and "{" not in r.reason],
+            aggregate=aggregate,
         )
+        self._seeds: queue.Queue[tuple[list[Condition], threading.Event]] = queue.Queue()
         self.config_generation = config_generation
         self._queue: queue.Queue[LogRecord] = queue.Queue(maxsize=QUEUE_SIZE)
         self._snapshot = self.state.snapshot()
@@ -120,6 +123,15 @@ class Agent:
             rules_loaded=len(self.rule_set.rules),
             components=self.health(),
         )
+
+    def seed(self, conditions: list[Condition]) -> threading.Event:
+        """Thread-safe: have the main loop adopt conditions read from the Node (see NodeState.seed).
+
+        The returned event is set once a snapshot containing them has been published.
+        """
+        done = threading.Event()
+        self._seeds.put((conditions, done))
+        return done
 
     def conditions_document(self) -> dict:
         doc = snapshot_json(self.snapshot())
@@ -169,6 +181,14 @@ class Agent:
         except queue.Empty:
             pass
         events: list[Event] = []
+        seeded: list[threading.Event] = []
+        while True:
+            try:
+                conditions, done = self._seeds.get_nowait()
+            except queue.Empty:
+                break
+            events.extend(self.state.seed(conditions))
+            seeded.append(done)
         for batch in self._batches(records):
             for finding in self.pipeline.process(batch):
                 events.extend(self.state.apply(finding))
@@ -176,6 +196,8 @@ class Agent:
         if records and records[-1].seq is not None:
             self._last_seq = records[-1].seq
         self._publish(events)
+        for done in seeded:
+            done.set()
         self._loop_beat = self._monotonic()
         self._save_cursor(force=False)
         return len(records)

@@ -116,8 +116,51 @@ def build_parser() -> argparse.ArgumentParser:
         default=env_default("stall-timeout", "60s"),
         help="/healthz fails when the reader or main loop shows no sign of life for this long (default 60s)",
     )
-    run.add_argument("--node-name", default=env_default("node-name") or None, help="Kubernetes node name")
-    run.add_argument("--kubeconfig", default=env_default("kubeconfig") or None, help="kubeconfig file")
+    run.add_argument(
+        "--aggregate-condition",
+        default=env_default("aggregate-condition", "false"),
+        metavar="BOOL",
+        help="also maintain condition AcceleratedHardwareReady (False while a critical accelerator problem is "
+        "present), the condition EKS node auto repair and Karpenter act on (env NHA_AGGREGATE_CONDITION)",
+    )
+    k8s = run.add_argument_group("Kubernetes mode (without --standalone)")
+    k8s.add_argument(
+        "--node-name", default=env_default("node-name") or None, help="node name (default: env NODE_NAME, hostname)"
+    )
+    k8s.add_argument(
+        "--kubeconfig",
+        default=env_default("kubeconfig") or None,
+        help="kubeconfig file (default: in-cluster service account, else KUBECONFIG)",
+    )
+    k8s.add_argument(
+        "--event-namespace", default=env_default("event-namespace", "default"), help="namespace of our Events"
+    )
+    k8s.add_argument(
+        "--heartbeat",
+        default=env_default("heartbeat", "5m"),
+        help="re-send all conditions this often, jittered by 10%% (default 5m = 12 writes per node per hour)",
+    )
+    k8s.add_argument(
+        "--api-wait-timeout",
+        default=env_default("api-wait-timeout", "5m"),
+        help="how long to wait for the API server at startup before detecting anyway (default 5m)",
+    )
+    k8s.add_argument(
+        "--delete-condition",
+        action="append",
+        default=[env_default("delete-conditions") or ""],
+        metavar="TYPE",
+        help="condition type no longer configured: delete it from the Node (repeatable or comma-separated; "
+        "env NHA_DELETE_CONDITIONS). Nothing is deleted otherwise.",
+    )
+
+    relay = sub.add_parser(
+        "kmsg-relay",
+        help="forward raw /dev/kmsg records over a UNIX socket (the DaemonSet's only privileged part)",
+        description="Open the kernel log read-only and stream raw records to one agent over a UNIX socket.",
+    )
+    relay.add_argument("--socket", required=True, metavar="PATH", help="UNIX socket to create")
+    relay.add_argument("--kmsg-path", default=str(DEFAULT_KMSG), help="kernel log device (default /dev/kmsg)")
 
     sim = sub.add_parser(
         "simulate",
@@ -163,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return simulate(args)
         if args.command == "validate-config":
             return validate(args)
+        if args.command == "kmsg-relay":
+            from agent.relay import run_relay
+
+            return run_relay(socket_path=Path(args.socket), kmsg_path=Path(args.kmsg_path), stop=_stop_on_signals())
         return run(args)
     except ConfigError as exc:
         _print_config_error(exc, sys.stderr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.durations import parse_duration
@@ -78,7 +78,11 @@ class Settings:
     stall_timeout: float
     node_name: str | None = None
     kubeconfig: Path | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    aggregate_condition: bool = False
+    event_namespace: str = "default"
+    heartbeat: float = 300.0
+    api_wait_timeout: float = 300.0
+    delete_conditions: tuple[str, ...] = ()
 
     @property
     def rule_paths(self) -> tuple[Path, ...]:
@@ -124,6 +128,22 @@ def build_settings(args: argparse.Namespace) -> Settings:
         lookback = parse_duration(args.lookback)
     except ValueError as exc:
         bad("lookback", str(exc))
+    heartbeat = 300.0
+    try:
+        heartbeat = parse_duration(args.heartbeat)
+        if heartbeat < 10:
+            bad("heartbeat", "must be at least 10s (it bounds the API write rate)")
+    except ValueError as exc:
+        bad("heartbeat", str(exc))
+    api_wait = 300.0
+    try:
+        api_wait = parse_duration(args.api_wait_timeout)
+    except ValueError as exc:
+        bad("api-wait-timeout", str(exc))
+    aggregate = str(args.aggregate_condition).strip().lower()
+    if aggregate not in ("true", "false", "1", "0", "yes", "no"):
+        bad("aggregate-condition", f"must be true or false, got {args.aggregate_condition!r}")
+    delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
     stall = 60.0
     try:
         stall = parse_duration(args.stall_timeout)
@@ -155,4 +175,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
         stall_timeout=stall,
         node_name=args.node_name or None,
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        aggregate_condition=aggregate in ("true", "1", "yes"),
+        event_namespace=args.event_namespace,
+        heartbeat=heartbeat,
+        api_wait_timeout=api_wait,
+        delete_conditions=delete,
     )

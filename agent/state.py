@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
 
+AGGREGATE_TYPE = "AcceleratedHardwareReady"
+AGGREGATE_HEALTHY_REASON = "AcceleratedHardwareIsReady"
+AGGREGATE_HEALTHY_MESSAGE = "no fatal accelerator problem"
+
 
 def event_type(severity: Severity) -> str:
     """Kubernetes Event type for a problem of this severity."""
@@ -49,9 +53,15 @@ class NodeState:
         clock: Callable[[], float],
         reasons: Iterable[str] = (),
         problem_pairs: Iterable[tuple[str, str]] = (),
+        aggregate: bool = False,
     ) -> None:
+        """``aggregate`` adds condition AcceleratedHardwareReady: False (a problem) while any condition
+        marked ``accelerator`` is True with a critical problem, True otherwise (the condition EKS node
+        auto repair and Karpenter node repair act on). Its polarity is the opposite of ours."""
         self._clock = clock
         self._specs = {c.type: c for c in conditions}
+        self._aggregate = aggregate
+        self._touched: set[str] = set()  # types changed since start (seeding never overrides them)
         now = clock()
         self._conditions: dict[str, Condition] = {
             c.type: Condition(
@@ -64,6 +74,15 @@ class NodeState:
             )
             for c in conditions
         }
+        if aggregate:
+            self._conditions[AGGREGATE_TYPE] = Condition(
+                type=AGGREGATE_TYPE,
+                status=Status.TRUE,
+                reason=AGGREGATE_HEALTHY_REASON,
+                message=AGGREGATE_HEALTHY_MESSAGE,
+                last_transition=now,
+                last_update=now,
+            )
         self._counts: Counter[str] = Counter({r: 0 for r in reasons})
         self._pairs: dict[tuple[str, str], None] = dict.fromkeys(problem_pairs)
         self._generation = 0
@@ -73,21 +92,33 @@ class NodeState:
         """Increases on every change of a condition (status, reason or message)."""
         return self._generation
 
-    def seed(self, conditions: Iterable[Condition]) -> None:
+    @property
+    def owned_types(self) -> tuple[str, ...]:
+        return tuple(self._conditions)
+
+    def seed(self, conditions: Iterable[Condition]) -> list[Event]:
         """Adopt conditions read back at startup (e.g. from the Node) for the types we own.
 
         Keeps their status, reason, message and transition time, so a restart neither resets a
-        problem to healthy nor moves ``lastTransitionTime``. No events are produced.
+        problem to healthy nor moves ``lastTransitionTime``. Types that already changed since
+        start keep our fresher state. Returns events only if the aggregate condition changes.
         """
         for cond in conditions:
-            if cond.type in self._specs:
+            if cond.type in self._conditions and cond.type not in self._touched:
                 self._conditions[cond.type] = cond
-                if cond.status is Status.TRUE:
+                if cond.status is Status.TRUE and cond.type in self._specs:
                     self._pairs.setdefault((cond.type, cond.reason), None)
                 self._generation += 1
+        return self._update_aggregate(self._clock())
 
     def apply(self, finding: Finding) -> list[Event]:
         """Fold one finding in; return the events it produces (maybe none)."""
+        events = self._apply(finding)
+        if events and self._aggregate:
+            events.extend(self._update_aggregate(self._clock()))
+        return events
+
+    def _apply(self, finding: Finding) -> list[Event]:
         now = self._clock()
         if finding.type is RuleType.TEMPORARY:
             self._counts[finding.reason] += 1
@@ -182,6 +213,7 @@ class NodeState:
             fields=dict(fields) if isinstance(fields, dict) else {},
         )
         self._conditions[current.type] = updated
+        self._touched.add(current.type)
         self._generation += 1
         return Event(
             type="Warning" if status is not Status.FALSE else "Normal",
@@ -201,7 +233,9 @@ class NodeState:
         now = self._clock()
         events = []
         for type_, cond in list(self._conditions.items()):
-            spec = self._specs[type_]
+            spec = self._specs.get(type_)
+            if spec is None:
+                continue
             if cond.status is Status.TRUE and spec.clear_after and now - cond.last_update >= spec.clear_after:
                 events.append(
                     self._transition(
@@ -217,7 +251,54 @@ class NodeState:
                         fields={},
                     )
                 )
+        if events and self._aggregate:
+            events.extend(self._update_aggregate(now))
         return events
+
+    def _update_aggregate(self, now: float) -> list[Event]:
+        if not self._aggregate:
+            return []
+        fatal = [
+            c
+            for c in self._conditions.values()
+            if c.type in self._specs
+            and self._specs[c.type].accelerator
+            and c.status is Status.TRUE
+            and c.severity is Severity.CRITICAL
+        ]
+        current = self._conditions[AGGREGATE_TYPE]
+        if fatal:
+            status, reason = Status.FALSE, fatal[0].reason
+            message = "; ".join(f"{c.type}: {c.message}" for c in fatal)
+        else:
+            status, reason, message = Status.TRUE, AGGREGATE_HEALTHY_REASON, AGGREGATE_HEALTHY_MESSAGE
+        if current.status is status and current.reason == reason:
+            return []
+        updated = Condition(
+            type=AGGREGATE_TYPE,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition=now if current.status is not status else current.last_transition,
+            last_update=now,
+            severity=Severity.CRITICAL if status is Status.FALSE else Severity.INFO,
+        )
+        self._conditions[AGGREGATE_TYPE] = updated
+        self._touched.add(AGGREGATE_TYPE)
+        self._generation += 1
+        return [
+            Event(
+                type="Warning" if status is Status.FALSE else "Normal",
+                reason="AcceleratedHardwareNotReady" if status is Status.FALSE else AGGREGATE_HEALTHY_REASON,
+                message=f"Node condition {AGGREGATE_TYPE} is now: {status.value}, reason: {reason}, "
+                f"message: {message!r}",
+                timestamp=now,
+                source="node-health-agent",
+                severity=updated.severity,
+                condition=AGGREGATE_TYPE,
+                status=status,
+            )
+        ]
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -235,4 +316,4 @@ def _replace(cond: Condition, **changes: object) -> Condition:
 
 def counted(event: Event) -> bool:
     """Whether an event counts as a problem occurrence (NPD ``problem_counter`` semantics)."""
-    return event.condition is None or event.status is Status.TRUE
+    return event.condition is None or (event.status is Status.TRUE and event.condition != AGGREGATE_TYPE)

@@ -82,6 +82,7 @@ class ConditionSpec:
     message: str
     clear_after: float | None = None  # seconds of quiet after which a True condition heals; None = never
     source: str = ""
+    accelerator: bool = False  # a critical problem here makes AcceleratedHardwareReady False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

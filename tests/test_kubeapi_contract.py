@@ -24,9 +24,10 @@ import pytest
 import urllib3
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeapi import KubeApiServer, PolicyRule
 from kubernetes import client, config, watch
 from kubernetes.client import ApiException
+
+from kubeapi import KubeApiServer, PolicyRule
 
 pytest_plugins = ["kubeapi.fixtures"]
 

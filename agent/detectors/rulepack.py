@@ -61,7 +61,7 @@ _RULE_KEYS = {
     "fieldTypes",
     "enabled",
 }
-_CONDITION_KEYS = {"type", "reason", "message", "clearAfter"}
+_CONDITION_KEYS = {"type", "reason", "message", "clearAfter", "accelerator"}
 _FIELD_TYPES = {"int", "hex", "str"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/-]+$")
 _REASON_RE = re.compile(r"^[A-Za-z0-9_.:{}-]+$")
@@ -322,10 +322,19 @@ def _check_pack(col: _Collector) -> tuple[list[_RawRule], list[ConditionSpec], d
             except ValueError as exc:
                 col.add((*path, "clearAfter"), str(exc))
                 ok = False
+        accelerator = cond.get("accelerator", False)
+        if not isinstance(accelerator, bool):
+            col.add((*path, "accelerator"), "must be true or false")
+            ok = False
         if ok:
             conditions.append(
                 ConditionSpec(
-                    type=cond["type"], reason=cond["reason"], message=message, clear_after=clear_after, source=source
+                    accelerator=accelerator,
+                    type=cond["type"],
+                    reason=cond["reason"],
+                    message=message,
+                    clear_after=clear_after,
+                    source=source,
                 )
             )
 

@@ -1,0 +1,162 @@
+"""The Kubernetes API seam: the only module that imports the ``kubernetes`` client.
+
+Bodies go out and come back as plain dicts (``_preload_content=False`` + ``json.loads``), so the
+agent never builds model objects it does not need. Every failure is a ``KubeError`` carrying the
+HTTP status (``None`` for connection problems and timeouts) so callers can decide to retry.
+The client is imported lazily, when Kubernetes mode starts, not at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 10.0
+TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class KubeError(Exception):
+    """An API call failed. ``status`` is None when no HTTP answer arrived (connection, timeout)."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: no answer, a conflict, throttling or a server error."""
+        return self.status is None or self.status in TRANSIENT_STATUSES
+
+    @property
+    def unauthorized(self) -> bool:
+        return self.status in (401, 403)
+
+
+class KubeConfigError(Exception):
+    """No usable credentials / API server address."""
+
+
+def resolve_node_name(*, flag: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """``--node-name``, then ``NODE_NAME`` (downward API), then the hostname."""
+    env = os.environ if environ is None else environ
+    return flag or env.get("NODE_NAME") or socket.gethostname()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClientInfo:
+    host: str
+    source: str  # "in-cluster service account" or the kubeconfig path
+
+
+class KubeClient:
+    """Narrow access to the API calls the agent makes, with dict bodies."""
+
+    def __init__(self, *, api_client: Any, info: ClientInfo) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._api_client = api_client
+        self._core = CoreV1Api(api_client)
+        self.info = info
+
+    @classmethod
+    def load(cls, *, kubeconfig: Path | None, environ: Mapping[str, str] | None = None) -> KubeClient:
+        """In-cluster service account when running in a pod, else ``kubeconfig`` / ``KUBECONFIG``."""
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        env = os.environ if environ is None else environ
+        cfg = client.Configuration()
+        try:
+            if kubeconfig is not None:
+                config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+                source = str(kubeconfig)
+            elif env.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=cfg)
+                source = "in-cluster service account"
+            elif env.get("KUBECONFIG") or Path("~/.kube/config").expanduser().is_file():
+                config.load_kube_config(client_configuration=cfg)
+                source = env.get("KUBECONFIG") or "~/.kube/config"
+            else:
+                raise KubeConfigError(
+                    "no in-cluster service account (KUBERNETES_SERVICE_HOST unset) and no kubeconfig: pass "
+                    "--kubeconfig, set KUBECONFIG, or run with --standalone"
+                )
+        except (ConfigException, OSError, ValueError, TypeError) as exc:
+            where = kubeconfig or "the environment"
+            raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+        cfg.retries = False  # we retry ourselves, with backoff, in the sinks
+        return cls(api_client=client.ApiClient(configuration=cfg), info=ClientInfo(host=cfg.host, source=source))
+
+    def close(self) -> None:
+        try:
+            self._api_client.close()
+        except Exception:  # closing must never fail shutdown
+            log.debug("error closing the API client", exc_info=True)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            data = response.data
+            return json.loads(data) if data else {}
+        except ApiException as exc:
+            raise _api_error(what, exc) from None
+        except (HTTPError, OSError) as exc:
+            raise KubeError(f"{what}: no answer from the API server: {exc}", status=None) from None
+        except ValueError as exc:
+            raise KubeError(f"{what}: unreadable answer: {exc}", status=None) from None
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call(f"get node {name}", self._core.read_node, name)
+
+    def patch_node_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Strategic merge patch of ``nodes/{name}/status`` (conditions merge by ``type``)."""
+        return self._call(
+            f"patch node {name} status",
+            self._core.patch_node_status,
+            name,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(f"create event in {namespace}", self._core.create_namespaced_event, namespace, body)
+
+    def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(
+            f"patch event {namespace}/{name}",
+            self._core.patch_namespaced_event,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+
+def _api_error(what: str, exc: Any) -> KubeError:
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", "") or ""
+    message = reason
+    try:
+        body = json.loads(exc.body) if getattr(exc, "body", None) else {}
+        message = body.get("message") or message
+        reason = body.get("reason") or reason
+    except (ValueError, TypeError):
+        pass
+    hint = ""
+    if status == 401:
+        hint = " (the API server rejected our credentials: check the service account token or kubeconfig)"
+    elif status == 403:
+        hint = " (forbidden: check the ClusterRole bound to the agent's service account)"
+    return KubeError(f"{what}: HTTP {status} {reason}: {message}{hint}", status=status, reason=reason)

@@ -1,0 +1,654 @@
+"""The kmsg relay and its client, end to end: real UNIX sockets, real threads, real files.
+
+Every wait is bounded; the whole module runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.app import Agent
+from agent.detectors.rulepack import RuleSet
+from agent.relay import HEADER, PROTO, Hello, encode_frame, run_relay
+from agent.sources.kmsg import KmsgStats, boot_time_now, read_boot_id
+from agent.sources.relay import RelayClient
+from agent.types import LogRecord
+
+POLL = 0.05  # relay and client poll interval in these tests
+WAIT = 3.0  # upper bound for anything that should happen "soon"
+DEVICE = "/dev/kmsg"
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def record(seq: int, message: str, *, usec: int | None = None, prio: int = 6, fields: str = "") -> bytes:
+    """One record in the kernel's /dev/kmsg format (what the relay sends verbatim)."""
+    return f"{prio},{seq},{usec if usec is not None else seq * 1000},-;{message}\n{fields}".encode()
+
+
+def write_records(path: Path, records: list[bytes], *, append: bool = False) -> None:
+    with path.open("ab" if append else "wb") as f:
+        f.write(b"".join(records))
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = WAIT, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory (AF_UNIX paths are limited to ~107 bytes; pytest's tmp_path can be longer)."""
+    path = Path(tempfile.mkdtemp(prefix="nha-relay-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Relay:
+    """run_relay() in a thread, as the relay container runs it."""
+
+    def __init__(self, *, socket_path: Path, kmsg_path: Path | str, **kwargs) -> None:
+        self.socket_path = socket_path
+        self.stop_event = threading.Event()
+        self.rc: int | None = None
+        kwargs.setdefault("poll_interval", POLL)
+
+        def main() -> None:
+            self.rc = run_relay(socket_path=socket_path, kmsg_path=Path(kmsg_path), stop=self.stop_event, **kwargs)
+
+        self.thread = threading.Thread(target=main, name="test-relay", daemon=True)
+        self.thread.start()
+        wait_for(lambda: socket_path.exists() or not self.thread.is_alive(), what="the relay socket")
+
+    def stop(self, *, within: float = WAIT) -> int | None:
+        started = time.monotonic()
+        self.stop_event.set()
+        self.thread.join(timeout=within)
+        assert not self.thread.is_alive(), f"relay did not stop within {within}s"
+        self.stop_seconds = time.monotonic() - started
+        return self.rc
+
+
+class Consumer:
+    """Drives RelayClient.records() in a thread, as the agent's reader thread does."""
+
+    def __init__(self, client: RelayClient) -> None:
+        self.client = client
+        self.stop_event = threading.Event()
+        self.queue: queue.Queue[LogRecord] = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="test-consumer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for rec in self.client.records(stop=self.stop_event):
+                self.queue.put(rec)
+        except BaseException as exc:  # records() must never raise; the test checks this
+            self.error = exc
+
+    def take(self, n: int, *, timeout: float = WAIT) -> list[LogRecord]:
+        deadline = time.monotonic() + timeout
+        got = []
+        while len(got) < n:
+            remaining = deadline - time.monotonic()
+            try:
+                got.append(self.queue.get(timeout=max(remaining, 0.001)))
+            except queue.Empty:
+                raise AssertionError(f"got {len(got)} of {n} records within {timeout}s: {got}") from None
+        return got
+
+    def nothing_more(self, *, within: float = 0.3) -> bool:
+        try:
+            extra = self.queue.get(timeout=within)
+        except queue.Empty:
+            return True
+        raise AssertionError(f"unexpected extra record {extra}")
+
+    def finish(self) -> float:
+        """Set stop; return how long records() took to return."""
+        started = time.monotonic()
+        self.stop_event.set()
+        self.thread.join(timeout=WAIT)
+        assert not self.thread.is_alive(), "records() did not return after stop"
+        assert self.error is None, f"records() raised {self.error!r}"
+        return time.monotonic() - started
+
+
+def client(path: Path, **kwargs) -> RelayClient:
+    kwargs.setdefault("poll_interval", POLL)
+    kwargs.setdefault("backoff_initial", POLL)
+    kwargs.setdefault("backoff_max", 4 * POLL)
+    return RelayClient(path=path, stats=KmsgStats(), **kwargs)
+
+
+def read_frame(conn: socket.socket, *, timeout: float = WAIT) -> bytes | None:
+    """Read one frame from a raw connection; None at end of stream."""
+    conn.settimeout(timeout)
+
+    def exactly(n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = conn.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    header = exactly(HEADER.size)
+    if header is None:
+        return None
+    (length,) = HEADER.unpack(header)
+    payload = exactly(length) if length else b""
+    assert payload is not None, "connection closed in the middle of a frame"
+    return payload
+
+
+def raw_connect(path: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(os.fspath(path))
+    return conn
+
+
+class FakeRelay:
+    """A scripted relay: ``script(conn, n)`` runs for the n-th connection (1-based) in the accept thread.
+
+    A script that returns without closing leaves the connection open and silent (parked).
+    """
+
+    def __init__(self, path: Path, script: Callable[[socket.socket, int], None]) -> None:
+        self.connections = 0
+        self.closing = threading.Event()
+        self._parked: list[socket.socket] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(os.fspath(path))
+        self._server.listen(4)
+        self._server.settimeout(0.02)
+        self._script = script
+        self._thread = threading.Thread(target=self._serve, name="fake-relay", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            self._parked.append(conn)
+            with contextlib.suppress(OSError):  # the client went away
+                self._script(conn, self.connections)
+
+    def close(self) -> None:
+        self.closing.set()
+        self._thread.join(timeout=WAIT)
+        self._server.close()
+        for conn in self._parked:
+            conn.close()
+
+
+def send_hello(conn: socket.socket, *, boot_time: float = 1_700_000_000.0, boot_id: str | None = "boot-a") -> None:
+    conn.sendall(encode_frame(Hello(proto=PROTO, boot_time=boot_time, boot_id=boot_id).encode()))
+
+
+# --------------------------------------------------------------------------------------------------
+# The wire protocol, seen by a raw socket client
+
+
+def test_wire_protocol_hello_then_the_exact_kernel_bytes_then_heartbeats(sock_dir: Path) -> None:
+    records = [
+        record(1, "first"),
+        record(2, "NVRM: Xid 79", prio=3, fields=" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n"),
+        record(3, "tab\\x09and caf\\xc3\\xa9"),
+    ]
+    source = sock_dir / "kmsg"
+    write_records(source, records)
+    relay = Relay(socket_path=sock_dir / "run" / "relay.sock", kmsg_path=source, heartbeat_interval=0.1)
+    try:
+        sock_path = sock_dir / "run" / "relay.sock"
+        assert stat.S_ISSOCK(sock_path.stat().st_mode)
+        assert stat.S_IMODE(sock_path.stat().st_mode) == 0o666  # the agent runs as another uid
+        with raw_connect(sock_path) as conn:
+            hello = json.loads(read_frame(conn) or b"")
+            assert hello["proto"] == 1
+            assert abs(hello["boot_time"] - boot_time_now()) < 1.0
+            try:
+                assert hello["boot_id"] == read_boot_id()
+            except OSError:
+                assert hello["boot_id"] is None
+            assert [read_frame(conn) for _ in records] == records  # verbatim, one record per frame
+            assert read_frame(conn, timeout=1.0) == b""  # idle: a heartbeat (empty frame)
+            assert read_frame(conn, timeout=1.0) == b""
+    finally:
+        assert relay.stop() == 0
+    assert not (sock_dir / "run" / "relay.sock").exists(), "the relay removes its socket on exit"
+
+
+def test_a_new_connection_replaces_the_old_and_gets_the_whole_buffer_again(sock_dir: Path) -> None:
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "a"), record(2, "b")])
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    try:
+        first = raw_connect(sock_dir / "s")
+        assert read_frame(first) is not None  # hello
+        assert read_frame(first) == record(1, "a")
+        second = raw_connect(sock_dir / "s")
+        assert read_frame(second) is not None
+        assert [read_frame(second), read_frame(second)] == [record(1, "a"), record(2, "b")]  # from the oldest
+
+        def first_is_closed() -> bool:
+            while (frame := read_frame(first, timeout=WAIT)) is not None:
+                assert frame in (record(2, "b"), b"")
+            return True
+
+        assert first_is_closed()
+        first.close()
+        second.close()
+    finally:
+        assert relay.stop() == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# RelayClient against the real relay
+
+
+def test_client_receives_every_record_in_order_with_host_timestamps(sock_dir: Path) -> None:
+    source = sock_dir / "kmsg"
+    write_records(
+        source,
+        [
+            record(1, "one", usec=5_000_000),
+            record(2, "two", usec=5_000_100, prio=3, fields=" SUBSYSTEM=pci\n"),
+            record(3, "caf\\xc3\\xa9", usec=6_250_000, prio=12),
+        ],
+    )
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        got = consumer.take(3)
+        assert c.hello is not None and abs(c.hello.boot_time - boot_time_now()) < 1.0
+        boot = c.hello.boot_time
+        assert [(r.seq, r.message) for r in got] == [(1, "one"), (2, "two"), (3, "café")]
+        assert [r.timestamp for r in got] == [boot + 5.0, boot + 5.0001, boot + 6.25]
+        assert [r.monotonic_usec for r in got] == [5_000_000, 5_000_100, 6_250_000]
+        assert (got[1].priority, got[1].facility, dict(got[1].fields)) == (3, 0, {"SUBSYSTEM": "pci"})
+        assert (got[2].priority, got[2].facility) == (4, 1)
+        assert all(r.source == "kmsg" for r in got)
+
+        write_records(source, [record(4, "appended later")], append=True)  # the relay follows its source
+        assert [r.message for r in consumer.take(1)] == ["appended later"]
+
+        s = c.stats
+        assert (s.records_read, s.records_lost, s.parse_errors, s.reader_restarts, s.read_errors) == (4, 0, 0, 0, 0)
+        assert s.connected
+        assert s.last_record_time == pytest.approx(boot + 4 * 1000 / 1e6)
+    finally:
+        consumer.finish()
+        relay.stop()
+    assert not c.stats.connected
+
+
+def test_relay_restart_replays_the_buffer_and_the_client_skips_what_it_has(sock_dir: Path) -> None:
+    first_source, second_source = sock_dir / "kmsg-1", sock_dir / "kmsg-2"
+    write_records(first_source, [record(n, f"m{n}") for n in (1, 2, 3)])
+    write_records(second_source, [record(n, f"m{n}") for n in (1, 2, 3, 4, 5)])  # same boot, two more records
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=first_source)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        assert [r.seq for r in consumer.take(3)] == [1, 2, 3]
+        assert relay.stop() == 0
+        wait_for(lambda: c.stats.reader_restarts >= 1, what="the client to notice the relay went away")
+        relay = Relay(socket_path=sock_dir / "s", kmsg_path=second_source)
+        assert [r.seq for r in consumer.take(2)] == [4, 5]  # 1..3 were replayed and skipped
+        assert consumer.nothing_more()
+        s = c.stats
+        assert s.records_read == 5
+        assert s.records_lost == 0
+        assert s.reader_restarts >= 1
+        wait_for(lambda: c.stats.connected, what="reconnected")
+    finally:
+        consumer.finish()
+        relay.stop()
+
+
+def test_records_overwritten_while_the_relay_was_away_count_as_lost(sock_dir: Path) -> None:
+    first_source, second_source = sock_dir / "kmsg-1", sock_dir / "kmsg-2"
+    write_records(first_source, [record(n, f"m{n}") for n in (1, 2, 3)])
+    write_records(second_source, [record(n, f"m{n}") for n in (10, 11, 12)])  # the ring buffer wrapped: 4..9 gone
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=first_source)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        assert [r.seq for r in consumer.take(3)] == [1, 2, 3]
+        relay.stop()
+        relay = Relay(socket_path=sock_dir / "s", kmsg_path=second_source)
+        assert [r.seq for r in consumer.take(3)] == [10, 11, 12]
+        assert c.stats.records_lost == 6
+        assert c.stats.records_read == 6
+    finally:
+        consumer.finish()
+        relay.stop()
+
+
+def test_an_idle_live_relay_keeps_last_activity_fresh_through_heartbeats(sock_dir: Path) -> None:
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "only")])
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source, heartbeat_interval=0.1)
+    c = client(sock_dir / "s", stall_after=0.5)
+    consumer = Consumer(c)
+    try:
+        consumer.take(1)
+        first = c.stats.last_activity
+        assert first is not None
+        deadline = time.monotonic() + 1.0  # twice stall_after: no stall, no reconnect, always fresh
+        while time.monotonic() < deadline:
+            assert time.monotonic() - (c.stats.last_activity or 0) < 0.4
+            time.sleep(0.05)
+        assert c.stats.last_activity > first
+        assert c.stats.reader_restarts == 0
+        assert consumer.nothing_more(within=0.05)
+    finally:
+        consumer.finish()
+        relay.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# Stalls, protocol errors, boot changes (a scripted fake relay)
+
+
+def test_a_stalled_relay_is_dropped_and_last_activity_stops_advancing(sock_dir: Path) -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        send_hello(conn)
+        if n == 1:
+            conn.sendall(encode_frame(record(1, "then silence")) + encode_frame(b""))
+        # ... then silent: no records, no heartbeats, connection left open
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s", stall_after=0.3)
+    consumer = Consumer(c)
+    try:
+        assert [r.message for r in consumer.take(1)] == ["then silence"]
+        wait_for(lambda: c.stats.last_activity is not None, what="the heartbeat")
+        frozen = c.stats.last_activity
+        started = time.monotonic()
+        wait_for(lambda: fake.connections >= 3, what="two reconnects after stalls")
+        assert time.monotonic() - started >= 0.5  # each reconnect waited for stall_after (0.3 s)
+        assert c.stats.reader_restarts >= 2
+        assert c.stats.read_errors >= 2
+        # Reconnecting and hello are no proof that kernel records flow: /healthz must go stale.
+        assert c.stats.last_activity == frozen
+        assert consumer.nothing_more(within=0.05)
+    finally:
+        assert consumer.finish() < 1.0
+        fake.close()
+
+
+def test_healthz_goes_red_while_the_relay_is_silent_and_green_again_when_it_beats(sock_dir: Path) -> None:
+    beating = threading.Event()
+    beating.set()
+
+    def script(conn: socket.socket, n: int) -> None:
+        send_hello(conn)
+        while beating.is_set() and not fake.closing.is_set():
+            conn.sendall(encode_frame(b""))
+            time.sleep(0.05)
+
+    fake = FakeRelay(sock_dir / "s", script)
+    source = client(sock_dir / "s", stall_after=0.3)
+    agent = Agent(
+        rule_set=RuleSet(rules=(), conditions=(), files=(), max_window=1),
+        source=source,
+        sinks=[],
+        cursor_store=None,
+        boot_id="boot-a",
+        lookback=60.0,
+        stall_timeout=0.6,
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: agent.health()["kmsg_reader"], what="healthy")
+        time.sleep(0.8)  # longer than stall_timeout: heartbeats alone keep it green
+        assert agent.health()["kmsg_reader"]
+
+        beating.clear()  # the relay is still there and accepts reconnects, but sends nothing
+        wait_for(lambda: not agent.health()["kmsg_reader"], what="/healthz to turn red")
+        wait_for(lambda: fake.connections >= 2, what="a reconnect after the stall")
+        assert not agent.health()["kmsg_reader"]
+        assert agent.stats().reader_restarts >= 1
+
+        beating.set()
+        wait_for(lambda: agent.health()["kmsg_reader"], what="/healthz to turn green again")
+    finally:
+        beating.clear()
+        stop.set()
+        runner.join(timeout=WAIT)
+        fake.close()
+    assert not runner.is_alive()
+
+
+def test_garbage_is_counted_and_the_stream_goes_on(sock_dir: Path) -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        if n == 1:
+            conn.sendall(encode_frame(b'{"proto": 99}'))  # a protocol this client does not speak
+            conn.close()
+            return
+        send_hello(conn)
+        if n == 2:
+            conn.sendall(encode_frame(b"not a kmsg record") + encode_frame(record(1, "good")))
+            conn.sendall(HEADER.pack(2**31))  # an absurd frame length
+            return
+        conn.sendall(encode_frame(record(1, "good")) + encode_frame(record(2, "after")))
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        assert [r.message for r in consumer.take(2)] == ["good", "after"]
+        assert fake.connections == 3
+        assert c.stats.parse_errors == 1
+        assert (c.stats.reader_restarts, c.stats.read_errors) == (2, 2)  # bad hello, bad frame length
+        assert consumer.nothing_more(within=0.1)
+    finally:
+        consumer.finish()
+        fake.close()
+
+
+def test_a_new_boot_id_starts_sequence_accounting_afresh(sock_dir: Path) -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        if n == 1:
+            send_hello(conn, boot_id="boot-a")
+            conn.sendall(encode_frame(record(500, "old boot")))
+            conn.close()
+        else:
+            send_hello(conn, boot_id="boot-b", boot_time=1_800_000_000.0)
+            conn.sendall(encode_frame(record(1, "new boot")))
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        old, new = consumer.take(2)
+        assert (old.seq, new.seq) == (500, 1)
+        assert new.timestamp == 1_800_000_000.0 + 0.001
+        assert c.stats.records_lost == 0
+    finally:
+        consumer.finish()
+        fake.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Stop is honoured promptly everywhere
+
+
+def test_stop_while_connected_and_idle(sock_dir: Path) -> None:
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "x")])
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    consumer = Consumer(client(sock_dir / "s", poll_interval=0.2))
+    try:
+        consumer.take(1)
+        assert consumer.finish() < 0.6  # about one poll_interval
+    finally:
+        relay.stop()
+
+
+def test_stop_while_the_relay_is_absent_and_the_client_backs_off(sock_dir: Path) -> None:
+    c = client(sock_dir / "missing.sock", poll_interval=0.2, backoff_initial=5.0, backoff_max=10.0)
+    consumer = Consumer(c)
+    wait_for(lambda: c.stats.reader_restarts >= 1, what="a failed connect")
+    time.sleep(0.3)  # now inside the 5 s backoff
+    assert consumer.finish() < 0.6
+    assert c.stats.read_errors >= 1
+    assert not c.stats.connected
+    assert c.stats.last_activity is None  # never heard from a relay: /healthz is red from the start
+
+
+def test_stop_while_waiting_for_the_hello(sock_dir: Path) -> None:
+    fake = FakeRelay(sock_dir / "s", lambda conn, n: None)  # accepts, says nothing
+    c = client(sock_dir / "s", poll_interval=0.2)
+    consumer = Consumer(c)
+    try:
+        wait_for(lambda: fake.connections >= 1 and c.stats.connected, what="the connection")
+        assert consumer.finish() < 0.6
+    finally:
+        fake.close()
+
+
+def test_relay_stops_promptly_with_a_client_that_does_not_read(sock_dir: Path) -> None:
+    source = sock_dir / "kmsg"
+    write_records(source, [record(n, "x" * 200) for n in range(1, 20_001)])  # ~4 MB: more than socket buffers
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    with raw_connect(sock_dir / "s") as conn:
+        time.sleep(0.3)  # the relay fills the socket buffer and blocks on back-pressure
+        assert relay.stop() == 0
+        assert relay.stop_seconds < 1.0
+        conn.settimeout(WAIT)
+        received = 0
+        while chunk := conn.recv(1 << 16):  # the last frame may be cut short: the relay stopped mid-send
+            received += len(chunk)
+        assert 0 < received < source.stat().st_size  # hello and some records, then the relay closed
+
+
+# --------------------------------------------------------------------------------------------------
+# Setup errors: exit code 2 with a message that says what is wrong
+
+
+def test_exit_2_when_the_socket_directory_cannot_be_created(sock_dir: Path, caplog) -> None:
+    (sock_dir / "file").write_text("")
+    (sock_dir / "kmsg").write_bytes(record(1, "x"))
+    with caplog.at_level(logging.ERROR):
+        rc = run_relay(socket_path=sock_dir / "file" / "sub" / "s", kmsg_path=sock_dir / "kmsg", stop=threading.Event())
+    assert rc == 2
+    assert "cannot create the socket directory" in caplog.text
+
+
+def test_exit_2_instead_of_replacing_something_that_is_not_a_socket(sock_dir: Path, caplog) -> None:
+    (sock_dir / "s").write_text("precious")
+    (sock_dir / "kmsg").write_bytes(record(1, "x"))
+    with caplog.at_level(logging.ERROR):
+        rc = run_relay(socket_path=sock_dir / "s", kmsg_path=sock_dir / "kmsg", stop=threading.Event())
+    assert rc == 2
+    assert "is not a socket" in caplog.text
+    assert (sock_dir / "s").read_text() == "precious"
+
+
+def test_exit_2_when_the_socket_path_is_too_long(sock_dir: Path, caplog) -> None:
+    (sock_dir / "kmsg").write_bytes(record(1, "x"))
+    with caplog.at_level(logging.ERROR):
+        rc = run_relay(socket_path=sock_dir / ("x" * 200), kmsg_path=sock_dir / "kmsg", stop=threading.Event())
+    assert rc == 2
+    assert "cannot listen on the UNIX socket" in caplog.text
+
+
+def test_exit_2_when_the_kernel_log_cannot_be_opened(sock_dir: Path, caplog) -> None:
+    with caplog.at_level(logging.ERROR):
+        rc = run_relay(socket_path=sock_dir / "s", kmsg_path=sock_dir / "no-kmsg", stop=threading.Event())
+    assert rc == 2
+    assert "cannot open" in caplog.text and "no-kmsg" in caplog.text
+    assert not (sock_dir / "s").exists()
+
+
+def test_a_stale_socket_is_replaced(sock_dir: Path) -> None:
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(os.fspath(sock_dir / "s"))
+    stale.close()  # the file stays behind, like after a crash
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "fresh")])
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    consumer = Consumer(client(sock_dir / "s"))
+    try:
+        assert [r.message for r in consumer.take(1)] == ["fresh"]
+    finally:
+        consumer.finish()
+        assert relay.stop() == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The real /dev/kmsg
+
+
+def _kmsg_problem() -> str | None:
+    for flags, what in ((os.O_RDONLY | os.O_NONBLOCK, "read"), (os.O_WRONLY, "write")):
+        try:
+            os.close(os.open(DEVICE, flags))
+        except OSError as exc:
+            return f"{DEVICE} cannot be opened for {what} here ({exc.strerror}); needs root on a real kernel"
+    return None
+
+
+@pytest.mark.kmsg
+@pytest.mark.skipif(_kmsg_problem() is not None, reason=_kmsg_problem() or "")
+def test_relay_on_the_real_dev_kmsg(sock_dir: Path) -> None:
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=DEVICE)
+    c = client(sock_dir / "s")
+    stop = threading.Event()
+    timer = threading.Timer(5.0, stop.set)  # never hang, whatever the kernel does
+    timer.start()
+    marker = f"node-health-agent-relay-test-{uuid.uuid4()}"
+    try:
+        fd = os.open(DEVICE, os.O_WRONLY)
+        try:
+            os.write(fd, f"<4>{marker}\n".encode())
+        finally:
+            os.close(fd)
+        seen = []
+        for rec in c.records(stop=stop):
+            seen.append(rec)
+            if marker in rec.message:
+                break
+    finally:
+        stop.set()
+        timer.cancel()
+        relay.stop()
+    assert seen and marker in seen[-1].message, "marker not relayed within 5 s"
+    mine = seen[-1]
+    assert (mine.priority, mine.facility) == (4, 1)
+    assert abs(mine.timestamp - time.time()) < 60
+    numbers = [r.seq for r in seen]
+    assert numbers == sorted(set(numbers))
+    assert c.hello is not None and c.hello.boot_id == read_boot_id()
+    assert c.stats.parse_errors == 0
