@@ -138,12 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument(
         "--heartbeat",
         default=env_default("heartbeat", "5m"),
-        help="re-send all conditions this often, jittered by 10%% (default 5m = 12 writes per node per hour)",
+        help="re-send all conditions every HEARTBEAT to HEARTBEAT+10%% (default 5m: at most 12 writes per node "
+        "per hour)",
     )
     k8s.add_argument(
         "--api-wait-timeout",
-        default=env_default("api-wait-timeout", "5m"),
-        help="how long to wait for the API server at startup before detecting anyway (default 5m)",
+        default=env_default("api-wait-timeout", "30s"),
+        help="how long to wait for the API server at startup before detecting anyway; conditions are written once "
+        "it answers (default 30s)",
     )
     k8s.add_argument(
         "--delete-condition",

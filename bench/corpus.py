@@ -22,7 +22,7 @@ BENIGN = (
     'profile="cri-containerd.apparmor.d" name="/proc/{num}/mounts" pid={num} comm="python3" '
     'requested_mask="r" denied_mask="r" fsuid=0 ouid=0',
     "audit: type=1325 audit({epoch}.{ms}:{num}): table=nat family=2 entries={small} op=xt_replace pid={num} "
-    "comm=\"iptables-restor\"",
+    'comm="iptables-restor"',
     "EXT4-fs (nvme{small}n1p1): mounted filesystem with ordered data mode. Quota mode: none.",
     "xfs filesystem being mounted at /var/lib/kubelet/pods/{uuid}/volumes supports timestamps until 2038",
     "XFS (nvme{small}n1): Mounting V5 Filesystem",

@@ -216,5 +216,6 @@ class ConditionSink:
         self._pending_deletes = ()
         with self._lock:
             self._written = _key(snapshot)
-        period = self._heartbeat * (1 + self._jitter * (2 * self._rng() - 1))
+        # One-sided jitter: never more often than the heartbeat, so writes per hour stay <= 3600/heartbeat.
+        period = self._heartbeat * (1 + self._jitter * self._rng())
         self._next_heartbeat = now + period

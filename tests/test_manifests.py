@@ -1,0 +1,619 @@
+"""The kustomize manifests under daemonset/: render every overlay and check the deployment contract.
+
+Each variant is rendered once with ``kubectl kustomize`` (those tests skip when kubectl is not on PATH).
+Built-in kinds are schema-validated with ``kubernetes_validate`` (strict: unknown fields fail);
+Prometheus Operator objects are checked structurally. The assertions encode the privilege split:
+only the kmsg relay is privileged, only the chown init container also runs as root, and the API
+token reaches the unprivileged agent container alone, with exactly the RBAC it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+from agent.detectors.rulepack import load_rule_set  # noqa: E402
+from agent.settings import rule_dirs  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DAEMONSET_DIR = REPO / "daemonset"
+COMPONENT = DAEMONSET_DIR / "components" / "prometheus-operator"
+KUBECTL = shutil.which("kubectl")
+
+NAMESPACE = "node-health-agent"
+NAME = "node-health-agent"
+# The oldest Kubernetes minor the docs claim, one in the middle, and a recent one.
+K8S_VERSIONS = ("1.29.0", "1.32.0", "1.35.0")
+
+RELAY = "kmsg-relay"
+AGENT = "agent"
+CHOWN_INIT = "init-state-dir"
+STATE_DIR = "/var/lib/node-health-agent"
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+RULES_DIR = "/etc/node-health-agent"
+RELAY_DIR = "/run/node-health-agent"
+AGENT_UID = 65532
+METRICS_PORT = 20257
+
+OS_LINUX = ("kubernetes.io/os", "In", ("linux",))
+NEURON_INSTANCE_TYPES = (
+    "inf1.xlarge",
+    "inf1.2xlarge",
+    "inf1.6xlarge",
+    "inf1.24xlarge",
+    "inf2.xlarge",
+    "inf2.8xlarge",
+    "inf2.24xlarge",
+    "inf2.48xlarge",
+    "inf2e.32xlarge",
+    "trn1.2xlarge",
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "trn2.48xlarge",
+    "trn2u.48xlarge",
+)
+
+# (apiGroup, resource) -> verbs. Exactly this, nothing more (no cordon, evict, list or watch).
+EXPECTED_RBAC = {
+    ("", "nodes"): {"get"},
+    ("", "nodes/status"): {"patch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+
+# Metric names the agent exports (docs/deploy.md), and the external ones the alerts may use.
+AGENT_METRICS = {
+    "problem_counter",
+    "problem_gauge",
+    "node_health_agent_problems_total",
+    "node_health_agent_condition_status",
+    "node_health_agent_kmsg_records_read_total",
+    "node_health_agent_kmsg_records_lost_total",
+    "node_health_agent_kmsg_reader_restarts_total",
+    "node_health_agent_rule_matches_total",
+    "node_health_agent_last_record_timestamp_seconds",
+    "node_health_agent_config_generation",
+    "node_health_agent_component_healthy",
+}
+EXTERNAL_METRICS = {"up", "kube_daemonset_status_number_unavailable"}
+
+
+Term = tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One renderable kustomization and what its DaemonSet must look like."""
+
+    name: str
+    packs: str
+    aggregate: str
+    # requiredDuringScheduling nodeSelectorTerms (ORed), each a set of (key, operator, values).
+    terms: tuple[Term, ...]
+    overlay: str | None = None  # directory under daemonset/overlays; None = base
+    prometheus: bool = False  # also enable the prometheus-operator component
+    extra_kinds: frozenset[str] = field(default_factory=frozenset)
+
+
+NEURON_TERMS = ((OS_LINUX, ("node.kubernetes.io/instance-type", "In", NEURON_INSTANCE_TYPES)),)
+VARIANTS = (
+    Variant(name="base", packs="kernel", aggregate="false", terms=((OS_LINUX,),)),
+    Variant(name="neuron", overlay="neuron", packs="kernel,neuron", aggregate="true", terms=NEURON_TERMS),
+    Variant(
+        name="nvidia",
+        overlay="nvidia",
+        packs="kernel,nvidia",
+        aggregate="true",
+        terms=(
+            (OS_LINUX, ("nvidia.com/gpu.present", "In", ("true",))),
+            (OS_LINUX, ("feature.node.kubernetes.io/pci-10de.present", "In", ("true",))),
+        ),
+    ),
+    Variant(
+        name="aks-gpu",
+        overlay="aks-gpu",
+        packs="kernel,nvidia",
+        aggregate="true",
+        terms=((OS_LINUX, ("kubernetes.azure.com/accelerator", "Exists", ())),),
+    ),
+    Variant(
+        name="neuron+prometheus-operator",
+        overlay="neuron",
+        prometheus=True,
+        packs="kernel,neuron",
+        aggregate="true",
+        terms=NEURON_TERMS,
+        extra_kinds=frozenset({"PodMonitor", "PrometheusRule"}),
+    ),
+)
+OVERLAYS = sorted({v.overlay for v in VARIANTS if v.overlay})
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Every variant rendered once per test run (the kustomize processes run in parallel)."""
+    if KUBECTL is None:
+        pytest.skip("kubectl (with built-in kustomize) is not on PATH: cannot render the overlays")
+    targets: dict[str, Path] = {}
+    for v in VARIANTS:
+        target = DAEMONSET_DIR / "overlays" / v.overlay if v.overlay else DAEMONSET_DIR / "base"
+        if v.prometheus:
+            # A throwaway kustomization outside the repository, the way a user would layer the
+            # component onto an overlay. kustomize's load restrictions only forbid loading *files*
+            # from outside the kustomization root; other kustomizations and components may live
+            # anywhere, but must be given as relative paths (an absolute root is refused).
+            root = tmp_path_factory.mktemp(v.name.replace("+", "-"))
+            (root / "kustomization.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                        "kind": "Kustomization",
+                        "resources": [os.path.relpath(target, root)],
+                        "components": [os.path.relpath(COMPONENT, root)],
+                    }
+                )
+            )
+            target = root
+        targets[v.name] = target
+    procs = {
+        name: subprocess.Popen(
+            [KUBECTL, "kustomize", str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, target in targets.items()
+    }
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"kubectl kustomize {targets[name]} failed:\n{stderr}"
+        out[name] = [doc for doc in yaml.safe_load_all(stdout) if doc]
+    return out
+
+
+def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected exactly one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+
+
+def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """All containers (init and regular) by name."""
+    every = [*pod.get("initContainers", []), *pod["containers"]]
+    by_name = {c["name"]: c for c in every}
+    assert len(by_name) == len(every), "duplicate container names"
+    return by_name
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container.get("volumeMounts", [])}
+
+
+def _volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in pod.get("volumes", [])}
+
+
+def _sc(container: dict[str, Any]) -> dict[str, Any]:
+    return container.get("securityContext") or {}
+
+
+def _runs_as_root(pod: dict[str, Any], container: dict[str, Any]) -> bool:
+    """True unless the container is guaranteed a non-root uid (the image default is not trusted)."""
+    pod_sc = pod.get("securityContext") or {}
+    uid = _sc(container).get("runAsUser", pod_sc.get("runAsUser"))
+    non_root = _sc(container).get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+    return uid == 0 or not (non_root is True or (uid is not None and uid != 0))
+
+
+def _seccomp(pod: dict[str, Any], container: dict[str, Any]) -> str | None:
+    profile = _sc(container).get("seccompProfile") or (pod.get("securityContext") or {}).get("seccompProfile") or {}
+    return profile.get("type")
+
+
+byvariant = pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+
+
+# --------------------------------------------------------------------------- schema and inventory
+
+
+def _check_prometheus_object(obj: dict[str, Any]) -> None:
+    """Structural check of the two Prometheus Operator CRDs we ship (no CRD schema available offline)."""
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    assert obj["metadata"]["namespace"] == NAMESPACE
+    spec = obj["spec"]
+    if obj["kind"] == "PodMonitor":
+        assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
+        assert isinstance(spec["selector"]["matchLabels"], dict)
+        for ep in spec["podMetricsEndpoints"]:
+            assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings"}
+            for r in ep.get("relabelings", []):
+                assert set(r) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement", "separator"}
+    elif obj["kind"] == "PrometheusRule":
+        assert set(spec) == {"groups"}
+        for group in spec["groups"]:
+            assert set(group) <= {"name", "interval", "rules"} and group["rules"]
+            for rule in group["rules"]:
+                assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+                assert isinstance(rule["alert"], str) and isinstance(rule["expr"], str)
+                assert rule["labels"]["severity"] in {"warning", "critical"}
+                assert rule["annotations"]["summary"]
+                if "for" in rule:
+                    assert re.fullmatch(r"\d+[smh]", rule["for"])
+    else:
+        raise AssertionError(f"unexpected kind {obj['kind']}")
+
+
+_validated: set[str] = set()
+
+
+@byvariant
+def test_renders_valid_objects(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    docs = rendered[variant.name]
+    for obj in docs:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            _check_prometheus_object(obj)
+            continue
+        key = json.dumps(obj, sort_keys=True)
+        if key in _validated:  # the same object from another variant: already validated
+            continue
+        _validated.add(key)
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {exc}")
+
+
+@byvariant
+def test_inventory(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    docs = rendered[variant.name]
+    kinds = sorted(d["kind"] for d in docs)
+    expected = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"}
+    assert kinds == sorted(expected | variant.extra_kinds)
+    for d in docs:
+        if d["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+            assert "namespace" not in d["metadata"]
+        else:
+            assert d["metadata"]["namespace"] == NAMESPACE, d["kind"]
+    ns = _one(docs, "Namespace")
+    assert ns["metadata"]["name"] == NAMESPACE
+    # The relay is privileged, so the namespace must admit privileged pods under Pod Security Admission.
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# --------------------------------------------------------------------------- RBAC
+
+
+@byvariant
+def test_rbac_is_exactly_what_the_agent_uses(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    docs = rendered[variant.name]
+    role = _one(docs, "ClusterRole")
+    assert "aggregationRule" not in role
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, f"no resourceNames/nonResourceURLs: {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == EXPECTED_RBAC
+
+    sa = _one(docs, "ServiceAccount")
+    assert sa["metadata"]["name"] == NAME
+    assert sa.get("automountServiceAccountToken") is False
+    binding = _one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+    assert _pod(docs)["serviceAccountName"] == NAME
+
+
+# --------------------------------------------------------------------------- privilege split
+
+
+@byvariant
+def test_only_the_relay_is_privileged(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    containers = _containers(pod)
+    assert set(containers) == {RELAY, AGENT, CHOWN_INIT}
+    privileged = {n for n, c in containers.items() if _sc(c).get("privileged")}
+    assert privileged == {RELAY}
+    root = {n for n, c in containers.items() if _runs_as_root(pod, c)}
+    assert root <= {RELAY, CHOWN_INIT}
+    for name, c in containers.items():
+        assert not any(p.get("hostPort") for p in c.get("ports", [])), name
+        caps = _sc(c).get("capabilities") or {}
+        if name != RELAY:
+            assert _sc(c).get("allowPrivilegeEscalation") is False, name
+            assert caps.get("drop") == ["ALL"], name
+            assert _seccomp(pod, c) == "RuntimeDefault", name
+
+
+@byvariant
+def test_relay_container(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    relay = _containers(pod)[RELAY]
+    assert relay["args"][0] == "kmsg-relay"
+    assert relay["args"][relay["args"].index("--socket") + 1] == f"{RELAY_DIR}/kmsg.sock"
+    assert "command" not in relay  # the image entrypoint, nothing else
+    assert not relay.get("ports")
+    assert not relay.get("env") and not relay.get("envFrom")
+    assert _sc(relay)["readOnlyRootFilesystem"] is True
+    mounts = _mounts(relay)
+    assert set(mounts) == {"kmsg", "relay"}, "no token, config or state in the privileged container"
+    assert mounts["kmsg"]["mountPath"] == "/dev/kmsg" and mounts["kmsg"]["readOnly"] is True
+    assert mounts["relay"]["mountPath"] == RELAY_DIR
+    assert relay["resources"]["limits"]["memory"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert probe not in relay  # nothing listens in the relay
+
+
+@byvariant
+def test_chown_init_container_only_chowns(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    init = _containers(pod)[CHOWN_INIT]
+    assert [c["name"] for c in pod["initContainers"]] == [CHOWN_INIT]
+    sc = _sc(init)
+    assert sc["runAsUser"] == 0 and sc.get("privileged") is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert init["command"] == [
+        "python3",
+        "-c",
+        f'import os; os.chown("{STATE_DIR}", {AGENT_UID}, {AGENT_UID})',
+    ]
+    assert not init.get("args") and not init.get("ports") and not init.get("env")
+    assert {n: m["mountPath"] for n, m in _mounts(init).items()} == {"state": STATE_DIR}
+
+
+@byvariant
+def test_agent_container_is_unprivileged(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    agent = _containers(pod)[AGENT]
+    sc = _sc(agent)
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == AGENT_UID and sc["runAsGroup"] == AGENT_UID
+    assert _seccomp(pod, agent) == "RuntimeDefault"
+    assert agent["args"] == ["run", "--kmsg-relay", f"{RELAY_DIR}/kmsg.sock", "--config", f"{RULES_DIR}/rules.yaml"]
+    assert "command" not in agent
+    requests, limits = agent["resources"]["requests"], agent["resources"]["limits"]
+    assert requests["cpu"] and requests["memory"] and limits["memory"]
+
+
+@byvariant
+def test_pod_level_isolation(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    ds = _one(rendered[variant.name], "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key), key
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert 0 < pod["terminationGracePeriodSeconds"] <= 30
+    # Tolerate every taint: a key-less, effect-less Exists toleration.
+    assert {"operator": "Exists"} in pod["tolerations"]
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["maxUnavailable"]
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+@byvariant
+def test_token_projected_into_agent_only(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    volumes = _volumes(pod)
+    token_volumes = {
+        name
+        for name, v in volumes.items()
+        if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))
+    }
+    assert token_volumes == {"kube-api-access"}
+    assert not any("secret" in v for v in volumes.values()), "no Secret volumes"
+    sources = volumes["kube-api-access"]["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"] == {"path": "token", "expirationSeconds": 3607}
+    assert sources[1]["configMap"] == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert sources[2]["downwardAPI"]["items"] == [
+        {"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}
+    ]
+    holders = {n for n, c in _containers(pod).items() if "kube-api-access" in _mounts(c)}
+    assert holders == {AGENT}
+    mount = _mounts(_containers(pod)[AGENT])["kube-api-access"]
+    assert mount == {"name": "kube-api-access", "mountPath": TOKEN_PATH, "readOnly": True}
+
+
+@byvariant
+def test_host_paths(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    pod = _pod(rendered[variant.name])
+    volumes = _volumes(pod)
+    host = {n: v["hostPath"] for n, v in volumes.items() if "hostPath" in v}
+    assert host == {
+        "kmsg": {"path": "/dev/kmsg", "type": "CharDevice"},
+        "state": {"path": STATE_DIR, "type": "DirectoryOrCreate"},
+    }
+    containers = _containers(pod)
+    assert {n for n, c in containers.items() if "kmsg" in _mounts(c)} == {RELAY}
+    assert {n for n, c in containers.items() if "state" in _mounts(c)} == {AGENT, CHOWN_INIT}
+    assert _mounts(containers[AGENT])["state"]["mountPath"] == STATE_DIR
+    assert "emptyDir" in volumes["relay"]
+    assert {n for n, c in containers.items() if "relay" in _mounts(c)} == {RELAY, AGENT}
+
+
+@byvariant
+def test_agent_probes_and_port(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    agent = _containers(_pod(rendered[variant.name]))[AGENT]
+    assert agent["ports"] == [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert probe in agent, probe
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe not in agent:
+            continue
+        spec = agent[probe]
+        assert spec["httpGet"]["path"] == "/healthz", probe
+        assert spec["httpGet"]["port"] in ("metrics", METRICS_PORT), probe
+        assert 1 <= spec["timeoutSeconds"] < spec["periodSeconds"], probe
+        assert spec["failureThreshold"] >= 2, probe
+
+
+@byvariant
+def test_agent_environment(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    env = _env(_containers(_pod(rendered[variant.name]))[AGENT])
+    assert env["ENABLE_RECOVERY"]["value"] == "false"
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NHA_PACKS"]["value"] == variant.packs
+    assert env["NHA_AGGREGATE_CONDITION"]["value"] == variant.aggregate
+    assert env["NHA_STATE_DIR"]["value"] == STATE_DIR
+    assert env["NHA_LISTEN"]["value"].endswith(f":{METRICS_PORT}")
+    assert "NHA_CONFIG" not in env, "--config is passed as an argument"
+    for name, e in env.items():
+        assert set(e.get("valueFrom", {})) <= {"fieldRef"}, f"{name}: no secrets or config maps in env"
+
+
+@byvariant
+def test_config_map_is_hashed_and_mounted(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    docs = rendered[variant.name]
+    cm = _one(docs, "ConfigMap")
+    assert re.fullmatch(r"node-health-agent-rules-[a-z0-9]{10}", cm["metadata"]["name"]), cm["metadata"]["name"]
+    assert set(cm["data"]) == {"rules.yaml"}
+    pod = _pod(docs)
+    assert _volumes(pod)["rules"]["configMap"]["name"] == cm["metadata"]["name"]
+    mount = _mounts(_containers(pod)[AGENT])["rules"]
+    assert mount["mountPath"] == RULES_DIR and mount["readOnly"] is True
+
+
+@byvariant
+def test_node_affinity(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    affinity = _pod(rendered[variant.name])["affinity"]
+    assert set(affinity) == {"nodeAffinity"}
+    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms = []
+    for term in required["nodeSelectorTerms"]:
+        assert set(term) == {"matchExpressions"}
+        terms.append(
+            tuple(sorted((e["key"], e["operator"], tuple(e.get("values", ()))) for e in term["matchExpressions"]))
+        )
+    assert terms == [tuple(sorted(t)) for t in variant.terms]
+
+
+# --------------------------------------------------------------------------- rule packs
+
+
+def _rules_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    return path
+
+
+@byvariant
+def test_rules_config_loads_with_selected_packs(
+    rendered: dict[str, list[dict[str, Any]]], variant: Variant, tmp_path: Path
+) -> None:
+    """The ConfigMap's rules.yaml loads after the built-in packs named by NHA_PACKS (names must exist)."""
+    docs = rendered[variant.name]
+    rules = _rules_file(tmp_path, _one(docs, "ConfigMap")["data"]["rules.yaml"])
+    rule_set = load_rule_set([*rule_dirs(plugins_dirs=None, packs=[variant.packs]), rules])
+    assert rule_set.rules
+
+
+def _commented_examples(text: str) -> Iterator[str]:
+    """Commented-out YAML blocks: a `# key:` line for a pack key, then its more-indented `#   ...` lines."""
+    block: list[str] = []
+    for line in text.splitlines():
+        body = line[2:] if line.startswith("# ") else None
+        if body is not None and re.match(r"(conditions|rules|lists):\s*$", body):
+            if block:
+                yield "\n".join(block)
+            block = [body]
+        elif block and body is not None and body.startswith(" "):
+            block.append(body)
+        elif block:
+            yield "\n".join(block)
+            block = []
+    if block:
+        yield "\n".join(block)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_commented_rule_examples_are_valid(overlay: str, tmp_path: Path) -> None:
+    """The examples in each overlay's rules.yaml work when uncommented (they must not rot)."""
+    text = (DAEMONSET_DIR / "overlays" / overlay / "rules.yaml").read_text()
+    packs = next(v.packs for v in VARIANTS if v.overlay == overlay)
+    examples = list(_commented_examples(text))
+    assert examples, f"{overlay}/rules.yaml has no commented example"
+    builtin_lists: dict[str, list[Any]] = {}
+    for directory in rule_dirs(plugins_dirs=None, packs=[packs]):
+        for pack in sorted(directory.glob("*.yaml")):
+            builtin_lists.update(yaml.safe_load(pack.read_text()).get("lists") or {})
+    for example in examples:
+        data = {"conditions": [], "rules": [], **yaml.safe_load(example)}
+        rules = _rules_file(tmp_path, yaml.safe_dump(data))
+        load_rule_set([*rule_dirs(plugins_dirs=None, packs=[packs]), rules])
+        # An example list override replaces the built-in list: it must not silently drop entries.
+        for name, values in (data.get("lists") or {}).items():
+            assert name in builtin_lists, f"{overlay}/rules.yaml overrides unknown list {name}"
+            missing = set(builtin_lists[name]) - set(values)
+            assert not missing, f"{overlay}/rules.yaml example drops built-in {name} entries {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------- Prometheus Operator component
+
+
+def test_prometheus_component(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["neuron+prometheus-operator"]
+    ds = _one(docs, "DaemonSet")
+    monitor = _one(docs, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    agent = _containers(ds["spec"]["template"]["spec"])[AGENT]
+    assert [ep["port"] for ep in monitor["spec"]["podMetricsEndpoints"]] == [agent["ports"][0]["name"]]
+
+    rules = [r for g in _one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    exprs = "\n".join(r["expr"] for r in rules)
+    # Every metric name used exists; the agent's own names must be spelled exactly.
+    used = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[|\s*==|\s*>|\s*offset\b|\s*$)", exprs, re.M))
+    used -= {"offset", "unless", "or", "on", "increase"}
+    assert used <= AGENT_METRICS | EXTERNAL_METRICS, used - AGENT_METRICS - EXTERNAL_METRICS
+    for token in re.findall(r"node_health_agent_\w+", exprs):
+        assert token in AGENT_METRICS, token
+    assert "problem_gauge == 1" in exprs
+    assert "node_health_agent_component_healthy == 0" in exprs
+    assert "increase(node_health_agent_kmsg_records_lost_total[" in exprs
+    assert "kube_daemonset_status_number_unavailable" in exprs
+    assert re.search(r'reason=~"NeuronHasError_\.\*\|GpuXid\.\*"', exprs)
+    assert len({r["alert"] for r in rules}) == len(rules), "alert names are unique"
+
+
+def test_overlays_do_not_enable_the_component_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Applying an overlay must not need the Prometheus Operator CRDs."""
+    for v in VARIANTS:
+        if not v.prometheus:
+            assert not {d["kind"] for d in rendered[v.name]} & {"PodMonitor", "PrometheusRule"}, v.name
