@@ -40,8 +40,16 @@ def escape(data: bytes) -> bytes:
     return b"".join(bytes([c]) if 32 <= c < 127 and c != 0x5C else b"\\x%02x" % c for c in data)
 
 
-def make_record(*, prio: int, seq: int, usec: int = 0, message: str = "", flags: str = "-",
-                extra: str = "", fields: dict[str, str] | None = None) -> bytes:
+def make_record(
+    *,
+    prio: int,
+    seq: int,
+    usec: int = 0,
+    message: str = "",
+    flags: str = "-",
+    extra: str = "",
+    fields: dict[str, str] | None = None,
+) -> bytes:
     header = f"{prio},{seq},{usec},{flags}{extra};".encode()
     lines = [header + escape(message.encode())]
     lines += [b" " + escape(k.encode()) + b"=" + escape(v.encode()) for k, v in (fields or {}).items()]
@@ -64,12 +72,27 @@ def seqs(records: list[LogRecord]) -> list[int | None]:
 
 PARSE_CASES = [
     # (id, raw, expected attributes)
-    ("plain", b"6,1,2000000,-;hello\n",
-     dict(message="hello", priority=6, facility=0, seq=1, monotonic_usec=2_000_000,
-          timestamp=BOOT + 2.0, continuation=False, fields={}, source="kmsg")),
+    (
+        "plain",
+        b"6,1,2000000,-;hello\n",
+        dict(
+            message="hello",
+            priority=6,
+            facility=0,
+            seq=1,
+            monotonic_usec=2_000_000,
+            timestamp=BOOT + 2.0,
+            continuation=False,
+            fields={},
+            source="kmsg",
+        ),
+    ),
     ("without trailing newline", b"6,1,0,-;hello", dict(message="hello", timestamp=BOOT)),
-    ("userspace write: facility 1, level 4", b"12,348,165682670,-;hello",
-     dict(priority=4, facility=1, seq=348, timestamp=BOOT + 165.68267)),
+    (
+        "userspace write: facility 1, level 4",
+        b"12,348,165682670,-;hello",
+        dict(priority=4, facility=1, seq=348, timestamp=BOOT + 165.68267),
+    ),
     ("daemon facility, info level", b"30,2,0,-;x", dict(priority=6, facility=3)),
     ("emergency level", b"0,2,0,-;x", dict(priority=0, facility=0)),
     ("continuation flag", b"4,5,0,c;tail of a line", dict(continuation=True, message="tail of a line")),
@@ -77,8 +100,11 @@ PARSE_CASES = [
     ("extra comma fields after flags (caller id)", b"6,7,0,-,caller=T42;msg", dict(message="msg", seq=7)),
     ("semicolon inside the message", b"6,1,0,-;a;b", dict(message="a;b")),
     ("empty message", b"6,9,0,-;\n", dict(message="")),
-    ("dictionary lines", b"3,8,0,-;Xid 79\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n",
-     dict(message="Xid 79", fields={"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:10:1c.0"})),
+    (
+        "dictionary lines",
+        b"3,8,0,-;Xid 79\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n",
+        dict(message="Xid 79", fields={"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:10:1c.0"}),
+    ),
     ("dictionary value containing '='", b"6,1,0,-;m\n K=a=b\n", dict(fields={"K": "a=b"})),
     ("escaped dictionary value", b"6,1,0,-;m\n K=a\\x20b\\x0ac\n", dict(fields={"K": "a b\nc"})),
     ("escapes", b"6,1,0,-;tab\\x09nl\\x0abs\\x5c", dict(message="tab\tnl\nbs\\")),
@@ -136,8 +162,27 @@ def test_parse_error_shows_the_record_truncated() -> None:
 
 
 # Pieces that make near-valid records, so that fuzzing reaches the deeper parsing paths.
-_PIECES = st.sampled_from([b"6", b"12", b",", b";", b"\n", b" ", b"=", b"K", b"\\x", b"4f", b"zz", b"c",
-                           b"-", b"\xff", b"\xc3", b"\x00", b"99999999999999999999999"])
+_PIECES = st.sampled_from(
+    [
+        b"6",
+        b"12",
+        b",",
+        b";",
+        b"\n",
+        b" ",
+        b"=",
+        b"K",
+        b"\\x",
+        b"4f",
+        b"zz",
+        b"c",
+        b"-",
+        b"\xff",
+        b"\xc3",
+        b"\x00",
+        b"99999999999999999999999",
+    ]
+)
 _ANY_BYTES = st.one_of(st.binary(max_size=200), st.lists(_PIECES, max_size=30).map(b"".join))
 
 
@@ -157,11 +202,13 @@ def test_parse_record_only_ever_raises_kmsg_parse_error(data: bytes) -> None:
     flags=st.sampled_from(["-", "c", "+"]),
     extra=st.sampled_from(["", ",caller=T1", ",caller=C3,x"]),
     message=st.text(max_size=60),
-    fields=st.dictionaries(st.text(string.ascii_uppercase + "_", min_size=1, max_size=10),
-                           st.text(max_size=20), max_size=3),
+    fields=st.dictionaries(
+        st.text(string.ascii_uppercase + "_", min_size=1, max_size=10), st.text(max_size=20), max_size=3
+    ),
 )
-def test_parse_record_round_trip(prio: int, seq: int, usec: int, flags: str, extra: str, message: str,
-                                 fields: dict[str, str]) -> None:
+def test_parse_record_round_trip(
+    prio: int, seq: int, usec: int, flags: str, extra: str, message: str, fields: dict[str, str]
+) -> None:
     raw = make_record(prio=prio, seq=seq, usec=usec, flags=flags, extra=extra, message=message, fields=fields)
     record = parse_record(raw, boot_time=BOOT)
     assert (record.priority, record.facility) == (prio & 7, prio >> 3)
@@ -226,8 +273,10 @@ def test_raw_records_are_the_bytes_as_read() -> None:
     reader = KmsgReader(path=FIXTURES / "basic.kmsg", stats=KmsgStats(), follow=False)
     raw = list(reader.raw_records(stop=threading.Event()))
     assert len(raw) == 5
-    assert raw[1] == (b"3,101,5000100,-;NVRM: Xid (PCI:0000:10:1c): 79, pid=0, name=, "
-                      b"GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n")
+    assert raw[1] == (
+        b"3,101,5000100,-;NVRM: Xid (PCI:0000:10:1c): 79, pid=0, name=, "
+        b"GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n"
+    )
     assert b"".join(raw) == (FIXTURES / "basic.kmsg").read_bytes()
 
 
@@ -257,11 +306,13 @@ def test_start_after_seq(start_after_seq: int | None, expected: list[int], lost:
 
 def test_unparsable_records_are_counted_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "mixed.kmsg"
-    path.write_bytes(b" ORPHAN=dictionary line\n"  # no header before it
-                     b"6,1,0,-;ok\n"
-                     b"garbage\n"
-                     b"6,2,0,-;ok too\n"
-                     b"6,3,0,-;bad dictionary\n no-equals-sign\n")
+    path.write_bytes(
+        b" ORPHAN=dictionary line\n"  # no header before it
+        b"6,1,0,-;ok\n"
+        b"garbage\n"
+        b"6,2,0,-;ok too\n"
+        b"6,3,0,-;bad dictionary\n no-equals-sign\n"
+    )
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
         records, stats = read_all(path)
     assert seqs(records) == [1, 2]
@@ -277,8 +328,7 @@ def test_unparsable_records_are_counted_and_skipped(tmp_path: Path, caplog: pyte
         (b"", []),
     ],
 )
-def test_end_of_file_without_follow_flushes_everything(tmp_path: Path, content: bytes,
-                                                       expected: list[str]) -> None:
+def test_end_of_file_without_follow_flushes_everything(tmp_path: Path, content: bytes, expected: list[str]) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(content)
     records, _ = read_all(path)
@@ -303,7 +353,10 @@ def test_follow_keeps_a_partial_record_until_the_rest_is_appended(tmp_path: Path
     records = list(reader.records(stop=stop))
 
     assert [(r.seq, r.message, dict(r.fields)) for r in records] == [
-        (1, "first", {}), (2, "second", {"SUBSYSTEM": "pci"}), (3, "third", {})]
+        (1, "first", {}),
+        (2, "second", {"SUBSYSTEM": "pci"}),
+        (3, "third", {}),
+    ]
     assert naps == [0.25, 0.25]
 
 
@@ -382,15 +435,22 @@ class ScriptedOs:
         return getattr(os, name)
 
 
-def test_epipe_is_counted_and_reading_continues(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_epipe_is_counted_and_reading_continues(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"")
-    monkeypatch.setattr(kmsg, "os", ScriptedOs([
-        b"6,1,0,-;a\n6,2,0,-;b\n",
-        BrokenPipeError(errno.EPIPE, "Broken pipe"),  # records 3 and 4 were overwritten
-        b"6,5,0,-;e\n",
-    ]))
+    monkeypatch.setattr(
+        kmsg,
+        "os",
+        ScriptedOs(
+            [
+                b"6,1,0,-;a\n6,2,0,-;b\n",
+                BrokenPipeError(errno.EPIPE, "Broken pipe"),  # records 3 and 4 were overwritten
+                b"6,5,0,-;e\n",
+            ]
+        ),
+    )
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
         records, stats = read_all(path)
     assert seqs(records) == [1, 2, 5]
@@ -399,21 +459,35 @@ def test_epipe_is_counted_and_reading_continues(monkeypatch: pytest.MonkeyPatch,
     assert "overrun" in caplog.text and "2 record(s) lost" in caplog.text
 
 
-def test_read_errors_reopen_with_exponential_backoff_that_resets(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
+def test_read_errors_reopen_with_exponential_backoff_that_resets(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"")
-    monkeypatch.setattr(kmsg, "os", ScriptedOs([
-        OSError(errno.EIO, "I/O error"),
-        OSError(errno.EIO, "I/O error"),
-        b"6,1,0,-;a\n",
-        OSError(errno.EIO, "I/O error"),
-        b"6,1,0,-;a\n6,2,0,-;b\n",  # after a reopen the device replays from its oldest record
-    ]))
+    monkeypatch.setattr(
+        kmsg,
+        "os",
+        ScriptedOs(
+            [
+                OSError(errno.EIO, "I/O error"),
+                OSError(errno.EIO, "I/O error"),
+                b"6,1,0,-;a\n",
+                OSError(errno.EIO, "I/O error"),
+                b"6,1,0,-;a\n6,2,0,-;b\n",  # after a reopen the device replays from its oldest record
+            ]
+        ),
+    )
     naps: list[float] = []
     stats = KmsgStats()
-    reader = KmsgReader(path=path, stats=stats, follow=False, poll_interval=1.0, backoff_initial=0.01,
-                        backoff_max=0.5, sleep=naps.append)
+    reader = KmsgReader(
+        path=path,
+        stats=stats,
+        follow=False,
+        poll_interval=1.0,
+        backoff_initial=0.01,
+        backoff_max=0.5,
+        sleep=naps.append,
+    )
     records = list(reader.records(stop=threading.Event()))
 
     assert seqs(records) == [1, 2]  # the replayed record 1 is not delivered twice
@@ -431,8 +505,9 @@ def test_missing_path_is_retried_until_it_appears(tmp_path: Path) -> None:
             path.write_bytes(b"6,7,0,-;finally\n")
 
     stats = KmsgStats()
-    reader = KmsgReader(path=path, stats=stats, follow=False, poll_interval=1.0, backoff_initial=0.01,
-                        backoff_max=0.04, sleep=sleep)
+    reader = KmsgReader(
+        path=path, stats=stats, follow=False, poll_interval=1.0, backoff_initial=0.01, backoff_max=0.04, sleep=sleep
+    )
     records = list(reader.records(stop=threading.Event()))
 
     assert [r.message for r in records] == ["finally"]
@@ -458,8 +533,9 @@ def test_a_directory_fails_on_read_and_is_retried(tmp_path: Path) -> None:
 
 def test_stop_during_backoff_returns_promptly_and_reader_stays_visibly_alive(tmp_path: Path) -> None:
     stats = KmsgStats()
-    reader = KmsgReader(path=tmp_path / "missing", stats=stats, poll_interval=0.02, backoff_initial=30.0,
-                        backoff_max=30.0)
+    reader = KmsgReader(
+        path=tmp_path / "missing", stats=stats, poll_interval=0.02, backoff_initial=30.0, backoff_max=30.0
+    )
     running = ReaderThread(reader)
     wait_for(lambda: stats.reader_restarts == 1)
     in_backoff_since = stats.last_activity
@@ -504,20 +580,30 @@ def test_failed_save_leaves_no_temporary_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"not json", b"", b"[]", b"{}", b'{"boot_id": "b"}', b'{"boot_id": 1, "last_seq": 2}',
-     b'{"boot_id": "", "last_seq": 2}', b'{"boot_id": "b", "last_seq": -1}',
-     b'{"boot_id": "b", "last_seq": true}', b'{"boot_id": "b", "last_seq": "7"}', b"\xff\xfe"],
+    [
+        b"not json",
+        b"",
+        b"[]",
+        b"{}",
+        b'{"boot_id": "b"}',
+        b'{"boot_id": 1, "last_seq": 2}',
+        b'{"boot_id": "", "last_seq": 2}',
+        b'{"boot_id": "b", "last_seq": -1}',
+        b'{"boot_id": "b", "last_seq": true}',
+        b'{"boot_id": "b", "last_seq": "7"}',
+        b"\xff\xfe",
+    ],
 )
-def test_corrupt_cursor_is_ignored_with_a_warning(tmp_path: Path, content: bytes,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_cursor_is_ignored_with_a_warning(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "kmsg-cursor.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
         assert CursorStore(state_dir=tmp_path).load() is None
     assert str(tmp_path / "kmsg-cursor.json") in caplog.text
 
 
-def test_unreadable_cursor_is_ignored_with_a_warning(tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_cursor_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "kmsg-cursor.json").mkdir()
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
         assert CursorStore(state_dir=tmp_path).load() is None
@@ -547,8 +633,9 @@ REPLAY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("cursor", "seq", "timestamp", "expected"), [c[1:] for c in REPLAY_CASES],
-                         ids=[c[0] for c in REPLAY_CASES])
+@pytest.mark.parametrize(
+    ("cursor", "seq", "timestamp", "expected"), [c[1:] for c in REPLAY_CASES], ids=[c[0] for c in REPLAY_CASES]
+)
 def test_replay_mode(cursor: Cursor | None, seq: int | None, timestamp: float, expected: ReplayMode) -> None:
     record = LogRecord(message="m", timestamp=timestamp, seq=seq)
     assert replay_mode(record=record, cursor=cursor, boot_id="boot-a", now=NOW, lookback=LOOKBACK) is expected

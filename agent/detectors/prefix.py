@@ -26,9 +26,11 @@ _PREFIXES = re.compile(
             r"\[\s*\d+\.\d+\]\s?",  # dmesg
             rf"\[{_DAY} {_MONTH} +\d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}} \d{{4}}\]\s?",  # dmesg -T
             r"\[X+\]\s?",  # documentation with a redacted timestamp
-            rf"[a-z]+ *:[a-z]+ *: {_ISO}\s",  # dmesg --decode --time-format iso
-            rf"{_MONTH} +\d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}} \S+ kernel: ?",  # syslog / journalctl
+            r"[a-z]+ *:[a-z]+ *: ",  # dmesg --decode / -x facility and level (a timestamp may follow)
+            rf"{_ISO}\s",  # the ISO timestamp of dmesg --time-format iso
+            rf"{_MONTH} +\d{{1,2}} \d{{2}}:\d{{2}}:\d{{2}}(?:\.\d+)? \S+ kernel: ?",  # syslog / journalctl
             rf"{_ISO} \S+ kernel: ?",  # journalctl -o short-iso
+            r"[\w.-]+ kernel: ",  # host tag after a journalctl -o short-monotonic timestamp
             r"kernel: ?",
         ]
     )

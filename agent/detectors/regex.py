@@ -110,6 +110,7 @@ def translate_go(pattern: str) -> str:
         return _POSIX_CLASSES[name]
 
     out = _POSIX_RE.sub(posix, out)
+    out = _go_whitespace(out)
     # \z (end of text) is \Z in Python; \Z does not exist in Go, so the rewrite is unambiguous.
     out = re.sub(r"(?<!\\)((?:\\\\)*)\\z", r"\1\\Z", out)
     if re.search(r"(?<!\\)((?:\\\\)*)\\[pP]", out):
@@ -117,10 +118,61 @@ def translate_go(pattern: str) -> str:
     return out
 
 
+_GLOBAL_FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
+
+
+_GO_SPACE = "\\t\\n\\f\\r "
+
+
+def _go_whitespace(pattern: str) -> str:
+    """Go's ``\\s`` is ``[\\t\\n\\f\\r ]``; Python's also matches ``\\v``. Rewrite ``\\s``/``\\S``."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if nxt == "s":
+                out.append(_GO_SPACE if in_class else f"[{_GO_SPACE}]")
+            elif nxt == "S" and not in_class:
+                out.append(f"[^{_GO_SPACE}]")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            # a ']' right after '[' or '[^' is a literal member
+            j = i + 1
+            if pattern[j : j + 1] == "^":
+                out.append("^")
+                j += 1
+            if pattern[j : j + 1] == "]":
+                out.append("]")
+                j += 1
+            i = j
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def compile_anchored(pattern: str) -> re.Pattern[str]:
-    """Compile an NPD pattern with NPD semantics: it must match up to the end of the text."""
+    """Compile an NPD pattern with NPD semantics: it must match up to the end of the text.
+
+    Leading global flags (``(?i)...``) stay in front of the wrapping group, where Python needs
+    them. ``re.ASCII`` makes ``\\d``, ``\\w``, ``\\s`` and ``\\b`` ASCII-only, as in Go's RE2.
+    """
+    translated = translate_go(pattern)
+    flags = _GLOBAL_FLAGS.match(translated)
+    prefix = flags.group(0) if flags else ""
+    body = translated[len(prefix) :]
     try:
-        return re.compile(f"(?:{translate_go(pattern)})\\Z")
+        return re.compile(f"{prefix}(?:{body})\\Z", re.ASCII)
     except re.error as exc:
         raise PatternError(str(exc)) from exc
 
@@ -273,8 +325,9 @@ def _may_match_newline(items: list, dotall: bool) -> bool:
             if any(_may_match_newline(list(b), dotall) for b in arg[1]):
                 return True
         elif op is sre.AT:
-            if arg in (sre.AT_BEGINNING, sre.AT_BEGINNING_STRING, sre.AT_BEGINNING_LINE):
-                return True  # anchors to the start of the buffer, not of the newest line
+            if arg in (sre.AT_BEGINNING, sre.AT_BEGINNING_STRING, sre.AT_BEGINNING_LINE, sre.AT_NON_BOUNDARY):
+                # start anchors see the buffer's start; \B at a line start depends on the line before
+                return True
         elif op in (sre.ASSERT, sre.ASSERT_NOT):
             direction, sub = arg
             if direction < 0 or _may_match_newline(list(sub), dotall):

@@ -14,6 +14,7 @@ file, the field path and the line (YAML) before anything else runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import string
@@ -160,7 +161,9 @@ def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            _collect_lines(value_node, (*path, getattr(key_node, "value", None)), lines)
+            child = (*path, getattr(key_node, "value", None))
+            _collect_lines(value_node, child, lines)
+            lines[child] = key_node.start_mark.line + 1  # a problem with a field points at its key
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _collect_lines(item, (*path, i), lines)
@@ -169,7 +172,8 @@ def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
 def _line_map(text: str) -> dict[tuple, int]:
     lines: dict[tuple, int] = {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        # Tabs are whitespace in JSON but not YAML indentation; expanding them keeps every line.
+        node = yaml.compose(text.expandtabs(), Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return lines
     if node is not None:
@@ -442,10 +446,15 @@ def _compile_rule(
         reason = ""
     else:
         try:
-            refs = [f for _, f, _, _ in string.Formatter().parse(reason) if f is not None]
+            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(reason) if f is not None]
         except ValueError as exc:
             col.add((*path, "reason"), f"invalid template: {exc}")
-            refs = []
+            parsed = []
+        if any(spec or conv for _, spec, conv in parsed):
+            col.add(
+                (*path, "reason"), "templates take plain field names only, e.g. GpuXid{xid} (no :format or !conversion)"
+            )
+        refs = [f for f, _, _ in parsed]
         for ref in refs:
             if ref not in fields_known:
                 col.add((*path, "reason"), _unknown_field(ref, fields_known))
@@ -527,9 +536,18 @@ def _unknown_field(name: str, known: set[str]) -> str:
     )
 
 
+_LIST_NAME_RE = re.compile(r"^[A-Za-z][\w-]*(?:\.[\w-]+)+$")  # e.g. nvidia.xid.node
+
+
 def _resolve_values(value: Any, *, lists: Mapping[str, list[str]], col: _Collector, path: tuple) -> list[str] | None:
+    """Values of a ``where`` entry: list names (``'nvidia.xid.node'`` or a list of names) or literal values.
+
+    A list mixing known list names with other strings, or a dotted name that is not defined, is
+    reported as an unknown list rather than silently treated as literal values.
+    """
     names = [value] if isinstance(value, str) else None
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and all(v in lists for v in value):
+    strings = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    if strings and (any(v in lists for v in value) or all(_LIST_NAME_RE.match(v) for v in value)):
         names = value
     if names is not None:
         missing = [n for n in names if n not in lists]
@@ -578,6 +596,17 @@ def _threshold(value: Any, *, col: _Collector, path: tuple, fields: set[str]) ->
     return Threshold(count=count, window=window, by=tuple(by)) if ok else None
 
 
+def _disable(raw: _RawRule, *, col: _Collector, ordered: dict[str, CompiledRule | None]) -> None:
+    """``{name: X, enabled: false}`` switches off rule X loaded earlier; nothing else is required."""
+    if not raw.explicit_name:
+        col.add((*raw.path, "enabled"), "a disabled rule needs the 'name' of the rule it switches off")
+        return
+    for key in raw.spec:
+        if key not in _RULE_KEYS:
+            col.add((*raw.path, key), f"unknown key {key!r} (known: {', '.join(sorted(_RULE_KEYS))})")
+    ordered[raw.name] = None
+
+
 def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     """Load, validate and compile rule packs in order. Raises ConfigError listing every problem."""
     problems: list[ConfigProblem] = []
@@ -609,11 +638,14 @@ def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     ordered: dict[str, CompiledRule | None] = {}
     for col, raw_rules in collected:
         for raw in raw_rules:
+            if raw.spec.get("enabled", True) is False:
+                _disable(raw, col=col, ordered=ordered)
+                continue
+            if not raw.explicit_name and raw.name in ordered:
+                # Only explicit names override: an unnamed rule never replaces another file's rule.
+                raw = dataclasses.replace(raw, name=f"{raw.file}:{raw.index}")
             compiled = _compile_rule(raw, col=col, lists=lists, conditions=conditions)
-            enabled = raw.spec.get("enabled", True) is not False
-            if not enabled:
-                ordered[raw.name] = None  # a later file may disable a built-in rule by name
-            elif compiled is not None:
+            if compiled is not None:
                 ordered[raw.name] = compiled
         problems.extend(col.problems)
     if problems:

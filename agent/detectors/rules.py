@@ -191,7 +191,9 @@ def _choose_start_chars(literals: Sequence[str]) -> frozenset[str]:
     """Rare characters to anchor needles on: greedily add the one that saves the most time."""
 
     def usable(lit: str) -> set[str]:
-        return {c for i, c in enumerate(lit) if len(lit) - i >= NEEDLE_MIN or i == 0}
+        # ASCII only: the translation table maps single bytes, and a non-ASCII character is
+        # several bytes in the UTF-8 batch. Literals without one are searched as plain bytes.
+        return {c for i, c in enumerate(lit) if c.isascii() and (len(lit) - i >= NEEDLE_MIN or i == 0)}
 
     chosen: set[str] = set()
     remaining = {lit: usable(lit) for lit in literals}
