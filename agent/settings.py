@@ -118,39 +118,31 @@ def build_settings(args: argparse.Namespace) -> Settings:
         var = f"NHA_{flag.upper().replace('-', '_')}"
         problems.append(ConfigProblem(file=f"--{flag} / {var}", field="", message=message))
 
+    def duration(flag: str, value: str, *, default: float, at_least: float = 0.0, why: str = "") -> float:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            bad(flag, str(exc))
+            return default
+        if seconds < at_least:
+            bad(flag, why)
+        return seconds
+
     listen = None
     try:
         listen = parse_listen(args.listen)
     except ValueError as exc:
         bad("listen", str(exc))
-    lookback = 300.0
-    try:
-        lookback = parse_duration(args.lookback)
-    except ValueError as exc:
-        bad("lookback", str(exc))
-    heartbeat = 300.0
-    try:
-        heartbeat = parse_duration(args.heartbeat)
-        if heartbeat < 10:
-            bad("heartbeat", "must be at least 10s (it bounds the API write rate)")
-    except ValueError as exc:
-        bad("heartbeat", str(exc))
-    api_wait = 300.0
-    try:
-        api_wait = parse_duration(args.api_wait_timeout)
-    except ValueError as exc:
-        bad("api-wait-timeout", str(exc))
+    lookback = duration("lookback", args.lookback, default=300.0)
+    heartbeat = duration(
+        "heartbeat", args.heartbeat, default=300.0, at_least=10.0, why="must be at least 10s (it bounds API writes)"
+    )
+    api_wait = duration("api-wait-timeout", args.api_wait_timeout, default=30.0)
     aggregate = str(args.aggregate_condition).strip().lower()
     if aggregate not in ("true", "false", "1", "0", "yes", "no"):
         bad("aggregate-condition", f"must be true or false, got {args.aggregate_condition!r}")
     delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
-    stall = 60.0
-    try:
-        stall = parse_duration(args.stall_timeout)
-        if stall <= 0:
-            bad("stall-timeout", "must be greater than 0")
-    except ValueError as exc:
-        bad("stall-timeout", str(exc))
+    stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
     config_files = tuple(Path(p) for p in args.config or ())
     for path in config_files:
         if not path.is_file():

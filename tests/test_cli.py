@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+
+from helpers import free_port, kmsg_problem, wait_for
 
 AGENT = [sys.executable, "-m", "agent"]
 
@@ -103,28 +104,12 @@ def test_main_is_callable_in_process(capsys, tmp_path):
     assert reasons == ["TaskHung", "DockerHung"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-def _wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 def _start_agent(kmsg: Path, state: Path, port: int) -> subprocess.Popen[str]:
@@ -165,11 +150,11 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
         f"4,3,{usec + 2},-;Killed process 1012 (python) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB\n"
     )
     state = tmp_path / "state"
-    port = _free_port()
+    port = free_port()
     proc = _start_agent(kmsg, state, port)
     try:
         base = f"http://127.0.0.1:{port}"
-        doc = _wait_for(lambda: _conditions_with(base, "NeuronHealth", "True"))
+        doc = wait_for(lambda: _conditions_with(base, "NeuronHealth", "True"))
         neuron = next(c for c in doc["conditions"] if c["type"] == "NeuronHealth")
         assert neuron["reason"] == "NeuronHasError_DMA_ERROR"
         assert neuron["fields"]["nd_id"] == 3
@@ -194,7 +179,7 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
     # event (temporary, already reported) is not repeated.
     proc = _start_agent(kmsg, state, port)
     try:
-        _wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True"))
+        wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True"))
         time.sleep(0.3)
     finally:
         out, err, _ = _stop(proc)
@@ -215,28 +200,19 @@ def _conditions_with(base: str, type_: str, status: str, reason: str | None = No
     return doc if wanted and (reason is None or wanted[0]["reason"] == reason) else None
 
 
-def _kmsg_usable() -> bool:
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDWR | os.O_NONBLOCK)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
 @pytest.mark.kmsg
-@pytest.mark.skipif(not _kmsg_usable(), reason="/dev/kmsg is not readable and writable here (needs root)")
+@pytest.mark.skipif(kmsg_problem() is not None, reason=kmsg_problem() or "")
 def test_real_dev_kmsg_line_is_detected(tmp_path):
     """A uniquely marked Neuron error written to the real /dev/kmsg becomes a condition."""
-    port = _free_port()
+    port = free_port()
     marker = uuid.uuid4().hex.upper()  # a unique error type: earlier test lines may still be in the ring buffer
     proc = _start_agent(Path("/dev/kmsg"), tmp_path / "state", port)
     try:
-        _wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if _port_open(port) else False)
+        wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if _port_open(port) else False)
         with open("/dev/kmsg", "w") as kmsg:
             kmsg.write(f"<3>NEURON_HW_ERR=NHA_TEST_{marker} nd-id=7 nc-id=0\n")
         reason = f"NeuronHasError_NHA_TEST_{marker}"
-        doc = _wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True", reason))
+        doc = wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True", reason))
         neuron = next(c for c in doc["conditions"] if c["type"] == "NeuronHealth")
         assert neuron["fields"] == {"error": f"NHA_TEST_{marker}", "nd_id": 7, "nc_id": 0}
     finally:

@@ -14,22 +14,15 @@ import pytest
 from agent.sources.kmsg import KmsgReader, KmsgStats, read_boot_id
 from agent.types import LogRecord
 
+from helpers import kmsg_problem
+
 pytestmark = pytest.mark.kmsg
 
 DEVICE = "/dev/kmsg"
 WAIT = 5.0
 
 
-def _access_problem() -> str | None:
-    for flags, what in ((os.O_RDONLY | os.O_NONBLOCK, "read"), (os.O_WRONLY, "write")):
-        try:
-            os.close(os.open(DEVICE, flags))
-        except OSError as exc:
-            return f"{DEVICE} cannot be opened for {what} here ({exc.strerror}); needs root on a real kernel"
-    return None
-
-
-_PROBLEM = _access_problem()
+_PROBLEM = kmsg_problem()
 requires_kmsg = pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")
 
 

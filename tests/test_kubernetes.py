@@ -25,6 +25,7 @@ from agent.sinks.events import EventSink
 from agent.sources.kmsg import KmsgStats
 from agent.types import LogRecord
 
+from helpers import wait_for
 from kubeapi.server import KubeApiServer
 
 NODE = "ip-10-0-0-1.ec2.internal"
@@ -71,16 +72,6 @@ def api() -> Iterator[KubeApiServer]:
 def node_conditions_on(server: KubeApiServer) -> dict[str, dict]:
     node = server.get_object("nodes", NODE)
     return {c["type"]: c for c in node["status"]["conditions"]}
-
-
-def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("not reached in time")
 
 
 def recent_usec() -> int:

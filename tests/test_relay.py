@@ -29,6 +29,8 @@ from agent.sources.kmsg import KmsgStats, boot_time_now, read_boot_id
 from agent.sources.relay import RelayClient
 from agent.types import LogRecord
 
+from helpers import kmsg_problem
+
 POLL = 0.05  # relay and client poll interval in these tests
 WAIT = 3.0  # upper bound for anything that should happen "soon"
 DEVICE = "/dev/kmsg"
@@ -611,17 +613,8 @@ def test_a_stale_socket_is_replaced(sock_dir: Path) -> None:
 # The real /dev/kmsg
 
 
-def _kmsg_problem() -> str | None:
-    for flags, what in ((os.O_RDONLY | os.O_NONBLOCK, "read"), (os.O_WRONLY, "write")):
-        try:
-            os.close(os.open(DEVICE, flags))
-        except OSError as exc:
-            return f"{DEVICE} cannot be opened for {what} here ({exc.strerror}); needs root on a real kernel"
-    return None
-
-
 @pytest.mark.kmsg
-@pytest.mark.skipif(_kmsg_problem() is not None, reason=_kmsg_problem() or "")
+@pytest.mark.skipif(kmsg_problem() is not None, reason=kmsg_problem() or "")
 def test_relay_on_the_real_dev_kmsg(sock_dir: Path) -> None:
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=DEVICE)
     c = client(sock_dir / "s")

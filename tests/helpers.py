@@ -1,0 +1,39 @@
+"""Small helpers shared by the tests: bounded waiting, free ports, real /dev/kmsg access."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+KMSG = "/dev/kmsg"
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float = 0.05) -> T:
+    """Poll until ``predicate()`` is truthy and return it; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not reached within {timeout}s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kmsg_problem() -> str | None:
+    """Why the real /dev/kmsg cannot be used for a read+write test here, or None if it can."""
+    for flags, what in ((os.O_RDONLY | os.O_NONBLOCK, "read"), (os.O_WRONLY, "write")):
+        try:
+            os.close(os.open(KMSG, flags))
+        except OSError as exc:
+            return f"{KMSG} cannot be opened for {what} here ({exc.strerror}); needs root on a real kernel"
+    return None
