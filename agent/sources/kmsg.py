@@ -219,7 +219,7 @@ class _RecordSplitter:
         return [pending] if pending.strip() else []
 
 
-class _SequenceTracker:
+class SequenceTracker:
     """Skip records already seen and count gaps in sequence numbers as lost records."""
 
     def __init__(self, *, start_after_seq: int | None, stats: KmsgStats, log: logging.Logger) -> None:
@@ -240,7 +240,7 @@ class _SequenceTracker:
         return True
 
 
-class _Backoff:
+class Backoff:
     """Exponential backoff: ``initial`` doubling up to ``maximum``; ``reset()`` after a successful read."""
 
     def __init__(self, *, initial: float, maximum: float) -> None:
@@ -349,8 +349,8 @@ class KmsgReader:
         cannot be parsed is counted in ``parse_errors`` and skipped.
         """
         sleep = self._sleep if self._sleep is not None else stop.wait
-        tracker = _SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
-        backoff = _Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
+        tracker = SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
+        backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
         while not stop.is_set():
             self._touch()
             try:
@@ -375,7 +375,7 @@ class KmsgReader:
     # -- reading one open source -------------------------------------------------------------------
 
     def _read_source(
-        self, source: _Source, *, stop: threading.Event, sleep: Callable[[float], object], backoff: _Backoff
+        self, source: _Source, *, stop: threading.Event, sleep: Callable[[float], object], backoff: Backoff
     ) -> Iterator[bytes]:
         """Yield records from one open source; returns on stop or, with follow=False, at EOF."""
         splitter = _RecordSplitter()
@@ -413,7 +413,7 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _accept(self, raw: bytes, tracker: _SequenceTracker) -> bool:
+    def _accept(self, raw: bytes, tracker: SequenceTracker) -> bool:
         try:
             header = _parse_header(raw.split(b"\n", 1)[0])
         except KmsgParseError as exc:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.relay import HEADER, MAX_FRAME, Hello, ProtocolError
-from agent.sources.kmsg import KmsgParseError, KmsgStats, _Backoff, _SequenceTracker, parse_record
+from agent.sources.kmsg import Backoff, KmsgParseError, KmsgStats, SequenceTracker, parse_record
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -149,8 +149,8 @@ class RelayClient:
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
         """Yield parsed records until ``stop`` is set; unparsable records are counted and skipped."""
         sleep = self._sleep if self._sleep is not None else stop.wait
-        backoff = _Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
-        tracker: _SequenceTracker | None = None
+        backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
+        tracker: SequenceTracker | None = None
         while not stop.is_set():
             try:
                 conn = self._connect()
@@ -200,7 +200,7 @@ class RelayClient:
         )
         return hello
 
-    def _tracker_for(self, hello: Hello, tracker: _SequenceTracker | None) -> _SequenceTracker:
+    def _tracker_for(self, hello: Hello, tracker: SequenceTracker | None) -> SequenceTracker:
         """Keep the sequence accounting across reconnects, unless the relay reports another boot."""
         previous = self._tracked_boot
         if tracker is not None and hello.boot_id is not None and previous is not None and hello.boot_id != previous:
@@ -211,10 +211,10 @@ class RelayClient:
         if hello.boot_id is not None:
             self._tracked_boot = hello.boot_id
         if tracker is None:
-            tracker = _SequenceTracker(start_after_seq=None, stats=self._stats, log=self._log)
+            tracker = SequenceTracker(start_after_seq=None, stats=self._stats, log=self._log)
         return tracker
 
-    def _stream(self, frames: _FrameReader, *, hello: Hello, tracker: _SequenceTracker) -> Iterator[LogRecord]:
+    def _stream(self, frames: _FrameReader, *, hello: Hello, tracker: SequenceTracker) -> Iterator[LogRecord]:
         while (payload := frames.next()) is not None:
             self._touch()
             if not payload:
