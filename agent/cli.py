@@ -31,6 +31,7 @@ from agent.settings import (
     env_default,
     rule_dirs,
 )
+from agent.types import RuleType
 
 log = logging.getLogger("agent")
 
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def validate(args: argparse.Namespace) -> int:
     paths = _rule_paths(args, args.files)
     rule_set = load_rule_set(paths)
-    temporary = sum(1 for r in rule_set.rules if r.type.value == "temporary")
+    temporary = sum(1 for r in rule_set.rules if r.type is RuleType.TEMPORARY)
     print(
         f"OK: {len(rule_set.files)} file(s), {len(rule_set.rules)} rules ({temporary} temporary, "
         f"{len(rule_set.rules) - temporary} permanent), {len(rule_set.conditions)} conditions"

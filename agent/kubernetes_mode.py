@@ -32,13 +32,12 @@ API_WAIT_INTERVAL = 5.0
 
 def severity_lookup(rule_set: RuleSet) -> Callable[[str, str], Severity]:
     """Severity of a (condition, reason) read back from a Node, from the rule that produces it."""
-    rank = list(Severity)
 
     def lookup(type_: str, reason: str) -> Severity:
         exact = [r.severity for r in rule_set.rules if r.condition == type_ and r.reason == reason]
         any_ = [r.severity for r in rule_set.rules if r.condition == type_]
         found = exact or any_
-        return max(found, key=rank.index) if found else Severity.CRITICAL
+        return max(found, key=lambda s: s.rank) if found else Severity.CRITICAL
 
     return lookup
 

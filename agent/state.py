@@ -31,7 +31,6 @@ from agent.types import (
 
 log = logging.getLogger(__name__)
 
-_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
 
 AGGREGATE_TYPE = "AcceleratedHardwareReady"
 AGGREGATE_HEALTHY_REASON = "AcceleratedHardwareIsReady"
@@ -163,7 +162,7 @@ class NodeState:
     def _set_problem(self, current: Condition, finding: Finding, now: float) -> list[Event]:
         if current.status is Status.TRUE:
             same = current.reason == finding.reason
-            weaker = _SEVERITY_RANK[finding.severity] < _SEVERITY_RANK[current.severity]
+            weaker = finding.severity.rank < current.severity.rank
             if same or weaker:
                 self._conditions[current.type] = _replace(current, last_update=now)
                 return []

@@ -24,6 +24,11 @@ class Severity(enum.StrEnum):
     ERROR = "error"
     CRITICAL = "critical"
 
+    @property
+    def rank(self) -> int:
+        """Order of seriousness: info < warning < error < critical."""
+        return list(Severity).index(self)
+
 
 class Status(enum.StrEnum):
     """Node condition status. For our problem conditions ``True`` means the problem is present."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from agent.detectors.regex import char_frequency
 from agent.detectors.rulepack import CompiledRule, RuleSet
-from agent.types import Finding
+from agent.types import Finding, RuleType
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class RuleEngine:
                 if found is None:
                     continue
                 match, message = found
-                if permanent_only and rule.type.value == "temporary":
+                if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
                 finding = self._builder.build(
                     rule,
@@ -379,7 +379,7 @@ class ReferenceEngine:
             for rule in self.rule_set.rules:
                 text = "\n".join(buffered[-rule.buffer_size :])
                 match = rule.regex.search(text)
-                if match is None or (permanent_only and rule.type.value == "temporary"):
+                if match is None or (permanent_only and rule.type is RuleType.TEMPORARY):
                     continue
                 message = text[text.rfind("\n", 0, match.start()) + 1 :]
                 finding = self._builder.build(
