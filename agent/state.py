@@ -311,8 +311,3 @@ class NodeState:
 
 def _replace(cond: Condition, **changes: object) -> Condition:
     return dataclasses.replace(cond, **changes)  # type: ignore[arg-type]
-
-
-def counted(event: Event) -> bool:
-    """Whether an event counts as a problem occurrence (NPD ``problem_counter`` semantics)."""
-    return event.condition is None or (event.status is Status.TRUE and event.condition != AGGREGATE_TYPE)

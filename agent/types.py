@@ -133,7 +133,3 @@ class Snapshot:
             if c.type == type_:
                 return c
         return None
-
-    @property
-    def problems(self) -> tuple[Condition, ...]:
-        return tuple(c for c in self.conditions if c.status is Status.TRUE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.state import NodeState, counted
+from agent.state import NodeState
 from agent.types import ConditionSpec, Finding, RuleType, Severity, Status
 
 
@@ -196,23 +196,3 @@ def test_seed_adopts_existing_conditions_without_events():
 def test_undeclared_condition_is_ignored():
     state = make(Clock())
     assert state.apply(finding("X", condition="Nope")) == []
-
-
-@pytest.mark.parametrize(
-    ("status", "condition", "expected"),
-    [(None, None, True), (Status.TRUE, "C", True), (Status.FALSE, "C", False), (Status.UNKNOWN, "C", False)],
-)
-def test_counted(status, condition, expected):
-    from agent.types import Event
-
-    event = Event(
-        type="Warning",
-        reason="r",
-        message="m",
-        timestamp=0,
-        source="s",
-        severity=Severity.ERROR,
-        condition=condition,
-        status=status,
-    )
-    assert counted(event) is expected
