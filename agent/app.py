@@ -19,7 +19,8 @@ from agent.detectors.rulepack import RuleSet
 from agent.pipeline import Batch, DetectionPipeline
 from agent.sinks.log import snapshot_json
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
-from agent.sources.kmsg import Cursor, CursorStore, KmsgStats, ReplayMode, replay_mode
+from agent.sources.kmsg import KmsgStats
+from agent.sources.replay import Cursor, CursorStore, ReplayMode, replay_mode
 from agent.state import NodeState
 from agent.types import Condition, Event, LogRecord, Snapshot
 

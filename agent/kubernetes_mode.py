@@ -21,7 +21,7 @@ from agent.settings import Settings
 from agent.sinks.conditions import ConditionSink, node_conditions
 from agent.sinks.events import EventSink
 from agent.sinks.log import LogSink
-from agent.sources.kmsg import CursorStore
+from agent.sources.replay import CursorStore
 from agent.standalone import build_source, current_boot_id, run_agent
 from agent.types import Severity
 

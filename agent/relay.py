@@ -6,24 +6,7 @@ Why: on standard container runtimes an unprivileged container cannot open a host
 the records over a UNIX socket in a shared emptyDir; the unprivileged agent reads them with
 :class:`agent.sources.relay.RelayClient` (``--kmsg-relay SOCKET``).
 
-Wire protocol (version 1), relay → client only; the client sends nothing::
-
-    frame   = length payload
-    length  = 4-byte unsigned big-endian integer, the size of payload (at most MAX_FRAME)
-    payload = hello | record | heartbeat
-
-- **hello** (always the first frame of a connection): UTF-8 JSON object
-  ``{"proto": 1, "boot_time": <float>, "boot_id": "<uuid>" | null}``. ``boot_time`` is the host's
-  wall-clock time of boot (``CLOCK_REALTIME - CLOCK_MONOTONIC`` in the relay, taken at connect
-  time); the client computes a record's time as ``boot_time + usec / 1e6``. ``boot_id`` is
-  ``/proc/sys/kernel/random/boot_id``, or null when unreadable.
-- **record**: exactly the bytes one kmsg record consists of, as the kernel returned them
-  (``prio,seq,usec,flags[,...];message\\n`` plus optional `` KEY=value\\n`` dictionary lines). Not
-  empty. Sequence numbers are the kernel's; the client does the gap/duplicate accounting.
-- **heartbeat**: an empty frame (length 0), sent when nothing else was sent for
-  ``heartbeat_interval`` seconds *and* the relay's own kmsg reader has its source open and is
-  polling. A relay that accepts connections but cannot read the kernel log therefore goes silent,
-  and the client's stall detection (and the agent's ``/healthz``) notices.
+The wire protocol (hello, record and heartbeat frames) is in :mod:`agent.relay_protocol`.
 
 Every connection gets the whole ring buffer, oldest record first: each client gets its own fresh
 :class:`~agent.sources.kmsg.KmsgReader` (which also survives EPIPE overruns and reopens), so an
@@ -36,81 +19,25 @@ and the client counts the gap from the sequence numbers.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import queue
 import select
 import socket
 import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sources.kmsg import KmsgReader, KmsgStats, boot_time_now, read_boot_id
+from agent.relay_protocol import MAX_FRAME, current_hello, encode_frame
+from agent.sources.kmsg import KmsgReader, KmsgStats
 
 log = logging.getLogger(__name__)
 
-PROTO = 1
-HEADER = struct.Struct(">I")
-# Records from the device are at most ~8 KiB; a file source may hand out up to 64 KiB of unsplit bytes.
-MAX_FRAME = 1024 * 1024
 HEARTBEAT_POLLS = 2  # default heartbeat interval, in poll intervals
 SOCKET_MODE = 0o666  # the agent runs as another uid
 _QUEUE_SIZE = 256  # records between a session's reader thread and its sender
-
-
-class ProtocolError(ValueError):
-    """Bytes from the relay that do not follow the wire protocol; the message says what is wrong."""
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """The first frame of a connection: the protocol version and the host's boot identity."""
-
-    proto: int
-    boot_time: float
-    boot_id: str | None
-
-    def encode(self) -> bytes:
-        return json.dumps({"proto": self.proto, "boot_time": self.boot_time, "boot_id": self.boot_id}).encode()
-
-    @classmethod
-    def decode(cls, payload: bytes) -> Hello:
-        """Parse a hello payload; raises :class:`ProtocolError` for anything but a version-1 hello."""
-        try:
-            data = json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ProtocolError(f"hello is not UTF-8 JSON: {payload[:80]!r}") from exc
-        if not isinstance(data, dict):
-            raise ProtocolError(f"hello is not a JSON object: {payload[:80]!r}")
-        proto, boot_time, boot_id = data.get("proto"), data.get("boot_time"), data.get("boot_id")
-        if proto != PROTO:
-            raise ProtocolError(f"unsupported relay protocol {proto!r} (this agent speaks {PROTO})")
-        if isinstance(boot_time, bool) or not isinstance(boot_time, int | float):
-            raise ProtocolError(f"hello has no numeric boot_time: {boot_time!r}")
-        if boot_id is not None and not isinstance(boot_id, str):
-            raise ProtocolError(f"hello boot_id is not a string: {boot_id!r}")
-        return cls(proto=proto, boot_time=float(boot_time), boot_id=boot_id or None)
-
-
-def encode_frame(payload: bytes) -> bytes:
-    """One frame: 4-byte big-endian length, then the payload (empty payload = heartbeat)."""
-    if len(payload) > MAX_FRAME:
-        raise ValueError(f"frame of {len(payload)} bytes exceeds MAX_FRAME ({MAX_FRAME})")
-    return HEADER.pack(len(payload)) + payload
-
-
-def current_hello() -> Hello:
-    """The hello for a new connection: this host's boot time now, and its boot id when readable."""
-    try:
-        boot_id: str | None = read_boot_id()
-    except (OSError, ValueError) as exc:
-        log.debug("kmsg relay: no boot id in the hello: %s", exc)
-        boot_id = None
-    return Hello(proto=PROTO, boot_time=boot_time_now(), boot_id=boot_id)
 
 
 # --------------------------------------------------------------------------------------------------

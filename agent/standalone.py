@@ -14,7 +14,9 @@ from agent.detectors.rulepack import RuleSet
 from agent.http import AgentHTTPServer
 from agent.settings import Settings
 from agent.sinks.log import LogSink
-from agent.sources.kmsg import CursorStore, KmsgReader, KmsgStats, read_boot_id
+from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.kmsg_format import read_boot_id
+from agent.sources.replay import CursorStore
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.sources import kmsg
-from agent.sources.kmsg import (
-    Cursor,
-    CursorStore,
-    KmsgParseError,
-    KmsgReader,
-    KmsgStats,
-    ReplayMode,
-    boot_time_now,
-    parse_record,
-    read_boot_id,
-    replay_mode,
-)
+from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
+from agent.sources.replay import Cursor, CursorStore, ReplayMode, replay_mode
 from agent.types import LogRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
@@ -598,14 +589,14 @@ def test_corrupt_cursor_is_ignored_with_a_warning(
     tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "kmsg-cursor.json").write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
+    with caplog.at_level(logging.WARNING, logger="agent.sources.replay"):
         assert CursorStore(state_dir=tmp_path).load() is None
     assert str(tmp_path / "kmsg-cursor.json") in caplog.text
 
 
 def test_unreadable_cursor_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "kmsg-cursor.json").mkdir()
-    with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
+    with caplog.at_level(logging.WARNING, logger="agent.sources.replay"):
         assert CursorStore(state_dir=tmp_path).load() is None
     assert "kmsg-cursor.json" in caplog.text
 

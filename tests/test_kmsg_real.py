@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sources.kmsg import KmsgReader, KmsgStats, read_boot_id
+from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.kmsg_format import read_boot_id
 from agent.types import LogRecord
 
 from helpers import kmsg_problem

@@ -24,8 +24,10 @@ import pytest
 
 from agent.app import Agent
 from agent.detectors.rulepack import RuleSet
-from agent.relay import HEADER, PROTO, Hello, encode_frame, run_relay
-from agent.sources.kmsg import KmsgStats, boot_time_now, read_boot_id
+from agent.relay import run_relay
+from agent.relay_protocol import HEADER, PROTO, Hello, encode_frame
+from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg_format import boot_time_now, read_boot_id
 from agent.sources.relay import RelayClient
 from agent.types import LogRecord
 

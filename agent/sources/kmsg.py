@@ -1,11 +1,7 @@
-"""The ``/dev/kmsg`` source: read kernel log records, account for lost ones, turn them into ``LogRecord``s.
+"""The ``/dev/kmsg`` reader: read kernel log records, account for lost ones, turn them into ``LogRecord``s.
 
-Record format (kernel ``Documentation/ABI/testing/dev-kmsg``)::
-
-    prio,seq,usec,flags[,more fields];message\\n
-     KEY=value\\n                        (zero or more dictionary lines, each starting with a space)
-
-Non-printable bytes and backslashes in the message and in dictionary lines are escaped as ``\\xNN``.
+The record format lives in :mod:`agent.sources.kmsg_format`, the restart cursor policy in
+:mod:`agent.sources.replay`, the retry schedule in :mod:`agent.backoff`.
 
 The real device returns exactly one record per ``read()``. The same reader also accepts a regular
 file or a FIFO holding many concatenated records (test fixtures, a relay), which it splits itself.
@@ -13,25 +9,24 @@ file or a FIFO holding many concatenated records (test fixtures, a relay), which
 Restart semantics: the reader remembers the last sequence number it delivered. After a reopen the
 kernel replays the ring buffer from its oldest record; records already delivered are skipped, and
 a jump in sequence numbers is counted as lost records. Across process restarts the same idea is
-carried by :class:`CursorStore` and :func:`replay_mode`.
+carried by :mod:`agent.sources.replay`.
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import os
 import re
 import select
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.backoff import Backoff
+from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_header, parse_record
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -42,129 +37,7 @@ _DEVICE_READ_SIZE = 16 * 1024
 _FILE_READ_SIZE = 64 * 1024
 # A regular file or FIFO that never produces a record boundary must not grow the buffer forever.
 _MAX_PENDING = 64 * 1024
-# How much of a bad record ends up in a log line or an error message.
-_SHOW_BYTES = 120
-
-_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-_DIGITS = re.compile(rb"[0-9]{1,20}")  # a u64 has at most 20 decimal digits
 _RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
-
-
-class KmsgParseError(ValueError):
-    """Raised for bytes that are not a well-formed kmsg record; the message names what is wrong."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Parsing
-
-
-@dataclass(frozen=True, slots=True)
-class _Header:
-    prio: int
-    seq: int
-    usec: int
-    flags: bytes
-    message: bytes  # still escaped
-
-
-def _fail(reason: str, data: bytes) -> KmsgParseError:
-    shown = bytes(data[:_SHOW_BYTES])
-    suffix = "..." if len(data) > _SHOW_BYTES else ""
-    return KmsgParseError(f"invalid kmsg record: {reason}: {shown!r}{suffix}")
-
-
-def _number(raw: bytes, *, name: str, line: bytes) -> int:
-    if not _DIGITS.fullmatch(raw):
-        raise _fail(f"{name} {bytes(raw[:24])!r} is not a decimal number", line)
-    return int(raw)
-
-
-def _parse_header(line: bytes) -> _Header:
-    """Parse the first line of a record: ``prio,seq,usec,flags[,...];message``."""
-    prefix, sep, message = line.partition(b";")
-    if not sep:
-        raise _fail("missing ';' between header and message", line)
-    parts = prefix.split(b",")
-    if len(parts) < 4:
-        raise _fail(f"expected at least 4 comma-separated header fields (prio,seq,usec,flags), got {len(parts)}", line)
-    return _Header(
-        prio=_number(parts[0], name="priority", line=line),
-        seq=_number(parts[1], name="sequence number", line=line),
-        usec=_number(parts[2], name="timestamp", line=line),
-        flags=parts[3],
-        message=message,
-    )
-
-
-def _unescape(raw: bytes) -> str:
-    """Undo the kernel's ``\\xNN`` escaping; anything that is not a valid escape stays literal."""
-    return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw).decode("utf-8", errors="replace")
-
-
-def _parse_fields(lines: list[bytes], *, data: bytes) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in lines:
-        if not line.startswith(b" "):
-            raise _fail("a dictionary line must start with a space", data)
-        key, sep, value = line[1:].partition(b"=")
-        if not sep or not key:
-            raise _fail(f"dictionary line {bytes(line[:40])!r} is not ' KEY=value'", data)
-        fields[_unescape(key)] = _unescape(value)
-    return fields
-
-
-def parse_record(data: bytes, *, boot_time: float, source: str = "kmsg") -> LogRecord:
-    """Parse one raw record (with or without trailing newlines).
-
-    ``boot_time`` is the wall-clock time of boot (see :func:`boot_time_now`); the record's timestamp is
-    ``boot_time + usec / 1e6``. Raises :class:`KmsgParseError`, and nothing else, for malformed input.
-    """
-    data = bytes(data)
-    body = data.rstrip(b"\n")
-    first, *dictionary = body.split(b"\n")
-    header = _parse_header(first)
-    return LogRecord(
-        message=_unescape(header.message),
-        timestamp=boot_time + header.usec / 1e6,
-        seq=header.seq,
-        priority=header.prio & 7,
-        facility=header.prio >> 3,
-        monotonic_usec=header.usec,
-        continuation=b"c" in header.flags,
-        fields=_parse_fields(dictionary, data=data),
-        source=source,
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Clocks and boot identity
-
-
-def boot_time_now() -> float:
-    """Wall-clock time of boot, with sub-second precision: ``CLOCK_REALTIME - CLOCK_MONOTONIC``."""
-    return time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-def read_boot_id(*, proc_root: Path = Path("/proc")) -> str:
-    """Return this boot's random id (``<proc_root>/sys/kernel/random/boot_id``).
-
-    Raises ``FileNotFoundError``/``OSError`` naming the file when it cannot be read, and
-    ``ValueError`` when it is empty.
-    """
-    path = proc_root / "sys" / "kernel" / "random" / "boot_id"
-    try:
-        text = path.read_text(encoding="ascii", errors="replace")
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(
-            f"cannot read the boot id: {path} does not exist (is {proc_root} the host's procfs?)"
-        ) from exc
-    except OSError as exc:
-        raise OSError(f"cannot read the boot id from {path}: {exc}") from exc
-    boot_id = text.strip()
-    if not boot_id:
-        raise ValueError(f"the boot id file {path} is empty")
-    return boot_id
-
 
 # --------------------------------------------------------------------------------------------------
 # Reader
@@ -238,21 +111,6 @@ class SequenceTracker:
                 self._log.warning("kmsg: %d record(s) lost (sequence jumped from %d to %d)", lost, last, seq)
         self._last = seq
         return True
-
-
-class Backoff:
-    """Exponential backoff: ``initial`` doubling up to ``maximum``; ``reset()`` after a successful read."""
-
-    def __init__(self, *, initial: float, maximum: float) -> None:
-        self._initial = initial
-        self._maximum = maximum
-        self.delay = initial
-
-    def reset(self) -> None:
-        self.delay = self._initial
-
-    def advance(self) -> None:
-        self.delay = min(self.delay * 2, self._maximum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,8 +227,7 @@ class KmsgReader:
                 finally:
                     self._stats.connected = False
                     source.close()
-            self._wait(backoff.delay, sleep=sleep, stop=stop)
-            backoff.advance()
+            self._wait(backoff.next_delay(), sleep=sleep, stop=stop)
 
     # -- reading one open source -------------------------------------------------------------------
 
@@ -415,7 +272,7 @@ class KmsgReader:
 
     def _accept(self, raw: bytes, tracker: SequenceTracker) -> bool:
         try:
-            header = _parse_header(raw.split(b"\n", 1)[0])
+            header = parse_header(raw.split(b"\n", 1)[0])
         except KmsgParseError as exc:
             self._parse_failed(exc)
             return False
@@ -447,90 +304,3 @@ class KmsgReader:
         self._stats.last_activity = self._clock()
 
 
-# --------------------------------------------------------------------------------------------------
-# Replay cursor: what to do with records seen again after an agent restart
-
-
-@dataclass(frozen=True, kw_only=True)
-class Cursor:
-    """The last record processed, tied to the boot it belongs to (sequence numbers restart at boot)."""
-
-    boot_id: str
-    last_seq: int
-
-
-class CursorStore:
-    """Persist a :class:`Cursor` as ``<state_dir>/kmsg-cursor.json``, written atomically."""
-
-    FILE_NAME = "kmsg-cursor.json"
-
-    def __init__(self, *, state_dir: Path) -> None:
-        self._state_dir = Path(state_dir)
-        self.path = self._state_dir / self.FILE_NAME
-
-    def load(self) -> Cursor | None:
-        """Return the saved cursor; ``None`` if there is none or it is unreadable (logged, never raised)."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as exc:
-            _logger.warning("kmsg cursor %s cannot be read, ignoring it: %s", self.path, exc)
-            return None
-        try:
-            data = json.loads(text)
-            boot_id, last_seq = data["boot_id"], data["last_seq"]
-        except (ValueError, TypeError, KeyError) as exc:
-            _logger.warning("kmsg cursor %s is corrupt, ignoring it: %r", self.path, exc)
-            return None
-        if not isinstance(boot_id, str) or not boot_id or type(last_seq) is not int or last_seq < 0:
-            _logger.warning("kmsg cursor %s has invalid values, ignoring it: %r", self.path, data)
-            return None
-        return Cursor(boot_id=boot_id, last_seq=last_seq)
-
-    def save(self, cursor: Cursor) -> None:
-        """Write the cursor atomically (temp file in the same directory, fsync, rename). Raises OSError."""
-        self._state_dir.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"boot_id": cursor.boot_id, "last_seq": cursor.last_seq}).encode()
-        fd, tmp = tempfile.mkstemp(dir=self._state_dir, prefix=f".{self.FILE_NAME}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        try:
-            dir_fd = os.open(self._state_dir, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:
-            pass  # some filesystems cannot fsync a directory; the rename is still atomic
-        finally:
-            os.close(dir_fd)
-
-
-class ReplayMode(enum.StrEnum):
-    """How detectors treat a record: all rules, or only permanent ones (rebuild state, no repeat Events)."""
-
-    FULL = "full"
-    PERMANENT_ONLY = "permanent_only"
-
-
-def replay_mode(*, record: LogRecord, cursor: Cursor | None, boot_id: str, now: float, lookback: float) -> ReplayMode:
-    """Decide whether a record was (probably) already handled before an agent restart.
-
-    With a cursor from this boot, records up to ``cursor.last_seq`` were processed already:
-    PERMANENT_ONLY. Without one (first start, or a new boot), records older than ``now - lookback``
-    are PERMANENT_ONLY; everything else is FULL.
-    """
-    if cursor is not None and cursor.boot_id == boot_id and record.seq is not None:
-        return ReplayMode.PERMANENT_ONLY if record.seq <= cursor.last_seq else ReplayMode.FULL
-    return ReplayMode.PERMANENT_ONLY if record.timestamp < now - lookback else ReplayMode.FULL

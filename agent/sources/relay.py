@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from agent.relay import HEADER, MAX_FRAME, Hello, ProtocolError
-from agent.sources.kmsg import Backoff, KmsgParseError, KmsgStats, SequenceTracker, parse_record
+from agent.backoff import Backoff
+from agent.relay_protocol import HEADER, MAX_FRAME, Hello, ProtocolError
+from agent.sources.kmsg import KmsgStats, SequenceTracker
+from agent.sources.kmsg_format import KmsgParseError, parse_record
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -174,8 +176,7 @@ class RelayClient:
                 finally:
                     self._stats.connected = False
                     conn.close()
-            self._wait(backoff.delay, sleep=sleep, stop=stop)
-            backoff.advance()
+            self._wait(backoff.next_delay(), sleep=sleep, stop=stop)
 
     # -- one connection ----------------------------------------------------------------------------
 
