@@ -27,7 +27,6 @@ import socket
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.relay_protocol import MAX_FRAME, current_hello, encode_frame
