@@ -9,18 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from agent import __version__
 from agent.detectors.rulepack import RuleSet, load_rule_set
 from agent.detectors.rules import RuleEngine
 from agent.errors import ConfigError
-from agent.pipeline import normalize
+from agent.pipeline import saved_log_line
 from agent.settings import (
     DEFAULT_KMSG,
     DEFAULT_LISTEN,
@@ -67,7 +68,19 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # --log-level is accepted before and after the command: the subcommands' copy only overrides
+    # the main one when given (SUPPRESS keeps it out of the namespace otherwise).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=LOG_LEVELS,
+        help="diagnostic log level on stderr (env NHA_LOG_LEVEL; default info)",
+    )
     parser = argparse.ArgumentParser(
         prog="node-health-agent",
         description="Per-node health agent for Kubernetes nodes with accelerators (AWS Neuron, NVIDIA GPUs).",
@@ -76,18 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=env_default("log-level", "info"),
-        choices=["debug", "info", "warning", "error"],
+        choices=LOG_LEVELS,
         help="diagnostic log level on stderr (env NHA_LOG_LEVEL; default info)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the agent", description="Run the agent (every flag has an NHA_* env var).")
+    run = sub.add_parser(
+        "run", parents=[common], help="run the agent", description="Run the agent (every flag has an NHA_* env var)."
+    )
     _add_rule_args(run)
     run.add_argument(
         "--standalone",
-        action="store_true",
-        default=env_default("standalone", "false").lower() in ("1", "true", "yes"),
-        help="no cluster: log each transition as one JSON line on stdout and serve HTTP (env NHA_STANDALONE)",
+        action="store_const",
+        const="true",
+        default=env_default("standalone", "false"),
+        help="no cluster: log each transition as one JSON line on stdout and serve HTTP (env NHA_STANDALONE: "
+        "true or false)",
     )
     run.add_argument("--kmsg-path", default=env_default("kmsg-path", str(DEFAULT_KMSG)), help="kernel log device")
     run.add_argument(
@@ -159,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     relay = sub.add_parser(
         "kmsg-relay",
+        parents=[common],
         help="forward raw /dev/kmsg records over a UNIX socket (the DaemonSet's only privileged part)",
         description="Open the kernel log read-only and stream raw records to one agent over a UNIX socket.",
     )
@@ -167,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser(
         "simulate",
+        parents=[common],
         help="replay a saved log through the rule packs",
         description="Print one JSON object per finding. Lines may carry kmsg, dmesg, syslog or journal prefixes.",
     )
@@ -175,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser(
         "validate-config",
+        parents=[common],
         help="check rule packs",
         description="Validate the rule packs (the plugins plus FILEs); exit 0 with a summary or 2 with every problem.",
     )
@@ -204,6 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        # The reader went away (``validate-config | head``): not our failure, and no traceback.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "simulate":
             return simulate(args)
@@ -237,27 +268,47 @@ def validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_lines(path: str) -> Iterator[str]:
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
+def _read_lines(stream: BinaryIO) -> Iterator[str]:
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _open_log(name: str) -> BinaryIO:
+    """The log to replay; OSError with the reason (no standard input, a directory, permission, ...)."""
+    if name == "-":
+        stdin = sys.stdin.buffer if sys.stdin is not None else None
+        if stdin is None or stdin.closed:
+            raise OSError("there is no standard input to read (it is closed)")
+        return stdin
+    path = Path(name)
+    if path.is_dir():
+        raise OSError("is a directory; give a log file (or - for standard input)")
     try:
-        for raw in stream:
-            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
+        return open(path, "rb")  # noqa: SIM115 - closed by the caller
+    except FileNotFoundError:
+        raise OSError("no such file") from None
+    except OSError as exc:
+        raise OSError(exc.strerror or str(exc)) from None
 
 
 def simulate(args: argparse.Namespace) -> int:
     rule_set = load_rule_set(_rule_paths(args, args.config))
-    if args.logfile != "-" and not Path(args.logfile).is_file():
-        print(f"cannot read {args.logfile}: no such file", file=sys.stderr)
-        return EXIT_CONFIG
     try:
-        for finding in simulate_lines(rule_set=rule_set, lines=_read_lines(args.logfile)):
-            print(json.dumps(finding, sort_keys=False))
+        stream = _open_log(args.logfile)
     except OSError as exc:
         print(f"cannot read {args.logfile}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    try:
+        for finding in simulate_lines(rule_set=rule_set, lines=_read_lines(stream)):
+            print(json.dumps(finding, sort_keys=False))
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        print(f"cannot read {args.logfile}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        if stream is not getattr(sys.stdin, "buffer", None):
+            stream.close()
     return EXIT_OK
 
 
@@ -288,7 +339,7 @@ def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]
         numbers.clear()
 
     for number, line in enumerate(lines, start=1):
-        batch.append(normalize(line)[0])
+        batch.append(saved_log_line(line))
         numbers.append(number)
         if len(batch) >= SIMULATE_BATCH:
             yield from flush()
@@ -299,13 +350,9 @@ def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]
 def run(args: argparse.Namespace) -> int:
     settings = build_settings(args)
     rule_set = load_rule_set(list(settings.rule_paths))
-    if settings.standalone:
-        from agent.standalone import run_standalone
+    from agent.wiring import run as run_agent
 
-        return run_standalone(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
-    from agent.kubernetes_mode import run_kubernetes
-
-    return run_kubernetes(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
+    return run_agent(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
 
 
 def _stop_on_signals() -> threading.Event:

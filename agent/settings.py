@@ -20,6 +20,7 @@ from agent.errors import ConfigError, ConfigProblem
 DEFAULT_LISTEN = "0.0.0.0:20257"
 DEFAULT_STATE_DIR = Path("/var/lib/node-health-agent")
 DEFAULT_KMSG = Path("/dev/kmsg")
+EVENT_NAMESPACE = "default"  # Events about cluster-scoped objects (Nodes) must live here
 
 
 def builtin_plugins_dir() -> Path:
@@ -90,7 +91,7 @@ class Settings:
 
 
 def parse_listen(value: str) -> Listen | None:
-    """``HOST:PORT``, ``:PORT`` or ``PORT``; ``0`` disables the server."""
+    """``HOST:PORT``, ``:PORT`` or ``PORT``; a bare ``0`` disables the server; ``HOST:0`` picks any free port."""
     text = value.strip()
     if text in ("0", ""):
         return None
@@ -98,11 +99,28 @@ def parse_listen(value: str) -> Listen | None:
     if not sep:
         host, port = "0.0.0.0", text
     host = host.strip("[]") or "0.0.0.0"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid listen address {value!r}: expected HOST:PORT with a port 1-65535, or 0 to disable")
-    if int(port) == 0:
-        return None
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(
+            f"invalid listen address {value!r}: expected HOST:PORT with a port 0-65535 (0 = any free port), "
+            "or a bare 0 to disable"
+        )
     return Listen(host=host, port=int(port))
+
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off", "")
+
+
+def parse_bool(value: object) -> bool:
+    """A boolean flag or environment value; anything but true/false words raises ValueError."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
 
 
 def env_default(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str | None:
@@ -138,9 +156,21 @@ def build_settings(args: argparse.Namespace) -> Settings:
         "heartbeat", args.heartbeat, default=300.0, at_least=10.0, why="must be at least 10s (it bounds API writes)"
     )
     api_wait = duration("api-wait-timeout", args.api_wait_timeout, default=30.0)
-    aggregate = str(args.aggregate_condition).strip().lower()
-    if aggregate not in ("true", "false", "1", "0", "yes", "no"):
-        bad("aggregate-condition", f"must be true or false, got {args.aggregate_condition!r}")
+    def boolean(flag: str, value: object) -> bool:
+        try:
+            return parse_bool(value)
+        except ValueError as exc:
+            bad(flag, str(exc))
+            return False
+
+    aggregate = boolean("aggregate-condition", args.aggregate_condition)
+    standalone = boolean("standalone", args.standalone)
+    if args.event_namespace != EVENT_NAMESPACE:
+        bad(
+            "event-namespace",
+            f"must be {EVENT_NAMESPACE!r}, got {args.event_namespace!r}: the API server accepts Events about a "
+            "Node (a cluster-scoped object) only in the default namespace",
+        )
     delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
     stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
     config_files = tuple(Path(p) for p in args.config or ())
@@ -156,7 +186,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
     if problems:
         raise ConfigError(problems)
     return Settings(
-        standalone=bool(args.standalone),
+        standalone=standalone,
         config_files=config_files,
         plugins_dirs=plugins_dirs,
         kmsg_path=Path(args.kmsg_path),
@@ -167,7 +197,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         stall_timeout=stall,
         node_name=args.node_name or None,
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
-        aggregate_condition=aggregate in ("true", "1", "yes"),
+        aggregate_condition=aggregate,
         event_namespace=args.event_namespace,
         heartbeat=heartbeat,
         api_wait_timeout=api_wait,

@@ -53,14 +53,21 @@ class NodeState:
         reasons: Iterable[str] = (),
         problem_pairs: Iterable[tuple[str, str]] = (),
         aggregate: bool = False,
+        seeded: bool = True,
     ) -> None:
-        """``aggregate`` adds condition AcceleratedHardwareReady: False (a problem) while any condition
+        """``seeded=False`` marks the state as not yet reconciled with the Node's existing conditions
+        (Kubernetes mode before the Node was read): writers must wait for :meth:`seed`.
+
+        ``aggregate`` adds condition AcceleratedHardwareReady: False (a problem) while any condition
         marked ``accelerator`` is True with a critical problem, True otherwise (the condition EKS node
         auto repair and Karpenter node repair act on). Its polarity is the opposite of ours."""
         self._clock = clock
         self._specs = {c.type: c for c in conditions}
         self._aggregate = aggregate
         self._touched: set[str] = set()  # types changed since start (seeding never overrides them)
+        self._restored: set[str] = set()  # types restored from our own state directory (fresher than the Node)
+        self._seeded = seeded
+        self._node_uid: str | None = None
         now = clock()
         self._conditions: dict[str, Condition] = {
             c.type: Condition(
@@ -95,13 +102,34 @@ class NodeState:
     def owned_types(self) -> tuple[str, ...]:
         return tuple(self._conditions)
 
-    def seed(self, conditions: Iterable[Condition]) -> list[Event]:
-        """Adopt conditions read back at startup (e.g. from the Node) for the types we own.
+    def restore(self, conditions: Iterable[Condition]) -> list[Event]:
+        """Adopt the conditions our own state directory kept (with their severity and transition times).
+
+        They are at least as fresh as the Node's copy, so a later :meth:`seed` leaves them alone, and
+        the state counts as seeded: a restart needs no API server to stay consistent.
+        """
+        restored = [c for c in conditions if c.type in self._conditions and c.type not in self._touched]
+        events = self._adopt(restored)
+        self._restored.update(c.type for c in restored)
+        self._seeded = True
+        return events
+
+    def seed(self, conditions: Iterable[Condition], *, node_uid: str | None = None) -> list[Event]:
+        """Adopt conditions read back from the Node at startup, for the types we own.
 
         Keeps their status, reason, message and transition time, so a restart neither resets a
         problem to healthy nor moves ``lastTransitionTime``. Types that already changed since
-        start keep our fresher state. Returns events only if the aggregate condition changes.
+        start, or were restored from the state directory, keep our fresher state. Returns events
+        only if the aggregate condition changes.
         """
+        if node_uid:
+            self._node_uid = node_uid
+        fresh = [c for c in conditions if c.type not in self._restored]
+        self._seeded = True
+        self._generation += 1  # publish the seeded flag even when nothing else changed
+        return self._adopt(fresh)
+
+    def _adopt(self, conditions: Iterable[Condition]) -> list[Event]:
         for cond in conditions:
             if cond.type in self._conditions and cond.type not in self._touched:
                 self._conditions[cond.type] = cond
@@ -306,6 +334,8 @@ class NodeState:
             problem_counts=dict(self._counts),
             problem_pairs=tuple(self._pairs),
             generation=self._generation,
+            seeded=self._seeded,
+            node_uid=self._node_uid,
         )
 
 

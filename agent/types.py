@@ -127,6 +127,8 @@ class Snapshot:
     problem_counts: Mapping[str, int] = field(default_factory=dict)  # reason -> occurrences (NPD problem_counter)
     problem_pairs: tuple[tuple[str, str], ...] = ()  # (condition type, reason) seen, for problem_gauge zeros
     generation: int = 0  # increases whenever a condition changes
+    seeded: bool = True  # the Node's (or the state directory's) conditions were adopted: safe to write
+    node_uid: str | None = None  # the Node's uid once read (for Events' involvedObject)
 
     def condition(self, type_: str) -> Condition | None:
         for c in self.conditions:

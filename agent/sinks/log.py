@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from agent.runtime import SnapshotFeed
 from agent.types import Condition, Event, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the largest time RFC 3339 (and Kubernetes) can print
 
 
 def iso(ts: float) -> str:
-    """RFC 3339 UTC with seconds precision, as Kubernetes prints times."""
+    """RFC 3339 UTC with seconds precision, as Kubernetes prints times; out-of-range times are clamped."""
+    ts = min(max(ts, 0.0), MAX_TIME) if ts == ts else 0.0  # NaN -> epoch
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -56,17 +65,49 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-class LogSink:
-    """Writes each event as one JSON line (to stdout by default) and flushes."""
+class StdoutSink:
+    """Consumer component ``stdout``: each event as one JSON line (stdout by default), flushed.
 
-    def __init__(self, *, stream: TextIO | None = None) -> None:
+    Acknowledges a publication once its events are written, so the kmsg cursor never passes an
+    event that was not printed. A closed or failing stream is logged once and then skipped (it
+    must not freeze the cursor or the agent).
+    """
+
+    name = "stdout"
+
+    def __init__(self, *, feed: SnapshotFeed, stream: TextIO | None = None, poll: float = 0.5) -> None:
+        self._feed = feed
         self._stream = stream or sys.stdout
+        self._poll = poll
+        self._seen = 0
+        self._index = 0
+        self._acked = 0
+        self._broken = False
 
-    def publish(self, *, events: Sequence[Event], snapshot: Snapshot) -> None:
-        for event in events:
-            self._stream.write(json.dumps(event_json(event), sort_keys=True) + "\n")
-        if events:
+    def acked(self) -> int:
+        return self._acked
+
+    def healthy(self, now: float) -> bool:
+        return True  # nothing to stall on: a broken stream is skipped
+
+    def run(self, stop: threading.Event) -> None:
+        while True:
+            pub = self._feed.wait_newer(self._seen, timeout=self._poll)
+            if pub is not None:
+                self._seen = pub.number
+                events, self._index, _lost = self._feed.events_since(self._index)
+                self._write(events)
+                self._acked = pub.number
+            elif stop.is_set():
+                return
+
+    def _write(self, events: Sequence[Event]) -> None:
+        if not events or self._broken:
+            return
+        try:
+            for event in events:
+                self._stream.write(json.dumps(event_json(event), sort_keys=True) + "\n")
             self._stream.flush()
-
-    def close(self) -> None:
-        self._stream.flush()
+        except (OSError, ValueError) as exc:  # EPIPE, or a closed stream
+            self._broken = True
+            log.error("cannot write events to standard output any more: %s", exc)

@@ -41,6 +41,7 @@ class AgentStats:
     config_generation: int
     rules_loaded: int
     components: Mapping[str, bool]  # component -> healthy
+    state_dir_ok: bool = True  # the state directory takes our writes
 
 
 class AgentCollector:
@@ -120,6 +121,13 @@ class AgentCollector:
         for component, ok in sorted(stats.components.items()):
             healthy.add_metric([component], 1.0 if ok else 0.0)
         yield healthy
+        state_dir = GaugeMetricFamily(
+            "node_health_agent_state_dir_ok",
+            "1 while the state directory takes the cursor, conditions and Event outbox; 0 means restarts "
+            "replay more and undelivered Events do not survive them (see /healthz details).",
+        )
+        state_dir.add_metric([], 1.0 if stats.state_dir_ok else 0.0)
+        yield state_dir
 
 
 def build_registry(collector: AgentCollector) -> CollectorRegistry:

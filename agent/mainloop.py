@@ -1,0 +1,171 @@
+"""The main loop: the only writer of NodeState.
+
+It takes inputs from the inbox (record batches, check findings, seeded conditions), matches
+records, folds findings into the state, keeps our conditions in the state directory when they
+change, and publishes a snapshot with the step's events. The kmsg cursor is saved only up to the
+publication every durable consumer has acknowledged (see :mod:`agent.runtime`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from agent.pipeline import DetectionPipeline, ReplayPolicy
+from agent.runtime import FindingBatch, Inbox, Input, RecordBatch, SeedConditions, SnapshotFeed, iter_inputs
+from agent.sources.replay import Cursor, CursorStore
+from agent.state import NodeState
+from agent.statedir import ConditionStore, StateDirHealth
+from agent.types import Event
+
+log = logging.getLogger(__name__)
+
+TICK = 0.5  # the loop runs at least this often (clearAfter expiry, cursor saves, liveness)
+STEP_ITEMS = 16  # inbox items folded into one publication at most
+CURSOR_INTERVAL = 1.0
+FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
+
+
+class MainLoop:
+    name = "main_loop"
+
+    def __init__(
+        self,
+        *,
+        inbox: Inbox,
+        feed: SnapshotFeed,
+        state: NodeState,
+        pipeline: DetectionPipeline,
+        replay: ReplayPolicy,
+        health: Callable[[], Mapping[str, bool]],
+        stall_timeout: float,
+        cursor_store: CursorStore | None = None,
+        condition_store: ConditionStore | None = None,
+        state_dir: StateDirHealth | None = None,
+        acks: Sequence[Callable[[], int]] = (),
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        tick: float = TICK,
+    ) -> None:
+        self._inbox = inbox
+        self._feed = feed
+        self.state = state
+        self.pipeline = pipeline
+        self._replay = replay
+        self._health = health
+        self._stall_timeout = stall_timeout
+        self._cursor_store = cursor_store
+        self._condition_store = condition_store
+        self._state_dir = state_dir
+        self._acks = list(acks)
+        self._clock = clock
+        self._monotonic = monotonic
+        self._tick = tick
+        self._beat = monotonic()
+        self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (publication, last kmsg seq)
+        self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
+        self._last_cursor_save = float("-inf")
+        self._stored_generation: int | None = None
+
+    # ---- component -----------------------------------------------------------------------------
+
+    def healthy(self, now: float) -> bool:
+        return now - self._beat < self._stall_timeout
+
+    def run(self, stop: threading.Event) -> None:
+        self._publish([], last_seq=None)
+        while not stop.is_set():
+            self.step(timeout=self._tick)
+        self._shutdown()
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def step(self, *, timeout: float) -> int:
+        """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item); publish."""
+        first = self._inbox.get(timeout=timeout)
+        events: list[Event] = []
+        records = 0
+        last_seq: int | None = None
+        if first is not None:
+            for item in iter_inputs(self._inbox, first=first, limit=STEP_ITEMS):
+                n, seq = self._fold(item, events)
+                records += n
+                last_seq = seq if seq is not None else last_seq
+        events.extend(self.state.expire())
+        if first is not None or events:
+            self._publish(events, last_seq=last_seq)
+        self._beat = self._monotonic()
+        self._save_cursor(force=False)
+        return records
+
+    def _fold(self, item: Input, events: list[Event]) -> tuple[int, int | None]:
+        if isinstance(item, RecordBatch):
+            records = item.records
+            if not records:
+                return 0, None
+            for batch in self._replay.split(records, now=self._clock()):
+                for finding in self.pipeline.process(batch):
+                    events.extend(self.state.apply(finding))
+            return len(records), records[-1].seq
+        if isinstance(item, FindingBatch):
+            for finding in item.findings:
+                events.extend(self.state.apply(finding))
+        elif isinstance(item, SeedConditions):
+            events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+        else:  # a producer bug must not kill the one writer
+            log.error("ignoring an unknown inbox item %r", type(item).__name__)
+        return 0, None
+
+    def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
+        snapshot = self.state.snapshot()
+        if self._condition_store is not None and snapshot.generation != self._stored_generation:
+            # Before publishing: a restart then finds the conditions every consumer may have acted on.
+            self._condition_store.save(c for c in snapshot.conditions)
+            self._stored_generation = snapshot.generation
+        pub = self._feed.publish(snapshot=snapshot, events=events, health=self._health())
+        if last_seq is not None:
+            self._pending.append((pub.number, last_seq))
+
+    # ---- cursor ----------------------------------------------------------------------------------
+
+    def _acked(self) -> int:
+        latest = self._feed.latest().number
+        return min((ack() for ack in self._acks), default=latest)
+
+    def _save_cursor(self, *, force: bool) -> None:
+        if self._cursor_store is None or not self._pending:
+            return
+        now = self._monotonic()
+        if not force and now - self._last_cursor_save < CURSOR_INTERVAL:
+            return
+        acked = self._acked()
+        seq = None
+        while self._pending and self._pending[0][0] <= acked:
+            seq = self._pending.popleft()[1]
+        if seq is None or seq == self._saved_seq:
+            return
+        self._last_cursor_save = now
+        try:
+            self._cursor_store.save(Cursor(boot_id=self._replay.boot_id, last_seq=seq))
+        except OSError as exc:
+            if self._state_dir is not None:
+                self._state_dir.report("cursor", f"cannot save {self._cursor_store.path}: {exc.strerror or exc}")
+            else:
+                log.error("cannot save the kmsg cursor: %s", exc)
+            return
+        self._saved_seq = seq
+        if self._state_dir is not None:
+            self._state_dir.report("cursor", None)
+
+    def _shutdown(self) -> None:
+        """Publish the last state, give durable consumers a moment to acknowledge, save the cursor."""
+        events = self.state.expire()
+        if events:
+            self._publish(events, last_seq=None)
+        deadline = self._monotonic() + FINAL_ACK_WAIT
+        while self._pending and self._acked() < self._pending[-1][0] and self._monotonic() < deadline:
+            time.sleep(0.02)
+        self._save_cursor(force=True)

@@ -1,0 +1,285 @@
+"""The runtime: components under one supervisor, one inbox, one writer, one snapshot feed.
+
+::
+
+    producers ──► Inbox ──► MainLoop (only writer of NodeState) ──► SnapshotFeed ──► consumers
+    (kmsg reader, relay client, node seeder, ...)                   (condition/Event sinks, stdout, state store)
+
+- A **component** is a long-lived part with ``name``, ``run(stop)`` and ``healthy(now)``
+  (``now`` is ``time.monotonic()``). The :class:`Supervisor` runs each in its own thread, turns
+  a component whose thread died into an unhealthy one, feeds ``/healthz`` and the
+  ``component_healthy`` metric, and stops everything within one shared deadline.
+- **Producers** put :class:`RecordBatch`, :class:`FindingBatch` or :class:`SeedConditions` items
+  into the bounded :class:`Inbox` and decide nothing.
+- The :class:`MainLoop` is the only writer of :class:`~agent.state.NodeState`: it matches record
+  batches, folds findings and seeds, and publishes a :class:`Publication` (snapshot, the events
+  of that step, component health) on the :class:`SnapshotFeed`.
+- **Consumers** read the feed (the latest publication; the events since the one they saw) and
+  never write state. Consumers that keep what they were given durably (the Event outbox, the
+  stdout log) *acknowledge* publication numbers; the kmsg cursor is saved only up to what every
+  durable consumer acknowledged, so a SIGKILL can never skip an Event: the records after the
+  cursor are replayed in full after a restart.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.types import Condition, Event, Finding, LogRecord, Snapshot
+
+log = logging.getLogger(__name__)
+
+INBOX_ITEMS = 256  # batches (each up to a few thousand records); when full, producers wait
+FEED_EVENTS = 100_000  # events the feed keeps for consumers that fall behind
+
+
+class Component(Protocol):
+    """A long-lived part of the agent, started and stopped by the :class:`Supervisor`."""
+
+    name: str
+
+    def run(self, stop: threading.Event) -> None:
+        """Work until ``stop`` is set; return promptly (well within the shutdown deadline) after it is."""
+
+    def healthy(self, now: float) -> bool:
+        """Whether this component works right now (``now`` = ``time.monotonic()``)."""
+
+
+# ---- inputs --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordBatch:
+    """Kernel log records in read order, from one source."""
+
+    records: Sequence[LogRecord]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FindingBatch:
+    """Findings a producer concluded itself (check plugins)."""
+
+    findings: Sequence[Finding]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SeedConditions:
+    """Our conditions as read back from the Node at startup, plus the Node's uid."""
+
+    conditions: Sequence[Condition]
+    node_uid: str | None = None
+
+
+Input = RecordBatch | FindingBatch | SeedConditions
+
+
+class Inbox:
+    """The bounded queue between producers and the main loop."""
+
+    def __init__(self, *, maxsize: int = INBOX_ITEMS) -> None:
+        self._queue: queue.Queue[Input] = queue.Queue(maxsize=maxsize)
+
+    def put(self, item: Input, *, stop: threading.Event, poll: float = 0.2) -> bool:
+        """Wait for room (back-pressure); False if ``stop`` was set first."""
+        while not stop.is_set():
+            try:
+                self._queue.put(item, timeout=poll)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, *, timeout: float) -> Input | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def get_nowait(self) -> Input | None:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+
+# ---- the feed ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Publication:
+    """What the main loop published after one step."""
+
+    number: int  # increases by one per publication
+    snapshot: Snapshot
+    events: tuple[Event, ...] = ()
+    health: Mapping[str, bool] = field(default_factory=dict)  # component -> healthy, at publish time
+    events_end: int = 0  # index after this publication's events in the feed's event sequence
+
+    @property
+    def agent_healthy(self) -> bool:
+        return all(self.health.values())
+
+
+class SnapshotFeed:
+    """Latest publication plus a bounded backlog of events, for any number of consumers.
+
+    Events are numbered 0, 1, 2, ... across publications; a consumer remembers the index after
+    the last event it took and asks :meth:`events_since` for the rest.
+    """
+
+    def __init__(self, *, initial: Snapshot, max_events: int = FEED_EVENTS) -> None:
+        self._cond = threading.Condition()
+        self._latest = Publication(number=0, snapshot=initial)
+        self._events: collections.deque[Event] = collections.deque(maxlen=max_events)
+        self._end = 0  # index after the newest event
+        self._closed = False
+
+    def publish(self, *, snapshot: Snapshot, events: Sequence[Event], health: Mapping[str, bool]) -> Publication:
+        with self._cond:
+            self._events.extend(events)
+            self._end += len(events)
+            pub = Publication(
+                number=self._latest.number + 1,
+                snapshot=snapshot,
+                events=tuple(events),
+                health=dict(health),
+                events_end=self._end,
+            )
+            self._latest = pub
+            self._cond.notify_all()
+        return pub
+
+    def latest(self) -> Publication:
+        with self._cond:
+            return self._latest
+
+    def wait_newer(self, after: int, *, timeout: float) -> Publication | None:
+        """The latest publication once its number is above ``after``; None on timeout or close."""
+        with self._cond:
+            if self._latest.number <= after and not self._closed:
+                self._cond.wait_for(lambda: self._latest.number > after or self._closed, timeout=timeout)
+            return self._latest if self._latest.number > after else None
+
+    def events_since(self, index: int) -> tuple[list[Event], int, int]:
+        """Events from ``index`` on: (events, the index after them, how many the backlog already lost)."""
+        with self._cond:
+            oldest = self._end - len(self._events)
+            start = max(index, oldest)
+            events = list(itertools.islice(self._events, start - oldest, None))
+            return events, self._end, start - index
+
+    def close(self) -> None:
+        """Wake every waiter (shutdown)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+# ---- supervisor ----------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """Runs components in threads; health of all of them; one shared stop deadline."""
+
+    def __init__(
+        self,
+        *,
+        components: Sequence[Component],
+        monotonic: Callable[[], float] = time.monotonic,
+        on_stop: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        names = [c.name for c in components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"component names must be unique: {names}")
+        self._components = list(components)
+        self._monotonic = monotonic
+        self._on_stop = list(on_stop)
+        self._threads: dict[str, threading.Thread] = {}
+        self._crashed: dict[str, str] = {}
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return tuple(self._components)
+
+    def add(self, component: Component) -> None:
+        """One more component (before :meth:`start`)."""
+        if self._threads:
+            raise RuntimeError("components are added before the supervisor starts")
+        if any(c.name == component.name for c in self._components):
+            raise ValueError(f"a component named {component.name!r} exists already")
+        self._components.append(component)
+
+    def health(self) -> dict[str, bool]:
+        now = self._monotonic()
+        out = {}
+        for comp in self._components:
+            thread = self._threads.get(comp.name)
+            alive = thread is not None and thread.is_alive()
+            try:
+                ok = comp.healthy(now)
+            except Exception:  # a health check that raises is itself a failure
+                log.exception("health check of %s failed", comp.name)
+                ok = False
+            out[comp.name] = alive and ok and comp.name not in self._crashed
+        return out
+
+    def crashed(self) -> dict[str, str]:
+        """Components whose ``run`` raised, with the error."""
+        return dict(self._crashed)
+
+    def start(self, stop: threading.Event) -> None:
+        for comp in self._components:
+            thread = threading.Thread(target=self._run_one, args=(comp, stop), name=comp.name, daemon=True)
+            self._threads[comp.name] = thread
+            thread.start()
+
+    def _run_one(self, comp: Component, stop: threading.Event) -> None:
+        try:
+            comp.run(stop)
+        except Exception as exc:  # a dead component turns /healthz red; the others go on
+            self._crashed[comp.name] = f"{type(exc).__name__}: {exc}"
+            log.exception("component %s died", comp.name)
+        else:
+            if not stop.is_set():
+                log.error("component %s returned before shutdown", comp.name)
+                self._crashed.setdefault(comp.name, "returned before shutdown")
+
+    def join(self, *, deadline: float) -> list[str]:
+        """Wait for every thread until ``deadline`` (monotonic); names of those still running."""
+        for hook in self._on_stop:
+            try:
+                hook()
+            except Exception:
+                log.exception("shutdown hook failed")
+        late = []
+        for name, thread in self._threads.items():
+            thread.join(timeout=max(0.0, deadline - self._monotonic()))
+            if thread.is_alive():
+                late.append(name)
+        if late:
+            log.warning("components still running at the shutdown deadline: %s", ", ".join(late))
+        return late
+
+    def run(self, stop: threading.Event, *, grace: float = 4.5) -> list[str]:
+        """Start everything, wait for ``stop``, then stop all within ``grace`` seconds."""
+        self.start(stop)
+        stop.wait()
+        return self.join(deadline=self._monotonic() + grace)
+
+
+def iter_inputs(inbox: Inbox, *, first: Input, limit: int) -> Iterator[Input]:
+    """``first`` plus whatever else is queued right now, at most ``limit`` items."""
+    yield first
+    for _ in range(limit - 1):
+        item = inbox.get_nowait()
+        if item is None:
+            return
+        yield item

@@ -1,0 +1,376 @@
+"""Builds the runtime from settings, in one place. The mode only chooses which components exist.
+
+- Both modes: the kernel log producer (``kmsg_reader``: the kmsg device or a relay socket), the
+  ``main_loop`` (the one writer), the HTTP server (``http``), the state directory (cursor,
+  conditions, Event outbox).
+- Standalone: events go to stdout as JSON lines (``stdout``).
+- Kubernetes: ``condition_sink`` and ``event_sink`` write to the API server, and ``node_seeder``
+  reads the Node's conditions first when the state directory did not keep ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from agent.detectors.rulepack import RuleSet
+from agent.mainloop import MainLoop
+from agent.pipeline import DetectionPipeline, ReplayPolicy
+from agent.runtime import Component, Inbox, SnapshotFeed, Supervisor
+from agent.settings import Settings
+from agent.sinks.log import snapshot_json
+from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
+from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg_format import read_boot_id
+from agent.sources.producer import Source, SourceProducer
+from agent.sources.replay import CursorStore
+from agent.state import NodeState
+from agent.statedir import ConditionStore, StateDirHealth
+from agent.types import Severity
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+API_WAIT_INTERVAL = 5.0
+
+
+def build_source(settings: Settings) -> Source:
+    """The kernel log source: a kmsg-relay socket when configured, else the kmsg device (or file)."""
+    stats = KmsgStats()
+    if settings.kmsg_relay is not None:
+        from agent.sources.relay import RelayClient
+
+        return RelayClient(path=settings.kmsg_relay, stats=stats)
+    from agent.sources.kmsg import KmsgReader
+
+    return KmsgReader(path=settings.kmsg_path, stats=stats)
+
+
+def current_boot_id() -> str:
+    try:
+        return read_boot_id()
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the boot id (%s); restart replay falls back to lookback", exc)
+        return "unknown"
+
+
+def severity_lookup(rule_set: RuleSet) -> Callable[[str, str], Severity | None]:
+    """Severity of a (condition, reason) read back from a Node: that of the rule producing it, else None."""
+    table: dict[tuple[str, str], Severity] = {}
+    for rule in rule_set.rules:
+        if rule.condition and "{" not in rule.reason:
+            key = (rule.condition, rule.reason)
+            if key not in table or rule.severity.rank > table[key].rank:
+                table[key] = rule.severity
+    templated = {r.condition: r.severity for r in rule_set.rules if r.condition and "{" in r.reason}
+
+    def lookup(type_: str, reason: str) -> Severity | None:
+        return table.get((type_, reason)) or templated.get(type_)
+
+    return lookup
+
+
+class HttpComponent:
+    """Component ``http``: the already listening server, stopped at shutdown."""
+
+    name = "http"
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def healthy(self, now: float) -> bool:
+        check = getattr(self.server, "healthy", None)
+        return bool(check(now)) if check is not None else True
+
+    def run(self, stop: threading.Event) -> None:
+        stop.wait()
+        self.server.stop()
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """The assembled agent: run it with :meth:`run`; the documents back the HTTP endpoints."""
+
+    supervisor: Supervisor
+    feed: SnapshotFeed
+    main_loop: MainLoop
+    producer: SourceProducer
+    state_dir: StateDirHealth
+    rule_set: RuleSet
+    details: dict[str, Callable[[], str | None]]
+    registry: Any = None
+    config_generation: int = 1
+
+    def health_document(self) -> tuple[bool, dict]:
+        components = self.supervisor.health()
+        ok = all(components.values())
+        details = {name: text for name, get in self.details.items() if (text := get())}
+        details.update(self.supervisor.crashed())
+        body = {
+            "status": "ok" if ok else "unhealthy",
+            "components": components,
+            "stateDir": {
+                "path": str(self.state_dir.path),
+                "ok": self.state_dir.ok,
+                "problems": self.state_dir.problems(),
+            },
+        }
+        if details:
+            body["details"] = details
+        return ok, body
+
+    def conditions_document(self) -> dict:
+        doc = snapshot_json(self.feed.latest().snapshot)
+        doc["health"] = self.supervisor.health()
+        return doc
+
+    def stats(self) -> AgentStats:
+        s = self.producer.source.stats
+        pipeline = self.main_loop.pipeline
+        return AgentStats(
+            records_read=s.records_read,
+            records_lost=s.records_lost,
+            reader_restarts=s.reader_restarts,
+            read_errors=s.read_errors,
+            parse_errors=s.parse_errors,
+            last_record_time=s.last_record_time,
+            lines_matched=pipeline.lines_matched,
+            rule_matches=dict(pipeline.rule_matches),
+            config_generation=self.config_generation,
+            rules_loaded=len(self.rule_set.rules),
+            components=self.supervisor.health(),
+            state_dir_ok=self.state_dir.ok,
+        )
+
+    def run(self, stop: threading.Event) -> int:
+        late = self.supervisor.run(stop)
+        self.feed.close()
+        log.info("stopped%s", f" (still running at the deadline: {', '.join(late)})" if late else "")
+        return EXIT_OK
+
+
+def _load_cursor(store: CursorStore, health: StateDirHealth):  # -> Cursor | None
+    if store.path.exists() and not store.path.is_file():
+        health.report("cursor", f"{store.path} is not a regular file; every restart replays by --lookback")
+        return None
+    return store.load()
+
+
+def build_runtime(
+    *,
+    settings: Settings,
+    rule_set: RuleSet,
+    source: Source | None = None,
+    kube: KubeSetup | None = None,
+    stream: TextIO | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Runtime:
+    """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``."""
+    state_dir = StateDirHealth(path=settings.state_dir)
+    state_dir.check()
+    cursor_store = CursorStore(state_dir=settings.state_dir)
+    condition_store = ConditionStore(health=state_dir)
+    state = NodeState(
+        conditions=rule_set.conditions,
+        clock=clock,
+        reasons=rule_set.reasons,
+        problem_pairs=[(r.condition, r.reason) for r in rule_set.rules if r.condition and "{" not in r.reason],
+        aggregate=settings.aggregate_condition,
+        seeded=kube is None,
+    )
+    kept = condition_store.load()
+    if kept is not None:
+        state.restore(kept)
+    if kube is not None and kube.node is not None:
+        from agent.nodeseed import node_conditions, node_uid
+
+        state.seed(
+            node_conditions(kube.node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock()),
+            node_uid=node_uid(kube.node),
+        )
+    inbox = Inbox()
+    feed = SnapshotFeed(initial=state.snapshot())
+    producer = SourceProducer(
+        source=source or build_source(settings), inbox=inbox, stall_timeout=settings.stall_timeout
+    )
+    components: list[Component] = [producer]
+    consumers: list[Component] = []
+    acks: list[Callable[[], int]] = []
+    details: dict[str, Callable[[], str | None]] = {"kmsg_reader": producer.detail}
+    if kube is None:
+        from agent.sinks.log import StdoutSink
+
+        stdout = StdoutSink(feed=feed, stream=stream)
+        consumers.append(stdout)
+        acks.append(stdout.acked)
+    else:
+        from agent.sinks.conditions import ConditionSink
+        from agent.sinks.events import EventSink
+
+        conditions = ConditionSink(
+            client=kube.client,
+            node_name=kube.node_name,
+            feed=feed,
+            heartbeat=settings.heartbeat,
+            delete_types=[t for t in settings.delete_conditions if t not in state.owned_types],
+        )
+        events = EventSink(
+            client=kube.client,
+            node_name=kube.node_name,
+            feed=feed,
+            namespace=settings.event_namespace,
+            state_dir=settings.state_dir,
+        )
+        consumers.extend([conditions, events])
+        acks.append(events.acked)
+        details["condition_sink"] = lambda: getattr(conditions, "last_error", None)
+        details["event_sink"] = lambda: getattr(events, "last_error", None)
+        if kube.node is None:
+            from agent.nodeseed import NodeSeeder
+
+            seeder = NodeSeeder(
+                client=kube.client,
+                node_name=kube.node_name,
+                inbox=inbox,
+                types=state.owned_types,
+                severity=severity_lookup(rule_set),
+                clock=clock,
+            )
+            components.append(seeder)
+            details["node_seeder"] = lambda: seeder.last_error
+    supervisor_ref: list[Supervisor] = []
+    main_loop = MainLoop(
+        inbox=inbox,
+        feed=feed,
+        state=state,
+        pipeline=DetectionPipeline(rule_set=rule_set),
+        replay=ReplayPolicy(
+            cursor=_load_cursor(cursor_store, state_dir), boot_id=current_boot_id(), lookback=settings.lookback
+        ),
+        health=lambda: supervisor_ref[0].health(),
+        stall_timeout=settings.stall_timeout,
+        cursor_store=cursor_store,
+        condition_store=condition_store,
+        state_dir=state_dir,
+        acks=acks,
+        clock=clock,
+    )
+    supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
+    supervisor_ref.append(supervisor)
+    runtime = Runtime(
+        supervisor=supervisor,
+        feed=feed,
+        main_loop=main_loop,
+        producer=producer,
+        state_dir=state_dir,
+        rule_set=rule_set,
+        details=details,
+    )
+    runtime.registry = build_registry(AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats))
+    return runtime
+
+
+def serve(runtime: Runtime, settings: Settings) -> Component | None:
+    """Start listening (errors raise OSError before anything else starts); the ``http`` component."""
+    if settings.listen is None:
+        return None
+    from agent.http import AgentHTTPServer
+
+    server = AgentHTTPServer(
+        host=settings.listen.host,
+        port=settings.listen.port,
+        registry=runtime.registry,
+        health=runtime.health_document,
+        conditions=runtime.conditions_document,
+    )
+    server.start()
+    log.info("serving /metrics, /healthz and /conditions on %s:%d", settings.listen.host, server.port)
+    return HttpComponent(server)
+
+
+# ---- Kubernetes startup ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubeSetup:
+    client: Any  # agent.kube.KubeClient
+    node_name: str
+    node: dict | None  # the Node as read at startup; None when the API server did not answer in time
+
+
+def connect_kubernetes(settings: Settings, *, stop: threading.Event) -> KubeSetup | int:
+    """Credentials and a first read of the Node, bounded by ``--api-wait-timeout``; an exit code on failure.
+
+    Rejected credentials (401/403) and missing credentials exit 2. An API server that does not
+    answer in time is not fatal: detection starts and the ``node_seeder`` keeps trying.
+    """
+    from agent.kube import KubeClient, KubeConfigError, KubeError, resolve_node_name
+
+    node_name = resolve_node_name(flag=settings.node_name)
+    try:
+        client = KubeClient.load(kubeconfig=settings.kubeconfig)
+    except KubeConfigError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    log.info("node %s, API server %s (%s)", node_name, client.info.host, client.info.source)
+    deadline = time.monotonic() + settings.api_wait_timeout
+    node = None
+    while not stop.is_set():
+        try:
+            node = client.get_node(node_name)
+            break
+        except KubeError as exc:
+            if exc.unauthorized:
+                log.error("%s", exc)
+                client.close()
+                return EXIT_CONFIG
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning(
+                    "API server not ready after %.0fs (%s); detecting anyway, conditions follow",
+                    settings.api_wait_timeout,
+                    exc,
+                )
+                break
+            log.info("waiting for the API server / node %s (%s); %.0fs left", node_name, exc, remaining)
+            stop.wait(min(API_WAIT_INTERVAL, remaining))
+    return KubeSetup(client=client, node_name=node_name, node=node)
+
+
+def run(*, settings: Settings, rule_set: RuleSet, stop: threading.Event) -> int:
+    """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
+    kube = None
+    if not settings.standalone:
+        connected = connect_kubernetes(settings, stop=stop)
+        if isinstance(connected, int):
+            return connected
+        kube = connected
+        if stop.is_set():
+            kube.client.close()
+            return EXIT_OK
+    try:
+        runtime = build_runtime(settings=settings, rule_set=rule_set, kube=kube)
+        try:
+            http = serve(runtime, settings)
+        except OSError as exc:
+            log.error("cannot listen on %s:%s: %s", settings.listen.host, settings.listen.port, exc)  # type: ignore[union-attr]
+            return EXIT_CONFIG
+        if http is not None:
+            runtime.supervisor.add(http)
+        mode = "standalone" if kube is None else f"node {kube.node_name}"
+        log.info(
+            "%s: %d rules from %d files, reading %s",
+            mode,
+            len(rule_set.rules),
+            len(rule_set.files),
+            settings.kmsg_relay or settings.kmsg_path,
+        )
+        return runtime.run(stop)
+    finally:
+        if kube is not None:
+            kube.client.close()
