@@ -13,17 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sources import kmsg
 from agent.sources.kmsg import KmsgReader, KmsgStats
 from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
 from agent.sources.replay import Cursor, CursorStore, ReplayMode, replay_mode
 from agent.types import LogRecord
 
+from helpers import wait_for
+
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT = 1_700_000_000.0
+WAIT = 15.0  # bound on waiting for another thread: generous, only reached when something is broken
 
 
 def escape(data: bytes) -> bytes:
@@ -130,10 +132,6 @@ PARSE_ERRORS = [
     ("negative sequence number", b"6,-1,0,-;m", "sequence number b'-1'"),
     ("fractional timestamp", b"6,1,1.5,-;m", "timestamp b'1.5'"),
     ("number longer than a u64", b"6,123456789012345678901,0,-;m", "sequence number"),
-    ("dictionary line without leading space", b"6,1,0,-;m\nSUBSYSTEM=pci", "must start with a space"),
-    ("blank line between dictionary lines", b"6,1,0,-;m\n\n K=v", "must start with a space"),
-    ("dictionary line without '='", b"6,1,0,-;m\n novalue", "is not ' KEY=value'"),
-    ("dictionary line without key", b"6,1,0,-;m\n =v", "is not ' KEY=value'"),
 ]
 
 
@@ -143,6 +141,42 @@ def test_parse_record_rejects(raw: bytes, reason: str) -> None:
         parse_record(raw, boot_time=BOOT)
     assert reason in str(info.value)
     assert str(info.value).startswith("invalid kmsg record: ")
+
+
+@pytest.mark.parametrize(
+    ("raw", "seq"),
+    [
+        (b"x,7,0,-;bad priority", 7),
+        (b"6,7,1.5,-;bad timestamp", 7),
+        (b"6,7,0,-no separator", 7),
+        (b"6,7;too few fields", 7),
+        (b"6,-7,0,-;bad seq", None),
+        (b"garbage", None),
+        (b"", None),
+    ],
+)
+def test_parse_error_carries_the_seq_when_the_header_still_shows_one(raw: bytes, seq: int | None) -> None:
+    with pytest.raises(KmsgParseError) as info:
+        parse_record(raw, boot_time=BOOT)
+    assert info.value.seq == seq
+
+
+# Bad dictionary lines cost only themselves: the record (and the finding it carries) is kept.
+LENIENT_CASES = [
+    # (id, raw, expected fields)
+    ("line without leading space", b"6,1,0,-;m\nSUBSYSTEM=pci\n K=v", {"K": "v"}),
+    ("blank line between dictionary lines", b"6,1,0,-;m\n\n K=v", {"K": "v"}),
+    ("line without '='", b"6,1,0,-;m\n novalue\n K=v", {"K": "v"}),
+    ("line without key", b"6,1,0,-;m\n =v", {}),
+    ("orphan continuation text", b"3,1,0,-;Xid 79\n fell off the bus\n SUBSYSTEM=pci\n", {"SUBSYSTEM": "pci"}),
+]
+
+
+@pytest.mark.parametrize(("raw", "fields"), [c[1:] for c in LENIENT_CASES], ids=[c[0] for c in LENIENT_CASES])
+def test_parse_record_drops_only_bad_dictionary_lines(raw: bytes, fields: dict[str, str]) -> None:
+    record = parse_record(raw, boot_time=BOOT)
+    assert (record.seq, record.fields) == (1, fields)
+    assert record.message in ("m", "Xid 79")
 
 
 def test_parse_error_shows_the_record_truncated() -> None:
@@ -177,6 +211,7 @@ _PIECES = st.sampled_from(
 _ANY_BYTES = st.one_of(st.binary(max_size=200), st.lists(_PIECES, max_size=30).map(b"".join))
 
 
+@settings(deadline=None)  # no per-example time limit: the machine is shared
 @given(data=_ANY_BYTES)
 def test_parse_record_only_ever_raises_kmsg_parse_error(data: bytes) -> None:
     try:
@@ -186,6 +221,7 @@ def test_parse_record_only_ever_raises_kmsg_parse_error(data: bytes) -> None:
     assert isinstance(record, LogRecord)
 
 
+@settings(deadline=None)  # no per-example time limit: the machine is shared
 @given(
     prio=st.integers(0, 1023),
     seq=st.integers(0, 2**64 - 1),
@@ -214,7 +250,8 @@ def test_parse_record_round_trip(
 
 
 def test_boot_time_now_is_realtime_minus_monotonic() -> None:
-    assert boot_time_now() == pytest.approx(time.time() - time.monotonic(), abs=0.05)
+    # Both sides read two clocks; a generous bound keeps a descheduled thread from failing this.
+    assert boot_time_now() == pytest.approx(time.time() - time.monotonic(), abs=1.0)
     assert boot_time_now() < time.time()
 
 
@@ -302,13 +339,13 @@ def test_unparsable_records_are_counted_and_skipped(tmp_path: Path, caplog: pyte
         b"6,1,0,-;ok\n"
         b"garbage\n"
         b"6,2,0,-;ok too\n"
-        b"6,3,0,-;bad dictionary\n no-equals-sign\n"
+        b"6,3,0,-;bad dictionary\n no-equals-sign\n"  # the record is kept, the bad line dropped
     )
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
         records, stats = read_all(path)
-    assert seqs(records) == [1, 2]
-    assert stats.parse_errors == 3
-    assert "garbage" in caplog.text
+    assert seqs(records) == [1, 2, 3]
+    assert (stats.parse_errors, stats.malformed_lines, stats.records_lost) == (2, 1, 0)
+    assert "garbage" in caplog.text and "no-equals-sign" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -367,106 +404,83 @@ class ReaderThread:
         for record in self._reader.records(stop=self.stop):
             self.records.put(record)
 
-    def stop_and_join(self, *, timeout: float = 2.0) -> float:
-        started = time.monotonic()
+    def stop_and_join(self) -> None:
+        """Stop the reader; it must notice within a generous bound (it waits at most poll_interval)."""
         self.stop.set()
-        self._thread.join(timeout)
+        self._thread.join(WAIT)
         assert not self._thread.is_alive(), "reader did not stop"
-        return time.monotonic() - started
 
 
-def wait_for(condition, *, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
-def test_fifo_records_arrive_while_reading_and_stop_is_prompt(tmp_path: Path) -> None:
+def test_fifo_records_arrive_while_reading_and_stop_ends_the_reader(tmp_path: Path) -> None:
     path = tmp_path / "kmsg.fifo"
     os.mkfifo(path)
     stats = KmsgStats()
     running = ReaderThread(KmsgReader(path=path, stats=stats, boot_time=lambda: BOOT, poll_interval=0.05))
     with path.open("wb", buffering=0) as writer:  # blocks until the reader has opened the FIFO
         writer.write(make_record(prio=6, seq=1, message="one"))
-        assert running.records.get(timeout=2).message == "one"
+        assert running.records.get(timeout=WAIT).message == "one"
         assert stats.connected
 
         writer.write(b"6,2,0,-;tw")  # a record split across writes is kept until complete
         time.sleep(0.02)
         writer.write(b"o\n SUBSYSTEM=pci\n6,3,0,-;three\n")
-        second, third = running.records.get(timeout=2), running.records.get(timeout=2)
+        second, third = running.records.get(timeout=WAIT), running.records.get(timeout=WAIT)
         assert (second.message, dict(second.fields), third.message) == ("two", {"SUBSYSTEM": "pci"}, "three")
 
         idle_since = stats.last_activity
         wait_for(lambda: stats.last_activity > idle_since)  # alive while idle, not just while reading
 
-        assert running.stop_and_join() < 0.5
+        running.stop_and_join()
     assert stats.records_read == 3
     assert not stats.connected
 
 
 # ------------------------------------------------------------------------------------------------
-# Errors, EPIPE and restarts (scripted reads: an `os` stand-in seen only by the kmsg module)
+# Errors, EPIPE and restarts (scripted reads through the reader's `read` seam)
 
 
-class ScriptedOs:
-    """Delegates to `os`, except that read() plays a script of results and exceptions."""
+class ScriptedRead:
+    """A ``read`` for KmsgReader that plays a script of results and exceptions, then end of input."""
 
     def __init__(self, script: list[bytes | OSError]) -> None:
         self._script = list(script)
 
-    def read(self, fd: int, size: int) -> bytes:
+    def __call__(self, fd: int, size: int) -> bytes:
         item = self._script.pop(0) if self._script else b""
         if isinstance(item, OSError):
             raise item
         return item
 
-    def __getattr__(self, name: str):
-        return getattr(os, name)
 
-
-def test_epipe_is_counted_and_reading_continues(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_epipe_is_counted_and_reading_continues(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"")
-    monkeypatch.setattr(
-        kmsg,
-        "os",
-        ScriptedOs(
-            [
-                b"6,1,0,-;a\n6,2,0,-;b\n",
-                BrokenPipeError(errno.EPIPE, "Broken pipe"),  # records 3 and 4 were overwritten
-                b"6,5,0,-;e\n",
-            ]
-        ),
+    read = ScriptedRead(
+        [
+            b"6,1,0,-;a\n6,2,0,-;b\n",
+            BrokenPipeError(errno.EPIPE, "Broken pipe"),  # records 3 and 4 were overwritten
+            b"6,5,0,-;e\n",
+        ]
     )
     with caplog.at_level(logging.WARNING, logger="agent.sources.kmsg"):
-        records, stats = read_all(path)
+        records, stats = read_all(path, read=read)
     assert seqs(records) == [1, 2, 5]
     assert (stats.overruns, stats.records_lost) == (1, 2)
     assert (stats.reader_restarts, stats.read_errors) == (0, 0)
     assert "overrun" in caplog.text and "2 record(s) lost" in caplog.text
 
 
-def test_read_errors_reopen_with_exponential_backoff_that_resets(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_read_errors_reopen_with_exponential_backoff_that_resets(tmp_path: Path) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"")
-    monkeypatch.setattr(
-        kmsg,
-        "os",
-        ScriptedOs(
-            [
-                OSError(errno.EIO, "I/O error"),
-                OSError(errno.EIO, "I/O error"),
-                b"6,1,0,-;a\n",
-                OSError(errno.EIO, "I/O error"),
-                b"6,1,0,-;a\n6,2,0,-;b\n",  # after a reopen the device replays from its oldest record
-            ]
-        ),
+    read = ScriptedRead(
+        [
+            OSError(errno.EIO, "I/O error"),
+            OSError(errno.EIO, "I/O error"),
+            b"6,1,0,-;a\n",
+            OSError(errno.EIO, "I/O error"),
+            b"6,1,0,-;a\n6,2,0,-;b\n",  # after a reopen the device replays from its oldest record
+        ]
     )
     naps: list[float] = []
     stats = KmsgStats()
@@ -478,12 +492,14 @@ def test_read_errors_reopen_with_exponential_backoff_that_resets(
         backoff_initial=0.01,
         backoff_max=0.5,
         sleep=naps.append,
+        read=read,
     )
     records = list(reader.records(stop=threading.Event()))
 
     assert seqs(records) == [1, 2]  # the replayed record 1 is not delivered twice
     assert naps == [0.01, 0.02, 0.01]  # doubled, then reset by the successful read
     assert (stats.reader_restarts, stats.read_errors, stats.records_lost) == (3, 3, 0)
+    assert stats.last_error is None  # cleared once the source answered again
 
 
 def test_missing_path_is_retried_until_it_appears(tmp_path: Path) -> None:
@@ -522,16 +538,16 @@ def test_a_directory_fails_on_read_and_is_retried(tmp_path: Path) -> None:
     assert (stats.reader_restarts, stats.read_errors, naps) == (1, 1, [0.01])
 
 
-def test_stop_during_backoff_returns_promptly_and_reader_stays_visibly_alive(tmp_path: Path) -> None:
+def test_stop_during_backoff_ends_the_reader_which_never_looked_alive(tmp_path: Path) -> None:
     stats = KmsgStats()
     reader = KmsgReader(
         path=tmp_path / "missing", stats=stats, poll_interval=0.02, backoff_initial=30.0, backoff_max=30.0
     )
     running = ReaderThread(reader)
-    wait_for(lambda: stats.reader_restarts == 1)
-    in_backoff_since = stats.last_activity
-    wait_for(lambda: stats.last_activity > in_backoff_since)  # backoff is waited in poll_interval slices
-    assert running.stop_and_join() < 0.5
+    wait_for(lambda: stats.reader_restarts == 1, timeout=WAIT)
+    running.stop_and_join()  # the 30 s backoff is an interruptible wait
+    assert stats.last_activity is None
+    assert stats.last_error is not None and "No such file or directory" in stats.last_error
     assert not stats.connected
 
 

@@ -3,8 +3,9 @@
 The record format lives in :mod:`agent.sources.kmsg_format`, the restart cursor policy in
 :mod:`agent.sources.replay`, the retry schedule in :mod:`agent.backoff`.
 
-The real device returns exactly one record per ``read()``. The same reader also accepts a regular
-file or a FIFO holding many concatenated records (test fixtures, a relay), which it splits itself.
+The real device returns exactly one record per ``read()``; the reader reads on while more is ready and
+parses up to 4096 records at once. It also accepts a regular file or a FIFO holding many concatenated
+records (test fixtures, a relay), read in 64 KiB chunks and parsed a chunk at a time.
 
 Restart semantics: the reader remembers the last sequence number it delivered. After a reopen the
 kernel replays the ring buffer from its oldest record; records already delivered are skipped, and
@@ -21,12 +22,12 @@ import select
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.backoff import Backoff
-from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_header, parse_record
+from agent.sources.kmsg_format import KmsgParseError, ParsedChunk, boot_time_now, parse_chunk, parse_header
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -37,7 +38,14 @@ _DEVICE_READ_SIZE = 16 * 1024
 _FILE_READ_SIZE = 64 * 1024
 # A regular file or FIFO that never produces a record boundary must not grow the buffer forever.
 _MAX_PENDING = 64 * 1024
+MAX_BATCH = 4096  # records per list yielded by KmsgReader.batches()
 _RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
+
+
+def open_nonblocking(path: str) -> int:
+    """The default ``opener`` of :class:`KmsgReader`: ``os.open(path, O_RDONLY | O_NONBLOCK)``."""
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
 
 # --------------------------------------------------------------------------------------------------
 # Reader
@@ -47,93 +55,131 @@ _RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line
 class KmsgStats:
     """Counters of one reader, read by the metrics sink and ``/healthz`` at scrape time.
 
-    Thread-safety: the reader thread is the only writer. Each field is a plain int/float/bool whose
-    assignment is atomic under the GIL, so other threads may read single fields at any time; they
-    must not expect two fields to be consistent with each other.
+    Thread-safety: the reader thread is the only writer. Each field is a plain value whose assignment
+    is atomic under the GIL, so other threads may read single fields at any time; they must not expect
+    two fields to be consistent with each other.
     """
 
-    records_read: int = 0  # records passed on by raw_records() (new seq); a few may still fail full parsing
+    records_read: int = 0  # records delivered (new sequence numbers)
     records_lost: int = 0  # sum of sequence-number gaps, including ring-buffer overwrites (EPIPE)
     overruns: int = 0  # EPIPE reads: the kernel overwrote records before we read them
     reader_restarts: int = 0  # reopens after an error
     read_errors: int = 0  # OSErrors on open/read (other than EAGAIN/EPIPE)
-    parse_errors: int = 0  # records skipped because they could not be parsed
+    parse_errors: int = 0  # records skipped because their header could not be parsed (never also counted lost)
+    malformed_lines: int = 0  # malformed dictionary lines dropped from records that were kept
     last_record_time: float | None = None  # wall-clock timestamp of the last delivered record
-    # clock() (time.monotonic) of the last loop iteration: refreshed at least every poll_interval while idle
-    # or in backoff, but not while the consumer holds on to a yielded record (a stalled pipeline goes stale).
+    # clock() (time.monotonic) when the open source last answered a read: data, EAGAIN, or end of file while
+    # following (at least every poll_interval while idle). Never refreshed in backoff or by a failed open, nor
+    # while the consumer holds on to a batch (a stalled pipeline goes stale).
     last_activity: float | None = None
+    # Why the source cannot be read, e.g. "cannot open /dev/kmsg: [Errno 13] Permission denied"; None once
+    # the open source answers.
+    last_error: str | None = None
     connected: bool = False  # the source is open
 
 
-class _RecordSplitter:
-    """Split a byte stream of concatenated records; a record starts at a line not beginning with a space."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Add data; return the records known to be complete (a following record has started)."""
-        parts = _RECORD_START.split(self._pending + data)
-        self._pending = parts.pop()
-        if len(self._pending) > _MAX_PENDING:
-            parts.append(self._pending)
-            self._pending = b""
-        return [p for p in parts if p.strip()]
-
-    def flush_complete_lines(self) -> list[bytes]:
-        """No more data for now: hand out the pending record if its last line is complete."""
-        if self._pending.endswith(b"\n"):
-            return self.flush_all()
-        return []
-
-    def flush_all(self) -> list[bytes]:
-        """End of input: hand out whatever is pending, even an unterminated last line."""
-        pending, self._pending = self._pending, b""
-        return [pending] if pending.strip() else []
-
-
 class SequenceTracker:
-    """Skip records already seen and count gaps in sequence numbers as lost records."""
+    """Skip records already seen and count gaps in sequence numbers as lost records.
+
+    Records that could not be parsed are reported with :meth:`skip`: they are not lost, so they do not
+    count toward a gap.
+    """
 
     def __init__(self, *, start_after_seq: int | None, stats: KmsgStats, log: logging.Logger) -> None:
         self._last = start_after_seq
+        self._unparsed = 0  # skipped records of unknown seq since the last accepted one
         self._stats = stats
         self._log = log
 
     def accept(self, seq: int) -> bool:
+        """Whether a record with this seq is new; a jump past the last one counts the records between as lost."""
         last = self._last
         if last is not None:
             if seq <= last:
                 return False
-            if seq > last + 1:
-                lost = seq - last - 1
+            lost = seq - last - 1 - self._unparsed
+            if lost > 0:
                 self._stats.records_lost += lost
                 self._log.warning("kmsg: %d record(s) lost (sequence jumped from %d to %d)", lost, last, seq)
         self._last = seq
+        self._unparsed = 0
         return True
 
+    def accept_all(self, records: list[LogRecord]) -> list[LogRecord]:
+        """:meth:`accept` each record in order; returns the new ones (``records`` itself when all are)."""
+        if not records:
+            return records
+        first, last = records[0].seq, self._last
+        if first is not None and (last is None or first == last + 1):
+            seqs = [record.seq for record in records]
+            if seqs == list(range(first, first + len(seqs))):  # the usual case: consecutive, nothing to skip
+                self._last = seqs[-1]
+                self._unparsed = 0
+                return records
+        return [record for record in records if record.seq is not None and self.accept(record.seq)]
 
-@dataclass(frozen=True, slots=True)
+    def skip(self, seq: int | None) -> bool:
+        """Note a record that could not be parsed; returns whether it is new (count it once, as a parse error).
+
+        With its seq unknown, it stands for one number of the next gap.
+        """
+        if seq is None:
+            self._unparsed += 1
+            return True
+        return self.accept(seq)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Source:
     fd: int
-    one_record_per_read: bool  # the real character device
+    is_device: bool  # a character device (the real /dev/kmsg): one record per read()
+    is_regular: bool
+    identity: tuple[int, int]  # (st_dev, st_ino): is the path still naming this file?
 
     @classmethod
-    def open(cls, path: str) -> _Source:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    def open(cls, path: str, *, opener: Callable[[str], int]) -> _Source:
+        fd = opener(path)
         try:
-            is_device = stat.S_ISCHR(os.fstat(fd).st_mode)
+            st = os.fstat(fd)
         except OSError:
             os.close(fd)
             raise
-        return cls(fd=fd, one_record_per_read=is_device)
-
-    @property
-    def read_size(self) -> int:
-        return _DEVICE_READ_SIZE if self.one_record_per_read else _FILE_READ_SIZE
+        return cls(
+            fd=fd,
+            is_device=stat.S_ISCHR(st.st_mode),
+            is_regular=stat.S_ISREG(st.st_mode),
+            identity=(st.st_dev, st.st_ino),
+        )
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _complete_end(buf: bytes) -> int:
+    """How much of ``buf`` is complete records: where the last record that may still grow starts."""
+    end = buf.rfind(b"\n") + 1
+    if end == 0 or (end < len(buf) and buf[end] != 0x20):
+        return end  # no complete line, or a record (not a dictionary line) has begun after the last one
+    line_end = end - 1
+    while line_end > 0:  # walk back over dictionary lines to the last record's first line
+        start = buf.rfind(b"\n", 0, line_end) + 1
+        if buf[start] != 0x20:
+            return start
+        line_end = start - 1
+    return 0
+
+
+def _split_records(chunk: bytes) -> list[bytes]:
+    """Cut a chunk of complete records into one bytes object per record."""
+    return [part for part in _RECORD_START.split(chunk) if part.strip()]
+
+
+def _describe(exc: OSError) -> str:
+    """``[Errno 13] Permission denied``: the error without the file name (the caller names it)."""
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None and exc.strerror else str(exc)
+
+
+_Chunks = Generator[tuple[bytes, SequenceTracker], None, bool]
 
 
 class KmsgReader:
@@ -143,15 +189,18 @@ class KmsgReader:
     backoff (``backoff_initial`` doubling up to ``backoff_max``, reset after a successful read).
     Only ``stop`` (or end of a regular file/FIFO with ``follow=False``) ends it.
 
-    The real device (a character device) gives one record per ``read()``. Anything else is read in
-    chunks and split into records; at end of input a pending record is handed out once its last line
-    is complete (``follow=True``) or as it is (``follow=False``). A FIFO without a writer reads as end
-    of input, so with ``follow=False`` open the writer first.
+    At end of input a pending record is handed out once its last line is complete (``follow=True``) or
+    as it is (``follow=False``). A FIFO without a writer reads as end of input, so with ``follow=False``
+    open the writer first. While following a regular file or FIFO, the reader notices at end of input
+    when the path names another file or none (rotation, deletion) or the file shrank (truncation): it
+    reads the old file to its end, then reopens the path and reads the new file from its start, with
+    fresh sequence accounting.
 
     ``start_after_seq``: records with ``seq <= start_after_seq`` are skipped (a cursor from the same
     boot); a jump past it is counted as lost. ``sleep`` replaces the interruptible wait used for
     backoff and for polling a file at its end (default: ``stop.wait``). ``clock`` feeds
-    ``stats.last_activity``.
+    ``stats.last_activity``. ``opener`` opens the path and returns a file descriptor (default
+    :func:`open_nonblocking`); ``read`` reads from it (default ``os.read``).
     """
 
     def __init__(
@@ -167,6 +216,8 @@ class KmsgReader:
         start_after_seq: int | None = None,
         sleep: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        opener: Callable[[str], int] = open_nonblocking,
+        read: Callable[[int, int], bytes] = os.read,
         logger: logging.Logger | None = None,
     ) -> None:
         if poll_interval <= 0 or backoff_initial <= 0 or backoff_max < backoff_initial:
@@ -181,6 +232,8 @@ class KmsgReader:
         self._start_after_seq = start_after_seq
         self._sleep = sleep
         self._clock = clock
+        self._opener = opener
+        self._read = read
         self._log = logger if logger is not None else _logger
 
     # -- public ------------------------------------------------------------------------------------
@@ -190,15 +243,32 @@ class KmsgReader:
         """The counters this reader updates (read them at any time; one writer, this reader)."""
         return self._stats
 
-    def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
-        """Yield parsed records until ``stop`` is set; unparsable records are counted and skipped."""
-        for raw in self.raw_records(stop=stop):
-            try:
-                record = parse_record(raw, boot_time=self._boot_time())
-            except KmsgParseError as exc:
-                self._parse_failed(exc)
+    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+        """Yield lists of new parsed records (1 to 4096, in order) until ``stop`` is set.
+
+        Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
+        dictionary lines are counted in ``malformed_lines`` and dropped from their record.
+        """
+        for chunk, tracker in self._chunks(stop=stop):
+            parsed = parse_chunk(chunk, boot_time=self._boot_time())
+            for line_error in parsed.bad_lines:
+                self._stats.malformed_lines += 1
+                self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
+            records = self._new_records(parsed, tracker)
+            if not records:
                 continue
-            yield record
+            self._stats.records_read += len(records)
+            self._stats.last_record_time = records[-1].timestamp
+            if len(records) <= MAX_BATCH:
+                yield records
+            else:
+                for start in range(0, len(records), MAX_BATCH):
+                    yield records[start : start + MAX_BATCH]
+
+    def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
+        """Yield parsed records one by one until ``stop`` is set (see :meth:`batches`)."""
+        for batch in self.batches(stop=stop):
+            yield from batch
 
     def raw_records(self, *, stop: threading.Event) -> Iterator[bytes]:
         """Yield raw records (bytes as read, one record each) until ``stop`` is set.
@@ -206,62 +276,176 @@ class KmsgReader:
         Sequence accounting, duplicate skipping and reconnects happen here; a record whose header
         cannot be parsed is counted in ``parse_errors`` and skipped.
         """
+        for chunk, tracker in self._chunks(stop=stop):
+            boot_time = self._boot_time()
+            for raw in _split_records(chunk):
+                try:
+                    header = parse_header(raw.split(b"\n", 1)[0])
+                except KmsgParseError as exc:
+                    if tracker.skip(exc.seq):
+                        self._parse_failed(exc)
+                    continue
+                if tracker.accept(header.seq):
+                    self._stats.records_read += 1
+                    self._stats.last_record_time = boot_time + header.usec / 1e6
+                    yield raw
+
+    # -- opening, reopening ------------------------------------------------------------------------
+
+    def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker]]:
+        """Yield chunks of complete records, each with the sequence tracker that applies to it."""
         sleep = self._sleep if self._sleep is not None else stop.wait
         tracker = SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
         backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
         while not stop.is_set():
-            self._touch()
             try:
-                source = _Source.open(self._path)
+                source = _Source.open(self._path, opener=self._opener)
             except OSError as exc:
                 self._failed("open", exc, backoff.delay)
             else:
                 self._stats.connected = True
                 try:
-                    for raw in self._read_source(source, stop=stop, sleep=sleep, backoff=backoff):
-                        if self._accept(raw, tracker):
-                            yield raw
-                    return  # stop was set, or the end of input with follow=False
+                    if source.is_device:
+                        replaced = yield from self._read_device(
+                            source, tracker, stop=stop, sleep=sleep, backoff=backoff
+                        )
+                    else:
+                        replaced = yield from self._read_stream(
+                            source, tracker, stop=stop, sleep=sleep, backoff=backoff
+                        )
+                    if not replaced:
+                        return  # stop was set, or the end of input with follow=False
+                    tracker = SequenceTracker(start_after_seq=None, stats=self._stats, log=self._log)
+                    continue  # reopen the path at once
                 except OSError as exc:
                     self._failed("read", exc, backoff.delay)
                 finally:
                     self._stats.connected = False
                     source.close()
-            self._wait(backoff.next_delay(), sleep=sleep, stop=stop)
+            sleep(backoff.next_delay())
 
     # -- reading one open source -------------------------------------------------------------------
 
-    def _read_source(
-        self, source: _Source, *, stop: threading.Event, sleep: Callable[[float], object], backoff: Backoff
-    ) -> Iterator[bytes]:
-        """Yield records from one open source; returns on stop or, with follow=False, at EOF."""
-        splitter = _RecordSplitter()
+    def _read_device(
+        self,
+        source: _Source,
+        tracker: SequenceTracker,
+        *,
+        stop: threading.Event,
+        sleep: Callable[[float], object],
+        backoff: Backoff,
+    ) -> _Chunks:
+        """One record per read(): read on while more is ready, up to MAX_BATCH records a chunk."""
+        read, fd = self._read, source.fd
         while not stop.is_set():
-            self._touch()
+            reads: list[bytes] = []
+            again = end = False
+            error: OSError | None = None
+            while len(reads) < MAX_BATCH:
+                try:
+                    data = read(fd, _DEVICE_READ_SIZE)
+                except BlockingIOError:  # EAGAIN: nothing more for now
+                    again = True
+                    break
+                except BrokenPipeError:  # EPIPE: records overwritten; the next read returns the oldest left
+                    self._overrun()
+                    continue
+                except OSError as exc:
+                    error = exc
+                    break
+                if not data:
+                    end = True
+                    break
+                reads.append(data if data.endswith(b"\n") else data + b"\n")  # joined below: keep records apart
+            if reads:
+                self._alive()
+                backoff.reset()
+                yield b"".join(reads), tracker
+            if error is not None:
+                raise error  # after handing out what was read before it
+            if not reads:
+                self._alive()  # EAGAIN or end of input: the open device answered
+            if again:
+                self._wait_readable(fd)
+            elif end:
+                if not self._follow:
+                    return False
+                sleep(self._poll_interval)
+        return False
+
+    def _read_stream(
+        self,
+        source: _Source,
+        tracker: SequenceTracker,
+        *,
+        stop: threading.Event,
+        sleep: Callable[[float], object],
+        backoff: Backoff,
+    ) -> _Chunks:
+        """Concatenated records in chunks; returns True when a followed file was replaced (reopen it)."""
+        read, fd = self._read, source.fd
+        pending = b""
+        replaced = False
+        while not stop.is_set():
             try:
-                data = os.read(source.fd, source.read_size)
-            except BlockingIOError:  # EAGAIN: nothing more for now
-                yield from splitter.flush_complete_lines()
-                self._wait_readable(source.fd)
+                data = read(fd, _FILE_READ_SIZE)
+            except BlockingIOError:  # EAGAIN (a FIFO): nothing more for now
+                self._alive()
+                if pending.endswith(b"\n"):
+                    yield pending, tracker
+                    pending = b""
+                self._wait_readable(fd)
                 continue
-            except BrokenPipeError:  # EPIPE: records overwritten; the next read returns the oldest left
-                self._stats.overruns += 1
-                self._log.warning(
-                    "kmsg: ring buffer overrun on %s, records were overwritten before they could be read", self._path
-                )
+            except BrokenPipeError:
+                self._overrun()
                 continue
+            except OSError:
+                if pending.endswith(b"\n"):
+                    yield pending, tracker  # what was read before the error
+                raise
+            self._alive()
             if not data:  # end of a regular file, or a FIFO without writer
                 if not self._follow:
-                    yield from splitter.flush_all()
-                    return
-                yield from splitter.flush_complete_lines()
+                    if pending:
+                        yield pending, tracker
+                    return False
+                if pending.endswith(b"\n"):
+                    yield pending, tracker
+                    pending = b""
+                if replaced:
+                    return True  # the old file is read to its end
+                if self._was_replaced(source):
+                    replaced = True  # read what was written to the old file meanwhile, then reopen
+                    continue
                 sleep(self._poll_interval)
                 continue
             backoff.reset()
-            if source.one_record_per_read:
-                yield data
-            else:
-                yield from splitter.feed(data)
+            buf = pending + data if pending else data
+            end = _complete_end(buf)
+            pending = buf[end:]
+            if end:
+                yield buf[:end], tracker
+            if len(pending) > _MAX_PENDING:
+                yield pending, tracker
+                pending = b""
+        return False
+
+    def _was_replaced(self, source: _Source) -> bool:
+        """Whether the path now names another file or none, or the regular file shrank under us."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._log.warning("kmsg: %s was removed; reopening", self._path)
+            return True
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) != source.identity:
+            self._log.info("kmsg: %s now names another file; reading that from its start", self._path)
+            return True
+        if source.is_regular and st.st_size < os.lseek(source.fd, 0, os.SEEK_CUR):
+            self._log.info("kmsg: %s was truncated; reading it from its start", self._path)
+            return True
+        return False
 
     def _wait_readable(self, fd: int) -> None:
         poller = select.poll()
@@ -270,37 +454,38 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _accept(self, raw: bytes, tracker: SequenceTracker) -> bool:
-        try:
-            header = parse_header(raw.split(b"\n", 1)[0])
-        except KmsgParseError as exc:
-            self._parse_failed(exc)
-            return False
-        if not tracker.accept(header.seq):
-            return False
-        self._stats.records_read += 1
-        self._stats.last_record_time = self._boot_time() + header.usec / 1e6
-        return True
+    def _new_records(self, parsed: ParsedChunk, tracker: SequenceTracker) -> list[LogRecord]:
+        """The records not delivered before; each skipped record counts once, as a parse error."""
+        records = parsed.records
+        if not parsed.errors:
+            return tracker.accept_all(records)
+        new: list[LogRecord] = []
+        start = 0
+        for before, error in parsed.errors:
+            new += tracker.accept_all(records[start:before])
+            start = before
+            if tracker.skip(error.seq):
+                self._parse_failed(error)
+        new += tracker.accept_all(records[start:])
+        return new
 
     def _parse_failed(self, exc: KmsgParseError) -> None:
         self._stats.parse_errors += 1
         self._log.warning("kmsg: skipping a record from %s: %s", self._path, exc)
 
+    def _overrun(self) -> None:
+        self._stats.overruns += 1
+        self._log.warning(
+            "kmsg: ring buffer overrun on %s, records were overwritten before they could be read", self._path
+        )
+
     def _failed(self, what: str, exc: OSError, delay: float) -> None:
         self._stats.read_errors += 1
         self._stats.reader_restarts += 1
-        self._log.warning("kmsg: cannot %s %s (%s); reopening in %.3gs", what, self._path, exc, delay)
+        self._stats.last_error = f"cannot {what} {self._path}: {_describe(exc)}"
+        self._log.warning("kmsg: %s; reopening in %.3gs", self._stats.last_error, delay)
 
-    def _wait(self, delay: float, *, sleep: Callable[[float], object], stop: threading.Event) -> None:
-        """Wait ``delay`` seconds in slices of at most ``poll_interval``, staying visibly alive."""
-        remaining = delay
-        while remaining > 0 and not stop.is_set():
-            step = min(self._poll_interval, remaining)
-            sleep(step)
-            remaining -= step
-            self._touch()
-
-    def _touch(self) -> None:
+    def _alive(self) -> None:
+        """The open source answered: the reader is live and has no error to report."""
         self._stats.last_activity = self._clock()
-
-
+        self._stats.last_error = None

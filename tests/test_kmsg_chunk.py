@@ -1,0 +1,210 @@
+"""parse_chunk (many concatenated kmsg records at once) against parse_record (one at a time)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.sources import kmsg_format
+from agent.sources.kmsg_format import KmsgParseError, parse_chunk, parse_record
+from agent.types import LogRecord
+
+BOOT = 1_700_000_000.0
+
+# Each case is one raw record (header line, maybe dictionary lines). Valid or not, parse_chunk must agree
+# with parse_record on it: the same LogRecord, or the same error.
+CASES = [
+    ("plain", b"6,1,2000000,-;hello"),
+    ("trailing newline", b"6,1,0,-;hello\n"),
+    ("emergency", b"0,2,0,-;x"),
+    ("error level", b"3,2,0,-;x"),
+    ("userspace facility", b"12,348,165682670,-;hello"),
+    ("daemon facility", b"30,2,0,-;x"),
+    ("largest priority in the table", b"1023,2,0,-;x"),
+    ("priority beyond the table", b"1024,2,0,-;x"),
+    ("priority with a leading zero", b"06,2,0,-;x"),
+    ("continuation flag", b"4,5,0,c;tail of a line"),
+    ("'+' flag", b"4,5,0,+;x"),
+    ("empty flags", b"4,5,0,;x"),
+    ("caller id after the flags", b"6,7,0,-,caller=T42;msg"),
+    ("caller id with a 'c' is no continuation", b"6,7,0,-,caller=C3,x;msg"),
+    ("continuation with caller id", b"6,7,0,c,caller=T1;msg"),
+    ("semicolon in the message", b"6,1,0,-;a;b"),
+    ("commas in the message", b"6,1,0,-;a,b,c,d"),
+    ("empty message", b"6,9,0,-;"),
+    ("carriage return stays", b"6,9,0,-;dos line\r"),
+    ("spaces stay", b"6,9,0,-;  padded  "),
+    ("escapes", b"6,1,0,-;tab\\x09nl\\x0abs\\x5c"),
+    ("uppercase hex escape", b"6,1,0,-;\\x4A"),
+    ("invalid escapes stay literal", b"6,1,0,-;a\\xZZ b\\x4 c\\q d\\"),
+    ("escaped backslash", b"6,1,0,-;\\x5cx41"),
+    ("escaped UTF-8", b"6,1,0,-;caf\\xc3\\xa9"),
+    ("escaped invalid UTF-8", b"6,1,0,-;\\xff!"),
+    ("raw UTF-8", "6,1,0,-;caf\u00e9".encode()),
+    ("raw invalid UTF-8", b"6,1,0,-;\xff\xfe!"),
+    ("non-ASCII digit in seq", "6,\u0663,0,-;x".encode()),
+    ("largest u64 seq", b"6,18446744073709551615,0,-;x"),
+    ("20-digit numbers", b"6,99999999999999999999,99999999999999999999,-;x"),
+    ("dictionary", b"3,8,0,-;Xid 79\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n"),
+    ("dictionary value with '='", b"6,1,0,-;m\n K=a=b\n"),
+    ("escaped dictionary", b"6,1,0,-;m\n K\\x3d=a\\x20b\\x0ac\n"),
+    ("duplicate dictionary key", b"6,1,0,-;m\n K=1\n K=2\n"),
+    ("orphan continuation line", b"3,1,0,-;Xid 79\n fell off the bus\n SUBSYSTEM=pci\n"),
+    ("dictionary line without key", b"6,1,0,-;m\n =v\n K=v\n"),
+    ("kernel-looking prefixes stay", b"6,1,0,-;[   12.345678] <3>kernel: NVRM: Xid 79"),
+    # malformed headers
+    ("no separator", b"6,1,0,-hello"),
+    ("too few fields", b"6,1,0;x"),
+    ("too few fields, commas later", b"6,1,0;x,y,z"),
+    ("semicolon in the seq", b"6,1;2,3,4;x"),
+    ("priority not a number", b"x,1,0,-;m"),
+    ("signed priority", b"+6,1,0,-;m"),
+    ("negative seq", b"6,-1,0,-;m"),
+    ("empty seq", b"6,,0,-;m"),
+    ("empty timestamp", b"6,1,,-;m"),
+    ("underscore in seq", b"6,1_0,0,-;m"),
+    ("padded seq", b"6, 1,0,-;m"),
+    ("fractional timestamp", b"6,1,1.5,-;m"),
+    ("21-digit seq", b"6,123456789012345678901,0,-;m"),
+    ("21-digit seq with leading zeros", b"6,000000000000000000001,0,-;m"),
+    ("garbage", b"garbage"),
+    ("garbage with a dictionary line", b"garbage\n K=v\n"),
+]
+
+
+def reference(raws: list[bytes]) -> tuple[list[LogRecord], list[str]]:
+    records, errors = [], []
+    for raw in raws:
+        try:
+            records.append(parse_record(raw, boot_time=BOOT))
+        except KmsgParseError as exc:
+            errors.append(str(exc))
+    return records, errors
+
+
+def chunk_of(raws: list[bytes]) -> bytes:
+    return b"".join(raw if raw.endswith(b"\n") else raw + b"\n" for raw in raws)
+
+
+def assert_same(raws: list[bytes], data: bytes) -> None:
+    parsed = parse_chunk(data, boot_time=BOOT)
+    expected_records, expected_errors = reference(raws)
+    assert [repr(r) for r in parsed.records] == [repr(r) for r in expected_records]
+    assert parsed.records == expected_records
+    assert all(type(r) is LogRecord for r in parsed.records)
+    assert [str(error) for _, error in parsed.errors] == expected_errors
+
+
+@pytest.mark.parametrize("raw", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_parse_chunk_agrees_with_parse_record(raw: bytes) -> None:
+    assert_same([raw], chunk_of([raw]))
+    assert_same([raw], raw.rstrip(b"\n"))  # an unterminated last line is fine too
+
+
+def test_all_cases_in_one_chunk_on_the_fast_and_the_general_path() -> None:
+    raws = [c[1] for c in CASES]
+    ascii_raws = [raw for raw in raws if raw.isascii()]
+    assert len(ascii_raws) < len(raws)
+    assert_same(ascii_raws, chunk_of(ascii_raws))  # ASCII: the fast path
+    assert_same(raws, chunk_of(raws))  # not ASCII: the general path
+
+
+def escape(data: bytes) -> bytes:
+    return b"".join(bytes([c]) if 32 <= c < 127 and c != 0x5C else b"\\x%02x" % c for c in data)
+
+
+_record = st.builds(
+    lambda prio, seq, usec, flags, message, fields, raw_utf8: (
+        f"{prio},{seq},{usec},{flags};".encode()
+        + (message.encode() if raw_utf8 else escape(message.encode()))
+        + b"".join(b"\n " + escape(k.encode()) + b"=" + escape(v.encode()) for k, v in fields.items())
+    ),
+    prio=st.integers(0, 2000),
+    seq=st.integers(0, 2**64 - 1),
+    usec=st.integers(0, 2**64 - 1),
+    flags=st.sampled_from(["-", "c", "+", "", "-,caller=T1", "c,caller=C2"]),
+    message=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40),
+    fields=st.dictionaries(st.text("ABC_", min_size=1, max_size=5), st.text(max_size=10), max_size=2),
+    raw_utf8=st.booleans(),
+)
+_broken = st.sampled_from([c[1] for c in CASES if c[0] in ("garbage", "no separator", "negative seq", "empty seq")])
+
+
+@settings(deadline=None)  # no per-example time limit: the machine is shared
+@given(raws=st.lists(st.one_of(_record, _record, _broken), max_size=12))
+def test_parse_chunk_agrees_with_parse_record_on_random_records(raws: list[bytes]) -> None:
+    assert_same(raws, chunk_of(raws))
+
+
+@settings(deadline=None)  # no per-example time limit: the machine is shared
+@given(data=st.binary(max_size=300))
+def test_parse_chunk_only_reports_never_raises(data: bytes) -> None:
+    parsed = parse_chunk(data, boot_time=BOOT)
+    assert all(type(r) is LogRecord for r in parsed.records)
+    assert all(isinstance(e, KmsgParseError) for _, e in parsed.errors)
+
+
+def test_errors_say_where_they_were_and_the_seq_when_known() -> None:
+    data = (
+        b" ORPHAN=dictionary line before any header\n"
+        b" MORE=of the same\n"
+        b"6,1,0,-;a\n"
+        b"x,2,0,-;bad priority\n"
+        b" K=v\n"  # belongs to the skipped record: not reported again
+        b"6,3,0,-;c\n"
+        b"garbage\n"
+        b"6,4,0,-;d\n no-equals-sign\n K=v\n"
+    )
+    parsed = parse_chunk(data, boot_time=BOOT)
+    assert [(r.seq, dict(r.fields)) for r in parsed.records] == [(1, {}), (3, {}), (4, {"K": "v"})]
+    assert [(before, error.seq) for before, error in parsed.errors] == [(0, None), (1, 2), (2, None)]
+    assert "dictionary line without a record header" in str(parsed.errors[0][1])
+    assert len(parsed.bad_lines) == 1 and "no-equals-sign" in str(parsed.bad_lines[0])
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"\n\n\n", b"   \n"])
+def test_blank_input(data: bytes) -> None:
+    parsed = parse_chunk(data, boot_time=BOOT)
+    assert parsed.records == []
+    assert len(parsed.errors) == (1 if data.strip(b"\n") else 0)  # "   " is a dictionary line without header
+
+
+def test_dictionary_lines_go_to_their_own_record() -> None:
+    parsed = parse_chunk(b"6,1,0,-;a\n A=1\n6,2,0,-;b\n6,3,0,-;c\n C=3\n", boot_time=BOOT)
+    assert [dict(r.fields) for r in parsed.records] == [{"A": "1"}, {}, {"C": "3"}]
+    assert len({id(r.fields) for r in parsed.records}) == 3
+
+
+def test_records_are_real_frozen_log_records() -> None:
+    record = parse_chunk(b"6,1,0,-;a\n", boot_time=BOOT).records[0]
+    assert type(record) is LogRecord
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.message = "changed"  # type: ignore[misc]
+    assert record == parse_record(b"6,1,0,-;a", boot_time=BOOT)
+
+
+def test_the_fast_parser_knows_every_log_record_field() -> None:
+    """The fast path stores every LogRecord field itself: a new field must be added there too."""
+    assert tuple(f.name for f in dataclasses.fields(LogRecord)) == kmsg_format._RecordSlots.__slots__
+    assert not hasattr(LogRecord, "__post_init__")
+
+
+PREFIXED = [
+    "[   12.345678] NVRM: Xid (PCI:0000:10:1c): 79",
+    "<3>NVRM: Xid (PCI:0000:10:1c): 79",
+    "kernel: [ 1.000000] EXT4-fs error",
+    "Jan  1 00:00:00 ip-10-0-0-1 kernel: watchdog: BUG: soft lockup",
+    "kern  :err   : [Mon Jan  1 00:00:00 2024] oops",
+    "  leading and trailing spaces  ",
+    "ends with a backslash \\",
+]
+
+
+@pytest.mark.parametrize("message", PREFIXED)
+def test_the_message_is_never_altered(message: str) -> None:
+    raw = b"6,1,0,-;" + escape(message.encode())
+    assert parse_record(raw, boot_time=BOOT).message == message
+    assert [r.message for r in parse_chunk(raw + b"\n", boot_time=BOOT).records] == [message]
