@@ -9,8 +9,9 @@ Wire protocol (version 1), relay → client only; the client sends nothing::
 - **hello** (always the first frame of a connection): UTF-8 JSON object
   ``{"proto": 1, "boot_time": <float>, "boot_id": "<uuid>" | null}``. ``boot_time`` is the host's
   wall-clock time of boot (``CLOCK_REALTIME - CLOCK_MONOTONIC`` in the relay, taken at connect
-  time); the client computes a record's time as ``boot_time + usec / 1e6``. ``boot_id`` is
-  ``/proc/sys/kernel/random/boot_id``, or null when unreadable.
+  time; finite and within ``[0, MAX_BOOT_TIME]``); the client computes a record's time as
+  ``boot_time + usec / 1e6``. ``boot_id`` is ``/proc/sys/kernel/random/boot_id``, or null when
+  unreadable.
 - **record**: exactly the bytes one kmsg record consists of, as the kernel returned them
   (``prio,seq,usec,flags[,...];message\\n`` plus optional `` KEY=value\\n`` dictionary lines). Not
   empty. Sequence numbers are the kernel's; the client does the gap/duplicate accounting.
@@ -35,6 +36,8 @@ PROTO = 1
 HEADER = struct.Struct(">I")
 # Records from the device are at most ~8 KiB; a file source may hand out up to 64 KiB of unsplit bytes.
 MAX_FRAME = 1024 * 1024
+# A hello's boot_time must be a finite wall-clock time in [0, MAX_BOOT_TIME] (2**40 s is ~36,800 years).
+MAX_BOOT_TIME = float(2**40)
 
 
 class ProtocolError(ValueError):
@@ -54,7 +57,11 @@ class Hello:
 
     @classmethod
     def decode(cls, payload: bytes) -> Hello:
-        """Parse a hello payload; raises :class:`ProtocolError` for anything but a version-1 hello."""
+        """Parse a hello payload; raises :class:`ProtocolError` for anything but a version-1 hello.
+
+        ``boot_time`` must be finite and within ``[0, MAX_BOOT_TIME]`` (JSON from Python may hold
+        ``NaN`` or ``Infinity``, which would poison every record's timestamp).
+        """
         try:
             data = json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
@@ -62,10 +69,12 @@ class Hello:
         if not isinstance(data, dict):
             raise ProtocolError(f"hello is not a JSON object: {payload[:80]!r}")
         proto, boot_time, boot_id = data.get("proto"), data.get("boot_time"), data.get("boot_id")
-        if proto != PROTO:
+        if isinstance(proto, bool) or proto != PROTO:
             raise ProtocolError(f"unsupported relay protocol {proto!r} (this agent speaks {PROTO})")
         if isinstance(boot_time, bool) or not isinstance(boot_time, int | float):
             raise ProtocolError(f"hello has no numeric boot_time: {boot_time!r}")
+        if not 0 <= boot_time <= MAX_BOOT_TIME:  # also false for NaN; no float() of a huge int
+            raise ProtocolError(f"hello boot_time {boot_time!r:.80} is not a plausible wall-clock time")
         if boot_id is not None and not isinstance(boot_id, str):
             raise ProtocolError(f"hello boot_id is not a string: {boot_id!r}")
         return cls(proto=proto, boot_time=float(boot_time), boot_id=boot_id or None)

@@ -358,6 +358,10 @@ def test_relay_container(rendered: dict[str, list[dict[str, Any]]], variant: Var
     relay = _containers(pod)[RELAY]
     assert relay["args"][0] == "kmsg-relay"
     assert relay["args"][relay["args"].index("--socket") + 1] == f"{RELAY_DIR}/kmsg.sock"
+    # Only the agent's uid may connect to the socket (mode 0600, SO_PEERCRED): it must be the agent's runAsUser.
+    agent_uid = _sc(_containers(pod)[AGENT])["runAsUser"]
+    assert relay["args"][relay["args"].index("--client-uid") + 1] == str(agent_uid) == str(AGENT_UID)
+    assert "--client-gid" not in relay["args"]
     assert "command" not in relay  # the image entrypoint, nothing else
     assert not relay.get("ports")
     assert not relay.get("env") and not relay.get("envFrom")

@@ -1,11 +1,14 @@
 """The kmsg relay and its client, end to end: real UNIX sockets, real threads, real files.
 
-Every wait is bounded; the whole module runs in a few seconds.
+Every wait is bounded and no assertion depends on how fast the machine is: timing-sensitive
+behaviour (stalls, /healthz) runs on an injected clock. Access control is in test_relay_access.py,
+hello validation in test_relay_protocol.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -13,7 +16,9 @@ import queue
 import shutil
 import socket
 import stat
+import struct
 import tempfile
+import termios
 import threading
 import time
 import uuid
@@ -22,13 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.app import Agent
-from agent.detectors.rulepack import RuleSet
-from agent.relay import run_relay
+import agent.sources.relay as relay_source
+from agent.relay import RelayStats, _Session, run_relay
 from agent.relay_protocol import HEADER, PROTO, Hello, encode_frame
+from agent.runtime import Inbox
 from agent.sources.kmsg import KmsgStats
 from agent.sources.kmsg_format import boot_time_now, read_boot_id
-from agent.sources.relay import RelayClient
+from agent.sources.producer import SourceProducer
+from agent.sources.relay import BATCH_MAX, RelayClient
 from agent.types import LogRecord
 
 from helpers import kmsg_problem
@@ -68,40 +74,67 @@ def sock_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+class FakeClock:
+    """A monotonic clock that only the test moves (read from other threads; a float store is atomic)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> bool:
+        self.now += seconds
+        return False  # so that ``clock.advance(x) or condition`` reads as a wait_for predicate
+
+
 class Relay:
-    """run_relay() in a thread, as the relay container runs it."""
+    """run_relay() in a thread, as the relay container runs it; construction waits until it listens."""
 
     def __init__(self, *, socket_path: Path, kmsg_path: Path | str, **kwargs) -> None:
         self.socket_path = socket_path
         self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        self.stats = RelayStats()
         self.rc: int | None = None
         kwargs.setdefault("poll_interval", POLL)
 
         def main() -> None:
-            self.rc = run_relay(socket_path=socket_path, kmsg_path=Path(kmsg_path), stop=self.stop_event, **kwargs)
+            self.rc = run_relay(
+                socket_path=socket_path,
+                kmsg_path=Path(kmsg_path),
+                stop=self.stop_event,
+                ready=self.ready,
+                stats=self.stats,
+                **kwargs,
+            )
 
         self.thread = threading.Thread(target=main, name="test-relay", daemon=True)
         self.thread.start()
-        wait_for(lambda: socket_path.exists() or not self.thread.is_alive(), what="the relay socket")
+        wait_for(lambda: self.ready.is_set() or not self.thread.is_alive(), what="the relay to listen")
+        assert self.ready.is_set(), f"the relay exited with {self.rc} instead of listening"
 
     def stop(self, *, within: float = WAIT) -> int | None:
-        started = time.monotonic()
         self.stop_event.set()
         self.thread.join(timeout=within)
         assert not self.thread.is_alive(), f"relay did not stop within {within}s"
-        self.stop_seconds = time.monotonic() - started
         return self.rc
 
 
 class Consumer:
-    """Drives RelayClient.records() in a thread, as the agent's reader thread does."""
+    """Drives RelayClient.records() in a thread, as the agent's reader thread does.
 
-    def __init__(self, client: RelayClient) -> None:
+    With ``batches=True`` it drives ``batches()`` instead, keeping the lists in ``self.batches``.
+    """
+
+    def __init__(self, client: RelayClient, *, batches: bool = False) -> None:
         self.client = client
         self.stop_event = threading.Event()
         self.queue: queue.Queue[LogRecord] = queue.Queue()
+        self.batches: list[list[LogRecord]] = []
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="test-consumer", daemon=True)
+        target = self._run_batches if batches else self._run
+        self.thread = threading.Thread(target=target, name="test-consumer", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -109,6 +142,15 @@ class Consumer:
             for rec in self.client.records(stop=self.stop_event):
                 self.queue.put(rec)
         except BaseException as exc:  # records() must never raise; the test checks this
+            self.error = exc
+
+    def _run_batches(self) -> None:
+        try:
+            for batch in self.client.batches(stop=self.stop_event):
+                self.batches.append(batch)
+                for rec in batch:
+                    self.queue.put(rec)
+        except BaseException as exc:  # batches() must never raise either
             self.error = exc
 
     def take(self, n: int, *, timeout: float = WAIT) -> list[LogRecord]:
@@ -129,14 +171,12 @@ class Consumer:
             return True
         raise AssertionError(f"unexpected extra record {extra}")
 
-    def finish(self) -> float:
-        """Set stop; return how long records() took to return."""
-        started = time.monotonic()
+    def finish(self) -> None:
+        """Set stop; fail unless records() returns (without raising) within WAIT."""
         self.stop_event.set()
         self.thread.join(timeout=WAIT)
         assert not self.thread.is_alive(), "records() did not return after stop"
         assert self.error is None, f"records() raised {self.error!r}"
-        return time.monotonic() - started
 
 
 def client(path: Path, **kwargs) -> RelayClient:
@@ -172,6 +212,11 @@ def raw_connect(path: Path) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(os.fspath(path))
     return conn
+
+
+def pending(conn: socket.socket) -> int:
+    """Bytes waiting in a socket's receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 class FakeRelay:
@@ -230,8 +275,10 @@ def test_wire_protocol_hello_then_the_exact_kernel_bytes_then_heartbeats(sock_di
     relay = Relay(socket_path=sock_dir / "run" / "relay.sock", kmsg_path=source, heartbeat_interval=0.1)
     try:
         sock_path = sock_dir / "run" / "relay.sock"
-        assert stat.S_ISSOCK(sock_path.stat().st_mode)
-        assert stat.S_IMODE(sock_path.stat().st_mode) == 0o666  # the agent runs as another uid
+        st = sock_path.stat()
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o600  # client_uid alone (see test_relay_access.py)
+        assert st.st_uid == os.geteuid()  # the default client_uid: the relay's own
         with raw_connect(sock_path) as conn:
             hello = json.loads(read_frame(conn) or b"")
             assert hello["proto"] == 1
@@ -360,18 +407,16 @@ def test_an_idle_live_relay_keeps_last_activity_fresh_through_heartbeats(sock_di
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "only")])
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source, heartbeat_interval=0.1)
-    c = client(sock_dir / "s", stall_after=0.5)
+    c = client(sock_dir / "s", stall_after=60.0)
     consumer = Consumer(c)
     try:
         consumer.take(1)
-        first = c.stats.last_activity
-        assert first is not None
-        deadline = time.monotonic() + 1.0  # twice stall_after: no stall, no reconnect, always fresh
-        while time.monotonic() < deadline:
-            assert time.monotonic() - (c.stats.last_activity or 0) < 0.4
-            time.sleep(0.05)
-        assert c.stats.last_activity > first
+        seen = {c.stats.last_activity}
+        assert None not in seen
+        # No more records: only heartbeats can move last_activity, and they keep doing so.
+        wait_for(lambda: seen.add(c.stats.last_activity) or len(seen) >= 4, what="three heartbeats")
         assert c.stats.reader_restarts == 0
+        assert c.stats.records_read == 1
         assert consumer.nothing_more(within=0.05)
     finally:
         consumer.finish()
@@ -390,62 +435,77 @@ def test_a_stalled_relay_is_dropped_and_last_activity_stops_advancing(sock_dir: 
         # ... then silent: no records, no heartbeats, connection left open
 
     fake = FakeRelay(sock_dir / "s", script)
-    c = client(sock_dir / "s", stall_after=0.3)
+    clock = FakeClock()
+    c = client(sock_dir / "s", stall_after=30.0, clock=clock)
     consumer = Consumer(c)
     try:
         assert [r.message for r in consumer.take(1)] == ["then silence"]
-        wait_for(lambda: c.stats.last_activity is not None, what="the heartbeat")
         frozen = c.stats.last_activity
-        started = time.monotonic()
-        wait_for(lambda: fake.connections >= 3, what="two reconnects after stalls")
-        assert time.monotonic() - started >= 0.5  # each reconnect waited for stall_after (0.3 s)
+        assert frozen == clock.now
+
+        clock.advance(29.0)  # silent, but not yet for stall_after
+        time.sleep(5 * POLL)  # several receive timeouts: none of them may count as a stall
+        assert (fake.connections, c.stats.reader_restarts) == (1, 0)
+
+        clock.advance(1.0)
+        wait_for(lambda: fake.connections >= 2 and c.stats.reader_restarts >= 1, what="a reconnect after the stall")
+        wait_for(lambda: clock.advance(5.0) or fake.connections >= 3, what="another reconnect after a stall")
         assert c.stats.reader_restarts >= 2
         assert c.stats.read_errors >= 2
         # Reconnecting and hello are no proof that kernel records flow: /healthz must go stale.
         assert c.stats.last_activity == frozen
         assert consumer.nothing_more(within=0.05)
     finally:
-        assert consumer.finish() < 1.0
+        consumer.finish()
         fake.close()
 
 
 def test_healthz_goes_red_while_the_relay_is_silent_and_green_again_when_it_beats(sock_dir: Path) -> None:
     beating = threading.Event()
     beating.set()
+    finished: set[int] = set()
 
     def script(conn: socket.socket, n: int) -> None:
-        send_hello(conn)
-        while beating.is_set() and not fake.closing.is_set():
-            conn.sendall(encode_frame(b""))
-            time.sleep(0.05)
+        try:
+            send_hello(conn)
+            while not fake.closing.is_set():
+                if beating.is_set():
+                    conn.sendall(encode_frame(b""))
+                elif n == 1:
+                    return  # the relay goes silent, connection left open
+                time.sleep(POLL)
+        finally:
+            finished.add(n)
 
     fake = FakeRelay(sock_dir / "s", script)
-    source = client(sock_dir / "s", stall_after=0.3)
-    agent = Agent(
-        rule_set=RuleSet(rules=(), conditions=(), files=(), max_window=1),
-        source=source,
-        sinks=[],
-        cursor_store=None,
-        boot_id="boot-a",
-        lookback=60.0,
-        stall_timeout=0.6,
-    )
+    clock = FakeClock()  # the client's clock and the "now" given to healthy(): /healthz compares the two
+    source = client(sock_dir / "s", stall_after=100.0, clock=clock)
+    producer = SourceProducer(source=source, inbox=Inbox(), stall_timeout=10.0)  # the kmsg_reader component
+
+    def healthy() -> bool:
+        return producer.healthy(clock.now)
+
     stop = threading.Event()
-    runner = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    runner = threading.Thread(target=producer.run, args=(stop,), daemon=True)
     runner.start()
     try:
-        wait_for(lambda: agent.health()["kmsg_reader"], what="healthy")
-        time.sleep(0.8)  # longer than stall_timeout: heartbeats alone keep it green
-        assert agent.health()["kmsg_reader"]
+        wait_for(healthy, what="healthy")
+        clock.advance(11.0)  # past stall_timeout: only a heartbeat received from now on keeps it green
+        wait_for(lambda: (source.stats.last_activity or 0) >= clock.now, what="a heartbeat")
+        assert healthy()
+        assert source.stats.reader_restarts == 0
 
         beating.clear()  # the relay is still there and accepts reconnects, but sends nothing
-        wait_for(lambda: not agent.health()["kmsg_reader"], what="/healthz to turn red")
-        wait_for(lambda: fake.connections >= 2, what="a reconnect after the stall")
-        assert not agent.health()["kmsg_reader"]
-        assert agent.stats().reader_restarts >= 1
+        wait_for(lambda: 1 in finished, what="the relay to go silent")
+        wait_for(lambda: clock.advance(1.0) or not healthy(), what="/healthz to turn red")
+        wait_for(lambda: clock.advance(5.0) or fake.connections >= 2, what="a reconnect after the stall")
+        assert not healthy()  # a fresh connection and hello are not enough
+        assert source.stats.reader_restarts >= 1
+        assert "not even a heartbeat" in (producer.detail() or "")
 
         beating.set()
-        wait_for(lambda: agent.health()["kmsg_reader"], what="/healthz to turn green again")
+        wait_for(healthy, what="/healthz to turn green again")
+        assert producer.detail() is None
     finally:
         beating.clear()
         stop.set()
@@ -504,52 +564,151 @@ def test_a_new_boot_id_starts_sequence_accounting_afresh(sock_dir: Path) -> None
         fake.close()
 
 
+def test_a_hello_with_an_impossible_boot_time_is_a_protocol_error(sock_dir: Path) -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        if n == 1:  # NaN would make every record's timestamp NaN
+            conn.sendall(encode_frame(b'{"proto": 1, "boot_time": NaN, "boot_id": "boot-a"}'))
+            conn.sendall(encode_frame(record(1, "poisoned")))
+            return
+        send_hello(conn)
+        conn.sendall(encode_frame(record(1, "good")))
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c)
+    try:
+        (got,) = consumer.take(1)
+        assert (got.message, got.timestamp) == ("good", 1_700_000_000.0 + 0.001)
+        assert (c.stats.reader_restarts, c.stats.read_errors, c.stats.records_read) == (1, 1, 1)
+        assert c.hello is not None and c.hello.boot_time == 1_700_000_000.0
+    finally:
+        consumer.finish()
+        fake.close()
+
+
 # --------------------------------------------------------------------------------------------------
-# Stop is honoured promptly everywhere
+# Batches: many records per yield on the client, many frames per send() on the relay
+
+
+def frames_of(records: list[bytes]) -> bytes:
+    return b"".join(encode_frame(r) for r in records)
+
+
+def test_batches_hand_out_all_received_records_at_once_in_order(sock_dir: Path) -> None:
+    count = 3000
+    hello = Hello(proto=PROTO, boot_time=1_700_000_000.0, boot_id="boot-a").encode()
+
+    def script(conn: socket.socket, n: int) -> None:
+        conn.sendall(encode_frame(hello) + frames_of([record(i, f"m{i}") for i in range(1, count + 1)]))
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c, batches=True)
+    try:
+        got = consumer.take(count)
+        assert [r.seq for r in got] == list(range(1, count + 1))
+        assert all(0 < len(batch) <= BATCH_MAX for batch in consumer.batches)
+        assert len(consumer.batches) <= count // 10  # lists of what each recv() brought, not one per record
+        assert c.stats.records_read == count
+        assert c.stats.last_record_time == got[-1].timestamp
+        assert c.stats.reader_restarts == 0
+    finally:
+        consumer.finish()
+        fake.close()
+
+
+def test_batches_are_capped_and_never_empty(sock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_source, "BATCH_MAX", 100)
+    noise = [b"", b"not a kmsg record", record(1, "m1"), b""]  # heartbeats, garbage, a duplicate of record 1
+
+    def script(conn: socket.socket, n: int) -> None:
+        send_hello(conn)
+        conn.sendall(frames_of([*noise, *(record(i, f"m{i}") for i in range(1, 1001))]))
+
+    fake = FakeRelay(sock_dir / "s", script)
+    c = client(sock_dir / "s")
+    consumer = Consumer(c, batches=True)
+    try:
+        got = consumer.take(1000)
+        assert [r.seq for r in got] == list(range(1, 1001))
+        sizes = [len(batch) for batch in consumer.batches]
+        assert 0 not in sizes
+        assert max(sizes) == 100
+        assert c.stats.parse_errors == 1
+        assert consumer.nothing_more(within=0.05)
+    finally:
+        consumer.finish()
+        fake.close()
+
+
+def test_the_relay_frames_queued_records_into_one_send(sock_dir: Path) -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        session = _Session(conn=a, number=1, kmsg_path=sock_dir / "unused", poll_interval=POLL, heartbeat_interval=1.0)
+        queued = [record(n, f"m{n}") for n in range(2, 11)]
+        for raw in (*queued[:4], b"", *queued[4:]):  # an empty record cannot be framed: dropped
+            session._queue.put(raw)
+        data, count = session._frames(record(1, "m1"))
+        assert (data, count) == (frames_of([record(1, "m1"), *queued]), 10)
+        assert session._queue.empty()
+
+        big = [record(n, "x" * 2000) for n in range(1, 51)]
+        for raw in big[1:]:
+            session._queue.put(raw)
+        data, count = session._frames(big[0])
+        assert 1 < count < 50  # about _SEND_BYTES per send; the rest waits for the next one
+        assert data == frames_of(big[:count])
+        assert session._queue.qsize() == 50 - count
+
+
+# --------------------------------------------------------------------------------------------------
+# Stop is honoured everywhere (finish() fails unless records() returns within WAIT)
 
 
 def test_stop_while_connected_and_idle(sock_dir: Path) -> None:
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "x")])
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
-    consumer = Consumer(client(sock_dir / "s", poll_interval=0.2))
+    c = client(sock_dir / "s", poll_interval=0.2, stall_after=600.0)
+    consumer = Consumer(c)
     try:
         consumer.take(1)
-        assert consumer.finish() < 0.6  # about one poll_interval
+        consumer.finish()
+        assert not c.stats.connected
     finally:
         relay.stop()
 
 
 def test_stop_while_the_relay_is_absent_and_the_client_backs_off(sock_dir: Path) -> None:
-    c = client(sock_dir / "missing.sock", poll_interval=0.2, backoff_initial=5.0, backoff_max=10.0)
+    c = client(sock_dir / "missing.sock", poll_interval=0.2, backoff_initial=600.0, backoff_max=600.0)
     consumer = Consumer(c)
     wait_for(lambda: c.stats.reader_restarts >= 1, what="a failed connect")
-    time.sleep(0.3)  # now inside the 5 s backoff
-    assert consumer.finish() < 0.6
+    consumer.finish()  # inside a 600 s backoff: only stop can end it within WAIT
     assert c.stats.read_errors >= 1
     assert not c.stats.connected
     assert c.stats.last_activity is None  # never heard from a relay: /healthz is red from the start
+    assert "cannot connect to" in (c.stats.last_error or "") and "missing.sock" in (c.stats.last_error or "")
 
 
 def test_stop_while_waiting_for_the_hello(sock_dir: Path) -> None:
     fake = FakeRelay(sock_dir / "s", lambda conn, n: None)  # accepts, says nothing
-    c = client(sock_dir / "s", poll_interval=0.2)
+    c = client(sock_dir / "s", poll_interval=0.2, stall_after=600.0)
     consumer = Consumer(c)
     try:
         wait_for(lambda: fake.connections >= 1 and c.stats.connected, what="the connection")
-        assert consumer.finish() < 0.6
+        consumer.finish()
+        assert c.stats.reader_restarts == 0
     finally:
         fake.close()
 
 
-def test_relay_stops_promptly_with_a_client_that_does_not_read(sock_dir: Path) -> None:
+def test_relay_stops_with_a_client_that_does_not_read(sock_dir: Path) -> None:
     source = sock_dir / "kmsg"
     write_records(source, [record(n, "x" * 200) for n in range(1, 20_001)])  # ~4 MB: more than socket buffers
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
     with raw_connect(sock_dir / "s") as conn:
-        time.sleep(0.3)  # the relay fills the socket buffer and blocks on back-pressure
-        assert relay.stop() == 0
-        assert relay.stop_seconds < 1.0
+        wait_for(lambda: pending(conn) >= 64 * 1024, what="the relay to fill the socket buffer")
+        assert relay.stop() == 0  # blocked on back-pressure, and still stops within WAIT
         conn.settimeout(WAIT)
         received = 0
         while chunk := conn.recv(1 << 16):  # the last frame may be cut short: the relay stopped mid-send

@@ -1,4 +1,4 @@
-"""Kernel log records from a kmsg relay over a UNIX socket (see :mod:`agent.relay` for the protocol).
+"""Kernel log records from a kmsg relay over a UNIX socket (protocol: :mod:`agent.relay_protocol`).
 
 The unprivileged agent cannot open the host's ``/dev/kmsg``; a privileged relay container can, and
 serves its raw records on a socket in a shared emptyDir. :class:`RelayClient` is a drop-in
@@ -25,6 +25,7 @@ from agent.types import LogRecord
 _logger = logging.getLogger(__name__)
 
 _RECV_SIZE = 64 * 1024
+BATCH_MAX = 4096  # records per list from RelayClient.batches()
 
 
 class _Closed(Exception):
@@ -53,23 +54,17 @@ class _FrameReader:
         self._buffer = bytearray()
         self._last_frame = clock()
 
-    def next(self) -> bytes | None:
-        """The next frame's payload (``b""`` is a heartbeat); ``None`` once ``stop`` is set.
+    def frames(self, *, limit: int) -> list[bytes] | None:
+        """1 to ``limit`` frame payloads (``b""`` is a heartbeat); ``None`` once ``stop`` is set.
 
+        Returns the complete frames already received, reading more only while there are none.
         Raises :class:`_Closed`, :class:`_Stalled`, :class:`ProtocolError` or ``OSError``.
         """
-        buffer = self._buffer
         while not self._stop.is_set():
-            if len(buffer) >= HEADER.size:
-                (length,) = HEADER.unpack_from(buffer)
-                if length > MAX_FRAME:
-                    raise ProtocolError(f"frame length {length} exceeds {MAX_FRAME} bytes")
-                end = HEADER.size + length
-                if len(buffer) >= end:
-                    payload = bytes(buffer[HEADER.size : end])
-                    del buffer[:end]
-                    self._last_frame = self._clock()
-                    return payload
+            payloads = self._split(limit)
+            if payloads:
+                self._last_frame = self._clock()
+                return payloads
             try:
                 data = self._conn.recv(_RECV_SIZE)  # the socket's timeout is poll_interval
             except TimeoutError:
@@ -78,29 +73,52 @@ class _FrameReader:
                     raise _Stalled(f"nothing from the relay for {silent:.3g}s, not even a heartbeat") from None
                 continue
             if not data:
-                where = " in the middle of a frame" if buffer else ""
+                where = " in the middle of a frame" if self._buffer else ""
                 raise _Closed(f"the relay closed the connection{where}")
-            buffer += data
+            self._buffer += data
         return None
+
+    def _split(self, limit: int) -> list[bytes]:
+        """Take up to ``limit`` complete frames off the buffer (one copy each, one trim at the end)."""
+        buffer = self._buffer
+        payloads: list[bytes] = []
+        offset = 0
+        with memoryview(buffer) as view:
+            while len(payloads) < limit and len(buffer) - offset >= HEADER.size:
+                (length,) = HEADER.unpack_from(buffer, offset)
+                if length > MAX_FRAME:
+                    if payloads:
+                        break  # hand out the good frames first; the next call raises
+                    raise ProtocolError(f"frame length {length} exceeds {MAX_FRAME} bytes")
+                end = offset + HEADER.size + length
+                if end > len(buffer):
+                    break
+                payloads.append(view[offset + HEADER.size : end].tobytes())
+                offset = end
+        del buffer[:offset]
+        return payloads
 
 
 class RelayClient:
     """Read kernel log records from a kmsg relay socket until told to stop (an ``agent.app.Source``).
 
-    ``records()`` connects (retrying with exponential backoff, ``backoff_initial`` doubling up to
+    ``batches()`` connects (retrying with exponential backoff, ``backoff_initial`` doubling up to
     ``backoff_max``, reset after a good hello), reads the hello, then record frames, and parses each
-    record with the host boot time from the hello. Each connection replays the relay's ring buffer
-    from its oldest record: records with ``seq`` <= the last one delivered are skipped, and a jump in
-    sequence numbers is counted in ``records_lost`` (a new ``boot_id`` in a hello starts the
-    accounting afresh). It never raises; only ``stop`` ends it, within about ``poll_interval``.
+    record with the host boot time from the hello; it yields the records of all frames received so
+    far as one list (at most ``BATCH_MAX``). ``records()`` yields the same records one by one. Each
+    connection replays the relay's ring buffer from its oldest record: records with ``seq`` <= the
+    last one delivered are skipped, and a jump in sequence numbers is counted in ``records_lost`` (a
+    new ``boot_id`` in a hello starts the accounting afresh). Neither raises; only ``stop`` ends
+    them, within about ``poll_interval``.
 
     Counters (``stats``): every reconnect counts in ``reader_restarts``: after a failed connect, a
     protocol error, a stall, or the relay closing the connection; all of these except an orderly
-    close by the relay also count in ``read_errors``. ``connected`` is true while a connection is open.
+    close by the relay also count in ``read_errors``, and set ``last_error`` (cleared by the next
+    record or heartbeat). ``connected`` is true while a connection is open.
 
     ``last_activity`` (``clock()``) is set whenever a record or a heartbeat arrives, and at no other
     time: not on connect or hello, not while waiting, backing off or reconnecting, and not while the
-    consumer holds on to a yielded record. A live relay sends a heartbeat every couple of poll
+    consumer holds on to a yielded batch or record. A live relay sends a heartbeat every couple of poll
     intervals when idle, so ``/healthz`` (``now - last_activity < stall_timeout``) stays green; a
     relay that is gone, or that accepts connections but cannot read the kernel log (it then sends
     no heartbeats), turns it red after ``stall_timeout`` even though reconnects keep succeeding.
@@ -149,7 +167,23 @@ class RelayClient:
         return self._hello
 
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
-        """Yield parsed records until ``stop`` is set; unparsable records are counted and skipped."""
+        """Yield parsed records one by one until ``stop`` is set: :meth:`batches`, flattened."""
+        batches = self.batches(stop=stop)
+        try:
+            for batch in batches:
+                for record in batch:
+                    if stop.is_set():
+                        return
+                    yield record
+        finally:
+            batches.close()  # closes the connection now, not when the generator is collected
+
+    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+        """Yield lists of parsed records until ``stop`` is set; unparsable records are counted and skipped.
+
+        Each list holds the new records of all frames already received (1 to ``BATCH_MAX``), so a
+        busy relay costs one yield per ``recv()`` rather than one per record.
+        """
         sleep = self._sleep if self._sleep is not None else stop.wait
         backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
         tracker: SequenceTracker | None = None
@@ -191,10 +225,10 @@ class RelayClient:
         return conn
 
     def _handshake(self, frames: _FrameReader) -> Hello | None:
-        payload = frames.next()
-        if payload is None:
+        payloads = frames.frames(limit=1)
+        if payloads is None:
             return None
-        hello = Hello.decode(payload)
+        hello = Hello.decode(payloads[0])
         self._hello = hello
         self._log.info(
             "kmsg relay: connected to %s (boot id %s, boot time %.6f)", self._path, hello.boot_id, hello.boot_time
@@ -215,22 +249,26 @@ class RelayClient:
             tracker = SequenceTracker(start_after_seq=None, stats=self._stats, log=self._log)
         return tracker
 
-    def _stream(self, frames: _FrameReader, *, hello: Hello, tracker: SequenceTracker) -> Iterator[LogRecord]:
-        while (payload := frames.next()) is not None:
-            self._touch()
-            if not payload:
-                continue  # heartbeat
-            try:
-                record = parse_record(payload, boot_time=hello.boot_time)
-            except KmsgParseError as exc:
-                self._stats.parse_errors += 1
-                self._log.warning("kmsg relay: skipping a record: %s", exc)
-                continue
-            if record.seq is None or not tracker.accept(record.seq):
-                continue
-            self._stats.records_read += 1
-            self._stats.last_record_time = record.timestamp
-            yield record
+    def _stream(self, frames: _FrameReader, *, hello: Hello, tracker: SequenceTracker) -> Iterator[list[LogRecord]]:
+        stats = self._stats
+        while (payloads := frames.frames(limit=BATCH_MAX)) is not None:
+            self._touch()  # after the hello every frame is a record or a heartbeat
+            batch: list[LogRecord] = []
+            for payload in payloads:
+                if not payload:
+                    continue  # heartbeat
+                try:
+                    record = parse_record(payload, boot_time=hello.boot_time)
+                except KmsgParseError as exc:
+                    stats.parse_errors += 1
+                    self._log.warning("kmsg relay: skipping a record: %s", exc)
+                    continue
+                if record.seq is not None and tracker.accept(record.seq):
+                    batch.append(record)
+            if batch:
+                stats.records_read += len(batch)
+                stats.last_record_time = batch[-1].timestamp
+                yield batch
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
@@ -238,6 +276,7 @@ class RelayClient:
         self._stats.reader_restarts += 1
         if error:
             self._stats.read_errors += 1
+            self._stats.last_error = f"kmsg relay {self._path}: {why}"
         self._log.warning("kmsg relay: %s; reconnecting in %.3gs", why, delay)
 
     def _wait(self, delay: float, *, sleep: Callable[[float], object], stop: threading.Event) -> None:
@@ -250,3 +289,4 @@ class RelayClient:
 
     def _touch(self) -> None:
         self._stats.last_activity = self._clock()
+        self._stats.last_error = None
