@@ -1,0 +1,512 @@
+"""The HTTP endpoints against a real server on a loopback port, spoken to over raw sockets.
+
+Covers the endpoints themselves and the server's resistance to clients that are many, slow, rude
+or broken. Every wait is bounded; no assertion depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import resource
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
+
+from agent.http import AgentHTTPServer
+
+HOST = "127.0.0.1"
+WAIT = 15.0  # upper bound for anything that should happen "soon"; a generous one on a shared machine
+CONDITIONS = [{"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock"}]
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+HEALTH_BODY = {"status": "ok", "components": {"kmsg_reader": True, "main_loop": True}}
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+class Fake:
+    """What the server calls back; tests flip these."""
+
+    def __init__(self) -> None:
+        self.ok = True
+        self.conditions: Any = CONDITIONS
+        self.fail: Exception | None = None
+
+    def health(self) -> tuple[bool, dict]:
+        if self.fail is not None:
+            raise self.fail
+        return self.ok, HEALTH_BODY if self.ok else {"status": "unhealthy", "components": {"main_loop": False}}
+
+    def conditions_document(self) -> Any:
+        if self.fail is not None:
+            raise self.fail
+        return self.conditions
+
+
+def make_registry(series: int = 1) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("test_scrapes", "A counter.", registry=registry).inc()
+    gauge = Gauge("test_series", "Many series, to make the body worth compressing.", ["n"], registry=registry)
+    for n in range(series):
+        gauge.labels(n=str(n)).set(n)
+    return registry
+
+
+@contextlib.contextmanager
+def serving(
+    fake: Fake | None = None, *, host: str = HOST, series: int = 1, registry: CollectorRegistry | None = None, **kw: Any
+) -> Iterator[AgentHTTPServer]:
+    fake = fake or Fake()
+    server = AgentHTTPServer(
+        host=host,
+        port=0,
+        registry=registry or make_registry(series),
+        health=fake.health,
+        conditions=fake.conditions_document,
+        **kw,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Response:
+    def __init__(self, raw: bytes) -> None:
+        head, sep, self.body = raw.partition(b"\r\n\r\n")
+        assert sep, f"no complete response head in {raw[:200]!r}"
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split()[1])
+        self.headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def connect(port: int, host: str = HOST, *, timeout: float = WAIT, rcvbuf: int | None = None) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    if rcvbuf is not None:  # before connect, so the window stays small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((host, port))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def exchange(port: int, raw: bytes, host: str = HOST) -> Response:
+    with connect(port, host) as sock:
+        sock.sendall(raw)
+        return Response(read_all(sock))
+
+
+def get(port: int, path: str, *, method: str = "GET", headers: str = "", host: str = HOST) -> Response:
+    return exchange(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode(), host)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """What arrives before the server closes or resets the connection."""
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def reads_eof(sock: socket.socket) -> bool:
+    """True once the server has closed (or reset) this connection; waits at most the socket timeout."""
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def rst_close(sock: socket.socket) -> None:
+    """Close with a TCP reset rather than a FIN: the rudest way to hang up."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def need_fds(n: int) -> None:
+    """Raise the soft fd limit toward the hard one; skip if that still leaves fewer than ``n``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < n:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, max(n, 4096))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < n:
+        pytest.skip(f"needs {n} file descriptors, RLIMIT_NOFILE allows {soft}")
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = WAIT, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def problems(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Log records a client must never be able to cause: warnings, errors, tracebacks."""
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+@pytest.fixture
+def fake() -> Fake:
+    return Fake()
+
+
+@pytest.fixture
+def server(fake: Fake) -> Iterator[AgentHTTPServer]:
+    with serving(fake) as srv:
+        yield srv
+
+
+# --------------------------------------------------------------------------------------------------
+# Endpoints
+
+
+@pytest.mark.parametrize(
+    ("request_text", "status", "content_type", "check"),
+    [
+        ("GET /metrics HTTP/1.1", 200, CONTENT_TYPE_LATEST, lambda r: b"test_scrapes_total 1.0" in r.body),
+        ("GET /metrics?name[]=x HTTP/1.0", 200, CONTENT_TYPE_LATEST, lambda r: b"test_scrapes" in r.body),
+        ("GET http://node:20257/metrics HTTP/1.1", 200, CONTENT_TYPE_LATEST, lambda r: b"test_scrapes" in r.body),
+        ("GET /healthz HTTP/1.1", 200, JSON, lambda r: r.json() == HEALTH_BODY),
+        ("GET /livez HTTP/1.1", 200, JSON, lambda r: r.json() == HEALTH_BODY),
+        ("GET /readyz HTTP/1.1", 200, JSON, lambda r: r.json() == HEALTH_BODY),
+        ("GET /conditions HTTP/1.1", 200, JSON, lambda r: r.json() == CONDITIONS),
+        ("GET / HTTP/1.1", 404, TEXT, lambda r: all(p in r.body for p in (b"/metrics", b"/healthz", b"/conditions"))),
+        ("GET /metricsx HTTP/1.1", 404, TEXT, lambda r: b"/metrics" in r.body),
+        ("POST /metrics HTTP/1.1", 405, TEXT, lambda r: r.headers["allow"] == "GET, HEAD"),
+        ("DELETE /conditions HTTP/1.1", 405, TEXT, lambda r: r.headers["allow"] == "GET, HEAD"),
+        (
+            "HEAD /metrics HTTP/1.1",
+            200,
+            CONTENT_TYPE_LATEST,
+            lambda r: r.body == b"" and int(r.headers["content-length"]) > 0,
+        ),
+        ("HEAD /healthz HTTP/1.1", 200, JSON, lambda r: r.body == b""),
+        ("HEAD /nope HTTP/1.1", 404, TEXT, lambda r: r.body == b""),
+        ("hello there", 400, TEXT, lambda r: True),
+        ("GET /metrics", 400, TEXT, lambda r: True),
+        ("GET /metrics SPDY/3", 400, TEXT, lambda r: True),
+        ("GET /metrics HTTP/1.1\r\nno colon here", 400, TEXT, lambda r: True),
+    ],
+)
+def test_endpoints(server: AgentHTTPServer, request_text: str, status: int, content_type: str, check: Callable) -> None:
+    response = exchange(server.port, f"{request_text}\r\nHost: x\r\n\r\n".encode())
+    assert response.status == status
+    assert response.headers["content-type"] == content_type
+    assert response.headers["connection"] == "close"
+    if not request_text.startswith("HEAD"):
+        assert int(response.headers["content-length"]) == len(response.body)
+    assert check(response), response.body
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/livez", "/readyz"])
+def test_unhealthy_is_503_with_the_body(server: AgentHTTPServer, fake: Fake, path: str) -> None:
+    fake.ok = False
+    response = get(server.port, path)
+    assert response.status == 503
+    assert response.headers["content-type"] == JSON
+    assert response.json() == {"status": "unhealthy", "components": {"main_loop": False}}
+
+
+def test_head_has_the_headers_of_get(server: AgentHTTPServer) -> None:
+    for path in ("/metrics", "/healthz", "/conditions"):
+        got, head = get(server.port, path), get(server.port, path, method="HEAD")
+        assert (head.status, head.body) == (got.status, b"")
+        assert head.headers == got.headers
+
+
+def test_bare_lf_request(server: AgentHTTPServer) -> None:
+    response = exchange(server.port, b"GET /healthz HTTP/1.0\n\n")
+    assert (response.status, response.json()) == (200, HEALTH_BODY)
+
+
+def test_oversized_request_head_is_431(server: AgentHTTPServer) -> None:
+    response = exchange(server.port, b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"a" * 20_000 + b"\r\n\r\n")
+    assert response.status == 431
+
+
+def test_early_answer_survives_the_rest_of_the_request(server: AgentHTTPServer) -> None:
+    """The server answers a POST at its head; the body that follows must not turn into a reset."""
+    with connect(server.port) as sock:
+        sock.sendall(b"POST /conditions HTTP/1.1\r\nContent-Length: 30000\r\n\r\n" + b"x" * 20000)
+        time.sleep(0.05)  # the server answers while the first part of the body is still unread
+        with contextlib.suppress(OSError):
+            sock.sendall(b"x" * 10000)
+        response = Response(read_all(sock))
+    assert response.status == 405
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"),
+    [
+        ("gzip", True),
+        ("deflate, gzip;q=0.5", True),
+        ("GZIP", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0", False),
+        ("br", False),
+        (None, False),
+    ],
+)
+def test_metrics_gzip(fake: Fake, accept_encoding: str | None, gzipped: bool) -> None:
+    with serving(fake, series=200) as server:
+        plain = get(server.port, "/metrics")
+        headers = f"Accept-Encoding: {accept_encoding}\r\n" if accept_encoding is not None else ""
+        response = get(server.port, "/metrics", headers=headers)
+    assert response.status == 200
+    assert response.headers.get("content-encoding") == ("gzip" if gzipped else None)
+    assert (gzip.decompress(response.body) if gzipped else response.body) == plain.body
+    if gzipped:
+        assert len(response.body) < len(plain.body)
+
+
+def test_small_bodies_are_not_gzipped(server: AgentHTTPServer) -> None:
+    response = get(server.port, "/healthz", headers="Accept-Encoding: gzip\r\n")
+    assert "content-encoding" not in response.headers
+    assert response.json() == HEALTH_BODY
+
+
+def test_ipv6_literal(fake: Fake) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        ctx = serving(fake, host="::1")
+        server = ctx.__enter__()
+    except OSError as exc:
+        pytest.skip(f"cannot listen on ::1: {exc}")
+    try:
+        assert get(server.port, "/healthz", host="::1").json() == HEALTH_BODY
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Many, slow, rude and broken clients
+
+
+def test_500_concurrent_scrapes_all_succeed(server: AgentHTTPServer) -> None:
+    n = 500
+    need_fds(2 * n + 100)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):  # every request is sent before any response is read
+            sock = connect(server.port)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(sock)
+        responses = [Response(read_all(sock)) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert [r.status for r in responses] == [200] * n
+    assert all(b"test_scrapes_total" in r.body for r in responses)
+
+
+def test_half_sent_requests_neither_starve_nor_pin_threads(fake: Fake) -> None:
+    n = 300
+    need_fds(2 * n + 100)
+    with serving(fake, request_timeout=0.5) as server:
+        before = threading.active_count()
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(n):
+                sock = connect(server.port)
+                sock.sendall(b"GET /metr")  # ...and then nothing
+                socks.append(sock)
+            during = threading.active_count()
+            assert get(server.port, "/metrics").status == 200  # served meanwhile
+            # After request_timeout the server hangs up on every one of them.
+            assert all(reads_eof(sock) for sock in socks)
+        finally:
+            for sock in socks:
+                sock.close()
+        assert during - before < 5, f"{during - before} more threads for {n} connections"
+        assert get(server.port, "/healthz").status == 200
+
+
+def test_full_server_evicts_the_slowest_client(fake: Fake) -> None:
+    with serving(fake, max_connections=10, request_timeout=60) as server:
+        idle = [connect(server.port) for _ in range(10)]
+        try:
+            for sock in idle:
+                sock.sendall(b"GET /")
+            # Let the server accept all ten before the scrape arrives (else the scrape is older).
+            wait_for(lambda: len(server._conns) == 10, what="ten accepted connections")
+            assert get(server.port, "/metrics").status == 200
+            assert reads_eof(idle[0])  # the oldest idle connection made room, long before the 60 s timeout
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_full_server_of_busy_connections_sheds_with_503(fake: Fake) -> None:
+    fake.conditions = ["x" * (32 << 20)]  # far more than the socket buffers of a client that reads nothing
+    with serving(fake, max_connections=2, request_timeout=2.0) as server:
+        busy = [connect(server.port, rcvbuf=4096) for _ in range(2)]
+        try:
+            for sock in busy:
+                sock.sendall(b"GET /conditions HTTP/1.1\r\n\r\n")
+            wait_for(lambda: len(server._conns) == 2 and not any(server._conns.values()), what="two busy answers")
+            response = get(server.port, "/healthz")
+            assert response.status == 503
+            assert response.body == b"too many connections\n"
+            # A client that does not read its response is dropped after request_timeout, freeing its slot...
+            wait_for(lambda: not server._conns, what="busy connections to be dropped")
+            assert get(server.port, "/healthz").status == 200
+            # ...without the rest of its response.
+            assert all(len(read_until_closed(sock)) < (32 << 20) for sock in busy)
+        finally:
+            for sock in busy:
+                sock.close()
+
+
+def rude_clients(port: int) -> None:
+    """Every way a client can misbehave, each on its own connection."""
+    connect(port).close()  # connects and leaves
+    rst_close(connect(port))  # connects and resets
+    with connect(port) as sock:  # half a request, then hangs up
+        sock.sendall(b"GET /metr")
+    half = connect(port)
+    half.sendall(b"GET /metr")
+    rst_close(half)
+    for junk in (b"\x00\xff" * 300 + b"\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"\r\n\r\n"):
+        with connect(port) as sock:  # garbage (the second looks like a TLS ClientHello)
+            sock.sendall(junk)
+            with contextlib.suppress(OSError):
+                sock.recv(10)
+    for close in (socket.socket.close, rst_close):  # hangs up in the middle of a large response
+        sock = connect(port, rcvbuf=4096)
+        sock.sendall(b"GET /conditions HTTP/1.1\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        close(sock)
+    with connect(port) as sock:  # a request followed by a reset before reading
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    rst = connect(port)
+    rst.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    rst_close(rst)
+
+
+def test_rude_clients_leave_no_traceback(fake: Fake, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.conditions = ["x" * (16 << 20)]
+    with serving(fake, request_timeout=1.0) as server:
+        rude_clients(server.port)
+        wait_for(lambda: not server._conns, what="every rude connection to be closed")
+        assert get(server.port, "/metrics").status == 200
+        assert get(server.port, "/healthz").json() == HEALTH_BODY
+    assert problems(caplog) == []
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/livez", "/conditions"])
+def test_failing_callback_is_500_and_one_line(
+    server: AgentHTTPServer, fake: Fake, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    caplog.set_level(logging.INFO)
+    fake.fail = RuntimeError("lock held by a stuck thread")
+    response = get(server.port, path)
+    assert (response.status, response.body) == (500, b"internal error\n")
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1
+    assert path in errors[0].getMessage() and "lock held by a stuck thread" in errors[0].getMessage()
+    assert errors[0].exc_info is None
+    fake.fail = None
+    assert get(server.port, path).status == 200
+    assert get(server.port, "/metrics").status == 200
+
+
+def test_failing_collector_is_500(fake: Fake, caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def collect(self) -> Any:
+            raise ValueError("broken collector")
+
+    registry = make_registry()
+    registry.register(Broken())  # type: ignore[arg-type]
+    with serving(fake, registry=registry) as server:
+        assert get(server.port, "/metrics").status == 500
+        assert get(server.port, "/healthz").status == 200
+    assert any("broken collector" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+# --------------------------------------------------------------------------------------------------
+# Lifecycle
+
+
+def test_port_0_picks_a_free_port(fake: Fake) -> None:
+    with serving(fake) as one, serving(fake) as two:
+        assert one.port != 0 and two.port != 0 and one.port != two.port
+        assert get(one.port, "/healthz").status == get(two.port, "/healthz").status == 200
+
+
+def test_busy_port_raises_from_start(server: AgentHTTPServer, fake: Fake) -> None:
+    other = AgentHTTPServer(
+        host=HOST, port=server.port, registry=make_registry(), health=fake.health, conditions=fake.conditions_document
+    )
+    with pytest.raises(OSError):
+        other.start()
+    other.stop()
+
+
+def test_stop_closes_the_port_and_every_connection(fake: Fake) -> None:
+    server = AgentHTTPServer(
+        host=HOST, port=0, registry=make_registry(), health=fake.health, conditions=fake.conditions_document
+    )
+    server.stop()  # before start: nothing to do
+    assert not server.healthy(time.monotonic())
+    server.start()
+    assert server.healthy(time.monotonic())
+    port = server.port
+    held = [connect(port) for _ in range(20)]
+    for sock in held:
+        sock.sendall(b"GET /metr")
+    try:
+        stopper = threading.Thread(target=server.stop, kwargs={"timeout": 2.0})
+        stopper.start()
+        stopper.join(WAIT)
+        assert not stopper.is_alive(), "stop() did not return"
+        assert not server.healthy(time.monotonic())
+        assert all(reads_eof(sock) for sock in held)
+        with pytest.raises(ConnectionRefusedError):
+            connect(port).close()
+        server.stop()  # twice is harmless
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_healthy_follows_the_event_loop(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agent.http.BEAT", 0.02)
+    monkeypatch.setattr("agent.http.STALL", 0.3)
+    release = threading.Event()
+    fake.conditions_document = lambda: release.wait(WAIT) and CONDITIONS  # type: ignore[method-assign]
+    with serving(fake) as server:
+        wait_for(lambda: server.healthy(time.monotonic()), what="healthy")
+        client = threading.Thread(target=get, args=(server.port, "/conditions"), daemon=True)
+        client.start()  # blocks the event loop in the callback
+        wait_for(lambda: not server.healthy(time.monotonic()), what="a stalled loop to be unhealthy")
+        release.set()
+        client.join(WAIT)
+        wait_for(lambda: server.healthy(time.monotonic()), what="healthy again")
+    assert not server.healthy(time.monotonic())
