@@ -2,8 +2,10 @@
 
 Bodies go out and come back as plain dicts (``_preload_content=False`` + ``json.loads``), so the
 agent never builds model objects it does not need. Every failure is a ``KubeError`` carrying the
-HTTP status (``None`` for connection problems and timeouts) so callers can decide to retry.
-The client is imported lazily, when Kubernetes mode starts, not at import time.
+HTTP status (``None`` for connection problems and timeouts), the API's reason and the server's
+``Retry-After`` so callers can classify it (see ``agent.sinks.worker``). Every call has a client
+timeout (``timeout``, default 10 s). The client is imported lazily, when Kubernetes mode starts,
+not at import time.
 """
 
 from __future__ import annotations
@@ -20,21 +22,34 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 10.0
-TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER = 600.0  # a larger Retry-After is clamped to this many seconds
+TRANSIENT_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 
 
 class KubeError(Exception):
-    """An API call failed. ``status`` is None when no HTTP answer arrived (connection, timeout)."""
+    """An API call failed. ``status`` is None when no HTTP answer arrived (connection, timeout).
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+    ``reason`` is the Status reason (``AlreadyExists``, ``Invalid``, ...) when the server sent one;
+    ``retry_after`` the server's ``Retry-After`` in seconds (clamped to ``MAX_RETRY_AFTER``).
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, reason: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
     @property
     def transient(self) -> bool:
-        """Worth retrying: no answer, a conflict, throttling or a server error."""
-        return self.status is None or self.status in TRANSIENT_STATUSES
+        """Worth retrying: no answer, a timeout, a conflict, throttling or a server error."""
+        return self.status is None or self.status in TRANSIENT_STATUSES or self.status >= 500
+
+    @property
+    def already_exists(self) -> bool:
+        """A create found an object of that name (e.g. stored by an earlier attempt that timed out)."""
+        return self.status == 409 and self.reason == "AlreadyExists"
 
     @property
     def unauthorized(self) -> bool:
@@ -60,15 +75,23 @@ class ClientInfo:
 class KubeClient:
     """Narrow access to the API calls the agent makes, with dict bodies."""
 
-    def __init__(self, *, api_client: Any, info: ClientInfo) -> None:
+    def __init__(self, *, api_client: Any, info: ClientInfo, timeout: float = REQUEST_TIMEOUT) -> None:
+        """``timeout``: seconds each call may take in all (connecting, sending, the answer)."""
         from kubernetes.client import CoreV1Api
 
         self._api_client = api_client
         self._core = CoreV1Api(api_client)
+        self._timeout = timeout
         self.info = info
 
     @classmethod
-    def load(cls, *, kubeconfig: Path | None, environ: Mapping[str, str] | None = None) -> KubeClient:
+    def load(
+        cls,
+        *,
+        kubeconfig: Path | None,
+        environ: Mapping[str, str] | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> KubeClient:
         """In-cluster service account when running in a pod, else ``kubeconfig`` / ``KUBECONFIG``."""
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
@@ -94,7 +117,11 @@ class KubeClient:
             where = kubeconfig or "the environment"
             raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
         cfg.retries = False  # we retry ourselves, with backoff, in the sinks
-        return cls(api_client=client.ApiClient(configuration=cfg), info=ClientInfo(host=cfg.host, source=source))
+        return cls(
+            api_client=client.ApiClient(configuration=cfg),
+            info=ClientInfo(host=cfg.host, source=source),
+            timeout=timeout,
+        )
 
     def close(self) -> None:
         try:
@@ -107,7 +134,7 @@ class KubeClient:
         from urllib3.exceptions import HTTPError
 
         try:
-            response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            response = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
             data = response.data
             return json.loads(data) if data else {}
         except ApiException as exc:
@@ -131,6 +158,7 @@ class KubeClient:
         )
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST an Event; a name already taken fails with ``KubeError.already_exists``."""
         return self._call(f"create event in {namespace}", self._core.create_namespaced_event, namespace, body)
 
     def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -144,19 +172,39 @@ class KubeClient:
         )
 
 
+def parse_retry_after(value: object) -> float | None:
+    """Seconds from a ``Retry-After`` header (delay-seconds form), clamped to ``MAX_RETRY_AFTER``.
+
+    The HTTP-date form (which the API server never sends), a missing header and garbage give None.
+    """
+    if value is None:
+        return None
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        return None
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return None
+    return min(seconds, MAX_RETRY_AFTER)
+
+
 def _api_error(what: str, exc: Any) -> KubeError:
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", "") or ""
     message = reason
+    headers = getattr(exc, "headers", None) or {}
+    wait = parse_retry_after(headers.get("Retry-After"))
     try:
         body = json.loads(exc.body) if getattr(exc, "body", None) else {}
         message = body.get("message") or message
         reason = body.get("reason") or reason
-    except (ValueError, TypeError):
+        if wait is None and (body.get("details") or {}).get("retryAfterSeconds") is not None:
+            wait = parse_retry_after(body["details"]["retryAfterSeconds"])
+    except (ValueError, TypeError, AttributeError):
         pass
     hint = ""
     if status == 401:
         hint = " (the API server rejected our credentials: check the service account token or kubeconfig)"
     elif status == 403:
         hint = " (forbidden: check the ClusterRole bound to the agent's service account)"
-    return KubeError(f"{what}: HTTP {status} {reason}: {message}{hint}", status=status, reason=reason)
+    return KubeError(f"{what}: HTTP {status} {reason}: {message}{hint}", status=status, reason=reason, retry_after=wait)

@@ -3,187 +3,308 @@
 ``involvedObject`` is the Node (``apiVersion: v1``, kind, name, uid) so ``kubectl describe node``
 and ``kubectl events --for node/<n>`` show them. Warning for problems, Normal for recoveries.
 
-Storm control: repeats of the same (type, reason, message) within ``aggregate_window`` update one
-Event object (``count``, ``lastTimestamp``) instead of creating new ones, and each such series is
-written at most once per ``min_interval`` (the count keeps accumulating in between). A per-reason
-token bucket (``burst`` Events, then one per ``refill`` seconds) limits how many distinct Events a
-reason can create. So an error storm of 100k lines yields a handful of API writes. ``publish``
-only folds events into the bounded series table (O(1) each, so no count is ever lost to a full
-queue); a worker thread writes them, and a failing API never blocks detection.
+Storm control: repeats of the same (type, reason, message) within ``aggregate_window`` seconds
+(by the events' own timestamps) update one Event object (``count``, ``lastTimestamp``) instead of
+creating new ones, and each such series is patched at most once per ``min_interval`` (the count
+keeps accumulating in between). A per-reason token bucket (``burst`` new series, then one per
+``refill`` seconds) limits how many distinct Events a reason can create. So an error storm of 100k
+lines yields a handful of API writes.
+
+Delivery: events taken from the feed are folded into the :class:`~agent.sinks.outbox.Outbox`,
+which is saved at most every ``persist_interval`` seconds (and at shutdown); only then is the
+publication acknowledged (:meth:`EventSink.acked`), so the kmsg cursor never passes an Event that
+is neither delivered nor on disk. An unwritable state directory is reported in
+``last_persist_error`` and the sink goes on in memory (still acknowledging). Event names are
+deterministic (node name + a hash of type, reason, message and first timestamp), so a create
+whose answer was lost and is retried meets 409 AlreadyExists and becomes a PATCH: never a copy.
 """
 
 from __future__ import annotations
 
-import collections
+import hashlib
 import logging
+import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
 
 from agent.kube import KubeClient, KubeError
+from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.log import iso
-from agent.types import Event, Snapshot
+from agent.sinks.outbox import MAX_SERIES, OUTBOX_FILE, Outbox, Series
+from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
+from agent.types import Event
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "node-health-agent"
 MAX_MESSAGE = 1024
-MAX_SERIES = 4096
+MAX_NAME = 253  # a DNS subdomain
+PERSIST_INTERVAL = 0.5
+WRITES_PER_ROUND = 32  # then the loop takes new events and saves before writing on
+FINAL_FLUSH = 2.0  # seconds the last flush at shutdown may start writes in
 
 
-@dataclass(kw_only=True)
-class _Series:
-    """One aggregated Event object on the server."""
-
-    name: str | None  # None until created
-    first: float
-    last: float
-    count: int  # occurrences so far
-    written_count: int  # count the server has
-    last_write: float
-    event: Event
+def event_name(node: str, *, type_: str, reason: str, message: str, first: float) -> str:
+    """``<node>.<16 hex>``: the same series always gets the same name (a valid DNS subdomain)."""
+    identity = "\0".join((type_, reason, message, str(round(first * 1e9))))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    prefix = node.lower()[: MAX_NAME - len(digest) - 1].rstrip(".-")
+    return f"{prefix}.{digest}" if prefix else digest
 
 
-class EventSink:
-    def __init__(
-        self,
-        *,
-        client: KubeClient,
-        node_name: str,
-        node_uid: Callable[[], str | None],
-        namespace: str = "default",
-        aggregate_window: float = 600.0,
-        min_interval: float = 30.0,
-        burst: int = 10,
-        refill: float = 300.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._client = client
-        self._node = node_name
-        self._node_uid = node_uid
-        self._namespace = namespace
-        self._window = aggregate_window
-        self._min_interval = min_interval
-        self._burst = burst
+class ReasonBuckets:
+    """One token bucket per reason: ``burst`` tokens, refilled one per ``refill`` seconds."""
+
+    def __init__(self, *, burst: int, refill: float) -> None:
+        self._burst = float(burst)
         self._refill = refill
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._series: collections.OrderedDict[tuple, _Series] = collections.OrderedDict()
-        self._tokens: dict[str, tuple[float, float]] = {}  # reason -> (tokens, last refill time)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="event-sink", daemon=True)
-        self.writes = 0
-        self.dropped = 0
-        self.failures = 0
+        self._tokens: dict[str, tuple[float, float]] = {}  # reason -> (tokens, at)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def publish(self, *, events: Sequence[Event], snapshot: Snapshot) -> None:
-        if not events:
-            return
-        with self._lock:
-            for event in events:
-                self._record(event)
-        self._wake.set()
-
-    def close(self, *, timeout: float = 2.0) -> None:
-        """Stop after one last flush of pending counts (bounded by ``timeout``)."""
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=timeout)
-
-    def idle(self) -> bool:
-        """Every series written as far as the server knows (for tests)."""
-        with self._lock:
-            return all(s.written_count == s.count for s in self._series.values())
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(timeout=1.0)
-            self._wake.clear()
-            stopping = self._stop.is_set()
-            self._flush(final=stopping)
-            if stopping:
-                return
-
-    def _record(self, event: Event) -> None:
-        now = self._clock()
-        key = (event.type, event.reason, event.message[:MAX_MESSAGE])
-        series = self._series.get(key)
-        if series is not None and now - series.last <= self._window:
-            series.count += 1
-            series.last = now
-            series.event = event
-            self._series.move_to_end(key)
-            return
-        if not self._take_token(event.reason, now):
-            self.dropped += 1
-            return
-        self._series[key] = _Series(
-            name=None, first=now, last=now, count=1, written_count=0, last_write=0.0, event=event
-        )
-        self._series.move_to_end(key)
-        while len(self._series) > MAX_SERIES:
-            self._series.popitem(last=False)
-
-    def _take_token(self, reason: str, now: float) -> bool:
-        tokens, since = self._tokens.get(reason, (float(self._burst), now))
-        tokens = min(float(self._burst), tokens + (now - since) / self._refill)
+    def take(self, reason: str, now: float) -> bool:
+        tokens, since = self._tokens.get(reason, (self._burst, now))
+        tokens = min(self._burst, tokens + max(0.0, now - since) / self._refill)
         if tokens < 1:
             self._tokens[reason] = (tokens, now)
             return False
         self._tokens[reason] = (tokens - 1, now)
         return True
 
-    def _flush(self, *, final: bool) -> None:
+
+class EventSink(SinkWorker):
+    """The ``event_sink`` component."""
+
+    name = "event_sink"
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        feed: SnapshotFeed,
+        node_name: str,
+        state_dir: Path | None,
+        namespace: str = "default",
+        aggregate_window: float = 600.0,
+        min_interval: float = 30.0,
+        burst: int = 10,
+        refill: float = 300.0,
+        persist_interval: float = PERSIST_INTERVAL,
+        max_series: int = MAX_SERIES,
+        resync: float = RESYNC,
+        max_backoff: float = MAX_BACKOFF,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
+        rng: Callable[[], float] = random.random,
+        stall: float = STALL,
+    ) -> None:
+        """``state_dir`` None keeps the outbox in memory only."""
+        super().__init__(
+            feed=feed,
+            clock=clock,
+            monotonic=monotonic,
+            wait=wait,
+            resync=resync,
+            max_backoff=max_backoff,
+            rng=rng,
+            stall=stall,
+        )
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._window = aggregate_window
+        self._min_interval = min_interval
+        self._persist_interval = persist_interval
+        self._buckets = ReasonBuckets(burst=burst, refill=refill)
+        self.outbox = Outbox(path=None if state_dir is None else Path(state_dir) / OUTBOX_FILE, max_series=max_series)
+        self._node_uid: str | None = None
+        self._index = 0  # the feed's index after the last event taken
+        self._folded = 0  # newest publication whose events are in the outbox
+        self._acked = 0
+        self._unsaved = False  # the outbox changed since it was saved
+        self._unsaved_events = False  # ... by events taken from the feed (the ack waits for the save)
+        self._next_save = float("-inf")  # monotonic
+        self.throttled = 0  # events that would have started a series, refused by the reason's bucket
+        self.lost = 0  # events the feed's backlog lost before we took them
+        self.last_persist_error: str | None = None
+
+    def acked(self) -> int:
+        """The newest publication whose events are delivered or durably in the outbox."""
+        return self._acked
+
+    @property
+    def overflowed(self) -> int:
+        """Series dropped undelivered because the outbox was full."""
+        return self.outbox.dropped
+
+    def pending(self) -> int:
+        """Series with occurrences the server does not have yet."""
+        return sum(1 for s in self.outbox if s.pending)
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        loaded = self.outbox.load()
+        if loaded:
+            log.info("Event outbox: %d series loaded from %s", loaded, self.outbox.path)
+        super().run(stop)
+
+    def take(self, pub: Publication) -> None:
+        events, self._index, lost = self._feed.events_since(self._index)
+        if lost:
+            self.lost += lost
+            log.warning("the Event sink fell behind: %d events lost from the feed's backlog", lost)
         now = self._clock()
-        with self._lock:
-            due = [
-                (series, series.count, series.last, series.event)
-                for series in self._series.values()
-                if series.written_count != series.count
-                and (series.name is None or final or now - series.last_write >= self._min_interval)
-            ]
-        for series, count, last, event in due:
-            try:
-                self._write(series, count=count, last=last, event=event)
-            except KubeError as exc:
-                self.failures += 1
-                log.warning("cannot write Event %s for node %s (will retry): %s", event.reason, self._node, exc)
-                return  # keep order; retry on the next flush
-            with self._lock:
-                series.written_count = count
-                series.last_write = now
-            self.writes += 1
+        for event in events:
+            self._fold(event, now)
+        self._node_uid = pub.snapshot.node_uid or self._node_uid
+        self._folded = pub.number
+        if events:
+            self._unsaved = True
+            durable = self.outbox.path is not None and self.last_persist_error is None
+            self._unsaved_events = durable  # in memory only: nothing to wait for
+        if not self._unsaved_events:
+            self._acked = pub.number
 
-    def _write(self, series: _Series, *, count: int, last: float, event: Event) -> None:
-        if series.name is None:
-            name = f"{self._node}.{time.time_ns():x}"
-            self._client.create_event(self._namespace, self._body(name, series, count=count, last=last, event=event))
-            series.name = name
-        else:
-            self._client.patch_event(
-                self._namespace,
-                series.name,
-                {"count": count, "lastTimestamp": iso(last), "message": event.message[:MAX_MESSAGE]},
+    def work(self, now: float) -> float:
+        if self._unsaved and now >= self._next_save:
+            self._save(now)
+        if not self.in_backoff(now):
+            self._flush(now, limit=WRITES_PER_ROUND)
+        return self._next_wake(now)
+
+    def finish(self, now: float) -> None:
+        if self._unsaved:
+            self._save(now)
+        if not self.in_backoff(now):
+            self._flush(now, final=True, until=self._monotonic() + FINAL_FLUSH)
+        if self._unsaved:
+            self._save(now)
+
+    # ---- folding and saving --------------------------------------------------------------------
+
+    def _fold(self, event: Event, now: float) -> None:
+        message = event.message[:MAX_MESSAGE]
+        series = self.outbox.current((event.type, event.reason, message))
+        if series is not None and event.timestamp - series.last <= self._window:
+            series.count += 1
+            series.last = max(series.last, event.timestamp)
+            self.outbox.touch(series)
+            return
+        if not self._buckets.take(event.reason, now):
+            self.throttled += 1
+            return
+        name = event_name(self._node, type_=event.type, reason=event.reason, message=message, first=event.timestamp)
+        self.outbox.add(
+            Series(
+                name=name,
+                type=event.type,
+                reason=event.reason,
+                message=message,
+                first=event.timestamp,
+                last=event.timestamp,
             )
+        )
 
-    def _body(self, name: str, series: _Series, *, count: int, last: float, event: Event) -> dict:
+    def _save(self, now: float) -> None:
+        """Save the outbox (or note why not), then acknowledge what was folded."""
+        self.outbox.forget(delivered_before=self._clock() - self._window)
+        try:
+            self.outbox.save()
+        except OSError as exc:
+            error = f"cannot write {self.outbox.path}: {exc.strerror or exc}"
+            if error != self.last_persist_error:
+                log.error("Event outbox: %s (going on in memory)", error)
+            self.last_persist_error = error
+            self._next_save = now + max(self._persist_interval, self._resync)
+        else:
+            if self.last_persist_error is not None:
+                log.info("Event outbox: %s can be written again", self.outbox.path)
+            self.last_persist_error = None
+            self._unsaved = False
+            self._next_save = now + self._persist_interval
+        self._unsaved_events = False
+        self._acked = self._folded
+
+    def _next_wake(self, now: float) -> float:
+        wake = IDLE
+        if self._unsaved:
+            wake = min(wake, self._next_save - now)
+        for series in self.outbox:
+            if not series.pending:
+                continue
+            if self.in_backoff(now):
+                return min(wake, self.retry_in(now))
+            wake = min(wake, series.last_write + self._min_interval - now if series.created else 0.0)
+        return max(0.0, wake)
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def _flush(self, now: float, *, final: bool = False, limit: int | None = None, until: float | None = None) -> None:
+        """Write the due series in order until a transient failure, ``limit`` writes or ``until``."""
+        writes = 0
+        for series in self.outbox:
+            if not series.pending or (series.created and not final and now - series.last_write < self._min_interval):
+                continue
+            if (limit is not None and writes >= limit) or (until is not None and self._monotonic() >= until):
+                return
+            writes += 1
+            if not self._deliver(series, now):
+                return
+
+    def _deliver(self, series: Series, now: float) -> bool:
+        """One series' write; False after a transient failure (writes stop until the backoff ends)."""
+        count, last = series.count, series.last
+        self.beat()
+        try:
+            self._send(series, count=count, last=last, now=now)
+        except KubeError as exc:
+            what = f"Event {series.reason} for node {self._node} ({self._namespace}/{series.name})"
+            if self.failed(exc, what=what, now=now) is Failure.TRANSIENT:
+                return False
+        else:
+            self.succeeded()
+            series.created = True
+        series.written_count = count  # written, or dropped for good after a permanent error
+        series.last_write = now
+        self._unsaved = True
+        return True
+
+    def _send(self, series: Series, *, count: int, last: float, now: float) -> None:
+        if series.created:
+            try:
+                self._patch(series, count=count, last=last)
+                return
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+                self.failed(exc, what=f"patch of Event {self._namespace}/{series.name}", now=now, gone_on_404=True)
+                series.created = False
+        try:
+            self._client.create_event(self._namespace, self._body(series, count=count, last=last))
+        except KubeError as exc:
+            if not exc.already_exists:
+                raise
+            self._patch(series, count=count, last=last)  # an earlier create was stored; its answer was lost
+
+    def _patch(self, series: Series, *, count: int, last: float) -> None:
+        self._client.patch_event(
+            self._namespace, series.name, {"count": count, "lastTimestamp": iso(last), "message": series.message}
+        )
+
+    def _body(self, series: Series, *, count: int, last: float) -> dict:
         involved = {"apiVersion": "v1", "kind": "Node", "name": self._node}
-        uid = self._node_uid()
-        if uid:
-            involved["uid"] = uid
+        if self._node_uid:
+            involved["uid"] = self._node_uid
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": self._namespace},
+            "metadata": {"name": series.name, "namespace": self._namespace},
             "involvedObject": involved,
-            "reason": event.reason,
-            "message": event.message[:MAX_MESSAGE],
-            "type": event.type,
+            "reason": series.reason,
+            "message": series.message,
+            "type": series.type,
             "count": count,
             "firstTimestamp": iso(series.first),
             "lastTimestamp": iso(last),

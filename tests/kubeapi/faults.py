@@ -1,6 +1,7 @@
 """Fault injection: answer matching requests with an error, a hang or a dropped connection.
 
-A fault never touches storage: the request is answered before it reaches the API logic.
+A fault never touches storage (the request is answered before it reaches the API logic), except
+``slow``: the request is carried out, and only its answer is late.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-FaultKind = Literal["status", "timeout", "drop"]
+FaultKind = Literal["status", "timeout", "drop", "slow"]
 
 
 @dataclass
 class FaultRule:
-    """Matches requests by method and a regex searched in the path (query excluded).
+    """Matches requests by method, a regex searched in the path (query excluded) and optionally
+    a regex searched in the request body (as text).
 
     ``count`` is how many requests it still answers (``None``: every one).
     """
@@ -29,15 +31,20 @@ class FaultRule:
     delay: float = 5.0
     message: str | None = None
     hits: int = 0
+    body_regex: str | None = None
     _pattern: re.Pattern[str] | None = field(default=None, repr=False)
+    _body_pattern: re.Pattern[str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._pattern = re.compile(self.path_regex) if self.path_regex else None
+        self._body_pattern = re.compile(self.body_regex) if self.body_regex else None
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, body: str = "") -> bool:
         if self.count is not None and self.count <= 0:
             return False
         if self.method and self.method.upper() != method.upper():
+            return False
+        if self._body_pattern is not None and self._body_pattern.search(body) is None:
             return False
         return self._pattern is None or self._pattern.search(path) is not None
 
@@ -60,22 +67,36 @@ class FaultInjector:
         kind: FaultKind = "status",
         delay: float = 5.0,
         message: str | None = None,
+        body_regex: str | None = None,
     ) -> FaultRule:
         """Add a rule.  ``kind="status"`` answers ``status`` (429/500/503/504/...) with a Status
         body (and ``Retry-After`` when given); ``"timeout"`` waits ``delay`` seconds then closes the
-        connection without answering; ``"drop"`` closes the connection at once."""
-        if kind not in ("status", "timeout", "drop"):
+        connection without answering; ``"drop"`` closes the connection at once; ``"slow"`` carries
+        the request out (a create is stored) and answers only after ``delay`` seconds, so a client
+        with a shorter timeout never learns the outcome.  ``body_regex`` narrows the rule to
+        requests whose body text contains a match (e.g. one Event's reason)."""
+        if kind not in ("status", "timeout", "drop", "slow"):
             raise ValueError(f"unknown fault kind {kind!r}")
-        rule = FaultRule(method, path_regex, kind, status, count, retry_after, delay, message)
+        rule = FaultRule(
+            method=method,
+            path_regex=path_regex,
+            kind=kind,
+            status=status,
+            count=count,
+            retry_after=retry_after,
+            delay=delay,
+            message=message,
+            body_regex=body_regex,
+        )
         with self._lock:
             self._rules.append(rule)
         return rule
 
-    def take(self, method: str, path: str) -> FaultRule | None:
+    def take(self, method: str, path: str, body: str = "") -> FaultRule | None:
         """The rule that answers this request (its budget is consumed), if any."""
         with self._lock:
             for rule in self._rules:
-                if rule.matches(method, path):
+                if rule.matches(method, path, body):
                     rule.hits += 1
                     if rule.count is not None:
                         rule.count -= 1

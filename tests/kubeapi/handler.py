@@ -140,8 +140,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         def record(status: int | None, fault: str | None = None) -> None:
             owner.requests.append(RequestRecord(self.command, path, query, content_type, status, parsed_body, fault))
 
-        fault = owner.faults.take(self.command, path)
-        if fault is not None:
+        fault = owner.faults.take(self.command, path, body.decode(errors="replace"))
+        if fault is not None and fault.kind != "slow":
             if fault.kind == "drop":
                 record(None, "drop")
                 self._drop()
@@ -171,6 +171,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         if isinstance(result, WatchStream):
             record(200)
             self._stream(result)
+            return
+        if fault is not None:  # slow: done, but the answer comes late (after the client gave up)
+            record(result.status, "slow")
+            owner._stopping.wait(fault.delay)
         else:
             record(result.status)
-            self._write(result)
+        self._write(result)

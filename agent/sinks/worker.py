@@ -1,0 +1,186 @@
+"""What the sinks that write to the Kubernetes API share: the component loop over the snapshot
+feed, waiting, one :class:`~agent.backoff.Backoff`, and what a failed write means.
+
+A failed write is one of (:func:`classify`):
+
+- **transient** (no answer or a timeout, 408, 409 Conflict, 429, 5xx): retried after a jittered
+  backoff that honours the server's ``Retry-After`` and is never shorter than ``resync``;
+- **permanent** (400, 401, 403, 404, 422 and every other 4xx): that write is dropped, counted by
+  HTTP status in ``dropped`` and logged once per (status, reason); the sink goes on with the next;
+- **gone** (404 when patching an aggregated Event: it expired): the sink creates it anew.
+
+A failing API is not a health problem of the sink: ``healthy`` only says the loop still beats
+(a dead or wedged thread is unhealthy); ``last_error`` says what the API answered, for /healthz.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from agent.backoff import Backoff
+from agent.kube import KubeError
+from agent.runtime import Publication, SnapshotFeed
+
+log = logging.getLogger(__name__)
+
+RESYNC = 10.0  # the shortest wait after a failed write
+MAX_BACKOFF = 60.0
+BACKOFF_JITTER = 0.2
+STALL = 60.0  # a loop that has not beaten this long after its planned wake-up is wedged
+IDLE = 60.0  # the longest pause (a new publication ends it early); the loop beats at least this often
+STOP_POLL = 0.5  # how often the default wait looks at ``stop`` (closing the feed wakes it at once)
+
+
+class Failure(enum.StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    GONE = "gone"
+
+
+def classify(exc: KubeError, *, gone_on_404: bool = False) -> Failure:
+    """What a failed write means; ``gone_on_404`` for writes to objects that may expire (Events)."""
+    if exc.transient:
+        return Failure.TRANSIENT
+    if exc.status == 404 and gone_on_404:
+        return Failure.GONE
+    return Failure.PERMANENT
+
+
+class SinkWorker:
+    """Base of a sink component: ``run(stop)`` loops ``take`` (each new publication), ``work``
+    (the writes that are due) and a pause, then ``finish`` once ``stop`` is set.
+
+    Time is injected: ``clock`` (wall, for timestamps), ``monotonic`` (scheduling) and ``wait``
+    (``wait(seconds) -> stopping``; the default returns at the end of the pause, on ``stop``, or
+    early when the feed has a newer publication, so a sink never sleeps through new input).
+    Subclasses set ``name`` and implement ``take``, ``work`` and ``finish``.
+    """
+
+    name = "sink"
+
+    def __init__(
+        self,
+        *,
+        feed: SnapshotFeed,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
+        resync: float = RESYNC,
+        max_backoff: float = MAX_BACKOFF,
+        rng: Callable[[], float] = random.random,
+        stall: float = STALL,
+    ) -> None:
+        self._feed = feed
+        self._clock = clock
+        self._monotonic = monotonic
+        self._wait = wait
+        self._resync = resync
+        self._stall = stall
+        self._backoff = Backoff(initial=resync, maximum=max(resync, max_backoff), jitter=BACKOFF_JITTER, rng=rng)
+        self._retry_at: float | None = None  # monotonic time before which no write is tried
+        self._seen = -1  # number of the newest publication taken (the feed's initial one is 0)
+        self._deadline = monotonic() + stall  # healthy while the loop beats before this
+        self._exited = False
+        self._logged: set[tuple[int | None, str]] = set()
+        self.writes = 0  # successful API writes
+        self.failures: collections.Counter[str] = collections.Counter()  # failed writes by Failure kind
+        self.dropped: collections.Counter[int] = collections.Counter()  # writes given up, by HTTP status
+        self.last_error: str | None = None  # the latest failure, None again after a success
+
+    # ---- for subclasses ------------------------------------------------------------------------
+
+    def take(self, pub: Publication) -> None:
+        """Adopt a new publication (the newest; earlier ones may have been skipped)."""
+        raise NotImplementedError
+
+    def work(self, now: float) -> float:
+        """Do the writes that are due at ``now`` (monotonic); seconds until something is due again."""
+        raise NotImplementedError
+
+    def finish(self, now: float) -> None:
+        """``stop`` is set: a last, bounded attempt at what is pending."""
+        raise NotImplementedError
+
+    def in_backoff(self, now: float) -> bool:
+        return self._retry_at is not None and now < self._retry_at
+
+    def retry_in(self, now: float) -> float:
+        """Seconds until writes may be tried again (0 when not backing off)."""
+        return max(0.0, self._retry_at - now) if self._retry_at is not None else 0.0
+
+    def beat(self, expect: float = 0.0) -> None:
+        """The loop is alive and will beat again within ``expect`` seconds (plus the stall bound)."""
+        self._deadline = self._monotonic() + expect + self._stall
+
+    def succeeded(self) -> None:
+        self.writes += 1
+        self.last_error = None
+        self._retry_at = None
+        self._backoff.reset()
+
+    def failed(self, exc: KubeError, *, what: str, now: float, gone_on_404: bool = False) -> Failure:
+        """Count, log and schedule the retry of a failed write; returns what the failure means."""
+        kind = classify(exc, gone_on_404=gone_on_404)
+        self.failures[kind] += 1
+        self.last_error = str(exc)
+        if kind is Failure.TRANSIENT:
+            delay = self._backoff.next_delay(retry_after=exc.retry_after, at_least=self._resync)
+            self._retry_at = now + delay
+            log.warning("%s failed (retrying in %.1fs): %s", what, delay, exc)
+        elif kind is Failure.PERMANENT:
+            self.dropped[exc.status or 0] += 1
+            key = (exc.status, exc.reason)
+            level = logging.DEBUG if key in self._logged else logging.ERROR
+            self._logged.add(key)
+            log.log(level, "%s refused, dropped (not retried; logged once per status and reason): %s", what, exc)
+        else:
+            log.info("%s: the object is gone, creating it anew: %s", what, exc)
+        return kind
+
+    # ---- the component -------------------------------------------------------------------------
+
+    def healthy(self, now: float) -> bool:
+        """The loop runs and beat within the stall bound; API failures do not count."""
+        return not self._exited and now <= self._deadline
+
+    def run(self, stop: threading.Event) -> None:
+        wait = self._wait or (lambda seconds: self._default_wait(stop, seconds))
+        try:
+            while not stop.is_set():
+                self._take_newest()
+                pause = min(max(0.0, self.work(self._monotonic())), IDLE)
+                self.beat(pause)
+                if wait(pause):
+                    break
+            self._take_newest()
+            self.finish(self._monotonic())
+        finally:
+            self._exited = True
+
+    def _take_newest(self) -> None:
+        pub = self._feed.wait_newer(self._seen, timeout=0)
+        if pub is not None:
+            self._seen = pub.number
+            self.take(pub)
+
+    def _default_wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Up to ``seconds`` (real time), ending early on ``stop`` or a newer publication."""
+        end = time.monotonic() + seconds
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            slice_ = min(left, STOP_POLL)
+            started = time.monotonic()
+            if self._feed.wait_newer(self._seen, timeout=slice_) is not None:
+                return False
+            rest = slice_ - (time.monotonic() - started)
+            if rest > 0.001:  # the feed was closed: it no longer blocks, so wait on stop instead
+                stop.wait(rest)
+        return True
