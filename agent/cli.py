@@ -183,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument("--socket", required=True, metavar="PATH", help="UNIX socket to create")
     relay.add_argument("--kmsg-path", default=str(DEFAULT_KMSG), help="kernel log device (default /dev/kmsg)")
 
+    def numeric_id(text: str) -> int:
+        if not (text.isascii() and text.isdigit()):
+            raise argparse.ArgumentTypeError(f"not a numeric uid/gid: {text!r}")
+        return int(text)
+
+    relay.add_argument(
+        "--client-uid",
+        type=numeric_id,
+        default=None,
+        metavar="UID",
+        help="the uid that may connect (besides root and --client-gid); the socket is mode 0600 owned by it "
+        "(default: the relay's own effective uid)",
+    )
+    relay.add_argument(
+        "--client-gid",
+        type=numeric_id,
+        default=None,
+        metavar="GID",
+        help="also let this group connect: the socket becomes mode 0660 with this group (default: none)",
+    )
+
     sim = sub.add_parser(
         "simulate",
         parents=[common],
@@ -243,7 +264,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "kmsg-relay":
             from agent.relay import run_relay
 
-            return run_relay(socket_path=Path(args.socket), kmsg_path=Path(args.kmsg_path), stop=_stop_on_signals())
+            return run_relay(
+                socket_path=Path(args.socket),
+                kmsg_path=Path(args.kmsg_path),
+                stop=_stop_on_signals(),
+                client_uid=args.client_uid,
+                client_gid=args.client_gid,
+            )
         return run(args)
     except ConfigError as exc:
         _print_config_error(exc, sys.stderr)

@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from agent.types import Condition, Severity, Status
@@ -62,6 +62,11 @@ class StateDirHealth:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._problems: dict[str, str] = {}
+        self._watched: dict[str, Callable[[], str | None]] = {}
+
+    def watch(self, part: str, error: Callable[[], str | None]) -> None:
+        """A part that keeps its own last error (e.g. the Event outbox): read it with the others."""
+        self._watched[part] = error
 
     def report(self, part: str, error: str | None) -> None:
         with self._lock:
@@ -79,12 +84,15 @@ class StateDirHealth:
 
     def problems(self) -> dict[str, str]:
         with self._lock:
-            return dict(self._problems)
+            found = dict(self._problems)
+        for part, error in self._watched.items():
+            if (text := error()) is not None:
+                found[part] = text
+        return found
 
     @property
     def ok(self) -> bool:
-        with self._lock:
-            return not self._problems
+        return not self.problems()
 
     def check(self) -> None:
         """Probe at startup that the directory exists (created if missing) and takes files."""

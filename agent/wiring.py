@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -60,17 +61,28 @@ def current_boot_id() -> str:
 
 
 def severity_lookup(rule_set: RuleSet) -> Callable[[str, str], Severity | None]:
-    """Severity of a (condition, reason) read back from a Node: that of the rule producing it, else None."""
-    table: dict[tuple[str, str], Severity] = {}
+    """Severity of a (condition, reason) read back from a Node: that of the rule producing it, else None.
+
+    A templated reason (``NeuronHasError_{type}``) produces every reason of its shape.
+    """
+    exact: dict[tuple[str, str], Severity] = {}
+    shapes: list[tuple[str, re.Pattern[str], Severity]] = []
     for rule in rule_set.rules:
-        if rule.condition and "{" not in rule.reason:
+        if not rule.condition:
+            continue
+        if "{" in rule.reason:
+            parts = re.split(r"\{[^}]*\}", rule.reason)
+            shapes.append((rule.condition, re.compile(".+".join(map(re.escape, parts))), rule.severity))
+        else:
             key = (rule.condition, rule.reason)
-            if key not in table or rule.severity.rank > table[key].rank:
-                table[key] = rule.severity
-    templated = {r.condition: r.severity for r in rule_set.rules if r.condition and "{" in r.reason}
+            if key not in exact or rule.severity.rank > exact[key].rank:
+                exact[key] = rule.severity
 
     def lookup(type_: str, reason: str) -> Severity | None:
-        return table.get((type_, reason)) or templated.get(type_)
+        if (type_, reason) in exact:
+            return exact[(type_, reason)]
+        found = [sev for cond, shape, sev in shapes if cond == type_ and shape.fullmatch(reason)]
+        return max(found, key=lambda s: s.rank) if found else None
 
     return lookup
 
@@ -228,6 +240,7 @@ def build_runtime(
         )
         consumers.extend([conditions, events])
         acks.append(events.acked)
+        state_dir.watch("outbox", lambda: events.last_persist_error)
         details["condition_sink"] = lambda: getattr(conditions, "last_error", None)
         details["event_sink"] = lambda: getattr(events, "last_error", None)
         if kube.node is None:
@@ -275,6 +288,29 @@ def build_runtime(
     return runtime
 
 
+MAX_HTTP_CONNECTIONS = 1024
+RESERVED_FDS = 128  # kernel log, relay socket, API connections, state files
+
+
+def http_connection_limit() -> int:
+    """Connections the HTTP server may hold: raise the soft fd limit to the hard one, keep room for the rest.
+
+    The server may hold about two sockets per connection slot (answered plus refused ones).
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return MAX_HTTP_CONNECTIONS
+    return max(16, min(MAX_HTTP_CONNECTIONS, (soft - RESERVED_FDS) // 2))
+
+
 def serve(runtime: Runtime, settings: Settings) -> Component | None:
     """Start listening (errors raise OSError before anything else starts); the ``http`` component."""
     if settings.listen is None:
@@ -287,6 +323,7 @@ def serve(runtime: Runtime, settings: Settings) -> Component | None:
         registry=runtime.registry,
         health=runtime.health_document,
         conditions=runtime.conditions_document,
+        max_connections=http_connection_limit(),
     )
     server.start()
     log.info("serving /metrics, /healthz and /conditions on %s:%d", settings.listen.host, server.port)

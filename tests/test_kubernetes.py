@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.app import Agent
 from agent.detectors.rulepack import load_rule_set
 from agent.kube import KubeClient
-from agent.settings import builtin_plugins_dir
-from agent.sinks.conditions import ConditionSink, node_conditions
-from agent.sinks.events import EventSink
+from agent.settings import Settings, builtin_plugins_dir
 from agent.sources.kmsg import KmsgStats
 from agent.types import LogRecord
+from agent.wiring import KubeSetup, build_runtime
 
 from helpers import wait_for
 from kubeapi.server import KubeApiServer
@@ -207,17 +205,19 @@ def test_no_credentials_exit_2(tmp_path, monkeypatch):
 
 
 class ListSource:
-    """A record source at our own seam: yields prepared records, then idles until stopped."""
+    """A record source at our own seam: yields prepared records in batches, then idles until stopped."""
 
-    def __init__(self, records: list[LogRecord]) -> None:
+    def __init__(self, records: list[LogRecord], *, batch: int = 4096) -> None:
         self.stats = KmsgStats()
         self._records = records
+        self._batch = batch
 
-    def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
-        for record in self._records:
-            self.stats.records_read += 1
+    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+        for i in range(0, len(self._records), self._batch):
+            chunk = self._records[i : i + self._batch]
+            self.stats.records_read += len(chunk)
             self.stats.last_activity = time.monotonic()
-            yield record
+            yield chunk
         while not stop.wait(0.05):
             self.stats.last_activity = time.monotonic()
 
@@ -227,52 +227,54 @@ def make_records(messages: list[str], *, start_seq: int = 1) -> list[LogRecord]:
     return [LogRecord(message=m, timestamp=now, seq=start_seq + i, priority=3) for i, m in enumerate(messages)]
 
 
-def run_in_process(
-    api: KubeApiServer,
-    tmp_path: Path,
-    records: list[LogRecord],
-    *,
-    until,
-    seed_from_node=True,
-    resync: float = 10.0,
-    timeout: float = 30.0,
-) -> tuple[ConditionSink, EventSink, Agent]:
-    rule_set = load_rule_set([builtin_plugins_dir() / "kernel", builtin_plugins_dir() / "neuron"])
-    client = KubeClient.load(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
-    agent = Agent(
-        rule_set=rule_set,
-        source=ListSource(records),
-        sinks=[],
-        cursor_store=None,
-        boot_id="b",
-        lookback=300,
-        stall_timeout=60,
-        aggregate=True,
+def settings_for(tmp_path: Path, **overrides) -> Settings:
+    values = dict(
+        standalone=False,
+        config_files=(),
+        plugins_dirs=(builtin_plugins_dir() / "kernel", builtin_plugins_dir() / "neuron"),
+        kmsg_path=tmp_path / "unused-kmsg",
+        kmsg_relay=None,
+        listen=None,
+        state_dir=tmp_path / "state",
+        lookback=300.0,
+        stall_timeout=60.0,
+        node_name=NODE,
+        aggregate_condition=True,
     )
-    if seed_from_node:
-        agent.state.seed(
-            node_conditions(
-                client.get_node(NODE),
-                types=agent.state.owned_types,
-                severity=lambda t, r: agent.state.snapshot().condition(t).severity,
-                now=time.time(),
-            )
+    values.update(overrides)
+    return Settings(**values)
+
+
+class Running:
+    """An in-process agent (the real wiring) against the test API server, stopped on exit."""
+
+    def __init__(self, api: KubeApiServer, tmp_path: Path, records: list[LogRecord], *, read_node=True, **kw):
+        self.settings = settings_for(tmp_path, **kw)
+        self.client = KubeClient.load(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
+        node = self.client.get_node(NODE) if read_node else None
+        self.runtime = build_runtime(
+            settings=self.settings,
+            rule_set=load_rule_set(list(self.settings.rule_paths)),
+            source=ListSource(records),
+            kube=KubeSetup(client=self.client, node_name=NODE, node=node),
         )
-    conditions = ConditionSink(client=client, node_name=NODE, resync=resync, retry_attempts=2, retry_max_wait=0.1)
-    events = EventSink(client=client, node_name=NODE, node_uid=lambda: "uid-1")
-    agent.sinks.extend([conditions, events])
-    conditions.start()
-    events.start()
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    try:
-        wait_for(lambda: until(conditions, events, agent), timeout=timeout)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        client.close()
-    return conditions, events, agent
+        comps = {c.name: c for c in self.runtime.supervisor.components}
+        self.conditions = comps["condition_sink"]
+        self.events = comps["event_sink"]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.runtime.run, args=(self.stop,))
+
+    def snapshot(self):
+        return self.runtime.feed.latest().snapshot
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.client.close()
 
 
 def test_storm_of_100k_lines_costs_few_writes(api, tmp_path):
@@ -280,12 +282,9 @@ def test_storm_of_100k_lines_costs_few_writes(api, tmp_path):
         [DMA_LINE] * 50_000
         + ["Killed process 4242 (python) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB"] * 50_000
     )
-    conditions, events, agent = run_in_process(
-        api,
-        tmp_path,
-        storm,
-        until=lambda c, e, a: a.source.stats.records_read == len(storm) and a._queue.empty() and c.in_sync,
-    )  # stopping the agent closes the sinks: the Event series counts are flushed then
+    with Running(api, tmp_path, storm) as agent:
+        wait_for(lambda: agent.runtime.main_loop.pipeline.lines_matched == len(storm) and agent.conditions.in_sync)
+    # stopping the agent flushes the Event series counts
     patches = api.requests.count(method="PATCH", path_regex=r"/nodes/.*/status")
     event_writes = api.requests.count(path_regex=r"/events")
     assert patches <= 3, patches
@@ -293,44 +292,76 @@ def test_storm_of_100k_lines_costs_few_writes(api, tmp_path):
     stored = api.list_objects("events", "default")
     oom = [e for e in stored if e["reason"] == "OOMKilling"]
     assert len(oom) == 1 and oom[0]["count"] == 50_000
-    assert agent.state.snapshot().problem_counts["OOMKilling"] == 50_000
+    assert agent.snapshot().problem_counts["OOMKilling"] == 50_000
 
 
 def test_api_outage_loses_nothing(api, tmp_path):
-    """Findings during a long outage (refused connections) reach the Node once it returns."""
+    """Findings during an outage (refused connections) reach the Node once it returns."""
     api.set_outage("refuse")
-    done = threading.Event()
-
-    def back_when_detected(c, e, a):
-        snap = a.state.snapshot().condition("NeuronHealth")
-        if snap.status.value == "True" and not done.is_set():
-            time.sleep(0.5)  # several failed attempts happen meanwhile
-            api.set_outage(None)
-            done.set()
-        return done.is_set() and c.in_sync and e.idle()
-
-    conditions, events, _ = run_in_process(
-        api, tmp_path, make_records([DMA_LINE]), until=back_when_detected, seed_from_node=False, resync=0.2
-    )
-    assert conditions.failures >= 1
+    with Running(api, tmp_path, make_records([DMA_LINE]), read_node=False) as agent:
+        wait_for(lambda: agent.snapshot().condition("NeuronHealth").status.value == "True" or None)
+        wait_for(lambda: sum(agent.events.failures.values()) + sum(agent.conditions.failures.values()) >= 1)
+        api.set_outage(None)
+        wait_for(lambda: agent.conditions.in_sync and agent.events.pending() == 0, timeout=60)
     conds = node_conditions_on(api)
     assert (conds["NeuronHealth"]["status"], conds["AcceleratedHardwareReady"]["status"]) == ("True", "False")
     assert conds["Ready"] == KUBELET_CONDITIONS[3]
     assert [e["reason"] for e in api.list_objects("events", "default")].count("NeuronHasError_DMA_ERROR") == 1
 
 
+def test_restart_with_the_api_down_keeps_conditions_and_reposts_nothing(api, tmp_path):
+    """Our conditions live in the state directory: a restart needs no API server to stay consistent."""
+    with Running(api, tmp_path, make_records([DMA_LINE])) as agent:
+        wait_for(lambda: agent.conditions.in_sync and agent.events.pending() == 0 and agent.events.writes >= 1)
+    before = node_conditions_on(api)
+    assert before["AcceleratedHardwareReady"]["status"] == "False"
+    events_before = len(api.list_objects("events", "default"))
+    api.set_outage("refuse")
+    with Running(api, tmp_path, make_records([DMA_LINE]), read_node=False) as agent:
+        snap = wait_for(lambda: agent.runtime.main_loop.pipeline.lines_matched >= 1 and agent.snapshot())
+        assert snap.seeded, "conditions restored from the state directory count as seeded"
+        api.set_outage(None)
+        wait_for(lambda: agent.conditions.in_sync, timeout=60)
+    after = node_conditions_on(api)
+    for type_ in ("NeuronHealth", "AcceleratedHardwareReady"):
+        assert (after[type_]["status"], after[type_]["lastTransitionTime"]) == (
+            before[type_]["status"],
+            before[type_]["lastTransitionTime"],
+        )
+    assert len(api.list_objects("events", "default")) == events_before, "no transition Event is re-posted"
+
+
+def test_unknown_reason_read_back_from_the_node_is_not_critical(api, tmp_path):
+    """A True condition whose reason no loaded rule produces must not flip AcceleratedHardwareReady."""
+    node = api.get_object("nodes", NODE)
+    node["status"]["conditions"].append(
+        {
+            "type": "NeuronHealth",
+            "status": "True",
+            "reason": "NeuronDeviceMissingFromAnOldRule",
+            "message": "old",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    )
+    api.put_object(node)
+    with Running(api, tmp_path, []) as agent:
+        wait_for(lambda: agent.conditions.in_sync)
+        snap = agent.snapshot()
+    assert snap.condition("NeuronHealth").severity.value == "error"
+    assert snap.condition("AcceleratedHardwareReady").status.value == "True"
+
+
 def test_transient_errors_are_retried_without_changing_state(api, tmp_path):
     api.faults.add(method="PATCH", path_regex=r"/nodes/.*/status", status=429, count=1, retry_after=0)
-    api.faults.add(method="PATCH", path_regex=r"/nodes/.*/status", status=503, count=1)
-    conditions, _, _ = run_in_process(
-        api, tmp_path, make_records([DMA_LINE]), until=lambda c, e, a: c.in_sync and c.patches >= 1, resync=0.2
-    )
+    with Running(api, tmp_path, make_records([DMA_LINE])) as agent:
+        wait_for(lambda: agent.conditions.in_sync and agent.conditions.writes >= 1, timeout=60)
     assert node_conditions_on(api)["NeuronHealth"]["status"] == "True"
     statuses = [r.status for r in api.requests.filter(method="PATCH", path_regex=r"/nodes/.*/status")]
-    assert statuses[:2] == [429, 503] and statuses[-1] == 200
+    assert statuses[0] == 429 and statuses[-1] == 200
 
 
-def test_deprecated_condition_is_deleted_only_when_asked(api, tmp_path):
+@pytest.mark.parametrize(("delete", "expect_present"), [((), True), (("OldNeuronCheck",), False)])
+def test_deprecated_condition_is_deleted_only_when_asked(api, tmp_path, delete, expect_present):
     node = api.get_object("nodes", NODE)
     node["status"]["conditions"].append(
         {
@@ -342,22 +373,6 @@ def test_deprecated_condition_is_deleted_only_when_asked(api, tmp_path):
         }
     )
     api.put_object(node)
-    rule_set = load_rule_set([builtin_plugins_dir() / "neuron"])
-    client = KubeClient.load(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
-    for delete, expect_present in (((), True), (("OldNeuronCheck",), False)):
-        agent = Agent(
-            rule_set=rule_set,
-            source=ListSource([]),
-            sinks=[],
-            cursor_store=None,
-            boot_id="b",
-            lookback=300,
-            stall_timeout=60,
-        )
-        sink = ConditionSink(client=client, node_name=NODE, delete_types=delete)
-        sink.publish(events=[], snapshot=agent.state.snapshot())
-        sink.start()
-        wait_for(lambda s=sink: s.in_sync)
-        sink.close()
-        assert ("OldNeuronCheck" in node_conditions_on(api)) is expect_present
-    client.close()
+    with Running(api, tmp_path, [], delete_conditions=delete) as agent:
+        wait_for(lambda: agent.conditions.in_sync)
+    assert ("OldNeuronCheck" in node_conditions_on(api)) is expect_present
