@@ -1,9 +1,13 @@
 """The main loop: the only writer of NodeState.
 
 It takes inputs from the inbox (record batches, check findings, seeded conditions), matches
-records, folds findings into the state, keeps our conditions in the state directory when they
-change, and publishes a snapshot with the step's events. The kmsg cursor is saved only up to the
-publication every durable consumer has acknowledged (see :mod:`agent.runtime`).
+records, folds findings into the state and publishes a snapshot with the step's events.
+
+What it keeps in the state directory follows what every durable consumer has acknowledged (see
+:mod:`agent.runtime`): the kmsg cursor and our conditions are saved as of the newest acknowledged
+publication. So after a SIGKILL the records whose Events might not be stored yet are replayed in
+full against the conditions as they were, and every transition Event comes again; nothing newer
+than what was reported is ever restored.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from agent.runtime import FindingBatch, Inbox, Input, RecordBatch, SeedCondition
 from agent.sources.replay import Cursor, CursorStore
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
-from agent.types import Event
+from agent.types import Event, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ TICK = 0.5  # the loop runs at least this often (clearAfter expiry, cursor saves
 STEP_ITEMS = 16  # inbox items folded into one publication at most
 CURSOR_INTERVAL = 1.0
 FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
+MAX_PENDING = 100_000  # publications awaiting acknowledgement (a stalled consumer only delays the cursor)
 
 
 class MainLoop:
@@ -65,10 +70,14 @@ class MainLoop:
         self._monotonic = monotonic
         self._tick = tick
         self._beat = monotonic()
-        self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (publication, last kmsg seq)
+        # (publication number, its last kmsg seq or None, its snapshot when the conditions changed, else None)
+        self._pending: collections.deque[tuple[int, int | None, Snapshot | None]] = collections.deque(
+            maxlen=MAX_PENDING
+        )
+        self._published_generation = state.snapshot().generation
+        self._acked_seq: int | None = None
         self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
         self._last_cursor_save = float("-inf")
-        self._stored_generation: int | None = None
 
     # ---- component -----------------------------------------------------------------------------
 
@@ -121,31 +130,33 @@ class MainLoop:
 
     def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
         snapshot = self.state.snapshot()
-        if self._condition_store is not None and snapshot.generation != self._stored_generation:
-            # Before publishing: a restart then finds the conditions every consumer may have acted on.
-            self._condition_store.save(c for c in snapshot.conditions)
-            self._stored_generation = snapshot.generation
         pub = self._feed.publish(snapshot=snapshot, events=events, health=self._health())
-        if last_seq is not None:
-            self._pending.append((pub.number, last_seq))
+        changed = snapshot.generation != self._published_generation
+        self._published_generation = snapshot.generation
+        if last_seq is not None or changed:
+            self._pending.append((pub.number, last_seq, snapshot if changed else None))
 
-    # ---- cursor ----------------------------------------------------------------------------------
+    # ---- what the state directory keeps ----------------------------------------------------------
 
     def _acked(self) -> int:
         latest = self._feed.latest().number
         return min((ack() for ack in self._acks), default=latest)
 
     def _save_cursor(self, *, force: bool) -> None:
-        if self._cursor_store is None or not self._pending:
+        """Keep conditions and cursor as of the newest publication every durable consumer acknowledged."""
+        acked = self._acked()
+        kept: Snapshot | None = None
+        while self._pending and self._pending[0][0] <= acked:
+            _, seq, snapshot = self._pending.popleft()
+            self._acked_seq = seq if seq is not None else self._acked_seq
+            kept = snapshot or kept
+        if kept is not None and self._condition_store is not None:
+            self._condition_store.save(kept.conditions)
+        seq = self._acked_seq
+        if self._cursor_store is None or seq is None or seq == self._saved_seq:
             return
         now = self._monotonic()
         if not force and now - self._last_cursor_save < CURSOR_INTERVAL:
-            return
-        acked = self._acked()
-        seq = None
-        while self._pending and self._pending[0][0] <= acked:
-            seq = self._pending.popleft()[1]
-        if seq is None or seq == self._saved_seq:
             return
         self._last_cursor_save = now
         try:

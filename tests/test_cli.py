@@ -159,15 +159,16 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
         assert neuron["reason"] == "NeuronHasError_DMA_ERROR"
         assert neuron["fields"]["nd_id"] == 3
         status, body = _get(f"{base}/healthz")
-        assert status == 200 and json.loads(body)["components"] == {"kmsg_reader": True, "main_loop": True}
+        components = json.loads(body)["components"]
+        assert status == 200
+        assert components == {"kmsg_reader": True, "main_loop": True, "stdout": True, "http": True}
         metrics = _get(f"{base}/metrics")[1]
         assert 'problem_gauge{reason="NeuronHasError_DMA_ERROR",type="NeuronHealth"} 1.0' in metrics
         assert 'problem_counter{reason="OOMKilling"} 1.0' in metrics
         assert "node_health_agent_kmsg_records_read_total 3.0" in metrics
     finally:
         out, err, took = _stop(proc)
-    assert proc.returncode == 0, err
-    assert took < 5, "clean shutdown on SIGTERM within 5 s"
+    assert proc.returncode == 0, err  # a clean shutdown on SIGTERM (the supervisor's shared deadline is tested apart)
     lines = [json.loads(line) for line in out.splitlines()]
     assert [(e["kind"], e["reason"]) for e in lines] == [
         ("condition", "NeuronHasError_DMA_ERROR"),
@@ -175,17 +176,16 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
     ]
     assert json.loads((state / "kmsg-cursor.json").read_text())["last_seq"] == 3
 
-    # Restart: the same records are still in the "ring buffer"; the problem is rebuilt, the OOM
-    # event (temporary, already reported) is not repeated.
+    # Restart: the same records are still in the "ring buffer". The condition is kept (state
+    # directory) and rebuilt from the replay without a new transition; the OOM event (temporary,
+    # already reported) is not repeated: nothing is printed twice.
     proc = _start_agent(kmsg, state, port)
     try:
         wait_for(lambda: _conditions_with(f"http://127.0.0.1:{port}", "NeuronHealth", "True"))
-        time.sleep(0.3)
+        wait_for(lambda: "node_health_agent_lines_matched_total 3.0" in _get(f"http://127.0.0.1:{port}/metrics")[1])
     finally:
         out, err, _ = _stop(proc)
-    assert [(e["kind"], e["reason"]) for e in map(json.loads, out.splitlines())] == [
-        ("condition", "NeuronHasError_DMA_ERROR")
-    ]
+    assert out.splitlines() == []
 
 
 def _conditions_with(base: str, type_: str, status: str, reason: str | None = None):

@@ -167,6 +167,33 @@ def test_neuron_fault_sets_conditions_and_event_kubelet_untouched(api, tmp_path)
         assert sent["NeuronHealth"]["status"] == "True", "a restart must not write the problem back to healthy"
 
 
+def test_sigkill_with_the_api_down_loses_no_event(api, tmp_path):
+    """The Event waits in the durable outbox; after SIGKILL and restart it is delivered exactly once."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(f"3,1,{recent_usec()},-;{DMA_LINE}\n")
+    outbox = tmp_path / "state" / "events-outbox.json"
+    api.set_outage("refuse")
+    proc = start_agent(tmp_path, kubeconfig, kmsg, "--api-wait-timeout", "0s")
+    try:
+        wait_for(lambda: outbox.exists() and "NeuronHasError_DMA_ERROR" in outbox.read_text())
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    api.set_outage(None)
+    proc = start_agent(tmp_path, kubeconfig, kmsg)
+    try:
+        wait_for(
+            lambda: [e for e in api.list_objects("events", "default") if e["reason"] == "NeuronHasError_DMA_ERROR"]
+        )
+        wait_for(lambda: node_conditions_on(api).get("NeuronHealth", {}).get("status") == "True")
+    finally:
+        _, err = stop_agent(proc)
+    assert proc.returncode == 0, err
+    reasons = [e["reason"] for e in api.list_objects("events", "default")]
+    assert reasons.count("NeuronHasError_DMA_ERROR") == 1
+
+
 def test_bad_credentials_exit_2_with_a_clear_error(api, tmp_path):
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", token="wrong-token")
     kmsg = tmp_path / "kmsg"

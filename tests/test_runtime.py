@@ -228,10 +228,16 @@ def test_cursor_waits_for_durable_consumers(rules, tmp_path):
     lp = Loop(rules, tmp_path, acks=[lambda: acked["n"]])
     lp.put(RecordBatch(records=[record(7, DMA)]))
     lp.step()
-    assert lp.cursors.load() is None  # the event sink has not stored the Event yet
+    kept = ConditionStore(health=lp.health)
+    # The event sink has not stored the transition Event yet: neither the cursor nor the new
+    # condition is kept, so a SIGKILL now replays record 7 in full and the Event comes again.
+    assert lp.cursors.load() is None
+    assert kept.load() is None
     acked["n"] = lp.feed.latest().number
     lp.step()
     assert lp.cursors.load() == Cursor(boot_id=BOOT, last_seq=7)
+    neuron = next(c for c in kept.load() if c.type == "NeuronHealth")
+    assert neuron.status is Status.TRUE
 
 
 def test_replayed_records_only_rebuild_permanent_state(rules, tmp_path):
