@@ -1,4 +1,10 @@
-"""A synthetic but realistic kernel-log stream for benchmarks: mostly benign, ~0.1% faults.
+"""A synthetic but realistic kernel-log stream for benchmarks, deterministic for a seed.
+
+Records are drawn independently: a fault (``fault_rate``), a near miss (``near_miss_rate``: a
+line that carries a rule's literal text but does not match, so the matcher has to look), a
+benign multi-line block (``trace_rate``: a warning with its call trace, continuation lines
+indented), or a benign line. Some faults span lines too (a hung task followed by its trace, a GPU
+that fell off the bus in three lines). Every ``{placeholder}`` gets its own random value.
 
 The templates are written for this project in the shapes real nodes print (container
 networking churn, audit/apparmor, systemd scopes, filesystem mounts, NVIDIA/Neuron/EFA driver
@@ -8,6 +14,8 @@ chatter); fault lines follow the formats described in shared/reference.
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Callable
 
 BENIGN = (
     "IPv6: ADDRCONF(NETDEV_CHANGE): cali{hex8}{hex4}: link becomes ready",
@@ -56,6 +64,53 @@ BENIGN = (
     "watchdog: watchdog{small}: watchdog did not stop!",
 )
 
+# Lines with a rule's literal text (or most of it) that match no rule: the matcher must look at
+# them (and usually run a regex) to tell.
+NEAR_MISSES = (
+    "NVRM: Xid (PCI:0000:{hex2}:00): GPU reset notification received",
+    "nvidia-nvswitch{small}: SXid (PCI:0000:{hex2}:00.0): {num}, Info, nothing to report",
+    "Killed process {num} (python3) total-vm:{num}kB",
+    "oom_reaper: reaped process {num} (python3)",
+    "INFO: task {comm}:{num} blocked for more than {num} seconds, watchdog rearmed",
+    "watchdog: BUG: soft lockup - CPU#{small} stuck for {small}s",
+    "Memory failure: 0x{hex8}",
+    "NEURON_HW_ERR=none since boot",
+    "EDAC MC{small}: Giving out device to module skx_edac controller Skylake Socket#{small} IMC#{small}: DEV "
+    "0000:{hex2}:0a.0 (INTERRUPT)",
+    "nfs: server fs-{hex8}.efs.us-west-2.amazonaws.com not responding, will retry",
+    "NETDEV WATCHDOG: eth{small} (ena): transmit queue {small} recovered",
+    "{comm}[{num}]: segfault at {hex8} ip {hex8} sp {hex8} in libc.so.6[7f{hex8}+195000]",
+    "pcieport 0000:{hex2}:01.0: AER: device recovery successful",
+    "nvme nvme{small}: I/O {num} QID {small} timeout, retrying",
+)
+
+_TRACE = (
+    " <TASK>",
+    " __schedule+0x{hex3}/0x{hex3}",
+    " schedule+0x{hex2}/0x{hex3}",
+    " ? __pfx_{comm}_worker+0x10/0x10",
+    " io_schedule+0x{hex2}/0x{hex2}",
+    " folio_wait_bit_common+0x{hex3}/0x{hex3}",
+    " ret_from_fork+0x{hex2}/0x{hex2}",
+    " </TASK>",
+)
+
+# Benign multi-line blocks: a kernel warning with its registers and call trace.
+BENIGN_BLOCKS = (
+    (
+        "------------[ cut here ]------------",
+        "WARNING: CPU: {small} PID: {num} at net/core/dev.c:{num} netif_tx_lock+0x{hex2}/0x{hex3}",
+        "Modules linked in: nvidia_uvm(POE) nvidia_drm(POE) nvidia_modeset(POE) nvidia(POE) efa ena",
+        "CPU: {small} PID: {num} Comm: kworker/{small}:{small} Tainted: P           OE     6.1.{small}-aws #1",
+        "Hardware name: Amazon EC2 p5.48xlarge/, BIOS 1.0 10/16/2017",
+        "RIP: 0010:netif_tx_lock+0x{hex2}/0x{hex3}",
+        "RSP: 0018:ffffb{hex4}{hex8} EFLAGS: 00010246",
+        "Call Trace:",
+        *_TRACE,
+        "---[ end trace {hex8}{hex8} ]---",
+    ),
+)
+
 FAULTS = (
     "NVRM: Xid (PCI:0000:{hex2}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
     "NVRM: Xid (PCI:0000:{hex2}:00): 13, pid={num}, name=python3, Graphics SM Warp Exception on (GPC {small}, "
@@ -64,7 +119,6 @@ FAULTS = (
     "has been detected on GPU in the framebuffer at physAddr 0x{hex8} partition {small}, subpartition 1.",
     "NEURON_HW_ERR=DMA_ERROR instance-id=i-0{hex8}{hex8} hostname=ip-10-0-{small}-{small} nd-id={small} "
     "nc-id={small} serial-num={hex8}{hex8} action=TERMINATE_INSTANCE",
-    "INFO: task python3:{num} blocked for more than 122 seconds.",
     "Killed process {num} (python3) total-vm:{num}kB, anon-rss:{num}kB, file-rss:{num}kB, shmem-rss:0kB, UID:0 "
     "pgtables:{num}kB oom_score_adj:900",
     "pcieport 0000:{hex2}:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:{hex2}:00.0",
@@ -74,21 +128,64 @@ FAULTS = (
     "watchdog: BUG: soft lockup - CPU#{small} stuck for 23s! [python3:{num}]",
 )
 
+# Faults that span lines: the first line (or the whole block) matches, the rest is context.
+FAULT_BLOCKS = (
+    (
+        "INFO: task {comm}:{num} blocked for more than 122 seconds.",
+        "      Tainted: P           OE     6.1.{small}-aws #1",
+        '"echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message.',
+        "task:{comm} state:D stack:0     pid:{num} ppid:{num} flags:0x00004000",
+        "Call Trace:",
+        *_TRACE,
+    ),
+    (
+        "NVRM: The NVIDIA GPU 0000:{hex2}:00.0",
+        "NVRM: (PCI ID: 10de:2330) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ),
+)
+
+_COMMS = ("python3", "pt_main_thread", "kworker/u{small}:{small}", "containerd", "kubelet", "jbd2/nvme0n1p1-8")
+_VALUES: dict[str, Callable[[random.Random], str]] = {
+    "hex2": lambda rng: f"{rng.getrandbits(8):02x}",
+    "hex3": lambda rng: f"{rng.getrandbits(12):03x}",
+    "hex4": lambda rng: f"{rng.getrandbits(16):04x}",
+    "hex8": lambda rng: f"{rng.getrandbits(32):08x}",
+    "small": lambda rng: str(rng.randint(0, 31)),
+    "num": lambda rng: str(rng.randint(100, 999999)),
+    "epoch": lambda rng: str(rng.randint(1700000000, 1800000000)),
+    "ms": lambda rng: str(rng.randint(100, 999)),
+    "uuid": lambda rng: "-".join(f"{rng.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
+    "comm": lambda rng: _fill(rng.choice(_COMMS), rng),
+}
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
 
 def _fill(template: str, rng: random.Random) -> str:
-    return template.format(
-        hex2=f"{rng.getrandbits(8):02x}",
-        hex4=f"{rng.getrandbits(16):04x}",
-        hex8=f"{rng.getrandbits(32):08x}",
-        small=rng.randint(0, 31),
-        num=rng.randint(100, 999999),
-        epoch=rng.randint(1700000000, 1800000000),
-        ms=rng.randint(100, 999),
-        uuid="-".join(f"{rng.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
-    )
+    """Every placeholder gets its own value (unknown names stay as written)."""
+    return _PLACEHOLDER.sub(lambda m: _VALUES[m.group(1)](rng) if m.group(1) in _VALUES else m.group(0), template)
 
 
-def kernel_lines(count: int, *, fault_rate: float = 0.001, seed: int = 7) -> list[str]:
-    """``count`` kernel messages (no prefixes), deterministic for a seed."""
+def kernel_lines(
+    count: int,
+    *,
+    fault_rate: float = 0.01,
+    near_miss_rate: float = 0.02,
+    trace_rate: float = 0.002,
+    seed: int = 7,
+) -> list[str]:
+    """``count`` kernel messages (no prefixes): each record is a fault with probability ``fault_rate``."""
     rng = random.Random(seed)
-    return [_fill(rng.choice(FAULTS if rng.random() < fault_rate else BENIGN), rng) for _ in range(count)]
+    lines: list[str] = []
+    while len(lines) < count:
+        draw = rng.random()
+        if draw < fault_rate:
+            block = (rng.choice(FAULTS),) if rng.random() < 0.9 else rng.choice(FAULT_BLOCKS)
+        elif draw < fault_rate + near_miss_rate:
+            block = (rng.choice(NEAR_MISSES),)
+        elif draw < fault_rate + near_miss_rate + trace_rate:
+            block = rng.choice(BENIGN_BLOCKS)
+        else:
+            block = (rng.choice(BENIGN),)
+        lines.extend(_fill(line, rng) for line in block)
+    return lines[:count]

@@ -1,6 +1,7 @@
-"""Regex helpers: Go (RE2) → Python translation, NPD end-anchoring, and the static analysis the fast
-matcher relies on (required literals, whether a match can span lines). The analysis may say
-"unknown", but it must never claim something a matching string contradicts."""
+"""Regex helpers: NPD end-anchoring with RE2 (Go syntax), the Go → Python translation used for
+analysis, and the static analysis the fast matcher relies on (required literals, whether a match can
+span lines). The analysis may say "unknown", but it must never claim something a matching string
+contradicts."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.detectors.patterns import _public_spans_function, compile_anchored
 from agent.detectors.regex import (
     PatternError,
     can_span_lines,
-    compile_anchored,
     required_literals,
     required_runs,
     translate_go,
@@ -38,6 +39,10 @@ TRANSLATE = [
     ("quote-between", r"a\Q(b)\Ec", r"a\(b\)c"),
     ("quote-unterminated", r"a\Q.b", r"a\.b"),
     ("escaped-p-is-literal", r"\\p", r"\\p"),
+    ("go-named-group", r"(?<xid>\d+)", r"(?P<xid>\d+)"),
+    ("lookbehind-is-not-a-group", r"(?<=a)(?<!b)", r"(?<=a)(?<!b)"),
+    ("go-brace-comma-is-literal", r"a{,3}", r"a\{,3}"),
+    ("go-hex-escape", r"\x{41}\x{1F600}", r"\U00000041\U0001f600"),
 ]
 
 TRANSLATE_ERRORS = [
@@ -87,14 +92,93 @@ def test_compile_anchored(pattern: str, text: str, matches: bool) -> None:
     assert (compile_anchored(pattern).search(text) is not None) is matches
 
 
-@pytest.mark.parametrize(
-    "pattern",
-    ["a(b", r"\p{L}", "[z-a]", "(?P<x>a)(?P<x>b)", "(?<name>x)", "a{3,1}"],
-    ids=["unbalanced", "unicode-class", "bad-range", "duplicate-group", "go-named-group", "bad-repeat"],
-)
-def test_compile_anchored_rejects(pattern: str) -> None:
-    with pytest.raises(PatternError):
+GO_SYNTAX = [
+    # (id, pattern, text, matches): RE2 reads Go syntax natively; no translation is involved
+    ("unicode-class", r"\p{Greek}+ error", "\u03b1\u03b2 error", True),
+    ("unicode-letter", r"\pL+ error", "\u00e9t\u00e9 error", True),
+    ("negated-posix", r"[[:^digit:]]+$", "abc", True),
+    ("go-named-group", r"Xid (?<xid>\d+)", "Xid 79", True),
+    ("brace-comma-is-literal", r"a{,3}", "a{,3}", True),
+    ("brace-comma-is-not-a-repeat", r"xa{,3}", "xaa", False),
+    ("hex-escape", r"\x{41}BC", "ABC", True),
+    ("ungreedy-flag", r"(?U)a+b", "aaab", True),
+    ("case-insensitive-mid-pattern", r"gpu (?i)fallen", "gpu FALLEN", True),
+    ("dollar-is-end-of-text", "fatal$", "fatal\n", False),
+    ("unterminated-quote", r"a\Q(b", "xa(b", True),
+    ("unbalanced-wrapping-cannot-escape", r"\Q)|(\E", "a)|(", True),
+]
+
+
+@pytest.mark.parametrize(("pattern", "text", "matches"), [c[1:] for c in GO_SYNTAX], ids=[c[0] for c in GO_SYNTAX])
+def test_compile_anchored_reads_go_syntax(pattern: str, text: str, matches: bool) -> None:
+    assert (compile_anchored(pattern).search(text) is not None) is matches
+
+
+REJECTED = [
+    # (id, pattern, part of the message)
+    ("unbalanced", "a(b", "invalid regular expression: missing )"),
+    ("unbalanced-close", "a)|(b", "invalid regular expression"),
+    ("bad-range", "[z-a]", "invalid regular expression"),
+    ("bad-repeat", "a{3,1}", "invalid regular expression"),
+    ("repeat-over-1000", "a{1001}", "invalid regular expression"),
+    ("duplicate-group", "(?P<x>a)(?P<x>b)", "duplicate group name 'x'"),
+    ("lookahead", "CE (?!memory read error).*", "look-around assertions are not supported"),
+    ("positive-lookahead", "a(?=b)", "look-around assertions are not supported"),
+    ("lookbehind", "(?<=x)a", "look-around assertions are not supported"),
+    ("negative-lookbehind", "(?<!x)a", "look-around assertions are not supported"),
+    ("backreference", r"(a)\1", "backreferences are not supported"),
+    ("named-backreference", "(?P<n>a)(?P=n)", "backreferences are not supported"),
+    ("possessive", "a*+b", "possessive quantifiers are not supported"),
+    ("python-end-of-text", r"fatal\Z", "invalid escape sequence"),
+    ("python-comment", "a(?#note)", "invalid regular expression"),
+    ("any-byte", r"a\Cb", "\\C (any byte) is not supported"),
+    ("program-too-large", "[a-z]{1000}" * 3, "pattern is too large"),
+    ("unicode-class-too-large", r"\pL{1000}", "pattern is too large"),
+]
+
+
+@pytest.mark.parametrize(("pattern", "message"), [c[1:] for c in REJECTED], ids=[c[0] for c in REJECTED])
+def test_compile_anchored_rejects(pattern: str, message: str) -> None:
+    with pytest.raises(PatternError) as excinfo:
         compile_anchored(pattern)
+    assert message in str(excinfo.value)
+    assert "b'" not in str(excinfo.value), "RE2's bytes messages are decoded"
+
+
+def test_rejection_says_npd_would_reject_it_too() -> None:
+    with pytest.raises(PatternError, match="RE2/Go syntax .node-problem-detector would reject this pattern too."):
+        compile_anchored("(?<=x)a")
+
+
+def test_named_groups_give_fields() -> None:
+    regex = compile_anchored(r"Xid \(PCI:(?P<pci>[0-9a-f:]+)\): (?P<xid>\d+)(?:, (?P<detail>.*))?")
+    match = regex.search("NVRM: Xid (PCI:0000:3b:00): 79")
+    assert match is not None
+    assert match.groupdict() == {"pci": "0000:3b:00", "xid": "79", "detail": None}
+    assert (match.start(), match.group()) == (6, "Xid (PCI:0000:3b:00): 79")
+
+
+def test_match_offsets_are_characters_not_bytes() -> None:
+    match = compile_anchored("(?P<w>\u00e9t\u00e9) error").search("\u00e0 \u00e9t\u00e9 error")
+    assert match is not None
+    assert (match.start(), match.groupdict()) == (2, {"w": "\u00e9t\u00e9"})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [(r"Xid (?P<xid>\d+)(?:, (?P<detail>.*))?", "NVRM: Xid 79"), ("b+", "abbb"), ("b+", "abba"), ("x", "")],
+)
+def test_public_re2_api_gives_the_same_spans(pattern: str, text: str) -> None:
+    """RE2's C++ Match is called directly where the binding exposes it; the public API is the fallback."""
+    regex = compile_anchored(pattern)
+    data = text.encode()
+    direct = regex.spans(data)
+    assert (None if direct is None else list(direct)) == _public_spans_function(regex.compiled)(data)
+
+
+def test_lone_surrogate_does_not_break_matching() -> None:
+    regex = compile_anchored("error .*")
+    assert regex.search("x\ud800 error here") is not None
 
 
 LEADING_FLAGS = [
@@ -161,6 +245,8 @@ SPAN = [
     ("(?:x|a\\n)b", True),
     ("(?:\\n)?b", True),
     ("(?:a|^b)", True),
+    (r"\p{Greek}x", True),  # unknown to Python's parser: assume it may span lines
+    (r"[[:^alpha:]]", True),
 ]
 
 
@@ -193,6 +279,10 @@ LITERALS = [
     (r"(?!abcd)\w+", None),
     ("(?:(?!abcd)x)+", None),
     ("a(", None),  # unparsable: unknown, never an exception
+    (r"\pL+ failure abcdef", None),  # RE2-only syntax: Python's parser cannot read it, so unknown
+    (r"(?U)failure \d+", None),
+    (r"(?<dev>\w+): link failure", {": link failure"}),  # Go named group: translated for the analysis
+    (r"failure{,3} abcdef", {"failure{,3} abcdef"}),  # {,3} is literal text in Go
 ]
 
 

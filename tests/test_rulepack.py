@@ -3,13 +3,17 @@ and the override semantics of later packs."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agent.cli import main
+from agent.detectors import packfile
 from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import RuleEngine
 from agent.errors import ConfigError, ConfigProblem
@@ -210,26 +214,60 @@ BAD_PACKS = [
         [("rules[0].pattern", 4, "invalid regular expression")],
     ),
     (
-        "pattern-unicode-class",
+        "pattern-lookahead",
         "p.yaml",
         """
         rules:
           - type: temporary
             reason: R
-            pattern: '\\p{Greek}+'
+            pattern: 'EDAC MC\\d+: \\d+ CE (?!memory read error).*'
         """,
-        [("rules[0].pattern", 4, "Unicode classes")],
+        [("rules[0].pattern", 4, "look-around assertions are not supported: rule patterns are RE2/Go syntax")],
     ),
     (
-        "pattern-go-named-group",
+        "pattern-backreference",
         "p.yaml",
         """
         rules:
           - type: temporary
             reason: R
-            pattern: 'Xid (?<xid>\\d+)'
+            pattern: '(\\w+) again \\1'
         """,
-        [("rules[0].pattern", 4, "invalid regular expression")],
+        [("rules[0].pattern", 4, "backreferences are not supported")],
+    ),
+    (
+        "pattern-program-too-large",
+        "p.yaml",
+        """
+        rules:
+          - type: temporary
+            reason: R
+            pattern: '\\pL{1000}'
+        """,
+        [("rules[0].pattern", 4, "pattern is too large")],
+    ),
+    (
+        "pattern-duplicate-group",
+        "p.yaml",
+        """
+        rules:
+          - type: temporary
+            reason: R
+            pattern: '(?P<dev>a)|(?P<dev>b)'
+        """,
+        [("rules[0].pattern", 4, "duplicate group name 'dev'")],
+    ),
+    (
+        "duplicate-condition-type",
+        "p.yaml",
+        """
+        conditions:
+          - {type: GpuHealth, reason: GpuIsHealthy, message: ok}
+          - {type: DiskHealth, reason: DiskIsHealthy, message: ok}
+          - {type: GpuHealth, reason: GpuIsFine, message: fine}
+        rules: []
+        """,
+        [("conditions[2].type", 4, "duplicate condition type 'GpuHealth' (also conditions[0].type, line 2)")],
     ),
     (
         "missing-reason",
@@ -770,7 +808,7 @@ def test_config_error_message_lists_every_problem(tmp_path: Path) -> None:
     ("make", "message"),
     [
         (lambda d: [d / "missing.yaml"], "cannot read file"),
-        (lambda d: [d], "no rule pack files found"),
+        (lambda d: [d], "is a directory with no rule pack files (*.json, *.yaml, *.yml)"),
         (lambda d: [], "no rule pack files found"),
     ],
     ids=["missing-file", "empty-directory", "no-paths"],
@@ -778,6 +816,224 @@ def test_config_error_message_lists_every_problem(tmp_path: Path) -> None:
 def test_nothing_to_load(tmp_path: Path, make, message: str) -> None:
     found = problems(make(tmp_path))
     assert len(found) == 1 and message in found[0].message
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the files: empty and unreadable directories, hidden entries, duplicate conditions
+
+GOOD_PACK = "rules:\n  - {name: good/rule, type: temporary, reason: Good, pattern: 'good .*'}\n"
+
+
+@pytest.fixture()
+def plugins(tmp_path: Path) -> Path:
+    """A plugins directory with one valid pack."""
+    directory = tmp_path / "plugins"
+    (directory / "good").mkdir(parents=True)
+    write(directory / "good", "good.yaml", GOOD_PACK)
+    return directory
+
+
+def deny_listing(monkeypatch: pytest.MonkeyPatch, denied: Path) -> None:
+    """Make listing ``denied`` fail with EACCES (the tests run as root, where chmod does not)."""
+    real = packfile.list_directory
+
+    def listing(path: Path) -> list[Path]:
+        if path == denied:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
+
+    monkeypatch.setattr(packfile, "list_directory", listing)
+
+
+def test_empty_directory_given_as_a_rule_file_is_a_problem(plugins: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (problem,) = problems([plugins, empty])
+    assert (problem.file, problem.field, problem.line) == (str(empty), "", None)
+    assert problem.message == "is a directory with no rule pack files (*.json, *.yaml, *.yml)"
+
+
+def test_plugins_directory_without_pack_files_is_a_problem(tmp_path: Path) -> None:
+    directory = tmp_path / "plugins"
+    (directory / "sub").mkdir(parents=True)
+    write(directory, "README.md", "# notes, not a pack\n")
+    (problem,) = problems([directory])
+    assert (problem.file, problem.message) == (
+        str(directory),
+        "is a directory with no rule pack files (*.json, *.yaml, *.yml)",
+    )
+
+
+@pytest.mark.parametrize("where", ["top", "sub"])
+def test_unreadable_plugins_directory_says_permission_denied(
+    plugins: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    denied = plugins if where == "top" else plugins / "good"
+    deny_listing(monkeypatch, denied)
+    (problem,) = problems([plugins])
+    assert (problem.file, problem.field) == (str(denied), "")
+    assert problem.message == "cannot read directory: permission denied"
+
+
+def test_hidden_entries_are_skipped(tmp_path: Path) -> None:
+    """A mounted ConfigMap holds every file twice: as a symlink and in a hidden ..<timestamp> directory."""
+    directory = tmp_path / "configmap"
+    stamped = directory / "..2026_01_01_00_00_00.000000001"
+    stamped.mkdir(parents=True)
+    write(stamped, "mine.yaml", GOOD_PACK)
+    (directory / "..data").symlink_to(stamped.name)
+    (directory / "mine.yaml").symlink_to("..data/mine.yaml")
+    write(directory, ".mine.yaml.swp", "not: [a pack")
+    rule_set = load_rule_set([directory])
+    assert rule_set.files == (str(directory / "mine.yaml"),)
+    assert [r.name for r in rule_set.rules] == ["good/rule"]
+
+
+def test_directory_symlink_loop_is_walked_once(plugins: Path) -> None:
+    (plugins / "good" / "loop").symlink_to("..")
+    assert load_rule_set([plugins]).files == (str(plugins / "good" / "good.yaml"),)
+
+
+def test_duplicate_condition_type_names_both_entries(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "p.json",
+        '{"conditions": [\n {"type": "C", "reason": "CIsFine"},\n {"type": "C", "reason": "CIsOk"}\n], "rules": []}',
+    )
+    (problem,) = problems([path])
+    assert (problem.field, problem.line) == ("conditions[1].type", 3)
+    assert problem.message == "duplicate condition type 'C' (also conditions[0].type, line 2)"
+
+
+def test_a_later_file_may_still_redefine_a_condition(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", "conditions:\n  - {type: C, reason: CIsFine}\nrules: []\n")
+    second = write(tmp_path, "b.yaml", "conditions:\n  - {type: C, reason: CIsGood}\nrules: []\n")
+    assert [c.reason for c in load_rule_set([first, second]).conditions] == ["CIsGood"]
+
+
+def test_problems_of_a_file_come_in_line_order(tmp_path: Path) -> None:
+    """Shape problems and pattern problems are found in two passes but reported by line."""
+    path = write(
+        tmp_path,
+        "p.yaml",
+        """
+        rules:
+          - type: temporary
+            reason: R
+            pattern: '(?<=x)a'
+            severity: loud
+          - type: temporary
+            reason: R
+            pattern: 'b(?!c)'
+        bufferSize: 0
+        """,
+    )
+    assert [(p.field, p.line) for p in problems([path])] == [
+        ("rules[0].pattern", 4),
+        ("rules[0].severity", 5),
+        ("rules[1].pattern", 8),
+        ("bufferSize", 9),
+    ]
+
+
+def validate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["validate-config", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_config_accepts_the_good_plugins(plugins: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = validate(capsys, "--plugins-dir", str(plugins))
+    assert code == 0 and out.startswith("OK: 1 file(s), 1 rules")
+
+
+def test_validate_config_rejects_an_empty_directory_given_as_a_file(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = validate(capsys, "--plugins-dir", str(plugins), str(empty))
+    assert (code, out) == (2, "")
+    assert f"  {empty}: is a directory with no rule pack files (*.json, *.yaml, *.yml)" in err.splitlines()
+
+
+def test_validate_config_rejects_a_plugins_directory_without_packs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = validate(capsys, "--plugins-dir", str(empty))
+    assert code == 2
+    assert f"{empty}: is a directory with no rule pack files" in err
+
+
+def test_validate_config_reports_permission_denied(
+    plugins: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deny_listing(monkeypatch, plugins)
+    code, _, err = validate(capsys, "--plugins-dir", str(plugins))
+    assert code == 2
+    assert f"  {plugins}: cannot read directory: permission denied" in err.splitlines()
+    assert "no rule pack files" not in err
+
+
+def test_validate_config_reports_duplicate_condition_types(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = write(
+        tmp_path,
+        "mine.yaml",
+        """
+        conditions:
+          - {type: GpuHealth, reason: GpuIsHealthy, message: ok}
+          - {type: GpuHealth, reason: GpuIsFine, message: ok}
+        rules: []
+        """,
+    )
+    code, _, err = validate(capsys, "--plugins-dir", str(plugins), str(mine))
+    assert code == 2
+    assert (
+        f"  {mine}:3: conditions[1].type: duplicate condition type 'GpuHealth' (also conditions[0].type, line 2)"
+        in err.splitlines()
+    )
+
+
+def test_validate_config_refuses_look_around_as_npd_would(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = write(
+        tmp_path,
+        "mine.yaml",
+        """
+        rules:
+          - type: temporary
+            reason: R
+            pattern: 'CE (?!memory read error).*'
+        """,
+    )
+    code, _, err = validate(capsys, "--plugins-dir", str(plugins), str(mine))
+    assert code == 2
+    assert f"{mine}:4: rules[0].pattern: invalid regular expression" in err
+    assert "look-around assertions are not supported: rule patterns are RE2/Go syntax" in err
+
+
+def test_validate_config_accepts_hostile_but_valid_patterns(
+    plugins: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RE2 matches these in linear time, so they are fine (and NPD accepts them too)."""
+    mine = write(
+        tmp_path,
+        "mine.yaml",
+        """
+        rules:
+          - {type: temporary, reason: Nested, pattern: '(a+)+$'}
+          - {type: temporary, reason: Overlap, pattern: '(x+x+)+y'}
+          - {type: temporary, reason: Star, pattern: '(.*a){20}'}
+        """,
+    )
+    code, out, err = validate(capsys, "--plugins-dir", str(plugins), str(mine))
+    assert code == 0, err
+    assert out.startswith("OK: 2 file(s), 4 rules")
 
 
 # --------------------------------------------------------------------------------------------

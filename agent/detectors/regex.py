@@ -1,8 +1,10 @@
-"""Regex helpers for rule packs: Go (RE2) syntax → Python, and static analysis for the fast matcher.
+"""Static analysis of rule patterns for the fast matcher, on a Python translation of the Go syntax.
 
-node-problem-detector patterns are Go regular expressions. The common subset is the same in Python;
-the differences that occur in real configs are translated here (``\\z``, POSIX classes, ``\\Q..\\E``);
-anything else Python cannot compile is reported as a validation error by the loader.
+Rule patterns are matched with RE2 (``agent.detectors.patterns``). The analysis here reads a
+pattern's structure with Python's regular-expression parser (``re._parser``), on a translation of
+the Go/RE2 constructs Python spells differently (``\\z``, POSIX classes, ``\\Q..\\E``, ``(?<name>``,
+``\\x{..}``, ``{,n}``). It is used for analysis only, never for matching: a pattern RE2 accepts but
+the translation or Python's parser cannot read is simply "unknown".
 
 The analysis answers two questions the fast matcher needs, conservatively (when unsure it says
 "unknown", which only costs speed, never correctness):
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from re import _constants as sre  # the parser's opcode constants (stable since 3.11)
 from re import _parser as sre_parse
 
@@ -98,7 +101,12 @@ class PatternError(ValueError):
 
 
 def translate_go(pattern: str) -> str:
-    """Translate the Go/RE2 constructs Python spells differently; raise PatternError for unsupported ones."""
+    """The Python ``re`` spelling of a Go/RE2 pattern, for analysis; PatternError where there is none.
+
+    Translated: ``\\Q..\\E`` quoting, POSIX classes, Go's ``\\s`` (no ``\\v``), ``\\z``, named groups
+    written ``(?<name>..)``, ``\\x{hex}`` escapes, and ``{,n}`` (a literal in Go, a repetition in Python).
+    Unicode classes (``\\pL``) and negated POSIX classes have no Python spelling.
+    """
     out = _QUOTE_RE.sub(lambda m: re.escape(m.group(1)), pattern)
 
     def posix(m: re.Match[str]) -> str:
@@ -113,12 +121,14 @@ def translate_go(pattern: str) -> str:
     out = _go_whitespace(out)
     # \z (end of text) is \Z in Python; \Z does not exist in Go, so the rewrite is unambiguous.
     out = re.sub(r"(?<!\\)((?:\\\\)*)\\z", r"\1\\Z", out)
+    out = re.sub(r"(?<!\\)((?:\\\\)*)\(\?<(?=[^=!])", r"\1(?P<", out)
+    out = re.sub(r"(?<!\\)((?:\\\\)*)\{,", r"\1\\{,", out)
+    out = re.sub(
+        r"(?<!\\)((?:\\\\)*)\\x\{([0-9A-Fa-f]{1,8})\}", lambda m: f"{m.group(1)}\\U{int(m.group(2), 16):08x}", out
+    )
     if re.search(r"(?<!\\)((?:\\\\)*)\\[pP]", out):
         raise PatternError("Unicode classes (\\p{..}) are not supported by Python's re module")
     return out
-
-
-_GLOBAL_FLAGS = re.compile(r"^\(\?[aiLmsux]+\)")
 
 
 _GO_SPACE = "\\t\\n\\f\\r "
@@ -161,26 +171,14 @@ def _go_whitespace(pattern: str) -> str:
     return "".join(out)
 
 
-def compile_anchored(pattern: str) -> re.Pattern[str]:
-    """Compile an NPD pattern with NPD semantics: it must match up to the end of the text.
-
-    Leading global flags (``(?i)...``) stay in front of the wrapping group, where Python needs
-    them. ``re.ASCII`` makes ``\\d``, ``\\w``, ``\\s`` and ``\\b`` ASCII-only, as in Go's RE2.
-    """
-    translated = translate_go(pattern)
-    flags = _GLOBAL_FLAGS.match(translated)
-    prefix = flags.group(0) if flags else ""
-    body = translated[len(prefix) :]
-    try:
-        return re.compile(f"{prefix}(?:{body})\\Z", re.ASCII)
-    except re.error as exc:
-        raise PatternError(str(exc)) from exc
-
-
 def _parse(pattern: str) -> sre_parse.SubPattern | None:
+    """Python's parse of the translated pattern; None when there is none (the analysis says "unknown")."""
     try:
-        return sre_parse.parse(translate_go(pattern))
-    except (re.error, PatternError, RecursionError):
+        translated = translate_go(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "possible nested set" and the like: Go reads them plainly
+            return sre_parse.parse(translated)
+    except (re.error, PatternError, RecursionError, OverflowError, ValueError):
         return None
 
 

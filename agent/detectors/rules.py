@@ -6,9 +6,9 @@ on the newest line alone or across the buffered lines joined with ``\\n``; the m
 matched lines (from the one where the match starts to the newest) plus the optional suffix.
 Several rules may fire for one line; findings come out in line order, then rule order.
 
-``RuleEngine`` is the fast matcher used by the agent. ``ReferenceEngine`` is the straightforward
-per-rule implementation of the same semantics; tests check that both always agree and the
-benchmark compares their speed.
+``RuleEngine`` is the fast matcher used by the agent. ``ReferenceEngine`` follows NPD literally
+(every rule over the joined buffer, for every line); tests check that both always agree. Rule
+regexes are RE2 (``agent.detectors.patterns``): linear time, so no pattern can stall the loop.
 
 How the fast matcher avoids running every regex on every line: each rule's pattern is analysed
 for literal strings that must occur in any match (``regex.required_literals``). One short
@@ -26,16 +26,16 @@ import collections
 import logging
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from agent.detectors.regex import char_frequency
-from agent.detectors.rulepack import CompiledRule, RuleSet
+from agent.detectors.model import CompiledRule, RuleSet
+from agent.detectors.patterns import PatternMatch
+from agent.detectors.prefilter import Prefilter
 from agent.types import Finding, RuleType
 
 log = logging.getLogger(__name__)
 
-_KV_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z0-9_.-]+)=(\S+)")
+_KV_KEY_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_THRESHOLD_KEYS = 4096
 
 
@@ -50,14 +50,12 @@ class FindingBuilder:
         self._windows: dict[str, collections.OrderedDict[tuple, collections.deque[float]]] = {}
 
     def build(
-        self, rule: CompiledRule, *, match: re.Match[str], message: str, timestamp: float, line: int | None
+        self, rule: CompiledRule, *, match: PatternMatch, message: str, timestamp: float, line: int | None
     ) -> Finding | None:
         fields: dict[str, Any] = {k: v for k, v in match.groupdict().items() if v is not None}
         if rule.key_values:
-            wanted = set(rule.key_values)
-            for key, value in _KV_RE.findall(message):
-                if key in wanted:
-                    fields.setdefault(key.replace("-", "_"), value)
+            for key, value in key_values(message, wanted=rule.key_values):
+                fields.setdefault(key.replace("-", "_"), value)
         for name, kind in rule.field_types.items():
             if name in fields:
                 try:
@@ -108,6 +106,20 @@ class FindingBuilder:
         return len(times) >= threshold.count
 
 
+def key_values(message: str, *, wanted: Sequence[str]) -> list[tuple[str, str]]:
+    """The ``key=value`` tokens of ``message`` whose key is wanted, in order.
+
+    A token starts the message or follows whitespace; the key is ``[A-Za-z0-9_.-]+`` and the
+    value runs to the next whitespace (it may contain ``=``).
+    """
+    found: list[tuple[str, str]] = []
+    for token in message.split():
+        key, eq, value = token.partition("=")
+        if eq and value and key in wanted and _KV_KEY_RE.fullmatch(key):
+            found.append((key, value))
+    return found
+
+
 class _Fields(dict):
     def __missing__(self, key: str) -> str:
         return "Unknown"
@@ -126,100 +138,6 @@ def split_lines(lines: Iterable[str]) -> list[str]:
         else:
             out.append(line)
     return out
-
-
-NEEDLE_MIN = 5  # characters from the start character to the end of a needle, at least
-NEEDLE_MAX = 16
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Prefilter:
-    """Finds the lines of a batch that contain at least one needle, without per-line Python work.
-
-    The batch is encoded and translated so that every "start character" (a small set of rare
-    characters) becomes \\x01; one regex then looks for \\x01 followed by the rest of any
-    needle (a trie, so each attempt is cheap). The regex has a literal first character, which the
-    re engine scans for with a tight loop. Literals without a rare character are searched with
-    ``bytes.find`` (fast for long strings). Hits are only candidates: callers check the exact
-    literals afterwards, so false positives of the translation cost time, never correctness.
-    """
-
-    table: bytes
-    regex: re.Pattern[bytes] | None
-    plain: tuple[bytes, ...]
-
-    @classmethod
-    def build(cls, literals: Iterable[str]) -> Prefilter:
-        literals = sorted(set(literals))
-        starts = _choose_start_chars(literals)
-        table = bytes(1 if chr(b) in starts else b for b in range(256))
-        translated: set[bytes] = set()
-        plain: set[bytes] = set()
-        for lit in literals:
-            positions = [i for i, c in enumerate(lit) if c in starts and (len(lit) - i >= NEEDLE_MIN or i == 0)]
-            if not positions:
-                plain.add(lit.encode())
-                continue
-            i = min(positions, key=lambda i: (char_frequency(lit[i]), i))
-            translated.add(lit[i : i + NEEDLE_MAX].encode().translate(table))
-        plain_tuple = tuple(p for p in sorted(plain) if not any(o != p and o in p for o in plain))
-        regex = re.compile(b"\\x01(?:" + _trie(sorted(t[1:] for t in translated)) + b")") if translated else None
-        return cls(table=table, regex=regex, plain=plain_tuple)
-
-    def positions(self, data: bytes) -> list[int]:
-        """Byte offsets in ``data`` where a needle may start (unsorted, may repeat)."""
-        found: list[int] = []
-        if self.regex is not None:
-            found.extend(m.start() for m in self.regex.finditer(data.translate(self.table)))
-        for needle in self.plain:
-            i = data.find(needle)
-            while i != -1:
-                found.append(i)
-                i = data.find(needle, i + 1)
-        return found
-
-
-# Cost model for choosing start characters (nanoseconds, measured on CPython 3.11): each
-# occurrence of a start character costs a regex attempt; each literal left out of the translated
-# scan costs a separate bytes.find pass over the batch.
-_AVG_LINE = 70
-_ATTEMPT_NS = 120.0
-_FIND_NS = 30.0
-
-
-def _choose_start_chars(literals: Sequence[str]) -> frozenset[str]:
-    """Rare characters to anchor needles on: greedily add the one that saves the most time."""
-
-    def usable(lit: str) -> set[str]:
-        # ASCII only: the translation table maps single bytes, and a non-ASCII character is
-        # several bytes in the UTF-8 batch. Literals without one are searched as plain bytes.
-        return {c for i, c in enumerate(lit) if c.isascii() and (len(lit) - i >= NEEDLE_MIN or i == 0)}
-
-    chosen: set[str] = set()
-    remaining = {lit: usable(lit) for lit in literals}
-    while remaining:
-        counts = collections.Counter(c for chars in remaining.values() for c in chars)
-        gains = {c: n * _FIND_NS - char_frequency(c) / 1000 * _AVG_LINE * _ATTEMPT_NS for c, n in counts.items()}
-        best = max(gains, key=lambda c: (gains[c], c), default=None)
-        if best is None or gains[best] <= 0:
-            break  # the rest is cheaper to search as plain literals
-        chosen.add(best)
-        remaining = {lit: chars for lit, chars in remaining.items() if best not in chars}
-    return frozenset(chosen)
-
-
-def _trie(words: Sequence[bytes]) -> bytes:
-    """A regex alternation of ``words`` factored by common prefixes (cheap failed attempts)."""
-    if any(w == b"" for w in words):
-        return b""
-    groups: dict[bytes, list[bytes]] = {}
-    for w in words:
-        groups.setdefault(w[:1], []).append(w[1:])
-    parts = []
-    for head, rests in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        tail = _trie(rests)
-        parts.append(re.escape(head) + (b"(?:" + tail + b")" if b"|" in tail else tail))
-    return b"|".join(parts)
 
 
 class RuleEngine:
@@ -243,8 +161,7 @@ class RuleEngine:
         for rule in self._literal_rules:
             for lit in rule.literals or ():
                 self._by_literal.setdefault(lit, []).append(self._order[rule.name])
-        self._literals = tuple(self._by_literal)
-        self._prefilter = Prefilter.build(self._literals) if self._literals else None
+        self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[str, int] = {}  # multiline rule name -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
@@ -271,29 +188,30 @@ class RuleEngine:
             until = self._armed.get(rule.name, -1) - base
             candidates.update((i, self._order[rule.name]) for i in range(min(n, until + 1)))
         if self._prefilter is not None and n:
-            data = "\n".join(lines).encode("utf-8", "surrogateescape")
+            data = "\n".join(lines).encode("utf-8", "surrogatepass")
             if data.count(b"\n") != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
-            positions = sorted(set(self._prefilter.positions(data)))
-            if positions:
-                hit_lines: list[int] = []
-                line_index, previous = 0, 0
-                for p in positions:  # newline counting maps byte offsets to lines in one C pass
-                    line_index += data.count(b"\n", previous, p)
-                    previous = p
-                    if not hit_lines or hit_lines[-1] != line_index:
-                        hit_lines.append(line_index)
-                rules = self.rule_set.rules
-                for i in hit_lines:
-                    line = lines[i]
-                    for lit in [lit for lit in self._literals if lit in line]:
-                        for k in self._by_literal[lit]:
-                            rule = rules[k]
-                            if rule.multiline:
-                                candidates.update((j, k) for j in range(i, min(n, i + rule.window)))
-                                self._armed[rule.name] = max(self._armed.get(rule.name, -1), base + i + rule.window - 1)
-                            elif all(run in line for run in rule.requires):
-                                candidates.add((i, k))
+            hits = self._prefilter.hits(data)
+            hits.sort()  # by offset
+            by_line: dict[int, set[str]] = {}
+            line_index, previous = 0, 0
+            for offset, lits in hits:  # newline counting maps byte offsets to lines in one C pass
+                line_index += data.count(b"\n", previous, offset)
+                previous = offset
+                by_line.setdefault(line_index, set()).update(lits)
+            rules = self.rule_set.rules
+            for i, lits in by_line.items():
+                line = lines[i]
+                for lit in lits:
+                    if lit not in line:
+                        continue
+                    for k in self._by_literal[lit]:
+                        rule = rules[k]
+                        if rule.multiline:
+                            candidates.update((j, k) for j in range(i, min(n, i + rule.window)))
+                            self._armed[rule.name] = max(self._armed.get(rule.name, -1), base + i + rule.window - 1)
+                        elif all(run in line for run in rule.requires):
+                            candidates.add((i, k))
         for name in [k for k, until in self._armed.items() if until < base + n]:
             del self._armed[name]
         for rule in self._always:
@@ -302,9 +220,16 @@ class RuleEngine:
         findings: list[Finding] = []
         if candidates:
             rules = self.rule_set.rules
+            # Rules that share a pattern (one pattern, several reasons by field) match it once per line.
+            memo: dict[tuple[str, int], tuple[PatternMatch, str] | None] = {}
+            memo_line = -1
             for i, k in sorted(candidates):
                 rule = rules[k]
-                found = self._evaluate(rule, lines, i)
+                if i != memo_line:
+                    memo.clear()
+                    memo_line = i
+                key = (rule.pattern, rule.window)
+                found = memo[key] if key in memo else memo.setdefault(key, self._evaluate(rule, lines, i))
                 if found is None:
                     continue
                 match, message = found
@@ -324,7 +249,7 @@ class RuleEngine:
         self._seen = base + n
         return findings
 
-    def _evaluate(self, rule: CompiledRule, lines: Sequence[str], i: int) -> tuple[re.Match[str], str] | None:
+    def _evaluate(self, rule: CompiledRule, lines: Sequence[str], i: int) -> tuple[PatternMatch, str] | None:
         if not rule.multiline:
             line = lines[i]
             match = rule.regex.search(line)

@@ -1,0 +1,68 @@
+"""The compiled rule set the matchers consume: what ``load_rule_set`` returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.detectors.patterns import RulePattern
+from agent.types import ConditionSpec, RuleType, Severity
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Threshold:
+    """Fire only once ``count`` matches with the same ``by`` fields happened within ``window`` seconds."""
+
+    count: int
+    window: float
+    by: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FieldFilter:
+    field: str
+    values: frozenset[str]
+    negate: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompiledRule:
+    name: str
+    file: str
+    index: int
+    source: str
+    type: RuleType
+    condition: str | None
+    reason: str  # may contain {field} placeholders
+    severity: Severity
+    pattern: str
+    regex: RulePattern  # RE2, anchored at the end of the text as NPD does
+    buffer_size: int  # the pack's bufferSize: NPD matches over this many lines
+    multiline: bool  # False when the pattern provably cannot match across lines
+    window: int  # lines the fast matcher joins: buffer_size if multiline else 1
+    literals: tuple[str, ...] | None  # one of these occurs in every match; None = unknown
+    requires: tuple[str, ...]  # all of these occur in every match (may be empty)
+    suffix: str
+    where: tuple[FieldFilter, ...]
+    threshold: Threshold | None
+    key_values: tuple[str, ...]
+    field_types: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuleSet:
+    rules: tuple[CompiledRule, ...]
+    conditions: tuple[ConditionSpec, ...]
+    files: tuple[str, ...]
+    max_window: int
+
+    def condition_spec(self, type_: str) -> ConditionSpec | None:
+        for c in self.conditions:
+            if c.type == type_:
+                return c
+        return None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every literal (template-free) reason, for initialising metrics."""
+        return tuple(dict.fromkeys(r.reason for r in self.rules if "{" not in r.reason))
