@@ -70,6 +70,7 @@ class MainLoop:
         self._monotonic = monotonic
         self._tick = tick
         self._beat = monotonic()
+        self.records_processed = 0  # records matched and folded (read minus processed = backlog)
         # (publication number, its last kmsg seq or None, its snapshot when the conditions changed, else None)
         self._pending: collections.deque[tuple[int, int | None, Snapshot | None]] = collections.deque(
             maxlen=MAX_PENDING
@@ -118,6 +119,7 @@ class MainLoop:
             for batch in self._replay.split(records, now=self._clock()):
                 for finding in self.pipeline.process(batch):
                     events.extend(self.state.apply(finding))
+            self.records_processed += len(records)
             return len(records), records[-1].seq
         if isinstance(item, FindingBatch):
             for finding in item.findings:

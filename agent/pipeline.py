@@ -95,21 +95,20 @@ class DetectionPipeline:
         self.lines_matched = 0
 
     def process(self, batch: Batch) -> list[Finding]:
-        lines: list[str] = []
-        times: list[float] = []
-        numbers: list[int] = []
-        for record in batch.records:
-            message = record.message
-            seq = record.seq if record.seq is not None else 0
-            if "\n" in message:
-                for line in message.split("\n"):
+        records = batch.records
+        messages = [r.message for r in records]
+        if "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
+            lines = [m.strip() for m in messages]
+            times = [r.timestamp for r in records]
+            numbers = [r.seq if r.seq is not None else 0 for r in records]
+        else:
+            lines, times, numbers = [], [], []
+            for record in records:
+                seq = record.seq if record.seq is not None else 0
+                for line in record.message.split("\n"):
                     lines.append(line.strip())
                     times.append(record.timestamp)
                     numbers.append(seq)
-            else:
-                lines.append(message.strip())
-                times.append(record.timestamp)
-                numbers.append(seq)
         if not lines:
             return []
         findings = self._engine.feed(lines, times=times, line_numbers=numbers, permanent_only=batch.permanent_only)

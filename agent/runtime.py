@@ -37,7 +37,9 @@ from agent.types import Condition, Event, Finding, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
 
-INBOX_ITEMS = 256  # batches (each up to a few thousand records); when full, producers wait
+# Batches (each up to 4096 records): small enough that a storm cannot pile up memory (and garbage-
+# collector work) in the inbox; when full, producers wait and the kernel ring buffer absorbs the burst.
+INBOX_ITEMS = 16
 FEED_EVENTS = 100_000  # events the feed keeps for consumers that fall behind
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import threading
@@ -157,9 +158,14 @@ class Runtime:
             rules_loaded=len(self.rule_set.rules),
             components=self.supervisor.health(),
             state_dir_ok=self.state_dir.ok,
+            records_processed=self.main_loop.records_processed,
+            malformed_lines=getattr(s, "malformed_lines", 0),
         )
 
     def run(self, stop: threading.Event) -> int:
+        # Everything built so far (rules, clients, modules) lives as long as the process: keep it out
+        # of the garbage collector's full passes, which otherwise rescan it during a record storm.
+        gc.freeze()
         late = self.supervisor.run(stop)
         self.feed.close()
         log.info("stopped%s", f" (still running at the deadline: {', '.join(late)})" if late else "")

@@ -42,6 +42,8 @@ class AgentStats:
     rules_loaded: int
     components: Mapping[str, bool]  # component -> healthy
     state_dir_ok: bool = True  # the state directory takes our writes
+    records_processed: int = 0  # records the main loop has matched and folded
+    malformed_lines: int = 0  # kmsg dictionary lines dropped as malformed (their records were kept)
 
 
 class AgentCollector:
@@ -95,6 +97,16 @@ class AgentCollector:
         yield counter("kmsg_reader_restarts", "Times the kernel log reader reopened its source.", stats.reader_restarts)
         yield counter("kmsg_read_errors", "Errors reading the kernel log.", stats.read_errors)
         yield counter("kmsg_parse_errors", "Kernel log records that could not be parsed.", stats.parse_errors)
+        yield counter(
+            "kmsg_malformed_lines",
+            "Malformed kmsg dictionary lines dropped (the record they followed was kept).",
+            stats.malformed_lines,
+        )
+        yield counter(
+            "records_processed",
+            "Kernel log records matched and folded by the main loop (records read minus this is the backlog).",
+            stats.records_processed,
+        )
         yield counter("lines_matched", "Log lines run through the rule packs.", stats.lines_matched)
         matches = CounterMetricFamily("node_health_agent_rule_matches", "Findings produced, by rule.", labels=["rule"])
         for rule, count in sorted(stats.rule_matches.items()):
