@@ -70,7 +70,8 @@ class MainLoop:
         self._monotonic = monotonic
         self._tick = tick
         self._beat = monotonic()
-        self.records_processed = 0  # records matched and folded (read minus processed = backlog)
+        self.records_processed = 0  # records matched and folded
+        self.decode_errors = 0  # record batches a source failed to decode (a bug; logged with its traceback)
         # (publication number, its last kmsg seq or None, its snapshot when the conditions changed, else None)
         self._pending: collections.deque[tuple[int, int | None, Snapshot | None]] = collections.deque(
             maxlen=MAX_PENDING
@@ -113,7 +114,12 @@ class MainLoop:
 
     def _fold(self, item: Input, events: list[Event]) -> tuple[int, int | None]:
         if isinstance(item, RecordBatch):
-            records = item.records
+            try:
+                records = item.resolve()
+            except Exception:  # a source's decoding bug must not kill the one writer
+                log.exception("cannot decode a batch of kernel log records; skipping it")
+                self.decode_errors += 1
+                return 0, None
             if not records:
                 return 0, None
             for batch in self._replay.split(records, now=self._clock()):

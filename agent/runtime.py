@@ -60,9 +60,18 @@ class Component(Protocol):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecordBatch:
-    """Kernel log records in read order, from one source."""
+    """Kernel log records in read order, from one source: given, or to be decoded by the main loop.
 
-    records: Sequence[LogRecord]
+    A source whose thread should only do I/O hands over raw data and its ``decode`` (parsing and
+    sequence accounting, the source's own code); the main loop runs it. Two threads that both parse
+    and match would spend much of their time handing the interpreter lock back and forth.
+    """
+
+    records: Sequence[LogRecord] = ()
+    decode: Callable[[], Sequence[LogRecord]] | None = None
+
+    def resolve(self) -> Sequence[LogRecord]:
+        return self.decode() if self.decode is not None else self.records
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -248,6 +248,12 @@ class ListSource:
         while not stop.wait(0.05):
             self.stats.last_activity = time.monotonic()
 
+    chunks = batches  # the Source interface: chunks are ready record batches
+
+    @staticmethod
+    def decode(chunk):
+        return chunk
+
 
 def make_records(messages: list[str], *, start_seq: int = 1) -> list[LogRecord]:
     now = time.time()

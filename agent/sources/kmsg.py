@@ -182,6 +182,15 @@ def _describe(exc: OSError) -> str:
 _Chunks = Generator[tuple[bytes, SequenceTracker], None, bool]
 
 
+@dataclass(frozen=True, slots=True)
+class RawChunk:
+    """Complete records as read, with the boot time at reading and the sequence accounting that applies."""
+
+    data: bytes
+    boot_time: float
+    tracker: SequenceTracker
+
+
 class KmsgReader:
     """Read records from ``/dev/kmsg`` (or a file/FIFO of concatenated records) until told to stop.
 
@@ -243,27 +252,37 @@ class KmsgReader:
         """The counters this reader updates (read them at any time; one writer, this reader)."""
         return self._stats
 
-    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
-        """Yield lists of new parsed records (1 to 4096, in order) until ``stop`` is set.
+    def chunks(self, *, stop: threading.Event) -> Iterator[RawChunk]:
+        """Yield raw chunks of complete records until ``stop`` is set; :meth:`decode` turns one into records.
+
+        Reading and decoding are apart so that the reading thread only does I/O: the agent's main
+        loop decodes, and the two threads do not compete for the interpreter lock record by record.
+        """
+        for data, tracker in self._chunks(stop=stop):
+            yield RawChunk(data=data, boot_time=self._boot_time(), tracker=tracker)
+
+    def decode(self, chunk: RawChunk) -> list[LogRecord]:
+        """The new records of a chunk, in order; call in chunk order, from one thread.
 
         Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
-        for chunk, tracker in self._chunks(stop=stop):
-            parsed = parse_chunk(chunk, boot_time=self._boot_time())
-            for line_error in parsed.bad_lines:
-                self._stats.malformed_lines += 1
-                self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
-            records = self._new_records(parsed, tracker)
-            if not records:
-                continue
+        parsed = parse_chunk(chunk.data, boot_time=chunk.boot_time)
+        for line_error in parsed.bad_lines:
+            self._stats.malformed_lines += 1
+            self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
+        records = self._new_records(parsed, chunk.tracker)
+        if records:
             self._stats.records_read += len(records)
             self._stats.last_record_time = records[-1].timestamp
-            if len(records) <= MAX_BATCH:
-                yield records
-            else:
-                for start in range(0, len(records), MAX_BATCH):
-                    yield records[start : start + MAX_BATCH]
+        return records
+
+    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+        """Yield lists of new parsed records (1 to 4096, in order) until ``stop`` is set (see :meth:`decode`)."""
+        for chunk in self.chunks(stop=stop):
+            records = self.decode(chunk)
+            for start in range(0, len(records), MAX_BATCH):
+                yield records[start : start + MAX_BATCH]
 
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
         """Yield parsed records one by one until ``stop`` is set (see :meth:`batches`)."""

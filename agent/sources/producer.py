@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.runtime import Inbox, RecordBatch
 from agent.sources.kmsg import KmsgStats
@@ -12,12 +13,18 @@ from agent.types import LogRecord
 
 
 class Source(Protocol):
-    """A kernel log source (``KmsgReader`` or ``RelayClient``): never raises, ends only on stop."""
+    """A kernel log source (``KmsgReader`` or ``RelayClient``): never raises, ends only on stop.
+
+    ``chunks`` runs in the producer's thread and should only do I/O; ``decode`` turns one chunk into
+    records and runs in the main loop, in chunk order.
+    """
 
     @property
     def stats(self) -> KmsgStats: ...
 
-    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]: ...
+    def chunks(self, *, stop: threading.Event) -> Iterator[Any]: ...
+
+    def decode(self, chunk: Any) -> list[LogRecord]: ...
 
 
 class SourceProducer:
@@ -43,6 +50,7 @@ class SourceProducer:
         return getattr(self.source.stats, "last_error", None)
 
     def run(self, stop: threading.Event) -> None:
-        for batch in self.source.batches(stop=stop):
-            if batch and not self._inbox.put(RecordBatch(records=batch), stop=stop):
+        decode = self.source.decode
+        for chunk in self.source.chunks(stop=stop):
+            if not self._inbox.put(RecordBatch(decode=functools.partial(decode, chunk)), stop=stop):
                 return

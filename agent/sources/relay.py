@@ -166,6 +166,14 @@ class RelayClient:
         """The hello of the current (or last) connection: the host's boot time and boot id."""
         return self._hello
 
+    def chunks(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+        """The :class:`~agent.sources.producer.Source` interface: the relay's chunks are record batches."""
+        return self.batches(stop=stop)
+
+    @staticmethod
+    def decode(chunk: list[LogRecord]) -> list[LogRecord]:
+        return chunk
+
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
         """Yield parsed records one by one until ``stop`` is set: :meth:`batches`, flattened."""
         batches = self.batches(stop=stop)
