@@ -13,11 +13,12 @@ import re
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_sink_worker import NODE, Recorder, SimTime, condition, kube_client, node_api, publish, running, snapshot
 
 from agent.runtime import SnapshotFeed
 from agent.sinks.conditions import MAX_MESSAGE, ConditionSink, condition_dict
 from agent.types import Status
+
+from test_sink_worker import NODE, Recorder, SimTime, condition, kube_client, node_api, publish, running, snapshot
 
 STATUS_PATH = r"/nodes/.*/status$"
 HEALTHY = condition()

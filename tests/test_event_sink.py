@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_sink_worker import NODE, Recorder, SimTime, event, kube_client, node_api, publish, running, snapshot
 
 from agent.runtime import SnapshotFeed
 from agent.sinks.events import EventSink, event_name
 from agent.sinks.outbox import OUTBOX_FILE, Outbox, Series
+
+from test_sink_worker import NODE, Recorder, SimTime, event, kube_client, node_api, publish, running, snapshot
 
 EVENTS = r"/namespaces/[^/]+/events"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

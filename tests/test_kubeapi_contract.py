@@ -1120,11 +1120,11 @@ def test_fault_drop_closes_the_connection_without_answer(kube_api, core):
 
 def test_fault_timeout_hangs_past_the_client_timeout(kube_api, core):
     before = seed_node(kube_api)
-    kube_api.faults.add(method="PATCH", kind="timeout", delay=1.0)
+    kube_api.faults.add(method="PATCH", kind="timeout", delay=30.0)
     started = time.monotonic()
     with pytest.raises(urllib3.exceptions.HTTPError):
         core.patch_node("n1", {"metadata": {"labels": {"x": "1"}}}, _request_timeout=0.3)
-    assert time.monotonic() - started < 0.9
+    assert time.monotonic() - started < 25, "the client's timeout fired, long before the server would answer"
     assert kube_api.get_object("nodes", "n1") == before
 
 

@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_relay import WAIT, Consumer, Relay, client, raw_connect, record, wait_for, write_records
 
 from agent.cli import build_parser, main
 from agent.relay import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, _RefusalLog, run_relay
+
+from test_relay import WAIT, Consumer, Relay, client, raw_connect, record, wait_for, write_records
 
 AGENT_UID = 65532  # the agent container's runAsUser in daemonset/base/daemonset.yaml
 NOBODY = 65534
