@@ -18,9 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from agent.pipeline import DetectionPipeline, ReplayPolicy
+from agent.pipeline import Batch, DetectionPipeline
 from agent.runtime import FindingBatch, Inbox, Input, RecordBatch, SeedConditions, SnapshotFeed, iter_inputs
-from agent.sources.replay import Cursor, CursorStore
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
 from agent.types import Event, Snapshot
@@ -122,8 +122,8 @@ class MainLoop:
                 return 0, None
             if not records:
                 return 0, None
-            for batch in self._replay.split(records, now=self._clock()):
-                for finding in self.pipeline.process(batch):
+            for run, replayed in self._replay.split(records, now=self._clock()):
+                for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
                     events.extend(self.state.apply(finding))
             self.records_processed += len(records)
             return len(records), records[-1].seq

@@ -10,7 +10,6 @@ from the engine's matching state: no threads, no I/O.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine
-from agent.sources.replay import Cursor
 from agent.types import Finding, LogRecord
 
 
@@ -38,53 +36,6 @@ class Batch:
 
     records: Sequence[LogRecord]
     permanent_only: bool = False
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReplayPolicy:
-    """Which records were (probably) handled before an agent restart: those only rebuild permanent state.
-
-    With a cursor from this boot, records up to ``cursor.last_seq`` were processed already. Without
-    one (first start, or a new boot), records older than ``now - lookback`` count as processed.
-    """
-
-    cursor: Cursor | None
-    boot_id: str
-    lookback: float
-
-    def split(self, records: Sequence[LogRecord], *, now: float) -> list[Batch]:
-        """Runs of records with the same replay mode, in order."""
-        if not records:
-            return []
-        cursor = self.cursor
-        if cursor is not None and cursor.boot_id == self.boot_id and all(r.seq is not None for r in records):
-            seqs = [r.seq for r in records]
-            if all(a < b for a, b in zip(seqs, seqs[1:], strict=False)):  # the usual case: one cut point
-                cut = bisect.bisect_right(seqs, cursor.last_seq)  # type: ignore[arg-type]
-                return _two(records, cut)
-            return _runs(records, [r.seq <= cursor.last_seq for r in records])  # type: ignore[operator]
-        oldest_new = now - self.lookback
-        replayed = [r.timestamp < oldest_new for r in records]
-        return _runs(records, replayed) if any(replayed) else _two(records, 0)
-
-
-def _two(records: Sequence[LogRecord], cut: int) -> list[Batch]:
-    out = []
-    if cut > 0:
-        out.append(Batch(records=records[:cut], permanent_only=True))
-    if cut < len(records):
-        out.append(Batch(records=records[cut:], permanent_only=False))
-    return out
-
-
-def _runs(records: Sequence[LogRecord], replayed: Sequence[bool]) -> list[Batch]:
-    out: list[Batch] = []
-    start = 0
-    for i in range(1, len(records) + 1):
-        if i == len(records) or replayed[i] != replayed[start]:
-            out.append(Batch(records=records[start:i], permanent_only=replayed[start]))
-            start = i
-    return out
 
 
 class DetectionPipeline:

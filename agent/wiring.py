@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
-from agent.pipeline import DetectionPipeline, ReplayPolicy
+from agent.pipeline import DetectionPipeline
 from agent.runtime import Component, Inbox, SnapshotFeed, Supervisor
 from agent.settings import Settings
 from agent.sinks.log import snapshot_json
@@ -29,7 +29,7 @@ from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sources.kmsg import KmsgStats
 from agent.sources.kmsg_format import read_boot_id
 from agent.sources.producer import Source, SourceProducer
-from agent.sources.replay import CursorStore
+from agent.sources.replay import CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
 from agent.types import Severity

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agent.sources.kmsg import KmsgReader, KmsgStats
 from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
-from agent.sources.replay import Cursor, CursorStore, ReplayMode, replay_mode
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.types import LogRecord
 
 from helpers import wait_for
@@ -618,10 +618,10 @@ def test_unreadable_cursor_is_ignored_with_a_warning(tmp_path: Path, caplog: pyt
 
 
 # ------------------------------------------------------------------------------------------------
-# replay_mode
+# replay policy
 
 NOW, LOOKBACK = 10_000.0, 300.0
-FULL, PERMANENT_ONLY = ReplayMode.FULL, ReplayMode.PERMANENT_ONLY
+FULL, PERMANENT_ONLY = False, True  # replayed: only permanent rules see the record
 SAME_BOOT, OTHER_BOOT = Cursor(boot_id="boot-a", last_seq=50), Cursor(boot_id="boot-z", last_seq=50)
 RECENT, OLD = NOW - 10, NOW - LOOKBACK - 1
 
@@ -643,11 +643,19 @@ REPLAY_CASES = [
 @pytest.mark.parametrize(
     ("cursor", "seq", "timestamp", "expected"), [c[1:] for c in REPLAY_CASES], ids=[c[0] for c in REPLAY_CASES]
 )
-def test_replay_mode(cursor: Cursor | None, seq: int | None, timestamp: float, expected: ReplayMode) -> None:
+def test_replay_policy(cursor: Cursor | None, seq: int | None, timestamp: float, expected: bool) -> None:
+    policy = ReplayPolicy(cursor=cursor, boot_id="boot-a", lookback=LOOKBACK)
     record = LogRecord(message="m", timestamp=timestamp, seq=seq)
-    assert replay_mode(record=record, cursor=cursor, boot_id="boot-a", now=NOW, lookback=LOOKBACK) is expected
+    assert policy.replayed(record, now=NOW) is expected
+    assert policy.split([record], now=NOW) == [([record], expected)]
 
 
-def test_replay_mode_values_are_strings() -> None:
-    assert ReplayMode("permanent_only") is PERMANENT_ONLY
-    assert FULL == "full"
+@pytest.mark.parametrize("cursor", [SAME_BOOT, OTHER_BOOT, None], ids=["same-boot", "other-boot", "no-cursor"])
+@pytest.mark.parametrize("seqs", [[48, 49, 50, 51, 52], [51, 52], [10, 11], [49, None, 51], [52, 49, 53]], ids=str)
+def test_split_keeps_order_and_agrees_with_the_per_record_rule(cursor, seqs) -> None:
+    policy = ReplayPolicy(cursor=cursor, boot_id="boot-a", lookback=LOOKBACK)
+    records = [LogRecord(message=str(i), timestamp=OLD if i % 2 else RECENT, seq=s) for i, s in enumerate(seqs)]
+    runs = policy.split(records, now=NOW)
+    assert [r for run, _ in runs for r in run] == records
+    assert [flag for run, flag in runs for _ in run] == [policy.replayed(r, now=NOW) for r in records]
+    assert all(a[1] != b[1] for a, b in zip(runs, runs[1:], strict=False)), "adjacent runs differ"

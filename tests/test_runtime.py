@@ -9,10 +9,10 @@ import pytest
 
 from agent.detectors.rulepack import load_rule_set
 from agent.mainloop import MainLoop
-from agent.pipeline import DetectionPipeline, ReplayPolicy
+from agent.pipeline import DetectionPipeline
 from agent.runtime import FindingBatch, Inbox, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
 from agent.settings import builtin_plugins_dir
-from agent.sources.replay import Cursor, CursorStore
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
 from agent.types import Condition, Event, Finding, LogRecord, RuleType, Severity, Status

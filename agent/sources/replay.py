@@ -7,14 +7,14 @@ up to the cursor only rebuild permanent conditions (no repeated Events).
 
 from __future__ import annotations
 
-import enum
+import bisect
 import json
 import logging
-import os
-import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.statedir import atomic_write
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -58,47 +58,43 @@ class CursorStore:
 
     def save(self, cursor: Cursor) -> None:
         """Write the cursor atomically (temp file in the same directory, fsync, rename). Raises OSError."""
-        self._state_dir.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"boot_id": cursor.boot_id, "last_seq": cursor.last_seq}).encode()
-        fd, tmp = tempfile.mkstemp(dir=self._state_dir, prefix=f".{self.FILE_NAME}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        try:
-            dir_fd = os.open(self._state_dir, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:
-            pass  # some filesystems cannot fsync a directory; the rename is still atomic
-        finally:
-            os.close(dir_fd)
+        atomic_write(self.path, json.dumps({"boot_id": cursor.boot_id, "last_seq": cursor.last_seq}).encode())
 
 
-class ReplayMode(enum.StrEnum):
-    """How detectors treat a record: all rules, or only permanent ones (rebuild state, no repeat Events)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplayPolicy:
+    """Which records were (probably) handled before an agent restart: those only rebuild permanent state.
 
-    FULL = "full"
-    PERMANENT_ONLY = "permanent_only"
-
-
-def replay_mode(*, record: LogRecord, cursor: Cursor | None, boot_id: str, now: float, lookback: float) -> ReplayMode:
-    """Decide whether a record was (probably) already handled before an agent restart.
-
-    With a cursor from this boot, records up to ``cursor.last_seq`` were processed already:
-    PERMANENT_ONLY. Without one (first start, or a new boot), records older than ``now - lookback``
-    are PERMANENT_ONLY; everything else is FULL.
+    With a cursor from this boot, records up to ``cursor.last_seq`` were processed already. Without
+    one (first start, or a new boot), or for a record without a sequence number, records older than
+    ``now - lookback`` count as processed.
     """
-    if cursor is not None and cursor.boot_id == boot_id and record.seq is not None:
-        return ReplayMode.PERMANENT_ONLY if record.seq <= cursor.last_seq else ReplayMode.FULL
-    return ReplayMode.PERMANENT_ONLY if record.timestamp < now - lookback else ReplayMode.FULL
+
+    cursor: Cursor | None
+    boot_id: str
+    lookback: float
+
+    def replayed(self, record: LogRecord, *, now: float) -> bool:
+        cursor = self.cursor
+        if cursor is not None and cursor.boot_id == self.boot_id and record.seq is not None:
+            return record.seq <= cursor.last_seq
+        return record.timestamp < now - self.lookback
+
+    def split(self, records: Sequence[LogRecord], *, now: float) -> list[tuple[Sequence[LogRecord], bool]]:
+        """Runs of consecutive records with the same :meth:`replayed`, in order: ``(records, replayed)``."""
+        if not records:
+            return []
+        cursor = self.cursor
+        if cursor is not None and cursor.boot_id == self.boot_id:
+            seqs = [r.seq for r in records]
+            if None not in seqs and all(a < b for a, b in zip(seqs, seqs[1:], strict=False)):
+                cut = bisect.bisect_right(seqs, cursor.last_seq)  # the usual case: one cut point
+                return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
+        flags = [self.replayed(r, now=now) for r in records]
+        runs: list[tuple[Sequence[LogRecord], bool]] = []
+        start = 0
+        for i in range(1, len(records) + 1):
+            if i == len(records) or flags[i] != flags[start]:
+                runs.append((records[start:i], flags[start]))
+                start = i
+        return runs
