@@ -37,3 +37,16 @@ def kmsg_problem() -> str | None:
         except OSError as exc:
             return f"{KMSG} cannot be opened for {what} here ({exc.strerror}); needs root on a real kernel"
     return None
+
+
+class ScriptedRead:
+    """A ``read`` for KmsgReader that plays a script of results and exceptions, then end of input."""
+
+    def __init__(self, script: list[bytes | OSError]) -> None:
+        self._script = list(script)
+
+    def __call__(self, fd: int, size: int) -> bytes:
+        item = self._script.pop(0) if self._script else b""
+        if isinstance(item, OSError):
+            raise item
+        return item

@@ -21,7 +21,7 @@ from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_recor
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.types import LogRecord
 
-from helpers import wait_for
+from helpers import ScriptedRead, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT = 1_700_000_000.0
@@ -439,17 +439,6 @@ def test_fifo_records_arrive_while_reading_and_stop_ends_the_reader(tmp_path: Pa
 # Errors, EPIPE and restarts (scripted reads through the reader's `read` seam)
 
 
-class ScriptedRead:
-    """A ``read`` for KmsgReader that plays a script of results and exceptions, then end of input."""
-
-    def __init__(self, script: list[bytes | OSError]) -> None:
-        self._script = list(script)
-
-    def __call__(self, fd: int, size: int) -> bytes:
-        item = self._script.pop(0) if self._script else b""
-        if isinstance(item, OSError):
-            raise item
-        return item
 
 
 def test_epipe_is_counted_and_reading_continues(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

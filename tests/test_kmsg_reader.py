@@ -15,6 +15,8 @@ import pytest
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
 from agent.types import LogRecord
 
+from helpers import ScriptedRead
+
 BOOT = 1_700_000_000.0
 
 
@@ -22,17 +24,6 @@ def rec(seq: int, message: str = "m", *, prio: int = 6, usec: int | None = None)
     return f"{prio},{seq},{seq * 1000 if usec is None else usec},-;{message}\n".encode()
 
 
-class ScriptedRead:
-    """A ``read`` for KmsgReader that plays a script of results and exceptions, then end of input."""
-
-    def __init__(self, script: list[bytes | OSError]) -> None:
-        self._script = list(script)
-
-    def __call__(self, fd: int, size: int) -> bytes:
-        item = self._script.pop(0) if self._script else b""
-        if isinstance(item, OSError):
-            raise item
-        return item
 
 
 def device_opener(path: str) -> int:

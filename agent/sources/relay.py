@@ -2,7 +2,7 @@
 
 The unprivileged agent cannot open the host's ``/dev/kmsg``; a privileged relay container can, and
 serves its raw records on a socket in a shared emptyDir. :class:`RelayClient` is a drop-in
-:class:`agent.app.Source` for that socket: same ``KmsgStats``, same ``LogRecord`` s, same sequence
+:class:`agent.sources.producer.Source` for that socket: same ``KmsgStats``, same ``LogRecord`` s, same sequence
 accounting as :class:`~agent.sources.kmsg.KmsgReader`.
 """
 
@@ -100,7 +100,7 @@ class _FrameReader:
 
 
 class RelayClient:
-    """Read kernel log records from a kmsg relay socket until told to stop (an ``agent.app.Source``).
+    """Read kernel log records from a kmsg relay socket until told to stop (an ``agent.sources.producer.Source``).
 
     ``batches()`` connects (retrying with exponential backoff, ``backoff_initial`` doubling up to
     ``backoff_max``, reset after a good hello), reads the hello, then record frames, and parses each
