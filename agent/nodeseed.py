@@ -106,7 +106,7 @@ class NodeSeeder:
                 node = self._client.get_node(self._node)
             except KubeError as exc:
                 self.last_error = str(exc)
-                delay = self._backoff.next_delay(retry_after=getattr(exc, "retry_after", None))
+                delay = self._backoff.next_delay(retry_after=exc.retry_after)
                 log.warning("cannot read node %s yet (retrying in %.1fs): %s", self._node, delay, exc)
                 stop.wait(delay)
                 continue

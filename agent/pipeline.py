@@ -20,11 +20,6 @@ from agent.detectors.rules import RuleEngine
 from agent.types import Finding, LogRecord
 
 
-def normalize(message: str) -> list[str]:
-    """The matchable lines of a live message: split on newlines, whitespace trimmed."""
-    return [part.strip() for part in message.split("\n")]
-
-
 def saved_log_line(line: str) -> str:
     """A line of a saved log (dmesg, syslog, journal) with its log-format prefixes stripped."""
     return strip_prefix(line).strip()

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
@@ -29,10 +29,13 @@ from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sources.kmsg import KmsgStats
 from agent.sources.kmsg_format import read_boot_id
 from agent.sources.producer import Source, SourceProducer
-from agent.sources.replay import CursorStore, ReplayPolicy
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
 from agent.types import Severity
+
+if TYPE_CHECKING:
+    from agent.http import AgentHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +96,11 @@ class HttpComponent:
 
     name = "http"
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: AgentHTTPServer) -> None:
         self.server = server
 
     def healthy(self, now: float) -> bool:
-        check = getattr(self.server, "healthy", None)
-        return bool(check(now)) if check is not None else True
+        return self.server.healthy(now)
 
     def run(self, stop: threading.Event) -> None:
         stop.wait()
@@ -159,7 +161,7 @@ class Runtime:
             components=self.supervisor.health(),
             state_dir_ok=self.state_dir.ok,
             records_processed=self.main_loop.records_processed,
-            malformed_lines=getattr(s, "malformed_lines", 0),
+            malformed_lines=s.malformed_lines,
         )
 
     def run(self, stop: threading.Event) -> int:
@@ -172,7 +174,7 @@ class Runtime:
         return EXIT_OK
 
 
-def _load_cursor(store: CursorStore, health: StateDirHealth):  # -> Cursor | None
+def _load_cursor(store: CursorStore, health: StateDirHealth) -> Cursor | None:
     if store.path.exists() and not store.path.is_file():
         health.report("cursor", f"{store.path} is not a regular file; every restart replays by --lookback")
         return None
@@ -247,8 +249,8 @@ def build_runtime(
         consumers.extend([conditions, events])
         acks.append(events.acked)
         state_dir.watch("outbox", lambda: events.last_persist_error)
-        details["condition_sink"] = lambda: getattr(conditions, "last_error", None)
-        details["event_sink"] = lambda: getattr(events, "last_error", None)
+        details["condition_sink"] = lambda: conditions.last_error
+        details["event_sink"] = lambda: events.last_error
         if kube.node is None:
             from agent.nodeseed import NodeSeeder
 

@@ -47,7 +47,7 @@ class SourceProducer:
         return last is not None and now - last < self._stall_timeout
 
     def detail(self) -> str | None:
-        return getattr(self.source.stats, "last_error", None)
+        return self.source.stats.last_error
 
     def run(self, stop: threading.Event) -> None:
         decode = self.source.decode
