@@ -109,7 +109,12 @@ BAD_PACKS = [
         """,
         [("conditions[0].reason", 2, "required")],
     ),
-    ("plugin-not-kmsg", "p.yaml", "plugin: filelog\nrules: []\n", [("plugin", 1, "'filelog' is not supported")]),
+    (
+        "plugin-unknown",
+        "p.yaml",
+        "plugin: syslog\nrules: []\n",
+        [("plugin", 1, "plugin 'syslog' is not one node-health-agent runs (kmsg, filelog, journald or custom)")],
+    ),
     (
         "bad-type",
         "p.yaml",
@@ -786,7 +791,7 @@ def test_problems_of_every_file_are_reported(tmp_path: Path) -> None:
     first = write(tmp_path, "a.yaml", "rules:\n  - {type: temporary, reason: R, pattern: 'a(b'}\n")
     broken = write(tmp_path, "b.json", '{"rules": [')
     good = write(tmp_path, "c.yaml", "rules:\n  - {type: temporary, reason: R, pattern: 'fine'}\n")
-    last = write(tmp_path, "d.yaml", "plugin: journald\nrules: []\n")
+    last = write(tmp_path, "d.yaml", "plugin: syslog\nrules: []\n")
     found = problems([first, broken, good, last])
     assert sorted((Path(p.file).name, p.field) for p in found) == [
         ("a.yaml", "rules[0].pattern"),
@@ -796,7 +801,7 @@ def test_problems_of_every_file_are_reported(tmp_path: Path) -> None:
 
 
 def test_config_error_message_lists_every_problem(tmp_path: Path) -> None:
-    path = write(tmp_path, "p.yaml", "bufferSize: 0\nplugin: filelog\nrules: []\n")
+    path = write(tmp_path, "p.yaml", "bufferSize: 0\nrules: [{type: temporary, reason: R}]\n")
     with pytest.raises(ConfigError) as excinfo:
         load_rule_set([path])
     assert str(excinfo.value).splitlines() == [str(p) for p in excinfo.value.problems]

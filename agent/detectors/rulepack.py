@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.detectors.compiler import compile_rule
 from agent.detectors.model import CompiledRule, FieldFilter, RuleSet, Threshold
-from agent.detectors.packfile import PACK_SUFFIXES, Problems, discover, read_pack
+from agent.detectors.packfile import PACK_SUFFIXES, Document, Problems
 from agent.detectors.schema import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, PackSpec, check_pack
 from agent.errors import ConfigError, ConfigProblem
 from agent.types import ConditionSpec
@@ -36,33 +36,43 @@ __all__ = [
     "FieldFilter",
     "RuleSet",
     "Threshold",
+    "compile_rule_packs",
     "load_rule_set",
 ]
 
 
 def load_rule_set(paths: Sequence[Path]) -> RuleSet:
-    """Load, validate and compile rule packs in order. Raises ConfigError listing every problem."""
-    files, problems = discover(paths)
+    """Load, validate and compile the rule packs under ``paths`` in order (other kinds of file are left
+    to their own loaders). Raises ConfigError listing every problem."""
+    from agent.configfiles import Kind, of_kind, read_config_files
+
+    files, problems = read_config_files(paths)
     if not paths:
         problems.append(ConfigProblem(file="(none)", field="", message="no rule pack files found"))
-    packs: list[tuple[Problems, PackSpec]] = []
+    packs = [(f.path, f.doc) for f in of_kind(files, Kind.RULE_PACK)]
+    return compile_rule_packs(packs, problems=problems)
+
+
+def compile_rule_packs(
+    packs: Sequence[tuple[Path, Document]], *, problems: Sequence[ConfigProblem] = ()
+) -> RuleSet:
+    """Validate and compile parsed rule packs in order. Raises ConfigError listing every problem
+    (``problems`` found earlier included)."""
+    problems = list(problems)
+    checked: list[tuple[Problems, PackSpec]] = []
     conditions: dict[str, ConditionSpec] = {}
     lists: dict[str, tuple[str, ...]] = {}
-    for path in files:
-        doc, read_problems = read_pack(path)
-        problems.extend(read_problems)
-        if doc is None:
-            continue
+    for path, doc in packs:
         col = Problems(file=str(path), doc=doc)
         pack = check_pack(col)
         for cond in pack.conditions:
             conditions[cond.type] = cond
         lists.update(pack.lists)
-        packs.append((col, pack))
+        checked.append((col, pack))
 
     # Conditions and lists of every file are known before any rule refers to them.
     ordered: dict[str, CompiledRule | None] = {}
-    for col, pack in packs:
+    for col, pack in checked:
         for spec in pack.rules:
             if not spec.enabled:
                 ordered[spec.name] = None
@@ -80,6 +90,6 @@ def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     return RuleSet(
         rules=rules,
         conditions=tuple(conditions.values()),
-        files=tuple(str(f) for f in files),
+        files=tuple(str(path) for path, _ in packs),
         max_window=max((r.window for r in rules), default=1),
     )

@@ -130,9 +130,7 @@ def check_pack(col: Problems) -> PackSpec:
         col.add((), "expected a mapping with 'rules' (node-problem-detector system-log-monitor schema)")
         return PackSpec(source=stem, buffer_size=DEFAULT_BUFFER_SIZE, conditions=(), lists={}, rules=())
     _unknown_keys(data, known=TOP_KEYS, path=(), col=col)
-    plugin = data.get("plugin", "kmsg")
-    if plugin != "kmsg":
-        col.add(("plugin",), f"plugin {plugin!r} is not supported: rule packs read the kernel log ('kmsg')")
+    # ``plugin`` was read by agent.configfiles.classify, which sends each kind to its own loader.
     source = data.get("source", stem)
     if not isinstance(source, str) or not source:
         col.add(("source",), "must be a non-empty string")
