@@ -1,0 +1,1 @@
+"""Periodic checks: the plugin contract (``model``), the process runner, the scheduler and the judge."""

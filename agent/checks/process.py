@@ -1,0 +1,149 @@
+"""Running an external program for a check: no shell, scrubbed environment, own process group.
+
+- The program is looked up in ``path`` (never in the agent's own ``PATH``) unless given with a
+  ``/``; it runs with only ``PATH``, ``LANG`` and ``LC_ALL`` set (plus what the caller adds).
+- It gets a new session, so it and everything it starts share one process group; at the timeout
+  the whole group is killed with SIGKILL. When the program exits, what it left behind is killed
+  too (a plugin's background child must not outlive it or hold its output open).
+- Output is read as it comes and kept up to ``max_output`` bytes (stderr up to 4 KiB); the rest is
+  read and dropped, so a program printing 10 MB neither blocks nor costs memory.
+- Nothing here raises for the program's sake: a missing or non-executable program, or one the
+  kernel refuses to start, comes back as :class:`ProcessResult` with ``error`` set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+from agent.checks.model import ProcessResult
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STDERR_MAX = 4096
+READ_SIZE = 65536
+EXIT_GRACE = 0.2  # after the program exits, how long its output may still drain
+
+
+def resolve(program: str, *, path: str) -> tuple[str | None, str | None]:
+    """(absolute path, None) or (None, why it cannot run)."""
+    if "/" in program:
+        if not os.path.exists(program):
+            return None, "no such file"
+        if os.path.isdir(program):
+            return None, "is a directory"
+        if not os.access(program, os.X_OK):
+            return None, "not executable (permission denied)"
+        return program, None
+    found = shutil.which(program, path=path)
+    if found is None:
+        return None, f"not found in PATH ({path})"
+    return found, None
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (its pid still names the process group)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    max_output: int = 4096,
+    path: str = DEFAULT_PATH,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> ProcessResult:
+    """Run ``argv`` to completion or ``timeout`` seconds; never raises for the program's behaviour."""
+    args = tuple(str(a) for a in argv)
+    if not args:
+        return ProcessResult(argv=args, exit_code=None, error="empty command")
+    program, why = resolve(args[0], path=path)
+    if program is None:
+        return ProcessResult(argv=args, exit_code=None, error=why)
+    environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            [program, *args[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=environment,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        reason = "exec format error (a script without #! line?)" if exc.errno == errno.ENOEXEC else exc.strerror
+        return ProcessResult(argv=args, exit_code=None, error=f"cannot start: {reason or exc}")
+    out, err = bytearray(), bytearray()
+    limits = {proc.stdout: (out, max_output), proc.stderr: (err, STDERR_MAX)}
+    truncated = False
+    timed_out = False
+    deadline = start + timeout
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as sel:
+        for pipe in (proc.stdout, proc.stderr):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at >= EXIT_GRACE:
+                break  # the program is gone; whatever still holds its pipes is killed below
+            wait = min(deadline - now, 0.05 if exited_at is None else EXIT_GRACE)
+            for key, _ in sel.select(timeout=wait):
+                try:
+                    chunk = os.read(key.fd, READ_SIZE)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf, cap = limits[key.fileobj]
+                room = cap - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                if len(chunk) > room and key.fileobj is proc.stdout:
+                    truncated = True
+        if not timed_out and exited_at is None:
+            # Both pipes closed: wait for the exit itself, still bounded by the deadline.
+            while not _exited(proc.pid):
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.01)
+    _kill_group(proc.pid)  # on timeout: everything; otherwise: whatever the program left behind
+    code = proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    return ProcessResult(
+        argv=args,
+        exit_code=None if timed_out else code,
+        stdout=out.decode("utf-8", errors="replace"),
+        stderr=err.decode("utf-8", errors="replace"),
+        timed_out=timed_out,
+        stdout_truncated=truncated,
+        duration=time.monotonic() - start,
+    )
