@@ -42,6 +42,35 @@ EXIT_CONFIG = 2
 SIMULATE_BATCH = 4096
 
 
+def _add_check_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("checks")
+    group.add_argument(
+        "--sys-root",
+        default=env_default("sys-root", "/sys"),
+        metavar="DIR",
+        help="the host's /sys as checks see it (a pod mounts it read-only, e.g. at /host/sys; env NHA_SYS_ROOT)",
+    )
+    group.add_argument(
+        "--dev-root",
+        default=env_default("dev-root", "/dev"),
+        metavar="DIR",
+        help="the host's /dev as checks see it (a pod sees only its own devices in /dev; env NHA_DEV_ROOT)",
+    )
+    group.add_argument(
+        "--instance-type",
+        default=env_default("instance-type", ""),
+        metavar="TYPE",
+        help="instance type for the expected device counts (default: the Node's node.kubernetes.io/instance-type "
+        "label; env NHA_INSTANCE_TYPE)",
+    )
+    group.add_argument(
+        "--check-concurrency",
+        default=env_default("check-concurrency", "4"),
+        metavar="N",
+        help="checks running at once at most (default 4; env NHA_CHECK_CONCURRENCY)",
+    )
+
+
 def _add_rule_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -98,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run", parents=[common], help="run the agent", description="Run the agent (every flag has an NHA_* env var)."
     )
     _add_rule_args(run)
+    _add_check_args(run)
+    run.add_argument(
+        "--watch-config",
+        default=env_default("watch-config", "true"),
+        metavar="BOOL",
+        help="reload plugin and configuration files when they change; an invalid change is rejected and the last "
+        "good configuration keeps running (default true; env NHA_WATCH_CONFIG)",
+    )
     run.add_argument(
         "--standalone",
         action="store_const",
@@ -213,6 +250,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rule_args(sim)
     sim.add_argument("logfile", metavar="LOGFILE", help="log file to replay, - for stdin")
 
+    chk = sub.add_parser(
+        "check",
+        parents=[common],
+        help="run the configured checks once and print their verdicts",
+        description="Run the checks (built-in, entry points, NPD custom plugins) once. Exit 0 when they ran, "
+        "whatever they found; 2 on a configuration error.",
+    )
+    _add_rule_args(chk)
+    _add_check_args(chk)
+    chk.add_argument(
+        "--json", action="store_true", help="print a JSON list of {check, status, condition, reason, message}"
+    )
+    chk.add_argument(
+        "--state-dir",
+        default=env_default("state-dir", str(DEFAULT_STATE_DIR)),
+        help="where checks keep what they learned (largest device count seen); default "
+        f"{DEFAULT_STATE_DIR}, or a temporary directory when that is not writable",
+    )
+    chk.add_argument("names", nargs="*", metavar="NAME", help="only these checks (default: all)")
+
+    plg = sub.add_parser(
+        "plugins",
+        parents=[common],
+        help="list the rule packs and checks loaded, their kind and where they came from",
+        description="List every configuration file, rule pack, log monitor and check, with its kind and origin.",
+    )
+    _add_rule_args(plg)
+
     val = sub.add_parser(
         "validate-config",
         parents=[common],
@@ -261,6 +326,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return simulate(args)
         if args.command == "validate-config":
             return validate(args)
+        if args.command in ("check", "plugins"):
+            from agent import checkcli
+
+            return checkcli.check(args) if args.command == "check" else checkcli.plugins(args)
         if args.command == "kmsg-relay":
             from agent.relay import run_relay
 
@@ -278,20 +347,28 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
+    from agent.agentconfig import load_agent_config
+
     paths = _rule_paths(args, args.files)
-    rule_set = load_rule_set(paths)
+    config = load_agent_config(paths)
+    rule_set = config.rule_set
     temporary = sum(1 for r in rule_set.rules if r.type is RuleType.TEMPORARY)
     print(
-        f"OK: {len(rule_set.files)} file(s), {len(rule_set.rules)} rules ({temporary} temporary, "
-        f"{len(rule_set.rules) - temporary} permanent), {len(rule_set.conditions)} conditions"
+        f"OK: {len(config.files)} file(s), {len(rule_set.rules)} rules ({temporary} temporary, "
+        f"{len(rule_set.rules) - temporary} permanent), {len(rule_set.conditions)} conditions, "
+        f"{sum(1 for d in config.check_decls if d.enabled)} checks, "
+        f"{sum(len(p.checks) for p in config.custom_plugins)} custom plugin checks, "
+        f"{len(config.log_monitors)} log monitors"
     )
-    for f in rule_set.files:
-        print(f"  file: {f}")
+    for f in config.files:
+        print(f"  file: {f.path} ({f.kind.value})")
     for cond in rule_set.conditions:
         print(f"  condition: {cond.type} (healthy reason {cond.reason})")
     slow = [r.name for r in rule_set.rules if r.literals is None]
     if slow:
         print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
+    for warning in config.warnings:
+        print(f"  warning: {warning}")
     return EXIT_OK
 
 
@@ -375,11 +452,16 @@ def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]
 
 
 def run(args: argparse.Namespace) -> int:
+    """Settings, then every configuration file and check (bad ones exit 2 here, before the cluster)."""
     settings = build_settings(args)
-    rule_set = load_rule_set(list(settings.rule_paths))
+    from agent.agentconfig import build_scheduled_checks, load_agent_config
+    from agent.wiring import NodeLabels, check_context
     from agent.wiring import run as run_agent
 
-    return run_agent(settings=settings, rule_set=rule_set, stop=_stop_on_signals())
+    config = load_agent_config(list(settings.rule_paths))
+    labels = NodeLabels()
+    checks = build_scheduled_checks(config, context=check_context(settings, labels=labels))
+    return run_agent(settings=settings, config=config, checks=checks, labels=labels, stop=_stop_on_signals())
 
 
 def _stop_on_signals() -> threading.Event:

@@ -1,7 +1,8 @@
 """The main loop: the only writer of NodeState.
 
-It takes inputs from the inbox (record batches, check findings, seeded conditions), matches
-records, folds findings into the state and publishes a snapshot with the step's events.
+It takes inputs from the inbox (record batches, check reports, seeded conditions), matches
+records, judges check reports (failure/success thresholds), folds findings into the state and
+publishes a snapshot with the step's events.
 
 What it keeps in the state directory follows what every durable consumer has acknowledged (see
 :mod:`agent.runtime`): the kmsg cursor and our conditions are saved as of the newest acknowledged
@@ -18,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from agent.checks.judge import CheckJudge
+from agent.checks.model import CheckReport
 from agent.pipeline import Batch, DetectionPipeline
 from agent.runtime import FindingBatch, Inbox, Input, RecordBatch, SeedConditions, SnapshotFeed, iter_inputs
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
@@ -51,6 +54,7 @@ class MainLoop:
         condition_store: ConditionStore | None = None,
         state_dir: StateDirHealth | None = None,
         acks: Sequence[Callable[[], int]] = (),
+        judge: CheckJudge | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         tick: float = TICK,
@@ -66,6 +70,7 @@ class MainLoop:
         self._condition_store = condition_store
         self._state_dir = state_dir
         self._acks = list(acks)
+        self.judge = judge or CheckJudge()
         self._clock = clock
         self._monotonic = monotonic
         self._tick = tick
@@ -127,7 +132,10 @@ class MainLoop:
                     events.extend(self.state.apply(finding))
             self.records_processed += len(records)
             return len(records), records[-1].seq
-        if isinstance(item, FindingBatch):
+        if isinstance(item, CheckReport):
+            for finding in self.judge.judge(item):
+                events.extend(self.state.apply(finding))
+        elif isinstance(item, FindingBatch):
             for finding in item.findings:
                 events.extend(self.state.apply(finding))
         elif isinstance(item, SeedConditions):

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agent.checks.model import CheckReport
 from agent.types import Condition, Event, Finding, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class SeedConditions:
     node_uid: str | None = None
 
 
-Input = RecordBatch | FindingBatch | SeedConditions
+Input = RecordBatch | FindingBatch | SeedConditions | CheckReport
 
 
 class Inbox:

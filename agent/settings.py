@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +32,18 @@ def builtin_plugins_dir() -> Path:
     return here / "builtin_plugins"
 
 
+NOT_PACKS = frozenset({"examples"})  # plugins/examples holds example third-party packages, not built-ins
+
+
 def builtin_packs() -> tuple[str, ...]:
     root = builtin_plugins_dir()
-    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))))
+    return tuple(
+        sorted(
+            p.name
+            for p in root.iterdir()
+            if p.is_dir() and not p.name.startswith(("_", ".")) and p.name not in NOT_PACKS
+        )
+    )
 
 
 def rule_dirs(*, plugins_dirs: Sequence[str] | None, packs: Sequence[str] | None) -> list[Path]:
@@ -57,7 +66,7 @@ def rule_dirs(*, plugins_dirs: Sequence[str] | None, packs: Sequence[str] | None
             ]
         )
     dirs.extend(builtin_plugins_dir() / n for n in names)
-    return dirs or [builtin_plugins_dir()]
+    return dirs or [builtin_plugins_dir() / n for n in known]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +93,11 @@ class Settings:
     heartbeat: float = 300.0
     api_wait_timeout: float = 300.0
     delete_conditions: tuple[str, ...] = ()
+    sys_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    instance_type: str | None = None
+    check_concurrency: int = 4
+    watch_config: bool = True
 
     @property
     def rule_paths(self) -> tuple[Path, ...]:
@@ -156,6 +170,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         "heartbeat", args.heartbeat, default=300.0, at_least=10.0, why="must be at least 10s (it bounds API writes)"
     )
     api_wait = duration("api-wait-timeout", args.api_wait_timeout, default=30.0)
+
     def boolean(flag: str, value: object) -> bool:
         try:
             return parse_bool(value)
@@ -183,6 +198,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
             bad("plugins-dir", f"{path}: no such file or directory")
     relay = args.kmsg_relay
     kubeconfig = args.kubeconfig
+    sys_root, dev_root, instance_type, concurrency = check_args(args, bad)
+    watch = boolean("watch-config", getattr(args, "watch_config", "true"))
     if problems:
         raise ConfigError(problems)
     return Settings(
@@ -202,4 +219,26 @@ def build_settings(args: argparse.Namespace) -> Settings:
         heartbeat=heartbeat,
         api_wait_timeout=api_wait,
         delete_conditions=delete,
+        sys_root=sys_root,
+        dev_root=dev_root,
+        instance_type=instance_type,
+        check_concurrency=concurrency,
+        watch_config=watch,
     )
+
+
+def check_args(args: argparse.Namespace, bad: Callable[[str, str], None]) -> tuple[Path, Path, str | None, int]:
+    """The check flags shared by ``run`` and ``check``: host roots, instance type, concurrency."""
+    roots = []
+    for flag in ("sys-root", "dev-root"):
+        path = Path(getattr(args, flag.replace("-", "_")))
+        if not path.is_dir():
+            bad(flag, f"{path}: not a directory (mount the host's {'/' + flag[:3]} read-only and point here)")
+        roots.append(path)
+    concurrency = 4
+    text = str(args.check_concurrency).strip()
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        bad("check-concurrency", f"must be an integer from 1 to 64, got {args.check_concurrency!r}")
+    else:
+        concurrency = int(text)
+    return roots[0], roots[1], (args.instance_type or "").strip() or None, concurrency

@@ -15,10 +15,12 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from agent.agentconfig import AgentConfig, check_conditions
+from agent.checks.model import CheckContext, ScheduledCheck
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
 from agent.pipeline import DetectionPipeline
@@ -32,7 +34,7 @@ from agent.sources.producer import Source, SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
-from agent.types import Severity
+from agent.types import ConditionSpec, Severity
 
 if TYPE_CHECKING:
     from agent.http import AgentHTTPServer
@@ -120,6 +122,7 @@ class Runtime:
     details: dict[str, Callable[[], str | None]]
     registry: Any = None
     config_generation: int = 1
+    scheduler: Any = None  # agent.checks.scheduler.CheckScheduler when checks are configured
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -189,14 +192,22 @@ def build_runtime(
     kube: KubeSetup | None = None,
     stream: TextIO | None = None,
     clock: Callable[[], float] = time.time,
+    checks: Sequence[ScheduledCheck] = (),
+    extra_conditions: Sequence[ConditionSpec] = (),
 ) -> Runtime:
-    """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``."""
+    """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
+
+    ``checks`` run under the ``check_scheduler``; ``extra_conditions`` are the conditions of
+    configuration other than the kernel log rules (custom plugins, log monitors)."""
     state_dir = StateDirHealth(path=settings.state_dir)
     state_dir.check()
     cursor_store = CursorStore(state_dir=settings.state_dir)
     condition_store = ConditionStore(health=state_dir)
+    conditions: dict[str, ConditionSpec] = {}
+    for spec in (*rule_set.conditions, *extra_conditions, *check_conditions(checks)):
+        conditions.setdefault(spec.type, spec)
     state = NodeState(
-        conditions=rule_set.conditions,
+        conditions=tuple(conditions.values()),
         clock=clock,
         reasons=rule_set.reasons,
         problem_pairs=[(r.condition, r.reason) for r in rule_set.rules if r.condition and "{" not in r.reason],
@@ -219,6 +230,18 @@ def build_runtime(
         source=source or build_source(settings), inbox=inbox, stall_timeout=settings.stall_timeout
     )
     components: list[Component] = [producer]
+    scheduler = None
+    if checks:
+        from agent.checks.scheduler import CheckScheduler
+
+        scheduler = CheckScheduler(
+            checks=checks,
+            inbox=inbox,
+            concurrency=settings.check_concurrency,
+            stall_timeout=settings.stall_timeout,
+            clock=clock,
+        )
+        components.append(scheduler)
     consumers: list[Component] = []
     acks: list[Callable[[], int]] = []
     details: dict[str, Callable[[], str | None]] = {"kmsg_reader": producer.detail}
@@ -291,8 +314,14 @@ def build_runtime(
         state_dir=state_dir,
         rule_set=rule_set,
         details=details,
+        scheduler=scheduler,
     )
-    runtime.registry = build_registry(AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats))
+    collectors = [AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats)]
+    if scheduler is not None:
+        from agent.sinks.checkmetrics import CheckCollector
+
+        collectors.append(CheckCollector(stats=lambda: scheduler.stats))
+    runtime.registry = build_registry(*collectors)
     return runtime
 
 
@@ -387,19 +416,70 @@ def connect_kubernetes(settings: Settings, *, stop: threading.Event) -> KubeSetu
     return KubeSetup(client=client, node_name=node_name, node=node)
 
 
-def run(*, settings: Settings, rule_set: RuleSet, stop: threading.Event) -> int:
+class NodeLabels:
+    """The Node's labels once read (Kubernetes mode), for checks that compare them with the hardware."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] | None = None
+
+    def get(self) -> dict[str, str] | None:
+        return self.labels
+
+    def set_from(self, node: dict | None) -> None:
+        if node is not None:
+            self.labels = dict((node.get("metadata") or {}).get("labels") or {})
+
+
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+
+
+def check_context(settings: Settings, *, labels: NodeLabels) -> CheckContext:
+    """What checks may use: the host roots, the state directory, the Node's labels and instance type."""
+
+    def instance_type() -> str | None:
+        if settings.instance_type:
+            return settings.instance_type
+        known = labels.get() or {}
+        return next((known[k] for k in INSTANCE_TYPE_LABELS if known.get(k)), None)
+
+    return CheckContext(
+        sys_root=settings.sys_root,
+        dev_root=settings.dev_root,
+        state_dir=settings.state_dir,
+        node_labels=labels.get,
+        instance_type=instance_type,
+    )
+
+
+def run(
+    *,
+    settings: Settings,
+    config: AgentConfig,
+    stop: threading.Event,
+    checks: Sequence[ScheduledCheck] = (),
+    labels: NodeLabels | None = None,
+) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
+    rule_set = config.rule_set
     kube = None
     if not settings.standalone:
         connected = connect_kubernetes(settings, stop=stop)
         if isinstance(connected, int):
             return connected
         kube = connected
+        if labels is not None:
+            labels.set_from(kube.node)
         if stop.is_set():
             kube.client.close()
             return EXIT_OK
     try:
-        runtime = build_runtime(settings=settings, rule_set=rule_set, kube=kube)
+        runtime = build_runtime(
+            settings=settings,
+            rule_set=rule_set,
+            kube=kube,
+            checks=checks,
+            extra_conditions=config.rule_conditions,
+        )
         try:
             http = serve(runtime, settings)
         except OSError as exc:
@@ -409,10 +489,11 @@ def run(*, settings: Settings, rule_set: RuleSet, stop: threading.Event) -> int:
             runtime.supervisor.add(http)
         mode = "standalone" if kube is None else f"node {kube.node_name}"
         log.info(
-            "%s: %d rules from %d files, reading %s",
+            "%s: %d rules from %d files, %d checks, reading %s",
             mode,
             len(rule_set.rules),
             len(rule_set.files),
+            len(checks),
             settings.kmsg_relay or settings.kmsg_path,
         )
         return runtime.run(stop)

@@ -197,3 +197,15 @@ class ScheduledCheck:
 
 Factory = Callable[..., Check]  # factory(*, name: str, context: CheckContext, options: Mapping[str, Any]) -> Check
 Options = Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckReport:
+    """One finished (or abandoned) run of a check, as the scheduler hands it to the main loop."""
+
+    check: str
+    results: tuple[CheckResult, ...]
+    finished_at: float  # wall-clock seconds
+    duration: float
+    failure_threshold: int = 1
+    success_threshold: int = 3

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from agent.types import Snapshot, Status
 
@@ -142,8 +142,9 @@ class AgentCollector:
         yield state_dir
 
 
-def build_registry(collector: AgentCollector) -> CollectorRegistry:
-    """A fresh registry (never the process-global one) holding only our collector."""
+def build_registry(*collectors: Collector) -> CollectorRegistry:
+    """A fresh registry (never the process-global one) holding only our collectors."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     return registry

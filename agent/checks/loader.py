@@ -1,0 +1,146 @@
+"""From declarations to runnable checks: built-in factories, entry points, NPD custom plugins.
+
+Bad options of a configured check are configuration errors (exit 2, naming file, field and
+line). A plugin that cannot be imported or whose factory fails is the plugin's trouble, not the
+configuration's and not the node's: it becomes a :class:`BrokenCheck`, which reports UNKNOWN with
+the error on every run (and the self-health metrics count it), while everything else runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from agent.checks.declared import CheckDecl
+from agent.checks.model import (
+    ENTRY_POINT_GROUP,
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ScheduledCheck,
+)
+from agent.detectors.packfile import field_path
+from agent.errors import ConfigProblem
+from agent.types import ConditionSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 60.0
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokenCheck:
+    """Stands in for a check that could not be built: UNKNOWN with the reason, on every run."""
+
+    name: str
+    error: str
+    interval: float = DEFAULT_INTERVAL
+    timeout: float = DEFAULT_TIMEOUT
+    conditions: Sequence[ConditionSpec] = ()
+
+    def run(self) -> list[CheckResult]:
+        return [CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason="CheckLoadFailed", message=self.error)]
+
+
+def entry_point_decls(*, entry_points: Callable[[], Sequence[Any]] | None = None) -> list[CheckDecl]:
+    """One declaration per installed entry point of group ``node_health_agent.checks``."""
+    found = entry_points() if entry_points is not None else metadata.entry_points(group=ENTRY_POINT_GROUP)
+    decls = []
+    for ep in sorted(found, key=lambda e: e.name):
+        dist = getattr(ep, "dist", None)
+        where = f"{dist.name} {dist.version}" if dist is not None else "unknown package"
+        decls.append(
+            CheckDecl(name=ep.name, entry_point=ep.name, origin=f"entry point {ep.name} = {ep.value} ({where})")
+        )
+    return decls
+
+
+def _load_factory(decl: CheckDecl, *, entry_points: Mapping[str, Any]) -> Callable[..., Any]:
+    if decl.use is not None:
+        from agent.checks.builtin import import_builtin
+
+        module, _, attr = decl.use.partition(":")
+        return getattr(import_builtin(module), attr)
+    ep = entry_points.get(decl.entry_point or "")
+    if ep is None:
+        raise LookupError(f"no entry point named {decl.entry_point!r} in group {ENTRY_POINT_GROUP} is installed")
+    return ep.load()
+
+
+def _problem(decl: CheckDecl, exc: CheckConfigError) -> ConfigProblem:
+    """Where the bad option was given (the declaration that set it), else the declaration itself."""
+    if exc.field in decl.option_sources:
+        file, path, line = decl.option_sources[exc.field]
+        return ConfigProblem(file=file, field=field_path(path), message=exc.message, line=line)
+    option = f".{exc.field}" if exc.field else ""
+    return ConfigProblem(
+        file=decl.file or decl.origin,
+        field=f"{field_path(decl.path)}.options{option}" if decl.path else f"options{option}",
+        message=exc.message,
+        line=decl.line,
+    )
+
+
+def build_checks(
+    decls: Sequence[CheckDecl],
+    *,
+    context: CheckContext,
+    entry_points: Callable[[], Sequence[Any]] | None = None,
+) -> tuple[list[ScheduledCheck], list[ConfigProblem]]:
+    """Instantiate every enabled declaration; (checks, configuration problems)."""
+    found = entry_points() if entry_points is not None else metadata.entry_points(group=ENTRY_POINT_GROUP)
+    by_name = {ep.name: ep for ep in found}
+    checks: list[ScheduledCheck] = []
+    problems: list[ConfigProblem] = []
+    for decl in decls:
+        if not decl.enabled:
+            continue
+        kind = "python" if decl.use is not None else "entry-point"
+        try:
+            factory = _load_factory(decl, entry_points=by_name)
+            check = factory(name=decl.name, context=context, options=dict(decl.options))
+        except CheckConfigError as exc:
+            problems.append(_problem(decl, exc))
+            continue
+        except Exception as exc:  # the plugin's own failure: report it, run everything else
+            log.error("check %s (%s) cannot be loaded: %s: %s", decl.name, decl.origin, type(exc).__name__, exc)
+            check = BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {type(exc).__name__}: {exc}")
+        else:
+            why = _not_a_check(check)
+            if why is not None:
+                log.error("check %s (%s): %s", decl.name, decl.origin, why)
+                check = BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {why}")
+        checks.append(
+            ScheduledCheck(
+                check=check,
+                interval=decl.interval or _number(getattr(check, "interval", None), DEFAULT_INTERVAL),
+                timeout=decl.timeout or _number(getattr(check, "timeout", None), DEFAULT_TIMEOUT),
+                kind=kind,
+                origin=decl.origin,
+                failure_threshold=decl.failure_threshold,
+                success_threshold=decl.success_threshold,
+            )
+        )
+    return checks, problems
+
+
+def _number(value: object, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return default
+
+
+def _not_a_check(obj: object) -> str | None:
+    if not callable(getattr(obj, "run", None)):
+        return f"the factory returned {type(obj).__name__}, which has no run() method"
+    if not isinstance(getattr(obj, "name", None), str):
+        return f"the factory returned {type(obj).__name__} without a 'name'"
+    conditions = getattr(obj, "conditions", ())
+    if not isinstance(conditions, list | tuple) or not all(isinstance(c, ConditionSpec) for c in conditions):
+        return "its 'conditions' must be a list of agent.types.ConditionSpec"
+    return None

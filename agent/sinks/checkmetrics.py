@@ -1,0 +1,77 @@
+"""Prometheus metrics of the checks, computed at scrape time from the scheduler's figures.
+
+- ``node_health_agent_check_status{check,status}``: 1 for the last run's outcome (OK, PROBLEM,
+  UNKNOWN), 0 for the others.
+- ``node_health_agent_check_duration_seconds{check}``: how long the last run took.
+- ``node_health_agent_check_last_success_timestamp_seconds{check}``: when a run last completed
+  (OK or PROBLEM: the check itself worked).
+- ``node_health_agent_check_runs_total{check,outcome}``: runs by outcome.
+- ``node_health_agent_check_errors_total{check,error}``: the agent's own trouble running it
+  (``timeout``, ``exception``, ``invalid`` result): the self-health signal, never the node's.
+- ``node_health_agent_check_<value>{check,...}``: the labelled values the checks report
+  (ECC counts, link states, allocatable devices, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.checks.model import CheckStatus
+from agent.checks.scheduler import CheckStats
+
+PREFIX = "node_health_agent_check_"
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class CheckCollector:
+    def __init__(self, *, stats: Callable[[], Mapping[str, CheckStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = dict(self._stats())
+        status = GaugeMetricFamily(
+            PREFIX + "status", "1 for the outcome of the check's last run.", labels=["check", "status"]
+        )
+        duration = GaugeMetricFamily(PREFIX + "duration_seconds", "Duration of the last run.", labels=["check"])
+        success = GaugeMetricFamily(
+            PREFIX + "last_success_timestamp_seconds",
+            "When a run of the check last completed (OK or PROBLEM).",
+            labels=["check"],
+        )
+        runs = CounterMetricFamily(PREFIX + "runs", "Runs of the check by outcome.", labels=["check", "outcome"])
+        errors = CounterMetricFamily(
+            PREFIX + "errors",
+            "The agent's own trouble running the check (timeout, exception, invalid result).",
+            labels=["check", "error"],
+        )
+        values: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
+        for name, s in sorted(stats.items()):
+            for st in CheckStatus:
+                status.add_metric([name, st.value], 1.0 if s.last_status is st else 0.0)
+            if s.last_duration is not None:
+                duration.add_metric([name], s.last_duration)
+            if s.last_success is not None:
+                success.add_metric([name], s.last_success)
+            for outcome, n in s.runs.items():
+                runs.add_metric([name, outcome], n)
+            for error, n in s.errors.items():
+                errors.add_metric([name, error], n)
+            for v in s.values:
+                if _NAME_RE.match(v.name) and all(_LABEL_RE.match(k) and k != "check" for k in v.labels):
+                    values.setdefault(v.name, []).append((name, v.labels, float(v.value)))
+        yield from (status, duration, success, runs, errors)
+        for value_name, samples in sorted(values.items()):
+            keys = sorted({k for _, labels, _ in samples for k in labels})
+            family = GaugeMetricFamily(PREFIX + value_name, f"Check value {value_name}.", labels=["check", *keys])
+            seen = set()
+            for check, labels, number in samples:
+                label_values = (check, *(str(labels.get(k, "")) for k in keys))
+                if label_values in seen:
+                    continue
+                seen.add(label_values)
+                family.add_metric(list(label_values), number)
+            yield family

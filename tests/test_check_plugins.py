@@ -1,0 +1,221 @@
+"""Checks end to end: the example third-party package installed and run, check verdicts reaching the
+node's conditions through the one main loop, and the CLI's ``check`` / ``plugins`` commands."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.checks.model import CheckResult, CheckStatus, ScheduledCheck
+from agent.cli import main
+from agent.detectors.rulepack import load_rule_set
+from agent.settings import Settings, builtin_plugins_dir
+from agent.sources.kmsg import KmsgStats
+from agent.types import ConditionSpec, Status
+from agent.wiring import build_runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "plugins" / "examples" / "kernel-tainted"
+
+
+@pytest.fixture(scope="module")
+def example_site(tmp_path_factory) -> Path:
+    """The example package built and installed (offline) into its own site directory."""
+    work = tmp_path_factory.mktemp("example")
+    src = work / "src"
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    site = work / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return site
+
+
+def agent_cli(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def test_the_installed_example_is_found_by_its_entry_point_and_configured_like_any_check(example_site, tmp_path):
+    proc_root = tmp_path / "proc"
+    (proc_root / "sys" / "kernel").mkdir(parents=True)
+    (proc_root / "sys" / "kernel" / "tainted").write_text("128\n")  # D: the kernel oopsed
+    config = tmp_path / "checks.yaml"
+    config.write_text(f"checks:\n  - name: kernel-tainted\n    options: {{procRoot: {proc_root}}}\n")
+    done = agent_cli(example_site, "check", "--json", "--config", str(config), "--pack", "kernel", "kernel-tainted")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        {
+            "check": "kernel-tainted",
+            "status": "PROBLEM",
+            "condition": "KernelTainted",
+            "reason": "KernelTaintedByFault",
+            "message": "taint mask 128: D (kernel died recently (oops or BUG))",
+        }
+    ]
+    listed = agent_cli(example_site, "plugins", "--pack", "kernel")
+    assert "kernel-tainted: kernel-tainted (entry point kernel-tainted = nha_kernel_tainted:KernelTaintedCheck " in (
+        listed.stdout
+    )
+    assert "(nha-kernel-tainted 1.0.0)" in listed.stdout
+
+
+def test_the_example_packages_own_tests_pass_against_this_agent(example_site):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(example_site), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=EXAMPLE,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_bad_options_of_a_configured_check_exit_2_naming_file_field_and_line(example_site, tmp_path):
+    config = tmp_path / "checks.yaml"
+    config.write_text("checks:\n  - name: kernel-tainted\n    options: {problemBits: [Q]}\n")
+    done = agent_cli(example_site, "check", "--config", str(config), "--pack", "kernel")
+    assert done.returncode == 2
+    assert f"{config}:3: checks[0].options.problemBits: must be a list of taint letters" in done.stderr
+
+
+def test_check_names_that_do_not_exist_exit_2(tmp_path, capsys):
+    assert main(["check", "--pack", "kernel", "--state-dir", str(tmp_path), "no-such-check"]) == 2
+    assert "no check named 'no-such-check'" in capsys.readouterr().err
+
+
+def test_a_system_stats_config_is_refused_in_one_line(tmp_path, capsys):
+    stats = tmp_path / "system-stats-monitor.json"
+    stats.write_text('{"cpu": {"metricsConfigs": {}}, "invokeInterval": "60s"}')
+    assert main(["validate-config", "--pack", "kernel", str(stats)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "configuration error (1 problem):"
+    assert "system-stats-monitor config, which node-health-agent does not run" in err[1]
+
+
+# ---- verdicts reach the node's conditions through the main loop -----------------------------------------
+
+
+class Idle:
+    """A kernel log source with nothing to say (our own seam)."""
+
+    def __init__(self) -> None:
+        self.stats = KmsgStats()
+
+    def chunks(self, *, stop: threading.Event):
+        while not stop.wait(0.02):
+            self.stats.last_activity = time.monotonic()
+        return
+        yield
+
+    @staticmethod
+    def decode(chunk):
+        return chunk
+
+
+class Scripted:
+    """A check that says, run by run, what the test tells it; then repeats the last verdict."""
+
+    interval = 0.01
+    timeout = 5.0
+
+    def __init__(self, verdicts: list[CheckStatus]) -> None:
+        self.name = "scripted"
+        self.conditions = (ConditionSpec(type="GpuEcc", reason="GpuEccGood", message="ok", source="scripted"),)
+        self._verdicts = verdicts
+        self.runs = 0
+
+    def run(self):
+        status = self._verdicts[min(self.runs, len(self._verdicts) - 1)]
+        self.runs += 1
+        reason = {CheckStatus.OK: "GpuEccGood", CheckStatus.PROBLEM: "GpuRowRemapPending"}.get(status, "CheckFailed")
+        return [CheckResult(status=status, condition="GpuEcc", reason=reason, message=f"run {self.runs}")]
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        standalone=True,
+        config_files=(),
+        plugins_dirs=(builtin_plugins_dir() / "kernel",),
+        kmsg_path=tmp_path / "unused",
+        kmsg_relay=None,
+        listen=None,
+        state_dir=tmp_path / "state",
+        lookback=300.0,
+        stall_timeout=60.0,
+    )
+
+
+def wait_for(feed, predicate, *, timeout: float = 30.0):
+    """The first publication that satisfies ``predicate`` (readiness, not a wall-clock assertion)."""
+    deadline = time.monotonic() + timeout
+    number = 0
+    while time.monotonic() < deadline:
+        pub = feed.wait_newer(number, timeout=0.5)
+        if pub is None:
+            continue
+        number = pub.number
+        if predicate(pub.snapshot):
+            return pub.snapshot
+    raise AssertionError("condition never reached")
+
+
+def test_check_verdicts_set_and_heal_a_condition_through_the_main_loop(tmp_path):
+    s = settings(tmp_path)
+    check = Scripted([CheckStatus.PROBLEM, CheckStatus.UNKNOWN, CheckStatus.OK, CheckStatus.OK, CheckStatus.OK])
+    out = io.StringIO()
+    runtime = build_runtime(
+        settings=s,
+        rule_set=load_rule_set(list(s.rule_paths)),
+        source=Idle(),
+        stream=out,
+        checks=[ScheduledCheck(check=check, interval=0.01, timeout=5, kind="python", origin="test", jitter=0)],
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,))
+    thread.start()
+    try:
+        sick = wait_for(runtime.feed, lambda snap: snap.condition("GpuEcc").status is Status.TRUE)
+        assert sick.condition("GpuEcc").reason == "GpuRowRemapPending"
+        healed = wait_for(runtime.feed, lambda snap: snap.condition("GpuEcc").status is Status.FALSE)
+        assert healed.condition("GpuEcc").reason == "GpuEccGood"
+        assert check.runs >= 5  # False only after three OKs in a row
+        metrics = runtime.registry.get_sample_value(
+            "node_health_agent_check_runs_total", {"check": "scripted", "outcome": "UNKNOWN"}
+        )
+        assert metrics == 1.0
+    finally:
+        stop.set()
+        thread.join(10)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["condition"], e["status"]) for e in lines if e.get("condition") == "GpuEcc"] == [
+        ("GpuEcc", "True"),
+        ("GpuEcc", "False"),
+    ]

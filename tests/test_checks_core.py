@@ -1,0 +1,468 @@
+"""The check core: declarations, loading, the judge's thresholds and the scheduler's safety rules."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.checks.declared import CheckDecl, merge, read_checks
+from agent.checks.judge import CheckJudge
+from agent.checks.loader import BrokenCheck, build_checks
+from agent.checks.model import (
+    CheckConfigError,
+    CheckContext,
+    CheckReport,
+    CheckResult,
+    CheckStatus,
+    ScheduledCheck,
+    Value,
+)
+from agent.checks.scheduler import CheckScheduler
+from agent.configfiles import Kind, classify, read_config_files
+from agent.detectors.packfile import Problems, read_pack
+from agent.runtime import Inbox
+from agent.types import ConditionSpec, RuleType, Severity, Status
+
+OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
+
+
+def write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+# ---- which kind of file is it ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("k.json", '{"plugin": "kmsg", "rules": []}', Kind.RULE_PACK),
+        ("k.yaml", "rules: []\n", Kind.RULE_PACK),
+        ("f.json", '{"plugin": "filelog", "logPath": "/var/log/kern.log", "rules": []}', Kind.LOG_FILE),
+        ("j.json", '{"plugin": "journald", "pluginConfig": {"source": "dockerd"}, "rules": []}', Kind.JOURNAL),
+        ("c.json", '{"plugin": "custom", "pluginConfig": {}, "rules": []}', Kind.CUSTOM_PLUGIN),
+        ("checks.yaml", "checks: []\n", Kind.CHECKS),
+        (
+            "s.json",
+            '{"cpu": {"metricsConfigs": {}}, "invokeInterval": "60s"}',
+            "is a node-problem-detector system-stats-monitor config, which node-health-agent does not run",
+        ),
+        ("p.yaml", "plugin: syslog\nrules: []\n", "plugin 'syslog' is not one node-health-agent runs"),
+        ("l.yaml", "- a\n- b\n", "expected a mapping"),
+    ],
+    ids=["kmsg", "no-plugin", "filelog", "journald", "custom", "checks", "system-stats", "unknown-plugin", "list"],
+)
+def test_every_file_is_sorted_by_kind_or_refused_in_one_line(tmp_path, name, text, expected):
+    path = write(tmp_path, name, text)
+    doc, problems = read_pack(path)
+    assert problems == [] and doc is not None
+    kind = classify(path, doc)
+    if isinstance(expected, Kind):
+        assert kind is expected
+    else:
+        assert expected in kind.message and kind.file == str(path)
+
+
+def test_a_system_stats_file_gives_exactly_one_problem(tmp_path):
+    write(tmp_path, "system-stats-monitor.json", '{"disk": {"includeAllAttachedBlk": true}, "invokeInterval": "60s"}')
+    write(tmp_path, "kernel.yaml", "rules: []\n")
+    files, problems = read_config_files([tmp_path])
+    assert [f.kind for f in files] == [Kind.RULE_PACK]
+    assert len(problems) == 1 and "system-stats-monitor" in problems[0].message
+
+
+# ---- declarations ----------------------------------------------------------------------------------
+
+
+def declarations(tmp: Path, *texts: str) -> tuple[list[CheckDecl], list]:
+    decls, cols = [], []
+    for i, text in enumerate(texts):
+        path = write(tmp, f"c{i}.yaml", text)
+        doc, _ = read_pack(path)
+        col = Problems(file=str(path), doc=doc)
+        cols.append(col)
+        decls.extend((col, p, g) for p, g in read_checks(col))
+    merged = merge(decls)
+    return merged, [(Path(p.file).name, p.field, p.line, p.message) for c in cols for p in c.problems]
+
+
+def test_later_declarations_change_only_what_they_give(tmp_path):
+    merged, problems = declarations(
+        tmp_path,
+        """
+        checks:
+          - name: gpu-count
+            use: nvidia.checks:GpuCountCheck
+            interval: 60s
+            options: {expectedCount: 8, instanceTypes: {}}
+        """,
+        """
+        checks:
+          - name: gpu-count
+            timeout: 5s
+            successThreshold: 2
+            options: {expectedCount: 4}
+        """,
+    )
+    assert problems == []
+    [decl] = merged
+    assert (decl.use, decl.interval, decl.timeout, decl.success_threshold) == ("nvidia.checks:GpuCountCheck", 60, 5, 2)
+    assert decl.options == {"expectedCount": 4, "instanceTypes": {}}
+    assert decl.origin.endswith("c0.yaml: checks[0]")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("checks: {a: 1}\n", [("checks", 1, "must be a list of check declarations")]),
+        ("checks:\n  - name: Bad Name\n    use: a:b\n", [("checks[0].name", 2, "required: a lowercase name")]),
+        ("checks:\n  - name: x\n    use: nope\n", [("checks[0].use", 3, "expected '<module>:<factory>'")]),
+        ("checks:\n  - name: x\n    use: a:b\n    interval: 0s\n", [("checks[0].interval", 4, "must be more than 0")]),
+        ("checks:\n  - name: x\n    use: a:b\n    interval: soon\n", [("checks[0].interval", 4, "invalid duration")]),
+        (
+            "checks:\n  - name: x\n    use: a:b\n    failureThreshold: 0\n",
+            [("checks[0].failureThreshold", 4, "must be an integer from 1 to 1000")],
+        ),
+        ("checks:\n  - name: x\n    use: a:b\n    colour: red\n", [("checks[0].colour", 4, "unknown key 'colour'")]),
+        ("checks:\n  - name: x\n", [("checks[0].name", 2, "no check named 'x' to change")]),
+        (
+            "checks:\n  - name: x\n    use: a:b\n  - name: x\n    use: a:c\n",
+            [("checks[1].name", 4, "duplicate check name 'x'")],
+        ),
+        ("checks:\n  - name: x\n    use: a:b\n    options: [1]\n", [("checks[0].options", 4, "must be a mapping")]),
+    ],
+    ids=[
+        "not-a-list",
+        "bad-name",
+        "bad-use",
+        "zero-interval",
+        "bad-duration",
+        "zero-threshold",
+        "unknown-key",
+        "nothing-to-change",
+        "duplicate",
+        "options-not-mapping",
+    ],
+)
+def test_bad_declarations_name_file_field_and_line(tmp_path, text, expected):
+    _, problems = declarations(tmp_path, text)
+    assert [(f, line) for _, f, line, _ in problems] == [(f, line) for f, line, _ in expected]
+    for (_, _, _, message), (_, _, want) in zip(problems, expected, strict=True):
+        assert want in message
+
+
+# ---- loading -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FakeEntryPoint:
+    """Our loader's seam: what importlib.metadata.entry_points() yields (name, value, load, dist)."""
+
+    name: str
+    value: str
+    target: Callable[..., object] | Exception
+    dist: object = None
+
+    def load(self):
+        if isinstance(self.target, Exception):
+            raise self.target
+        return self.target
+
+
+class Static:
+    """A check returning what it was told to."""
+
+    interval = 10.0
+    timeout = 2.0
+
+    def __init__(self, *, name, context, options):
+        if "bad" in options:
+            raise CheckConfigError("bad", "must not be given")
+        self.name = name
+        self.conditions = (ConditionSpec(type="Thing", reason="ThingOk", message="fine", source=name),)
+        self.results = options.get("results", [])
+
+    def run(self):
+        return self.results
+
+
+def test_entry_points_are_loaded_and_broken_ones_run_as_unknown(tmp_path):
+    eps = [
+        FakeEntryPoint("good", "pkg:Static", Static),
+        FakeEntryPoint("missing-module", "gone:X", ModuleNotFoundError("No module named 'gone'")),
+        FakeEntryPoint("crashing", "pkg:f", lambda **_: 1 / 0),
+        FakeEntryPoint("not-a-check", "pkg:g", lambda **_: object()),
+    ]
+    decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
+    checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps)
+    assert problems == []
+    assert [(c.name, type(c.check).__name__, c.interval, c.kind) for c in checks] == [
+        ("good", "Static", 10.0, "entry-point"),
+        ("missing-module", "BrokenCheck", 60.0, "entry-point"),
+        ("crashing", "BrokenCheck", 60.0, "entry-point"),
+        ("not-a-check", "BrokenCheck", 60.0, "entry-point"),
+    ]
+    [result] = checks[1].check.run()
+    assert result.status is UNKNOWN and "No module named 'gone'" in result.message
+    assert "ZeroDivisionError" in checks[2].check.run()[0].message
+    assert "no run() method" in checks[3].check.run()[0].message
+
+
+def test_bad_options_are_configuration_errors_with_file_field_and_line(tmp_path):
+    decl = CheckDecl(
+        name="x", entry_point="x", options={"bad": 1}, file="/etc/c.yaml", path=("checks", 2), line=7, origin="o"
+    )
+    _, problems = build_checks(
+        [decl], context=CheckContext(), entry_points=lambda: [FakeEntryPoint("x", "pkg:Static", Static)]
+    )
+    assert [(p.file, p.field, p.line, p.message) for p in problems] == [
+        ("/etc/c.yaml", "checks[2].options.bad", 7, "must not be given")
+    ]
+
+
+def test_a_disabled_check_is_not_built():
+    decl = CheckDecl(name="x", entry_point="x", enabled=False)
+    checks, _ = build_checks([decl], context=CheckContext(), entry_points=lambda: [])
+    assert checks == []
+
+
+def test_a_missing_entry_point_is_a_broken_check_not_a_crash():
+    checks, problems = build_checks([CheckDecl(name="x", entry_point="x")], context=CheckContext(), entry_points=list)
+    assert problems == [] and isinstance(checks[0].check, BrokenCheck)
+    assert "no entry point named 'x'" in checks[0].check.run()[0].message
+
+
+# ---- the judge ----------------------------------------------------------------------------------------
+
+
+def result(status: CheckStatus, *, condition: str | None = "GpuEcc", reason: str = "", **kw) -> CheckResult:
+    reason = reason or {OK: "GpuEccGood", PROBLEM: "GpuRowRemapPending", UNKNOWN: "CheckFailed"}[status]
+    return CheckResult(status=status, condition=condition, reason=reason, message=f"{status} message", **kw)
+
+
+def report(*results: CheckResult, failure: int = 1, success: int = 3, at: float = 100.0) -> CheckReport:
+    return CheckReport(
+        check="gpu-ecc",
+        results=results,
+        finished_at=at,
+        duration=0.1,
+        failure_threshold=failure,
+        success_threshold=success,
+    )
+
+
+@pytest.mark.parametrize(
+    ("runs", "failure", "success", "expected"),
+    [
+        ("P", 1, 3, ["True"]),
+        ("PP", 2, 3, [None, "True"]),
+        ("PUP", 2, 3, [None, None, "True"]),  # UNKNOWN neither counts nor breaks a streak
+        ("POP", 2, 3, [None, None, None]),  # an OK breaks it
+        ("POOO", 1, 3, ["True", None, None, "False"]),
+        ("POUOO", 1, 3, ["True", None, None, None, "False"]),
+        ("POPOOO", 1, 3, ["True", None, "True", None, None, "False"]),
+        ("UUUU", 1, 1, [None, None, None, None]),  # UNKNOWN never changes a condition
+        ("O", 1, 1, ["False"]),
+    ],
+)
+def test_thresholds_turn_verdict_streaks_into_condition_findings(runs, failure, success, expected):
+    judge = CheckJudge()
+    got = []
+    for run in runs:
+        status = {"P": PROBLEM, "O": OK, "U": UNKNOWN}[run]
+        findings = judge.judge(report(result(status), failure=failure, success=success))
+        got.append(findings[0].status.value if findings else None)
+    assert got == expected
+
+
+def test_worst_result_per_condition_wins_and_problems_are_told_together():
+    judge = CheckJudge()
+    findings = judge.judge(
+        report(
+            result(OK),
+            result(PROBLEM, reason="GpuRowRemapPending", severity=Severity.ERROR),
+            result(PROBLEM, reason="GpuEccUncorrectable", severity=Severity.CRITICAL),
+            result(UNKNOWN),
+        )
+    )
+    [f] = findings
+    assert (f.reason, f.severity, f.type, f.status) == (
+        "GpuEccUncorrectable",
+        Severity.CRITICAL,
+        RuleType.PERMANENT,
+        Status.TRUE,
+    )
+    assert f.message == "PROBLEM message"  # both had the same text: told once
+
+
+def test_warnings_are_events_when_they_start_unless_they_repeat():
+    judge = CheckJudge()
+    warn = result(PROBLEM, condition=None, reason="GpuPcieLinkDegraded", severity=Severity.WARNING)
+    repeat = result(PROBLEM, condition=None, reason="PluginBad", repeat_event=True)
+    seen = [
+        [(f.reason, f.type.value) for f in judge.judge(report(*rs))]
+        for rs in ([warn, repeat], [warn, repeat], [], [warn])
+    ]
+    assert seen == [
+        [("GpuPcieLinkDegraded", "temporary"), ("PluginBad", "temporary")],
+        [("PluginBad", "temporary")],
+        [],
+        [("GpuPcieLinkDegraded", "temporary")],
+    ]
+
+
+# ---- the scheduler -------------------------------------------------------------------------------------
+
+
+class Gate:
+    """A check whose runs block until released, counting calls (for overlap and timeout tests)."""
+
+    def __init__(self, name: str, *, results=None, raises: Exception | None = None, returns=None):
+        self.name = name
+        self.interval = 10.0
+        self.timeout = 5.0
+        self.conditions = (ConditionSpec(type="Thing", reason="ThingOk", message="fine", source=name),)
+        self.calls = 0
+        self.release = threading.Event()
+        self.release.set()
+        self._results = results if results is not None else [result(OK, condition="Thing", reason="ThingOk")]
+        self._raises = raises
+        self._returns = returns
+
+    def run(self):
+        self.calls += 1
+        self.release.wait(10)
+        if self._raises:
+            raise self._raises
+        return self._returns if self._returns is not None else self._results
+
+
+class Manual:
+    """The scheduler's thread seam: start runs when told, so every step is deterministic."""
+
+    def __init__(self):
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, target, name):
+        self.pending.append(target)
+
+    def finish_all(self):
+        while self.pending:
+            self.pending.pop(0)()
+
+
+def scheduler(*checks, concurrency=4, **kw) -> tuple[CheckScheduler, Manual]:
+    manual = Manual()
+    specs = [
+        ScheduledCheck(check=c, interval=c.interval, timeout=c.timeout, kind="python", origin="test", jitter=0, **kw)
+        for c in checks
+    ]
+    s = CheckScheduler(
+        checks=specs,
+        inbox=Inbox(),
+        concurrency=concurrency,
+        clock=lambda: 1000.0,
+        monotonic=lambda: 0.0,
+        start_thread=manual,
+    )
+    return s, manual
+
+
+def test_every_check_runs_at_start_then_on_its_interval_never_overlapping():
+    a = Gate("a")
+    s, manual = scheduler(a)
+    reports, wake = s.step(0.0)
+    assert (reports, len(manual.pending), wake) == ([], 1, 5.0)  # running: wake at its timeout
+    assert s.step(1.0)[0] == [] and len(manual.pending) == 1  # never a second copy while it runs
+    manual.finish_all()
+    reports, wake = s.step(2.0)
+    assert [r.check for r in reports] == ["a"] and wake == 12.0
+    assert s.step(11.9)[0] == [] and not manual.pending
+    s.step(12.0)
+    assert len(manual.pending) == 1
+
+
+def test_concurrency_and_group_limits_hold():
+    checks = [Gate(n) for n in "abcd"]
+    s, manual = scheduler(*checks, concurrency=3)
+    s.step(0.0)
+    assert len(manual.pending) == 3
+    s2, manual2 = scheduler(*[Gate(n) for n in "abcd"], concurrency=4, group="f.json", group_limit=2)
+    s2.step(0.0)
+    assert len(manual2.pending) == 2
+
+
+@pytest.mark.parametrize(
+    ("check", "error"),
+    [
+        (Gate("x", raises=RuntimeError("nvml exploded")), "check x: raised RuntimeError: nvml exploded"),
+        (Gate("x", returns="fine"), "check x: run() returned str, not a list of CheckResult"),
+        (Gate("x", returns=[1, 2]), "check x: run() returned a list with int items, not CheckResult"),
+    ],
+    ids=["raises", "returns-str", "returns-ints"],
+)
+def test_a_check_that_raises_or_returns_garbage_is_unknown(check, error):
+    s, manual = scheduler(check)
+    s.step(0.0)
+    manual.finish_all()
+    [rep] = s.step(1.0)[0]
+    assert [(r.status, r.condition, r.message) for r in rep.results] == [(UNKNOWN, "Thing", error)]
+    stats = s.stats["x"]
+    assert stats.last_status is UNKNOWN and sum(stats.errors.values()) == 1
+
+
+def test_a_hung_check_is_unknown_at_its_timeout_frees_its_slot_and_is_not_started_twice():
+    hung = Gate("hung")
+    hung.release.clear()
+    other = Gate("other")
+    s, manual = scheduler(hung, other, concurrency=1)
+    s.step(0.0)
+    assert len(manual.pending) == 1  # hung first (same due time, order kept)
+    runner = threading.Thread(target=manual.pending.pop(0))
+    runner.start()  # really running, really stuck
+    reports, _ = s.step(5.0)
+    assert [(r.check, r.results[0].message) for r in reports] == [("hung", "check hung: timed out after 5s")]
+    assert len(manual.pending) == 1  # the slot went to "other"
+    manual.finish_all()
+    reports, _ = s.step(15.0)  # hung is due again but still stuck: reported, not restarted
+    assert {r.check for r in reports} == {"other", "hung"}
+    assert "still running" in next(r for r in reports if r.check == "hung").results[0].message
+    assert hung.calls == 1
+    hung.release.set()
+    runner.join(5)
+    assert s.step(16.0)[0] == []  # the late result is dropped
+    assert s.stats["hung"].errors["timeout"] == 1
+
+
+def test_values_and_outcomes_feed_the_stats():
+    c = Gate("v", results=[result(OK, condition="Thing", reason="ThingOk", values=(Value(name="x", value=3),))])
+    s, manual = scheduler(c)
+    s.step(0.0)
+    manual.finish_all()
+    s.step(1.0)
+    st = s.stats["v"]
+    assert (st.last_status, st.runs["OK"], st.values[0].value, st.last_success) == (OK, 1, 3, 1000.0)
+
+
+def test_replace_keeps_the_schedule_of_checks_that_stay():
+    a, b = Gate("a"), Gate("b")
+    s, manual = scheduler(a)
+    s.step(0.0)
+    manual.finish_all()
+    s.step(1.0)  # a next due at 11
+    s.replace(
+        [
+            ScheduledCheck(check=a, interval=10, timeout=5, kind="python", origin="t", jitter=0),
+            ScheduledCheck(check=b, interval=10, timeout=5, kind="python", origin="t", jitter=0),
+        ]
+    )
+    s.step(2.0)
+    assert len(manual.pending) == 1  # only the new one starts now
+    assert [c.name for c in s.checks] == ["a", "b"]
