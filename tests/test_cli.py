@@ -92,7 +92,9 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, args, stderr_part):
 def test_validate_config_summary():
     proc = run_cli("validate-config")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("OK: 3 file(s)")
+    assert proc.stdout.startswith("OK: ")
+    assert "kernel-monitor.yaml (rule pack)" in proc.stdout
+    assert "neuron/checks.yaml (checks)" in proc.stdout
     assert "condition: NeuronHealth (healthy reason NeuronHasNoError)" in proc.stdout
 
 

@@ -74,7 +74,9 @@ def run_process(
     args = tuple(str(a) for a in argv)
     if not args:
         return ProcessResult(argv=args, exit_code=None, error="empty command")
-    program, why = resolve(args[0], path=path)
+    if cwd is not None and not os.path.isdir(cwd):
+        return ProcessResult(argv=args, exit_code=None, error=f"working directory {cwd} does not exist")
+    program, why = resolve(args[0] if cwd is None or "/" not in args[0] else os.path.join(cwd, args[0]), path=path)
     if program is None:
         return ProcessResult(argv=args, exit_code=None, error=why)
     environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}

@@ -1,0 +1,341 @@
+"""The executable check contract: exit 0 OK, 1 PROBLEM, anything else UNKNOWN; stdout is the message.
+
+Real scripts written to tmp_path run through the real process runner; the only waiting is what
+the scripts themselves do (a hang is cut at 0.3 s).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.checks.executable import READ_LIMIT, UNKNOWN_REASON, ExecutableCheck, Verdict, cut_output
+from agent.checks.model import CheckResult, CheckStatus, ProcessResult
+from agent.checks.process import DEFAULT_PATH
+from agent.types import Severity
+
+from helpers import wait_for
+
+OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
+VERDICT = Verdict(condition="GpuCount", problem_reason="GpuCountBad", ok_reason="GpuCountGood")
+
+
+def script(tmp_path: Path, body: str, *, name: str = "check.sh", mode: int = 0o755, shebang: str = "#!/bin/sh") -> Path:
+    path = tmp_path / name
+    path.write_text(f"{shebang}\n{body}\n" if shebang else f"{body}\n")
+    path.chmod(mode)
+    return path
+
+
+def make_check(argv: list[str], *, timeout: float = 10.0, max_output_length: int = 80, **kwargs) -> ExecutableCheck:
+    return ExecutableCheck(
+        name="test/check",
+        argv=argv,
+        interval=60.0,
+        timeout=timeout,
+        verdicts=[VERDICT],
+        max_output_length=max_output_length,
+        **kwargs,
+    )
+
+
+def run_one(check: ExecutableCheck) -> CheckResult:
+    (result,) = check.run()
+    return result
+
+
+def process_gone(pid: int) -> bool:
+    """Dead: no /proc entry, or a zombie nobody has reaped yet (a container's PID 1 may never reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+# --- the exit-code protocol ----------------------------------------------------------------------
+
+PROTOCOL = [
+    pytest.param('echo "Expected 8 and found 8"; exit 0', OK, "GpuCountGood", "Expected 8 and found 8", id="exit-0-ok"),
+    pytest.param(
+        'echo "Expected to see 8 but found 7. FaultCode: NHC2009"; exit 1',
+        PROBLEM,
+        "GpuCountBad",
+        "Expected to see 8 but found 7. FaultCode: NHC2009",
+        id="exit-1-problem",
+    ),
+    pytest.param(
+        "exit 1", PROBLEM, "GpuCountBad", "check.sh: exit code 1 (a problem, without a message)", id="exit-1-silent"
+    ),
+    pytest.param("exit 0", OK, "GpuCountGood", "check.sh: ok (exit code 0)", id="exit-0-silent"),
+    pytest.param(
+        'echo "nvidia-smi returned error code 9. FaultCode: NHCNA"; exit 2',
+        UNKNOWN,
+        UNKNOWN_REASON,
+        "check.sh: exit code 2: nvidia-smi returned error code 9. FaultCode: NHCNA",
+        id="exit-2-unknown",
+    ),
+    pytest.param(
+        "echo 'cannot open /dev/nvidiactl' >&2; exit 3",
+        UNKNOWN,
+        UNKNOWN_REASON,
+        "check.sh: exit code 3: cannot open /dev/nvidiactl",
+        id="exit-3-stderr-named",
+    ),
+    pytest.param(
+        "exit 137",
+        UNKNOWN,
+        UNKNOWN_REASON,
+        "check.sh: exit code 137 (128+9: something it ran was killed by SIGKILL?)",
+        id="exit-137-unknown",
+    ),
+    pytest.param("kill -9 $$", UNKNOWN, UNKNOWN_REASON, "check.sh: killed by signal 9", id="sigkill-unknown"),
+    pytest.param("kill -TERM $$", UNKNOWN, UNKNOWN_REASON, "check.sh: killed by signal 15", id="sigterm-unknown"),
+    pytest.param(
+        'printf "\\n\\n   GPU 0 ok  \\n\\n  GPU 1 ok\\n\\n"; exit 0',
+        OK,
+        "GpuCountGood",
+        "GPU 0 ok; GPU 1 ok",
+        id="output-trimmed-one-line",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "reason", "message"), PROTOCOL)
+def test_exit_code_protocol(tmp_path: Path, body: str, status: CheckStatus, reason: str, message: str) -> None:
+    result = run_one(make_check([str(script(tmp_path, body))]))
+    assert (result.status, result.reason, result.message) == (status, reason, message)
+    assert result.condition == "GpuCount"
+
+
+# --- programs that cannot run ---------------------------------------------------------------------
+
+
+def test_not_executable(tmp_path: Path) -> None:
+    path = script(tmp_path, "exit 0", mode=0o644)
+    result = run_one(make_check([str(path)]))
+    assert (result.status, result.message) == (UNKNOWN, "check.sh: not executable (permission denied)")
+
+
+def test_does_not_exist(tmp_path: Path) -> None:
+    result = run_one(make_check([str(tmp_path / "check_gpu_count.sh")]))
+    assert (result.status, result.message) == (UNKNOWN, "check_gpu_count.sh: no such file")
+
+
+def test_directory(tmp_path: Path) -> None:
+    (tmp_path / "plugin").mkdir()
+    result = run_one(make_check([str(tmp_path / "plugin")]))
+    assert (result.status, result.message) == (UNKNOWN, "plugin: is a directory")
+
+
+def test_script_without_shebang_line(tmp_path: Path) -> None:
+    path = script(tmp_path, "echo hello; exit 0", shebang="")
+    result = run_one(make_check([str(path)]))
+    assert result.status is UNKNOWN
+    assert result.message == "check.sh: cannot start: exec format error (a script without #! line?)"
+
+
+# --- time and output bounds -------------------------------------------------------------------------
+
+
+def test_hang_past_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    path = script(tmp_path, 'sleep 60 &\necho $! > "$1"\necho started\nsleep 60', name="check_gpu.sh")
+    check = make_check([str(path), str(pid_file)], timeout=0.3)
+    execution = check.execute()
+    assert execution.status is UNKNOWN
+    assert re.fullmatch(r"check_gpu\.sh: timed out after 0\.\ds \(killed\)", execution.message), execution.message
+    assert execution.process.timed_out
+    child = int(pid_file.read_text())
+    wait_for(lambda: process_gone(child), timeout=5.0)
+
+
+def test_background_child_left_behind_on_exit_is_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    path = script(tmp_path, 'sleep 60 &\necho $! > "$1"\necho "all good"\nexit 0')
+    result = run_one(make_check([str(path), str(pid_file)]))
+    assert (result.status, result.message) == (OK, "all good")
+    child = int(pid_file.read_text())
+    wait_for(lambda: process_gone(child), timeout=5.0)
+
+
+def test_ten_megabytes_of_output(tmp_path: Path) -> None:
+    path = script(tmp_path, "head -c 10485760 /dev/zero | tr '\\0' x\nexit 1")
+    execution = make_check([str(path)], timeout=60.0).execute()
+    assert execution.status is PROBLEM  # finished on its own, long before the timeout
+    assert execution.message == "x" * 80
+    assert execution.process.stdout_truncated
+    assert len(execution.process.stdout) <= READ_LIMIT  # the rest was read and dropped
+
+
+def test_binary_garbage_output_is_replaced(tmp_path: Path) -> None:
+    path = script(tmp_path, "printf '\\377\\376\\000GPU\\300 lost'\nexit 1")
+    result = run_one(make_check([str(path)]))
+    assert (result.status, result.message) == (PROBLEM, "\ufffd\ufffd\ufffdGPU\ufffd lost")
+
+
+@pytest.mark.parametrize(
+    ("limit", "printed", "message"),
+    [
+        pytest.param(80, "a" * 100, "a" * 80, id="default-80-bytes"),
+        pytest.param(10, "0123456789abc", "0123456789", id="custom-limit"),
+        pytest.param(5, "ééé", "éé", id="never-inside-a-character"),
+        pytest.param(8, "   padded   ", "padded", id="trimmed-before-cut"),
+    ],
+)
+def test_message_cut_to_max_output_length_bytes(tmp_path: Path, limit: int, printed: str, message: str) -> None:
+    path = script(tmp_path, f"printf '%s' '{printed}'\nexit 1")
+    result = run_one(make_check([str(path)], max_output_length=limit))
+    assert result.message == message
+
+
+# --- how the program runs ---------------------------------------------------------------------------
+
+
+def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
+    monkeypatch.setenv("HOME", "/root")
+    path = script(tmp_path, "exec env")
+    check = make_check([str(path)], cwd=tmp_path, tool_path="/usr/bin:/bin")
+    env = dict(line.split("=", 1) for line in check.execute().process.stdout.splitlines())
+    # The shell itself exports PWD (the working directory it was started in); nothing else is added.
+    assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": str(tmp_path.resolve())}
+
+
+def test_arguments_are_not_interpreted_by_a_shell(tmp_path: Path) -> None:
+    path = script(tmp_path, "printf '[%s]' \"$@\"\nexit 0")
+    args = ["$HOME", "a; touch pwned", "`id`", "*", "two words"]
+    result = run_one(make_check([str(path), *args], max_output_length=200))
+    assert result.message == "[$HOME][a; touch pwned][`id`][*][two words]"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_runs_in_the_given_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "var" / "log").mkdir(parents=True)
+    (tmp_path / "var" / "log" / "syslog").write_text("quiet\n")
+    path = script(tmp_path, "cat var/log/syslog; exit 0")  # a relative path, as check_gpu_xid.sh reads
+    assert run_one(make_check([str(path)], cwd=tmp_path)).message == "quiet"
+
+
+# --- one execution, several verdicts; the runner seam -------------------------------------------------
+
+
+def fake_runner(result: ProcessResult, calls: list[dict]):
+    def run(argv, **kwargs):
+        calls.append({"argv": tuple(argv), **kwargs})
+        return result
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("process", "statuses", "reasons", "messages"),
+    [
+        pytest.param(
+            ProcessResult(argv=("/p/x.sh",), exit_code=1, stdout="GPU 3 missing\n"),
+            (PROBLEM, PROBLEM),
+            ("GpuCountBad", "GpuCountBad"),
+            ("GPU 3 missing", "GPU 3 missing"),
+            id="problem-feeds-both",
+        ),
+        pytest.param(
+            ProcessResult(argv=("/p/x.sh",), exit_code=0, stdout="Expected 8 and found 8"),
+            (OK, OK),
+            ("GpuCountBad", "GpuCountGood"),
+            ("Expected 8 and found 8", "GPU count is correct"),
+            id="ok-warning-keeps-output-condition-takes-default",
+        ),
+        pytest.param(
+            ProcessResult(argv=("/p/x.sh",), exit_code=None, timed_out=True, duration=10.02),
+            (UNKNOWN, UNKNOWN),
+            (UNKNOWN_REASON, UNKNOWN_REASON),
+            ("x.sh: timed out after 10.0s (killed)", "x.sh: timed out after 10.0s (killed)"),
+            id="unknown-is-unknown-for-both",
+        ),
+    ],
+)
+def test_one_execution_feeds_every_verdict(process, statuses, reasons, messages) -> None:
+    calls: list[dict] = []
+    check = ExecutableCheck(
+        name="custom-plugin-gpu-count/gpu-count-bad",
+        argv=["/p/x.sh", "--expected", "8"],
+        interval=60.0,
+        timeout=10.0,
+        verdicts=[
+            Verdict(
+                condition=None,
+                problem_reason="GpuCountBad",
+                ok_reason="GpuCountBad",
+                severity=Severity.WARNING,
+                repeat_event=True,
+            ),
+            Verdict(
+                condition="GpuCount",
+                problem_reason="GpuCountBad",
+                ok_reason="GpuCountGood",
+                ok_message="GPU count is correct",
+            ),
+        ],
+        cwd=Path("/"),
+        run_process=fake_runner(process, calls),
+    )
+    results = check.run()
+    assert tuple(r.status for r in results) == statuses
+    assert tuple(r.reason for r in results) == reasons
+    assert tuple(r.message for r in results) == messages
+    assert [(r.condition, r.severity, r.repeat_event) for r in results] == [
+        (None, Severity.WARNING, True),
+        ("GpuCount", Severity.ERROR, False),
+    ]
+    assert calls == [
+        {
+            "argv": ("/p/x.sh", "--expected", "8"),
+            "timeout": 10.0,
+            "max_output": READ_LIMIT,
+            "path": DEFAULT_PATH,
+            "cwd": "/",
+        }
+    ]
+
+
+def test_check_protocol_attributes() -> None:
+    from agent.checks.model import Check
+
+    check = make_check(["/bin/true"])
+    assert isinstance(check, Check)
+    assert (check.name, check.interval, check.timeout, check.conditions) == ("test/check", 60.0, 10.0, ())
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        pytest.param("  one  \n\n two \r\n", 80, "one; two", id="lines-joined"),
+        pytest.param("a\x00b\x1bc", 80, "a\ufffdb\ufffdc", id="control-characters-replaced"),
+        pytest.param("tab\there", 80, "tab\there", id="tab-kept"),
+        pytest.param("x" * 81, 80, "x" * 80, id="cut"),
+        pytest.param("", 80, "", id="empty"),
+    ],
+)
+def test_cut_output(text: str, limit: int, expected: str) -> None:
+    assert cut_output(text, limit=limit) == expected
+
+
+# --- the runner's working directory ------------------------------------------------------------------
+
+
+def test_runner_relative_program_is_looked_up_in_cwd(tmp_path: Path) -> None:
+    from agent.checks.process import run_process
+
+    (tmp_path / "plugin").mkdir()
+    script(tmp_path / "plugin", "echo ran; exit 0", name="x.sh")
+    result = run_process(["./plugin/x.sh"], timeout=5.0, cwd=str(tmp_path))
+    assert (result.error, result.stdout) == (None, "ran\n")
+
+
+def test_runner_names_a_missing_working_directory(tmp_path: Path) -> None:
+    from agent.checks.process import run_process
+
+    result = run_process(["/bin/true"], timeout=5.0, cwd=str(tmp_path / "gone"))
+    assert result.error is not None and "working directory" in result.error
