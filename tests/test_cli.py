@@ -163,7 +163,13 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
         status, body = _get(f"{base}/healthz")
         components = json.loads(body)["components"]
         assert status == 200
-        assert components == {"kmsg_reader": True, "main_loop": True, "stdout": True, "http": True}
+        assert components == {
+            "kmsg_reader": True,
+            "main_loop": True,
+            "stdout": True,
+            "http": True,
+            "check_scheduler": True,
+        }
         metrics = _get(f"{base}/metrics")[1]
         assert 'problem_gauge{reason="NeuronHasError_DMA_ERROR",type="NeuronHealth"} 1.0' in metrics
         assert 'problem_counter{reason="OOMKilling"} 1.0' in metrics

@@ -1,0 +1,1 @@
+"""RDMA / InfiniBand / EFA built-in checks: port state, rate and error counters read from sysfs."""
