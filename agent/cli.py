@@ -460,8 +460,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_agent_config(list(settings.rule_paths))
     labels = NodeLabels()
-    checks = build_scheduled_checks(config, context=check_context(settings, labels=labels))
-    return run_agent(settings=settings, config=config, checks=checks, labels=labels, stop=_stop_on_signals())
+    context = check_context(settings, labels=labels)
+    checks = build_scheduled_checks(config, context=context)
+    return run_agent(
+        settings=settings, config=config, checks=checks, labels=labels, context=context, stop=_stop_on_signals()
+    )
 
 
 def _stop_on_signals() -> threading.Event:

@@ -22,7 +22,16 @@ from collections.abc import Callable, Mapping, Sequence
 from agent.checks.judge import CheckJudge
 from agent.checks.model import CheckReport
 from agent.pipeline import Batch, DetectionPipeline
-from agent.runtime import FindingBatch, Inbox, Input, RecordBatch, SeedConditions, SnapshotFeed, iter_inputs
+from agent.runtime import (
+    FindingBatch,
+    Inbox,
+    Input,
+    Reconfigure,
+    RecordBatch,
+    SeedConditions,
+    SnapshotFeed,
+    iter_inputs,
+)
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
@@ -140,6 +149,11 @@ class MainLoop:
                 events.extend(self.state.apply(finding))
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+        elif isinstance(item, Reconfigure):
+            self.pipeline = DetectionPipeline(rule_set=item.rule_set)
+            self.state.declare(item.conditions)
+            self.judge.forget(item.removed_checks)
+            log.info("configuration %d in effect: %d kernel log rules", item.generation, len(item.rule_set.rules))
         else:  # a producer bug must not kill the one writer
             log.error("ignoring an unknown inbox item %r", type(item).__name__)
         return 0, None

@@ -31,10 +31,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.checks.model import CheckReport
-from agent.types import Condition, Event, Finding, LogRecord, Snapshot
+from agent.types import Condition, ConditionSpec, Event, Finding, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,18 @@ class SeedConditions:
     node_uid: str | None = None
 
 
-Input = RecordBatch | FindingBatch | SeedConditions | CheckReport
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reconfigure:
+    """A reloaded configuration for the main loop: new kernel log rules, the conditions now declared,
+    and the checks that no longer exist (their counters are dropped)."""
+
+    rule_set: Any  # agent.detectors.model.RuleSet
+    conditions: Sequence[ConditionSpec]
+    removed_checks: Sequence[str] = ()
+    generation: int = 0
+
+
+Input = RecordBatch | FindingBatch | SeedConditions | CheckReport | Reconfigure
 
 
 class Inbox:

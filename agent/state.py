@@ -102,6 +102,23 @@ class NodeState:
     def owned_types(self) -> tuple[str, ...]:
         return tuple(self._conditions)
 
+    def declare(self, conditions: Sequence[ConditionSpec]) -> None:
+        """Conditions declared by a reloaded configuration: new types start healthy; known ones keep
+        their state with the new defaults. Types no longer declared keep theirs until a restart."""
+        now = self._clock()
+        for spec in conditions:
+            if spec.type not in self._conditions:
+                self._conditions[spec.type] = Condition(
+                    type=spec.type,
+                    status=Status.FALSE,
+                    reason=spec.reason,
+                    message=spec.message,
+                    last_transition=now,
+                    last_update=now,
+                )
+                self._generation += 1
+            self._specs[spec.type] = spec
+
     def restore(self, conditions: Iterable[Condition]) -> list[Event]:
         """Adopt the conditions our own state directory kept (with their severity and transition times).
 

@@ -123,6 +123,8 @@ class Runtime:
     registry: Any = None
     config_generation: int = 1
     scheduler: Any = None  # agent.checks.scheduler.CheckScheduler when checks are configured
+    inbox: Inbox | None = None
+    watcher: Any = None  # agent.reload.ConfigWatcher when the configuration is watched
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -159,7 +161,7 @@ class Runtime:
             last_record_time=s.last_record_time,
             lines_matched=pipeline.lines_matched,
             rule_matches=dict(pipeline.rule_matches),
-            config_generation=self.config_generation,
+            config_generation=self.watcher.generation if self.watcher is not None else self.config_generation,
             rules_loaded=len(self.rule_set.rules),
             components=self.supervisor.health(),
             state_dir_ok=self.state_dir.ok,
@@ -315,6 +317,7 @@ def build_runtime(
         rule_set=rule_set,
         details=details,
         scheduler=scheduler,
+        inbox=inbox,
     )
     collectors = [AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats)]
     if scheduler is not None:
@@ -458,6 +461,7 @@ def run(
     stop: threading.Event,
     checks: Sequence[ScheduledCheck] = (),
     labels: NodeLabels | None = None,
+    context: CheckContext | None = None,
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     rule_set = config.rule_set
@@ -487,6 +491,20 @@ def run(
             return EXIT_CONFIG
         if http is not None:
             runtime.supervisor.add(http)
+        if settings.watch_config and context is not None:
+            from agent.reload import ConfigWatcher
+
+            watcher = ConfigWatcher(
+                paths=list(settings.rule_paths),
+                config=config,
+                checks=checks,
+                context=context,
+                scheduler=runtime.scheduler,
+                inbox=runtime.inbox,  # type: ignore[arg-type]
+            )
+            runtime.watcher = watcher
+            runtime.details["config_watcher"] = lambda: watcher.last_error
+            runtime.supervisor.add(watcher)
         mode = "standalone" if kube is None else f"node {kube.node_name}"
         log.info(
             "%s: %d rules from %d files, %d checks, reading %s",

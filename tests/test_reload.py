@@ -1,0 +1,193 @@
+"""Hot reload: a valid change is swapped in whole, an invalid one is rejected and the last good
+configuration keeps running; the real agent picks up a changed rule pack from its plugin directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from agent.agentconfig import build_scheduled_checks, load_agent_config
+from agent.checks.model import CheckContext, CheckResult, CheckStatus
+from agent.checks.scheduler import CheckScheduler
+from agent.reload import ConfigWatcher
+from agent.runtime import Inbox, Reconfigure
+from agent.types import ConditionSpec
+
+from helpers import free_port, wait_for
+
+PACK = """
+conditions:
+  - {type: Thing, reason: ThingOk, message: fine}
+rules:
+  - {type: permanent, condition: Thing, reason: AlphaSeen, pattern: 'alpha .*'}
+"""
+
+
+class Counter:
+    interval = 60.0
+    timeout = 5.0
+
+    def __init__(self, *, name, context, options):
+        self.name = name
+        self.conditions = (ConditionSpec(type="Counted", reason="CountedOk", message="ok", source=name),)
+        self.options = options
+
+    def run(self):
+        return [CheckResult(status=CheckStatus.OK, condition="Counted", reason="CountedOk", message="ok")]
+
+
+class EP:
+    def __init__(self, name):
+        self.name, self.value, self.dist = name, "tests:Counter", None
+
+    def load(self):
+        return Counter
+
+
+def entry_points():
+    return [EP("one"), EP("two")]
+
+
+def setup(tmp_path: Path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "pack.yaml").write_text(textwrap.dedent(PACK))
+    (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 1}\n")
+    config = load_agent_config([plugins], entry_points=entry_points)
+    context = CheckContext(state_dir=tmp_path)
+    checks = build_scheduled_checks(config, context=context, entry_points=entry_points)
+    inbox = Inbox()
+    scheduler = CheckScheduler(checks=checks, inbox=Inbox(), start_thread=lambda target, name: None)
+    watcher = ConfigWatcher(
+        paths=[plugins],
+        config=config,
+        checks=checks,
+        context=context,
+        scheduler=scheduler,
+        inbox=inbox,
+        entry_points=entry_points,
+        settle=0.05,
+    )
+    return plugins, watcher, scheduler, inbox
+
+
+def test_a_valid_change_is_swapped_in_and_unchanged_checks_keep_their_object(tmp_path):
+    plugins, watcher, scheduler, inbox = setup(tmp_path)
+    before = {c.name: c.check for c in scheduler.checks}
+    (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 2}\n")
+    (plugins / "pack.yaml").write_text(
+        textwrap.dedent(PACK) + "  - {type: temporary, reason: BetaSeen, pattern: 'beta .*'}\n"
+    )
+    assert watcher.reload() is True
+    after = {c.name: c.check for c in scheduler.checks}
+    assert after["one"] is not before["one"] and after["one"].options == {"n": 2}
+    assert after["two"] is before["two"]  # its declaration did not change: its memory survives
+    item = inbox.get(timeout=0)
+    assert isinstance(item, Reconfigure) and item.generation == 2
+    assert [r.reason for r in item.rule_set.rules] == ["AlphaSeen", "BetaSeen"]
+    assert {c.type for c in item.conditions} == {"Thing", "Counted"}
+    assert (watcher.generation, watcher.failures, watcher.last_error) == (2, 0, None)
+
+
+def test_an_invalid_change_is_rejected_and_the_last_good_configuration_keeps_running(tmp_path):
+    plugins, watcher, scheduler, inbox = setup(tmp_path)
+    before = scheduler.checks
+    pack = plugins / "pack.yaml"
+    pack.write_text(textwrap.dedent(PACK) + "  - {type: temporary, reason: Bad, pattern: 'a(b'}\n")
+    assert watcher.reload() is False
+    assert scheduler.checks == before and inbox.get(timeout=0) is None
+    assert (watcher.generation, watcher.failures) == (1, 1)
+    assert f"{pack}:6: rules[1].pattern" in watcher.last_error
+    assert watcher.healthy(0.0)  # /healthz stays green: the configuration is wrong, not the agent
+
+
+def test_the_file_watcher_triggers_a_reload(tmp_path):
+    plugins, watcher, _, inbox = setup(tmp_path)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: watcher.watching)
+        (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    enabled: false\n")
+        wait_for(lambda: watcher.generation == 2, timeout=20)
+        assert isinstance(inbox.get(timeout=5), Reconfigure)
+        assert watcher.failures == 0
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+# ---- the real agent -------------------------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str]:
+    """(status, body); (0, "") while the agent is not listening yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except urllib.error.URLError:
+        return 0, ""
+
+
+def _metric(base: str, name: str) -> float | None:
+    _, body = _get(f"{base}/metrics")
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def _condition(base: str, type_: str) -> dict | None:
+    _, body = _get(f"{base}/conditions")
+    if not body:
+        return None
+    return next((c for c in json.loads(body)["conditions"] if c["type"] == type_), None)
+
+
+def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    pack = plugins / "pack.yaml"
+    pack.write_text(textwrap.dedent(PACK))
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--standalone", "--plugins-dir", str(plugins)]
+        + ["--kmsg-path", str(kmsg), "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 1.0, timeout=30)
+        pack.write_text(
+            textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}")
+            + "  - {type: permanent, condition: New, reason: NewSeen, pattern: 'delta .*'}\n"
+            + "conditions_extra: 1\n"
+        )  # invalid: an unknown key
+        wait_for(
+            lambda: "config_watcher" in json.loads(_get(f"{base}/healthz")[1] or "{}").get("details", {}), timeout=30
+        )
+        status, body = _get(f"{base}/healthz")
+        assert status == 200 and "conditions_extra" in json.loads(body)["details"]["config_watcher"]
+        pack.write_text(textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}"))
+        wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 2.0, timeout=30)
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        with kmsg.open("a") as f:
+            f.write(f"3,1,{usec},-;gamma ray burst\n")
+        cond = wait_for(lambda: (c := _condition(base, "Thing")) and c["status"] == "True" and c, timeout=30)
+        assert cond["reason"] == "AlphaSeen"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
