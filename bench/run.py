@@ -305,6 +305,83 @@ def _agent_rss_mib() -> float:
     return rss_kib / 1024
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat, clock ticks)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu_percent(*, packs: str, window: float) -> tuple[float, float]:
+    """(% of one core, RSS MiB) of a standalone agent with these packs over ``window`` seconds of idling."""
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        kmsg = tmp / "kmsg"
+        kmsg.write_text("6,1,1000,-;hello\n")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--standalone", "--pack", packs, "--kmsg-path", str(kmsg)]
+            + ["--state-dir", str(tmp / "state"), "--listen", f"127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+
+        def first_round_done() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                return False
+            if "node_health_agent_check_runs_total" not in text:
+                return "node_health_agent_config_generation" in text  # no checks: up is enough
+            return (
+                all(
+                    float(line.split()[-1]) > 0
+                    for line in text.splitlines()
+                    if line.startswith("node_health_agent_check_last_success_timestamp_seconds{")
+                )
+                and "node_health_agent_check_last_success_timestamp_seconds{" in text
+            )
+
+        try:
+            _wait(first_round_done, 120)
+            time.sleep(2.0)  # let startup work (imports, first runs) finish before measuring
+            start_cpu, start = _cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(window)
+            cpu = _cpu_seconds(proc.pid) - start_cpu
+            elapsed = time.monotonic() - start
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return 100.0 * cpu / elapsed, rss_kib / 1024
+
+
+def bench_checks(window: float = 60.0) -> list[Figure]:
+    """Idle cost of the built-in checks at their default intervals (standalone, real /sys of this machine),
+    beside the same agent without checks, measured one after the other."""
+    from agent.settings import builtin_packs
+
+    every = ",".join(builtin_packs())
+    with_checks, rss = _idle_cpu_percent(packs=every, window=window)
+    without, _ = _idle_cpu_percent(packs="kernel", window=window)
+    return [
+        Figure(name="checks.idle_cpu_percent", value=with_checks, target="<= 1", unit="%core"),
+        Figure(name="checks.idle_cpu_percent_kernel_only", value=without, target="", unit="%core"),
+        Figure(name="checks.rss_mib", value=rss, target="<= 80", unit="MiB"),
+    ]
+
+
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -406,6 +483,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
     "kubernetes": bench_kubernetes,
+    "checks": bench_checks,
 }
 
 

@@ -169,6 +169,7 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
             "stdout": True,
             "http": True,
             "check_scheduler": True,
+            "config_watcher": True,
         }
         metrics = _get(f"{base}/metrics")[1]
         assert 'problem_gauge{reason="NeuronHasError_DMA_ERROR",type="NeuronHealth"} 1.0' in metrics

@@ -10,14 +10,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Distribution name -> the module it provides, where they differ.
-MODULE_OF = {"prometheus-client": "prometheus_client", "pyyaml": "yaml", "google-re2": "re2"}
+MODULE_OF = {
+    "prometheus-client": "prometheus_client",
+    "pyyaml": "yaml",
+    "google-re2": "re2",
+    "nvidia-ml-py": "pynvml",
+}
 # Pinned for resolution only (kubernetes needs it, and botocore in the tests needs it below 3).
 PINS_ONLY = {"python-dateutil"}
 
 
 def third_party_imports() -> set[str]:
     found: set[str] = set()
-    for path in (ROOT / "agent").rglob("*.py"):
+    built_in = [p for p in (ROOT / "plugins").rglob("*.py") if "examples" not in p.parts]
+    for path in [*(ROOT / "agent").rglob("*.py"), *built_in]:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = []
             if isinstance(node, ast.Import):
