@@ -219,3 +219,14 @@ def test_check_verdicts_set_and_heal_a_condition_through_the_main_loop(tmp_path)
         ("GpuEcc", "True"),
         ("GpuEcc", "False"),
     ]
+
+
+def test_on_a_machine_without_accelerators_no_check_says_problem(tmp_path, capsys):
+    """The real /sys, /dev and PATH of the test machine (no GPU, Neuron device or RDMA here)."""
+    assert main(["check", "--json", "--state-dir", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"gpu-count", "gpu-ecc", "gpu-nvlink", "neuron-devices", "ib-ports"} <= {r["check"] for r in rows}
+    assert [r for r in rows if r["status"] == "PROBLEM"] == []
+    for row in rows:
+        assert set(row) == {"check", "status", "condition", "reason", "message"}
+        assert row["message"], row
