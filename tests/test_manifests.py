@@ -4,7 +4,9 @@ Each variant is rendered once with ``kubectl kustomize`` (those tests skip when 
 Built-in kinds are schema-validated with ``kubernetes_validate`` (strict: unknown fields fail);
 Prometheus Operator objects are checked structurally. The assertions encode the privilege split:
 only the kmsg relay is privileged, only the chown init container also runs as root, and the API
-token reaches the unprivileged agent container alone, with exactly the RBAC it needs.
+token reaches the unprivileged agent container alone, with exactly the RBAC it needs. The host's
+/sys and /dev reach the agent read-only, and only in the overlays whose checks read them; each
+overlay's rules.yaml and checks.yaml load, with its packs, into checks that build.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
+from agent.agentconfig import build_scheduled_checks, load_agent_config  # noqa: E402
+from agent.checks.loader import BrokenCheck  # noqa: E402
+from agent.checks.model import CheckContext  # noqa: E402
+from agent.configfiles import Kind  # noqa: E402
 from agent.detectors.rulepack import load_rule_set  # noqa: E402
 from agent.settings import rule_dirs  # noqa: E402
 
@@ -43,6 +49,7 @@ CHOWN_INIT = "init-state-dir"
 STATE_DIR = "/var/lib/node-health-agent"
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 RULES_DIR = "/etc/node-health-agent"
+CONFIG_FILES = ("rules.yaml", "checks.yaml")  # the ConfigMap's keys, passed with --config in this order
 RELAY_DIR = "/run/node-health-agent"
 AGENT_UID = 65532
 METRICS_PORT = 20257
@@ -94,6 +101,22 @@ Term = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
+class HostView:
+    """A host directory the agent's checks read: a hostPath volume mounted read-only, and the env var naming it."""
+
+    volume: str
+    path: str  # on the host
+    mount_path: str  # in the agent container
+    env: str  # the run flag's variable that points the checks at mount_path
+
+
+HOST_SYS = HostView(volume="host-sys", path="/sys", mount_path="/host/sys", env="NHA_SYS_ROOT")
+HOST_DEV = HostView(volume="host-dev", path="/dev", mount_path="/host/dev", env="NHA_DEV_ROOT")
+# The NVIDIA container runtime gives the agent NVML for every GPU of the node (no privilege, no GPU request).
+NVIDIA_RUNTIME_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+
+
+@dataclass(frozen=True)
 class Variant:
     """One renderable kustomization and what its DaemonSet must look like."""
 
@@ -105,37 +128,59 @@ class Variant:
     overlay: str | None = None  # directory under daemonset/overlays; None = base
     prometheus: bool = False  # also enable the prometheus-operator component
     extra_kinds: frozenset[str] = field(default_factory=frozenset)
+    host_views: tuple[HostView, ...] = ()  # exactly these host directories reach the agent
+    nvidia_runtime: bool = False  # NVIDIA_* env for the NVIDIA container runtime
+    checks: frozenset[str] = field(default_factory=frozenset)  # built-in periodic checks it must run (at least)
 
 
 NEURON_TERMS = ((OS_LINUX, ("node.kubernetes.io/instance-type", "In", NEURON_INSTANCE_TYPES)),)
+RDMA_CHECKS = frozenset({"ib-ports"})
+NEURON_CHECKS = frozenset({"neuron-devices", "neuron-allocation", "neuron-ultraserver"}) | RDMA_CHECKS
+NVIDIA_CHECKS = frozenset({"gpu-count", "gpu-ecc", "gpu-nvlink", "gpu-pcie-thermal"}) | RDMA_CHECKS
 VARIANTS = (
     Variant(name="base", packs="kernel", aggregate="false", terms=((OS_LINUX,),)),
-    Variant(name="neuron", overlay="neuron", packs="kernel,neuron", aggregate="true", terms=NEURON_TERMS),
+    Variant(
+        name="neuron",
+        overlay="neuron",
+        packs="kernel,neuron,rdma",
+        aggregate="true",
+        terms=NEURON_TERMS,
+        host_views=(HOST_SYS, HOST_DEV),
+        checks=NEURON_CHECKS,
+    ),
     Variant(
         name="nvidia",
         overlay="nvidia",
-        packs="kernel,nvidia",
+        packs="kernel,nvidia,rdma",
         aggregate="true",
         terms=(
             (OS_LINUX, ("nvidia.com/gpu.present", "In", ("true",))),
             (OS_LINUX, ("feature.node.kubernetes.io/pci-10de.present", "In", ("true",))),
         ),
+        host_views=(HOST_SYS,),
+        nvidia_runtime=True,
+        checks=NVIDIA_CHECKS,
     ),
     Variant(
         name="aks-gpu",
         overlay="aks-gpu",
-        packs="kernel,nvidia",
+        packs="kernel,nvidia,rdma",
         aggregate="true",
         terms=((OS_LINUX, ("kubernetes.azure.com/accelerator", "Exists", ())),),
+        host_views=(HOST_SYS,),
+        nvidia_runtime=True,
+        checks=NVIDIA_CHECKS,
     ),
     Variant(
         name="neuron+prometheus-operator",
         overlay="neuron",
         prometheus=True,
-        packs="kernel,neuron",
+        packs="kernel,neuron,rdma",
         aggregate="true",
         terms=NEURON_TERMS,
         extra_kinds=frozenset({"PodMonitor", "PrometheusRule"}),
+        host_views=(HOST_SYS, HOST_DEV),
+        checks=NEURON_CHECKS,
     ),
 )
 OVERLAYS = sorted({v.overlay for v in VARIANTS if v.overlay})
@@ -405,7 +450,12 @@ def test_agent_container_is_unprivileged(rendered: dict[str, list[dict[str, Any]
     assert sc["runAsNonRoot"] is True
     assert sc["runAsUser"] == AGENT_UID and sc["runAsGroup"] == AGENT_UID
     assert _seccomp(pod, agent) == "RuntimeDefault"
-    assert agent["args"] == ["run", "--kmsg-relay", f"{RELAY_DIR}/kmsg.sock", "--config", f"{RULES_DIR}/rules.yaml"]
+    assert agent["args"] == [
+        "run",
+        "--kmsg-relay",
+        f"{RELAY_DIR}/kmsg.sock",
+        *(arg for name in CONFIG_FILES for arg in ("--config", f"{RULES_DIR}/{name}")),
+    ]
     assert "command" not in agent
     requests, limits = agent["resources"]["requests"], agent["resources"]["limits"]
     assert requests["cpu"] and requests["memory"] and limits["memory"]
@@ -463,6 +513,7 @@ def test_host_paths(rendered: dict[str, list[dict[str, Any]]], variant: Variant)
     assert host == {
         "kmsg": {"path": "/dev/kmsg", "type": "CharDevice"},
         "state": {"path": STATE_DIR, "type": "DirectoryOrCreate"},
+        **{view.volume: {"path": view.path, "type": "Directory"} for view in variant.host_views},
     }
     containers = _containers(pod)
     assert {n for n, c in containers.items() if "kmsg" in _mounts(c)} == {RELAY}
@@ -470,6 +521,31 @@ def test_host_paths(rendered: dict[str, list[dict[str, Any]]], variant: Variant)
     assert _mounts(containers[AGENT])["state"]["mountPath"] == STATE_DIR
     assert "emptyDir" in volumes["relay"]
     assert {n for n, c in containers.items() if "relay" in _mounts(c)} == {RELAY, AGENT}
+    # The host's /sys and /dev reach the agent alone, read-only, whole (no subPath), with the default
+    # propagation (None: no host mounts made later show up, nothing propagates back).
+    for view in variant.host_views:
+        assert {n for n, c in containers.items() if view.volume in _mounts(c)} == {AGENT}, view.volume
+        mount = _mounts(containers[AGENT])[view.volume]
+        assert mount == {"name": view.volume, "mountPath": view.mount_path, "readOnly": True}, view.volume
+
+
+@byvariant
+def test_agent_mounts(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    """Exactly these mounts; everything from the host or the API is read-only except the state directory."""
+    mounts = _mounts(_containers(_pod(rendered[variant.name]))[AGENT])
+    expected = {
+        "relay": RELAY_DIR,
+        "rules": RULES_DIR,
+        "state": STATE_DIR,
+        "tmp": "/tmp",
+        "kube-api-access": TOKEN_PATH,
+        **{view.volume: view.mount_path for view in variant.host_views},
+    }
+    assert {n: m["mountPath"] for n, m in mounts.items()} == expected
+    read_only = {n for n, m in mounts.items() if m.get("readOnly")}
+    assert read_only == {"rules", "kube-api-access", *(view.volume for view in variant.host_views)}
+    # Nothing lands on /dev: the kernel log reaches the agent through the relay only.
+    assert not any(m["mountPath"] == "/dev" or m["mountPath"].startswith("/dev/") for m in mounts.values())
 
 
 @byvariant
@@ -500,6 +576,17 @@ def test_agent_environment(rendered: dict[str, list[dict[str, Any]]], variant: V
     assert "NHA_CONFIG" not in env, "--config is passed as an argument"
     for name, e in env.items():
         assert set(e.get("valueFrom", {})) <= {"fieldRef"}, f"{name}: no secrets or config maps in env"
+    # The checks look at the host's /sys and /dev where the overlay mounts them, else the defaults.
+    roots = {view.env: view.mount_path for view in variant.host_views}
+    assert {k: env[k]["value"] for k in (HOST_SYS.env, HOST_DEV.env) if k in env} == roots
+    nvidia = {k: e["value"] for k, e in env.items() if k.startswith("NVIDIA_")}
+    assert nvidia == (NVIDIA_RUNTIME_ENV if variant.nvidia_runtime else {})
+
+
+@byvariant
+def test_no_runtime_class(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
+    """The NVIDIA overlays rely on the node's default runtime; runtimeClassName stays a commented option."""
+    assert "runtimeClassName" not in _pod(rendered[variant.name])
 
 
 @byvariant
@@ -507,7 +594,7 @@ def test_config_map_is_hashed_and_mounted(rendered: dict[str, list[dict[str, Any
     docs = rendered[variant.name]
     cm = _one(docs, "ConfigMap")
     assert re.fullmatch(r"node-health-agent-rules-[a-z0-9]{10}", cm["metadata"]["name"]), cm["metadata"]["name"]
-    assert set(cm["data"]) == {"rules.yaml"}
+    assert set(cm["data"]) == set(CONFIG_FILES)
     pod = _pod(docs)
     assert _volumes(pod)["rules"]["configMap"]["name"] == cm["metadata"]["name"]
     mount = _mounts(_containers(pod)[AGENT])["rules"]
@@ -531,8 +618,8 @@ def test_node_affinity(rendered: dict[str, list[dict[str, Any]]], variant: Varia
 # --------------------------------------------------------------------------- rule packs
 
 
-def _rules_file(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "rules.yaml"
+def _config_file(tmp_path: Path, text: str, name: str = "rules.yaml") -> Path:
+    path = tmp_path / name
     path.write_text(text)
     return path
 
@@ -543,17 +630,17 @@ def test_rules_config_loads_with_selected_packs(
 ) -> None:
     """The ConfigMap's rules.yaml loads after the built-in packs named by NHA_PACKS (names must exist)."""
     docs = rendered[variant.name]
-    rules = _rules_file(tmp_path, _one(docs, "ConfigMap")["data"]["rules.yaml"])
+    rules = _config_file(tmp_path, _one(docs, "ConfigMap")["data"]["rules.yaml"])
     rule_set = load_rule_set([*rule_dirs(plugins_dirs=None, packs=[variant.packs]), rules])
     assert rule_set.rules
 
 
-def _commented_examples(text: str) -> Iterator[str]:
-    """Commented-out YAML blocks: a `# key:` line for a pack key, then its more-indented `#   ...` lines."""
+def _commented_examples(text: str, keys: str = "conditions|rules|lists") -> Iterator[str]:
+    """Commented-out YAML blocks: a `# key:` line for one of ``keys``, then its more-indented `#   ...` lines."""
     block: list[str] = []
     for line in text.splitlines():
         body = line[2:] if line.startswith("# ") else None
-        if body is not None and re.match(r"(conditions|rules|lists):\s*$", body):
+        if body is not None and re.match(rf"({keys}):\s*$", body):
             if block:
                 yield "\n".join(block)
             block = [body]
@@ -579,13 +666,88 @@ def test_commented_rule_examples_are_valid(overlay: str, tmp_path: Path) -> None
             builtin_lists.update(yaml.safe_load(pack.read_text()).get("lists") or {})
     for example in examples:
         data = {"conditions": [], "rules": [], **yaml.safe_load(example)}
-        rules = _rules_file(tmp_path, yaml.safe_dump(data))
+        rules = _config_file(tmp_path, yaml.safe_dump(data))
         load_rule_set([*rule_dirs(plugins_dirs=None, packs=[packs]), rules])
         # An example list override replaces the built-in list: it must not silently drop entries.
         for name, values in (data.get("lists") or {}).items():
             assert name in builtin_lists, f"{overlay}/rules.yaml overrides unknown list {name}"
             missing = set(builtin_lists[name]) - set(values)
             assert not missing, f"{overlay}/rules.yaml example drops built-in {name} entries {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------- periodic checks
+
+
+def _no_entry_points() -> tuple[()]:
+    """The image installs no third-party checks: leave out whatever the test environment has installed."""
+    return ()
+
+
+def _builtin_checks(packs: str) -> dict[str, Any]:
+    """The check declarations the packs ship (plugins/<pack>/checks.yaml), merged, by name."""
+    config = load_agent_config(rule_dirs(plugins_dirs=None, packs=[packs]), entry_points=_no_entry_points)
+    return {d.name: d for d in config.check_decls}
+
+
+def _load_and_build(packs: str, files: list[Path], state_dir: Path) -> tuple[Any, list[Any]]:
+    """What `run` does with NHA_PACKS=packs and these --config files: load, then build every check.
+
+    A configuration problem raises ConfigError. A check whose module cannot be imported does not (it
+    becomes a BrokenCheck that reports UNKNOWN at run time), so that is asserted here.
+    """
+    config = load_agent_config([*rule_dirs(plugins_dirs=None, packs=[packs]), *files], entry_points=_no_entry_points)
+    checks = build_scheduled_checks(config, context=CheckContext(state_dir=state_dir), entry_points=_no_entry_points)
+    broken = {c.name: c.check.error for c in checks if isinstance(c.check, BrokenCheck)}
+    assert not broken, f"checks that cannot load: {broken}"
+    return config, checks
+
+
+@byvariant
+def test_checks_config_builds_with_selected_packs(
+    rendered: dict[str, list[dict[str, Any]]], variant: Variant, tmp_path: Path
+) -> None:
+    """The ConfigMap's files, after the packs named by NHA_PACKS, load and build every check without a config error."""
+    data = _one(rendered[variant.name], "ConfigMap")["data"]
+    files = [_config_file(tmp_path, data[name], name) for name in CONFIG_FILES]
+    config, checks = _load_and_build(variant.packs, files, tmp_path)
+    kinds = {f.path.name: f.kind for f in config.files if f.path in files}
+    assert kinds == {"rules.yaml": Kind.RULE_PACK, "checks.yaml": Kind.CHECKS}
+    assert config.rule_set.rules
+    names = {c.name for c in checks}
+    assert variant.checks <= names, f"missing built-in checks: {sorted(variant.checks - names)}"
+    assert names <= set(_builtin_checks(variant.packs)), "checks.yaml only tunes the packs' checks"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_commented_check_examples_are_valid(overlay: str, tmp_path: Path) -> None:
+    """The examples in each overlay's checks.yaml work when uncommented: they retune or disable a built-in check."""
+    text = (DAEMONSET_DIR / "overlays" / overlay / "checks.yaml").read_text()
+    packs = next(v.packs for v in VARIANTS if v.overlay == overlay)
+    examples = list(_commented_examples(text, keys="checks"))
+    assert examples, f"{overlay}/checks.yaml has no commented example"
+    builtin = _builtin_checks(packs)
+    shown: set[str] = set()
+    for i, example in enumerate(examples):
+        data = yaml.safe_load(example)
+        assert set(data) == {"checks"} and data["checks"], example
+        path = _config_file(tmp_path, yaml.safe_dump(data), f"checks-{i}.yaml")
+        config, checks = _load_and_build(packs, [path], tmp_path)
+        decls = {d.name: d for d in config.check_decls}
+        running = {c.name for c in checks}
+        for given in data["checks"]:
+            name = given["name"]
+            assert name in builtin, f"{overlay}/checks.yaml example changes {name!r}, not a check of packs {packs}"
+            assert not {"use", "entryPoint"} & set(given), f"{overlay}/checks.yaml example redefines {name!r}"
+            if given.get("enabled") is False:
+                assert name not in running
+                shown.add("disable")
+            else:
+                assert name in running
+                options = given.get("options") or {}
+                assert all(decls[name].options[k] == v for k, v in options.items())
+                assert decls[name].use == builtin[name].use, "a retune keeps the built-in factory"
+                shown.add("retune")
+    assert shown == {"retune", "disable"}, f"{overlay}/checks.yaml shows only {sorted(shown)}"
 
 
 # --------------------------------------------------------------------------- Prometheus Operator component
