@@ -30,10 +30,15 @@ class LogMonitor:
 
     file: ConfigFile
     rule_set: RuleSet
+    settings: Any  # agent.logmonitors.MonitorSettings
 
     @property
     def kind(self) -> Kind:
         return self.file.kind
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,11 +77,22 @@ def load_agent_config(paths: Sequence[Path], *, entry_points: Callable[[], Seque
     except ConfigError as exc:
         problems.extend(exc.problems)
     monitors: list[LogMonitor] = []
-    for f in of_kind(files, Kind.LOG_FILE, Kind.JOURNAL):
-        try:
-            monitors.append(LogMonitor(file=f, rule_set=compile_rule_packs([(f.path, f.doc)])))
-        except ConfigError as exc:
-            problems.extend(exc.problems)
+    log_files = of_kind(files, Kind.LOG_FILE, Kind.JOURNAL)
+    if log_files:
+        from agent.logmonitors import monitor_settings
+
+        taken: set[str] = set()
+        for f in log_files:
+            col = Problems(file=str(f.path), doc=f.doc)
+            settings = monitor_settings(f, col, taken=taken)
+            problems.extend(col.problems)
+            try:
+                monitor_rules = compile_rule_packs([(f.path, f.doc)])
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+                continue
+            if settings is not None:
+                monitors.append(LogMonitor(file=f, rule_set=monitor_rules, settings=settings))
     declarations = []
     for f in of_kind(files, Kind.CHECKS):
         col = Problems(file=str(f.path), doc=f.doc)

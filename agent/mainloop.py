@@ -64,6 +64,7 @@ class MainLoop:
         state_dir: StateDirHealth | None = None,
         acks: Sequence[Callable[[], int]] = (),
         judge: CheckJudge | None = None,
+        monitors: Mapping[str, DetectionPipeline] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         tick: float = TICK,
@@ -80,6 +81,7 @@ class MainLoop:
         self._state_dir = state_dir
         self._acks = list(acks)
         self.judge = judge or CheckJudge()
+        self.monitors = dict(monitors or {})  # log monitor name -> its own rules
         self._clock = clock
         self._monotonic = monotonic
         self._tick = tick
@@ -136,6 +138,15 @@ class MainLoop:
                 return 0, None
             if not records:
                 return 0, None
+            if item.monitor is not None:
+                pipeline = self.monitors.get(item.monitor)
+                if pipeline is None:
+                    log.error("records of unknown log monitor %r dropped", item.monitor)
+                    return 0, None
+                for finding in pipeline.process(Batch(records=records)):
+                    events.extend(self.state.apply(finding))
+                self.records_processed += len(records)
+                return len(records), None  # not kernel log records: no kmsg cursor
             for run, replayed in self._replay.split(records, now=self._clock()):
                 for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
                     events.extend(self.state.apply(finding))

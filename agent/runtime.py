@@ -70,6 +70,7 @@ class RecordBatch:
 
     records: Sequence[LogRecord] = ()
     decode: Callable[[], Sequence[LogRecord]] | None = None
+    monitor: str | None = None  # a log monitor's records (its own rules, no kmsg replay); None = the kernel log
 
     def resolve(self) -> Sequence[LogRecord]:
         return self.decode() if self.decode is not None else self.records

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agent.agentconfig import AgentConfig, check_conditions
+from agent.agentconfig import AgentConfig, LogMonitor, check_conditions
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
@@ -196,6 +196,7 @@ def build_runtime(
     clock: Callable[[], float] = time.time,
     checks: Sequence[ScheduledCheck] = (),
     extra_conditions: Sequence[ConditionSpec] = (),
+    log_monitors: Sequence[LogMonitor] = (),
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -232,6 +233,21 @@ def build_runtime(
         source=source or build_source(settings), inbox=inbox, stall_timeout=settings.stall_timeout
     )
     components: list[Component] = [producer]
+    monitor_pipelines: dict[str, DetectionPipeline] = {}
+    details: dict[str, Callable[[], str | None]] = {"kmsg_reader": producer.detail}
+    for monitor in log_monitors:
+        from agent.logmonitors import build_source as build_monitor_source
+
+        monitor_producer = SourceProducer(
+            source=build_monitor_source(monitor.settings),
+            inbox=inbox,
+            stall_timeout=settings.stall_timeout,
+            name=monitor.name,
+            monitor=monitor.name,
+        )
+        components.append(monitor_producer)
+        monitor_pipelines[monitor.name] = DetectionPipeline(rule_set=monitor.rule_set)
+        details[monitor.name] = monitor_producer.detail
     scheduler = None
     if checks:
         from agent.checks.scheduler import CheckScheduler
@@ -246,7 +262,6 @@ def build_runtime(
         components.append(scheduler)
     consumers: list[Component] = []
     acks: list[Callable[[], int]] = []
-    details: dict[str, Callable[[], str | None]] = {"kmsg_reader": producer.detail}
     if kube is None:
         from agent.sinks.log import StdoutSink
 
@@ -304,6 +319,7 @@ def build_runtime(
         condition_store=condition_store,
         state_dir=state_dir,
         acks=acks,
+        monitors=monitor_pipelines,
         clock=clock,
     )
     supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
@@ -483,6 +499,7 @@ def run(
             kube=kube,
             checks=checks,
             extra_conditions=config.rule_conditions,
+            log_monitors=config.log_monitors,
         )
         try:
             http = serve(runtime, settings)

@@ -78,7 +78,7 @@ class PatternMatch:
 Spans = Callable[[bytes], "Sequence[tuple[int, int]] | None"]
 
 
-def _spans_function(compiled: Any) -> Spans:
+def spans_function(compiled: Any) -> Spans:
     """``data -> spans of every group, or None``: RE2's C++ ``Match`` when the binding exposes it.
 
     The Python wrapper of google-re2 (``re2._Regexp.search``) spends about 2 µs per call in a
@@ -251,5 +251,5 @@ def compile_anchored(pattern: str) -> RulePattern:
         program_size=sizes[0],
         groupindex=groupindex,
         compiled=compiled,
-        spans=_spans_function(compiled),
+        spans=spans_function(compiled),
     )

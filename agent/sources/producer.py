@@ -28,7 +28,8 @@ class Source(Protocol):
 
 
 class SourceProducer:
-    """Component ``kmsg_reader``: healthy while the source answers within ``stall_timeout``.
+    """Component ``kmsg_reader`` (or ``log:<source>`` for a log monitor): healthy while the source
+    answers within ``stall_timeout``.
 
     The source refreshes ``stats.last_activity`` only while it is open and answering, so a missing
     or unreadable kernel log (EPERM under ``dmesg_restrict``), a silent relay, or a main loop that
@@ -37,13 +38,28 @@ class SourceProducer:
 
     name = "kmsg_reader"
 
-    def __init__(self, *, source: Source, inbox: Inbox, stall_timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        source: Source,
+        inbox: Inbox,
+        stall_timeout: float,
+        name: str = "kmsg_reader",
+        monitor: str | None = None,
+    ) -> None:
         self.source = source
+        self.name = name
         self._inbox = inbox
         self._stall_timeout = stall_timeout
+        self._monitor = monitor
 
     def healthy(self, now: float) -> bool:
-        last = self.source.stats.last_activity
+        stats = self.source.stats
+        if self._monitor is not None and not stats.connected:
+            # A log monitor waiting for its file (or for journalctl) is the node's configuration, not a
+            # fault of the agent: /healthz details say why, the component stays green.
+            return True
+        last = stats.last_activity
         return last is not None and now - last < self._stall_timeout
 
     def detail(self) -> str | None:
@@ -52,5 +68,6 @@ class SourceProducer:
     def run(self, stop: threading.Event) -> None:
         decode = self.source.decode
         for chunk in self.source.chunks(stop=stop):
-            if not self._inbox.put(RecordBatch(decode=functools.partial(decode, chunk)), stop=stop):
+            batch = RecordBatch(decode=functools.partial(decode, chunk), monitor=self._monitor)
+            if not self._inbox.put(batch, stop=stop):
                 return
