@@ -53,9 +53,7 @@ def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     return compile_rule_packs(packs, problems=problems)
 
 
-def compile_rule_packs(
-    packs: Sequence[tuple[Path, Document]], *, problems: Sequence[ConfigProblem] = ()
-) -> RuleSet:
+def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequence[ConfigProblem] = ()) -> RuleSet:
     """Validate and compile parsed rule packs in order. Raises ConfigError listing every problem
     (``problems`` found earlier included)."""
     problems = list(problems)
