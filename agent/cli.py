@@ -77,8 +77,8 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="FILE",
-        help="extra rule pack (node-problem-detector system-log-monitor JSON/YAML, with extensions), applied "
-        "after the plugins; repeatable",
+        help="extra configuration file applied after the plugins: a rule pack (node-problem-detector "
+        "system-log-monitor JSON/YAML, with extensions), a 'checks:' file or an NPD plugin file; repeatable",
     )
     parser.add_argument(
         "--plugins-dir",
@@ -351,6 +351,14 @@ def validate(args: argparse.Namespace) -> int:
 
     paths = _rule_paths(args, args.files)
     config = load_agent_config(paths)
+    # Build every check too (nothing runs): bad options are configuration errors here as in `run`.
+    import tempfile
+
+    from agent.agentconfig import build_scheduled_checks
+    from agent.checks.model import CheckContext
+
+    with tempfile.TemporaryDirectory(prefix="node-health-agent-validate-") as scratch:
+        build_scheduled_checks(config, context=CheckContext(state_dir=Path(scratch)))
     rule_set = config.rule_set
     temporary = sum(1 for r in rule_set.rules if r.type is RuleType.TEMPORARY)
     print(

@@ -230,3 +230,11 @@ def test_on_a_machine_without_accelerators_no_check_says_problem(tmp_path, capsy
     for row in rows:
         assert set(row) == {"check", "status", "condition", "reason", "message"}
         assert row["message"], row
+
+
+def test_validate_config_refuses_bad_check_options_as_run_does(tmp_path, capsys):
+    checks = tmp_path / "checks.yaml"
+    checks.write_text("checks:\n  - name: ib-ports\n    options: {expectedPorts: eight}\n")
+    assert main(["validate-config", "--pack", "kernel,rdma", str(checks)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checks}:3: checks[0].options.expectedPorts:" in err
