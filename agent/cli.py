@@ -463,15 +463,23 @@ def run(args: argparse.Namespace) -> int:
     """Settings, then every configuration file and check (bad ones exit 2 here, before the cluster)."""
     settings = build_settings(args)
     from agent.agentconfig import build_scheduled_checks, load_agent_config
+    from agent.reload import fingerprint
     from agent.wiring import NodeLabels, check_context
     from agent.wiring import run as run_agent
 
+    loaded = fingerprint(list(settings.rule_paths))  # before loading: a change after it is reloaded
     config = load_agent_config(list(settings.rule_paths))
     labels = NodeLabels()
     context = check_context(settings, labels=labels)
     checks = build_scheduled_checks(config, context=context)
     return run_agent(
-        settings=settings, config=config, checks=checks, labels=labels, context=context, stop=_stop_on_signals()
+        settings=settings,
+        config=config,
+        checks=checks,
+        labels=labels,
+        context=context,
+        loaded=loaded,
+        stop=_stop_on_signals(),
     )
 
 

@@ -10,6 +10,10 @@ swapping a ``..data`` symlink, which shows as events in the directory); after th
 - invalid: the error is logged with every problem, counted, shown in ``/healthz`` details, and the
   last good configuration keeps running (``/healthz`` stays green: the agent is fine).
 
+A change made between loading the configuration at start and the file watcher's start is not
+missed: the files' fingerprint (path, size, mtime) taken before the first load is compared once
+the watcher runs.
+
 Log monitor (filelog/journald) changes take effect at the next restart; the log says so.
 """
 
@@ -32,6 +36,22 @@ log = logging.getLogger(__name__)
 
 SETTLE = 1.0  # seconds without a new change before reloading (editors write in several steps)
 
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def fingerprint(paths: Sequence[Path]) -> Fingerprint:
+    """(path, size, mtime) of every file under ``paths``: cheap, and enough to tell that one changed."""
+    found = []
+    for root in paths:
+        candidates = [root] if not root.is_dir() else sorted(p for p in root.rglob("*") if not p.is_dir())
+        for path in candidates:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            found.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
 
 class ConfigWatcher:
     name = "config_watcher"
@@ -48,8 +68,11 @@ class ConfigWatcher:
         settle: float = SETTLE,
         monotonic: Callable[[], float] = time.monotonic,
         entry_points: Callable[[], Sequence[Any]] | None = None,
+        loaded: Fingerprint | None = None,
     ) -> None:
+        """``loaded``: the fingerprint taken before ``config`` was loaded (None: take it now)."""
         self._paths = list(paths)
+        self._loaded = loaded if loaded is not None else fingerprint(self._paths)
         self._config = config
         self._checks = {c.name: c for c in checks}
         self._decls = {d.name: d for d in config.check_decls}
@@ -76,6 +99,8 @@ class ConfigWatcher:
 
     def run(self, stop: threading.Event) -> None:
         observer = self._start_observer()
+        if fingerprint(self._paths) != self._loaded:
+            self.changed()  # changed between the first load and the watch
         try:
             while not stop.wait(0.2):
                 with self._lock:

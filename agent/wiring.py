@@ -478,6 +478,7 @@ def run(
     checks: Sequence[ScheduledCheck] = (),
     labels: NodeLabels | None = None,
     context: CheckContext | None = None,
+    loaded: Any = None,  # agent.reload.Fingerprint of the configuration as loaded
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     rule_set = config.rule_set
@@ -518,6 +519,7 @@ def run(
                 context=context,
                 scheduler=runtime.scheduler,
                 inbox=runtime.inbox,  # type: ignore[arg-type]
+                loaded=loaded,
             )
             runtime.watcher = watcher
             runtime.details["config_watcher"] = lambda: watcher.last_error
