@@ -466,3 +466,14 @@ def test_replace_keeps_the_schedule_of_checks_that_stay():
     s.step(2.0)
     assert len(manual.pending) == 1  # only the new one starts now
     assert [c.name for c in s.checks] == ["a", "b"]
+
+
+def test_a_result_for_an_undeclared_condition_is_unknown_naming_it():
+    c = Gate("u", results=[result(PROBLEM, condition="NotMine", reason="Bad")])
+    s, manual = scheduler(c)
+    s.step(0.0)
+    manual.finish_all()
+    [rep] = s.step(1.0)[0]
+    [r] = rep.results
+    assert (r.status, r.condition, r.reason) == (UNKNOWN, None, "CheckResultInvalid")
+    assert "reported condition 'NotMine', which it does not declare (declared: Thing)" in r.message

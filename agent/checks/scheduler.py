@@ -64,6 +64,26 @@ def _unknown(spec: ScheduledCheck, message: str) -> tuple[CheckResult, ...]:
     )
 
 
+def _declared_only(spec: ScheduledCheck, results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
+    """A result for a condition the check does not own would be dropped by the state: say so instead."""
+    declared = {c.type for c in getattr(spec.check, "conditions", ()) or ()}
+    out = []
+    for r in results:
+        if r.condition is None or r.condition in declared:
+            out.append(r)
+        else:
+            out.append(
+                CheckResult(
+                    status=CheckStatus.UNKNOWN,
+                    condition=None,
+                    reason="CheckResultInvalid",
+                    message=f"check {spec.name} reported condition {r.condition!r}, which it does not declare "
+                    f"(declared: {', '.join(sorted(declared)) or 'none'})",
+                )
+            )
+    return tuple(out)
+
+
 def validate_results(value: object) -> tuple[tuple[CheckResult, ...] | None, str | None]:
     """(results, None) when ``value`` is a sequence of CheckResult, else (None, what is wrong)."""
     if isinstance(value, CheckResult):
@@ -275,7 +295,7 @@ class CheckScheduler:
             if counted:
                 stats.errors["invalid" if error and error.startswith("run() returned") else "exception"] += 1
             results = _unknown(spec, f"check {spec.name}: {error}")
-        results = tuple(results)
+        results = _declared_only(spec, tuple(results))
         statuses = {r.status for r in results}
         status = (
             CheckStatus.PROBLEM
