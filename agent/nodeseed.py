@@ -86,7 +86,10 @@ class NodeSeeder:
         severity: Callable[[str, str], Severity | None],
         clock: Callable[[], float] = time.time,
         backoff: Backoff | None = None,
+        on_node: Callable[[dict], None] | None = None,
     ) -> None:
+        """``on_node`` receives the Node once read (the checks' view of its labels)."""
+        self._on_node = on_node
         self._client = client
         self._node = node_name
         self._inbox = inbox
@@ -111,6 +114,8 @@ class NodeSeeder:
                 stop.wait(delay)
                 continue
             self.last_error = None
+            if self._on_node is not None:
+                self._on_node(node)
             seed = SeedConditions(
                 conditions=node_conditions(node, types=self._types, severity=self._severity, now=self._clock()),
                 node_uid=node_uid(node),

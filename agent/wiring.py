@@ -167,6 +167,7 @@ class Runtime:
             state_dir_ok=self.state_dir.ok,
             records_processed=self.main_loop.records_processed,
             malformed_lines=s.malformed_lines,
+            config_reload_failures=self.watcher.failures if self.watcher is not None else 0,
         )
 
     def run(self, stop: threading.Event) -> int:
@@ -197,6 +198,7 @@ def build_runtime(
     checks: Sequence[ScheduledCheck] = (),
     extra_conditions: Sequence[ConditionSpec] = (),
     log_monitors: Sequence[LogMonitor] = (),
+    labels: NodeLabels | None = None,
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -301,6 +303,7 @@ def build_runtime(
                 types=state.owned_types,
                 severity=severity_lookup(rule_set),
                 clock=clock,
+                on_node=labels.set_from if labels is not None else None,
             )
             components.append(seeder)
             details["node_seeder"] = lambda: seeder.last_error
@@ -501,6 +504,7 @@ def run(
             checks=checks,
             extra_conditions=config.rule_conditions,
             log_monitors=config.log_monitors,
+            labels=labels,
         )
         try:
             http = serve(runtime, settings)

@@ -181,6 +181,7 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
         )
         status, body = _get(f"{base}/healthz")
         assert status == 200 and "conditions_extra" in json.loads(body)["details"]["config_watcher"]
+        assert _metric(base, "node_health_agent_config_reload_failures_total") == 1.0
         pack.write_text(textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}"))
         wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 2.0, timeout=30)
         usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)

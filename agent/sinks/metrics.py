@@ -44,6 +44,7 @@ class AgentStats:
     state_dir_ok: bool = True  # the state directory takes our writes
     records_processed: int = 0  # records the main loop has matched and folded
     malformed_lines: int = 0  # kmsg dictionary lines dropped as malformed (their records were kept)
+    config_reload_failures: int = 0  # configuration changes rejected by the watcher
 
 
 class AgentCollector:
@@ -121,6 +122,12 @@ class AgentCollector:
         gen = GaugeMetricFamily("node_health_agent_config_generation", "Generation of the loaded configuration.")
         gen.add_metric([], stats.config_generation)
         yield gen
+        rejected = CounterMetricFamily(
+            "node_health_agent_config_reload_failures",
+            "Configuration changes rejected (invalid); the last good configuration keeps running.",
+        )
+        rejected.add_metric([], stats.config_reload_failures)
+        yield rejected
         rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
         rules.add_metric([], stats.rules_loaded)
         yield rules
