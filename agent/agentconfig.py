@@ -24,6 +24,12 @@ from agent.errors import ConfigError, ConfigProblem
 from agent.types import ConditionSpec
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileEntry:
+    path: Path
+    kind: Kind
+
+
 @dataclass(frozen=True, kw_only=True)
 class LogMonitor:
     """A node-problem-detector filelog or journald monitor: where to read, and its own rules."""
@@ -47,7 +53,7 @@ class AgentConfig:
     log_monitors: tuple[LogMonitor, ...]
     check_decls: tuple[CheckDecl, ...]
     custom_plugins: tuple[Any, ...]  # agent.checks.npd_plugin.CustomPluginMonitor
-    files: tuple[ConfigFile, ...]
+    files: tuple[FileEntry, ...]  # every file and its kind (not its parsed content: that is let go)
     warnings: tuple[ConfigProblem, ...] = ()
 
     @property
@@ -121,7 +127,7 @@ def load_agent_config(paths: Sequence[Path], *, entry_points: Callable[[], Seque
         log_monitors=tuple(monitors),
         check_decls=tuple(decls),
         custom_plugins=tuple(plugins),
-        files=tuple(files),
+        files=tuple(FileEntry(path=f.path, kind=f.kind) for f in files),
         warnings=tuple(warnings),
     )
 

@@ -120,8 +120,8 @@ def describe(config: AgentConfig) -> list[str]:
             extra = f" ({by_file[str(f.path)]} rules)"
         lines.append(f"file        {kind:<30} {f.path}{extra}")
     for monitor in config.log_monitors:
-        data = monitor.file.doc.data
-        where = data.get("logPath") or (data.get("pluginConfig") or {}).get("source") or "(default)"
+        source = monitor.settings.source
+        where = getattr(source, "path", None) or f"journal identifier {getattr(source, 'source', '?')}"
         lines.append(
             f"log monitor {monitor.kind.value:<30} {where}: {len(monitor.rule_set.rules)} rules ({monitor.file.path})"
         )

@@ -462,6 +462,9 @@ def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]
 def run(args: argparse.Namespace) -> int:
     """Settings, then every configuration file and check (bad ones exit 2 here, before the cluster)."""
     settings = build_settings(args)
+    from agent.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread starts
     from agent.agentconfig import build_scheduled_checks, load_agent_config
     from agent.reload import fingerprint
     from agent.wiring import NodeLabels, check_context

@@ -73,7 +73,7 @@ class ConfigWatcher:
         """``loaded``: the fingerprint taken before ``config`` was loaded (None: take it now)."""
         self._paths = list(paths)
         self._loaded = loaded if loaded is not None else fingerprint(self._paths)
-        self._config = config
+        self._monitor_files = [m.file.path for m in config.log_monitors]  # not the parsed files: memory
         self._checks = {c.name: c for c in checks}
         self._decls = {d.name: d for d in config.check_decls}
         self._context = context
@@ -159,7 +159,7 @@ class ConfigWatcher:
             self.last_error = f"configuration reload failed: {type(exc).__name__}: {exc}"
             log.exception("configuration reload failed")
             return False
-        if [m.file.path for m in config.log_monitors] != [m.file.path for m in self._config.log_monitors]:
+        if [m.file.path for m in config.log_monitors] != self._monitor_files:
             log.warning("log monitor (filelog/journald) changes take effect at the next restart")
         removed = [name for name in self._checks if name not in {c.name for c in fresh}]
         self.generation += 1
@@ -170,7 +170,7 @@ class ConfigWatcher:
             rule_set=config.rule_set, conditions=conditions, removed_checks=removed, generation=self.generation
         )
         self._inbox.put(item, stop=stop or threading.Event())
-        self._config = config
+        self._monitor_files = [m.file.path for m in config.log_monitors]
         self._checks = {c.name: c for c in fresh}
         self._decls = {d.name: d for d in config.check_decls}
         self.last_error = None

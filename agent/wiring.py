@@ -23,6 +23,7 @@ from agent.agentconfig import AgentConfig, LogMonitor, check_conditions
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
+from agent.memory import release_free_memory
 from agent.pipeline import DetectionPipeline
 from agent.runtime import Component, Inbox, SnapshotFeed, Supervisor
 from agent.settings import Settings
@@ -173,7 +174,9 @@ class Runtime:
     def run(self, stop: threading.Event) -> int:
         # Everything built so far (rules, clients, modules) lives as long as the process: keep it out
         # of the garbage collector's full passes, which otherwise rescan it during a record storm.
+        gc.collect()
         gc.freeze()
+        release_free_memory()
         late = self.supervisor.run(stop)
         self.feed.close()
         log.info("stopped%s", f" (still running at the deadline: {', '.join(late)})" if late else "")

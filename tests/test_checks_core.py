@@ -477,3 +477,28 @@ def test_a_result_for_an_undeclared_condition_is_unknown_naming_it():
     [r] = rep.results
     assert (r.status, r.condition, r.reason) == (UNKNOWN, None, "CheckResultInvalid")
     assert "reported condition 'NotMine', which it does not declare (declared: Thing)" in r.message
+
+
+def test_workers_are_reused_and_a_hung_run_gets_a_worker_of_its_own():
+    from agent.checks.scheduler import Workers
+
+    workers = Workers(idle_timeout=30)
+    before = {t for t in threading.enumerate() if t.name == "check-worker"}
+    release = threading.Event()
+    done: list[str] = []
+    started = threading.Event()
+
+    def hang():
+        started.set()
+        release.wait(10)
+        done.append("hung")
+
+    workers(hang, "hang")
+    started.wait(5)
+    for i in range(5):  # one after the other: each reuses the same idle worker
+        finished = threading.Event()
+        workers(lambda i=i, f=finished: (done.append(i), f.set()), "quick")
+        assert finished.wait(5)
+    assert done == [0, 1, 2, 3, 4]
+    assert len({t for t in threading.enumerate() if t.name == "check-worker"} - before) == 2
+    release.set()

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 import time
@@ -129,7 +130,7 @@ class CheckScheduler:
         self._clock = clock
         self._monotonic = monotonic
         self._rng = rng or random.Random()
-        self._start_thread = start_thread or _daemon_thread
+        self._start_thread = start_thread or Workers()
         self._wake = threading.Condition()
         self._slots: dict[str, _Slot] = {}
         self.stats: dict[str, CheckStats] = {}
@@ -346,5 +347,36 @@ class CheckScheduler:
         return [reports[n] for n in self._slots if n in reports]
 
 
-def _daemon_thread(target: Callable[[], None], name: str) -> None:
-    threading.Thread(target=target, name=name, daemon=True).start()
+class Workers:
+    """Threads for check runs, reused: a run goes to an idle worker, or to a new one when none is idle
+    (a hung check keeps its worker, so it never blocks the others). Idle workers end after
+    ``idle_timeout``. Reuse keeps the thread count, and the memory each new thread costs, flat."""
+
+    def __init__(self, *, idle_timeout: float = 300.0) -> None:
+        self._idle_timeout = idle_timeout
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+
+    def __call__(self, target: Callable[[], None], name: str) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                self._jobs.put(target)
+                return
+        threading.Thread(target=self._work, args=(target,), name="check-worker", daemon=True).start()
+
+    def _work(self, job: Callable[[], None]) -> None:
+        while True:
+            job()
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._jobs.get(timeout=self._idle_timeout)
+            except queue.Empty:
+                with self._lock:
+                    try:
+                        job = self._jobs.get_nowait()  # handed over just as we timed out
+                    except queue.Empty:
+                        self._idle -= 1
+                        return

@@ -177,8 +177,20 @@ class GpuReader(Protocol):
     def read(self, *, parts: frozenset[Part]) -> Inventory: ...
 
 
+class NvmlLibraryMissing(Exception):
+    """libnvidia-ml.so.1 is not there (no driver, or not given to this container)."""
+
+
 def _import_pynvml() -> Any:
-    import pynvml  # the nvidia-ml-py package; loads libnvidia-ml.so.1 only in nvmlInit()
+    """The ``pynvml`` module, imported only where the NVML library exists: on the many nodes without a
+    GPU the binding (about 1.3 MiB of Python objects) is never loaded."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")  # the name pynvml itself loads on Linux
+    except OSError as exc:
+        raise NvmlLibraryMissing(f"libnvidia-ml.so.1 cannot be loaded: {exc}") from exc
+    import pynvml  # the nvidia-ml-py package
 
     return pynvml
 
@@ -255,6 +267,8 @@ class NvmlReader:
     def read(self, *, parts: frozenset[Part]) -> Inventory:
         try:
             nv = self._load()
+        except NvmlLibraryMissing as exc:
+            return Inventory(source=self.source, access=Access.ABSENT, message=str(exc))
         except ImportError as exc:
             return Inventory(source=self.source, access=Access.ABSENT, message=f"nvidia-ml-py is not installed ({exc})")
         try:
