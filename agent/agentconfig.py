@@ -71,8 +71,15 @@ class AgentConfig:
         return tuple(specs.values())
 
 
-def load_agent_config(paths: Sequence[Path], *, entry_points: Callable[[], Sequence[Any]] | None = None) -> AgentConfig:
-    """Read, classify and validate every file under ``paths``. Raises ConfigError with every problem."""
+def load_agent_config(
+    paths: Sequence[Path],
+    *,
+    entry_points: Callable[[], Sequence[Any]] | None = None,
+    run_process: Callable[..., Any] | None = None,
+) -> AgentConfig:
+    """Read, classify and validate every file under ``paths``. Raises ConfigError with every problem.
+
+    ``run_process`` is the process runner executable checks use (the agent binds its stop signal in)."""
     files, problems = read_config_files(paths)
     if not paths:
         problems.append(ConfigProblem(file="(none)", field="", message="no configuration files found"))
@@ -115,7 +122,7 @@ def load_agent_config(paths: Sequence[Path], *, entry_points: Callable[[], Seque
 
         for f in custom:
             col = Problems(file=str(f.path), doc=f.doc)
-            monitor = load_custom_plugin_monitor(doc=f.doc, col=col, path=f.path)
+            monitor = load_custom_plugin_monitor(doc=f.doc, col=col, path=f.path, run_process=run_process)
             problems.extend(col.problems)
             if monitor is not None:
                 plugins.append(monitor)

@@ -7,6 +7,7 @@ cluster), 1 an unexpected failure. ``main(argv)`` is callable from tests.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -466,14 +467,17 @@ def run(args: argparse.Namespace) -> int:
 
     limit_malloc_arenas()  # before any thread starts
     from agent.agentconfig import build_scheduled_checks, load_agent_config
+    from agent.checks.process import run_process
     from agent.reload import fingerprint
     from agent.wiring import NodeLabels, check_context
     from agent.wiring import run as run_agent
 
     loaded = fingerprint(list(settings.rule_paths))  # before loading: a change after it is reloaded
-    config = load_agent_config(list(settings.rule_paths))
+    cancel = threading.Event()  # set when the checks stop: tools still running are killed
+    runner = functools.partial(run_process, cancel=cancel)
+    config = load_agent_config(list(settings.rule_paths), run_process=runner)
     labels = NodeLabels()
-    context = check_context(settings, labels=labels)
+    context = check_context(settings, labels=labels, run_process=runner)
     checks = build_scheduled_checks(config, context=context)
     return run_agent(
         settings=settings,
@@ -482,6 +486,7 @@ def run(args: argparse.Namespace) -> int:
         labels=labels,
         context=context,
         loaded=loaded,
+        cancel=cancel,
         stop=_stop_on_signals(),
     )
 

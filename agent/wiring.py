@@ -202,6 +202,7 @@ def build_runtime(
     extra_conditions: Sequence[ConditionSpec] = (),
     log_monitors: Sequence[LogMonitor] = (),
     labels: NodeLabels | None = None,
+    cancel: threading.Event | None = None,
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -263,6 +264,7 @@ def build_runtime(
             concurrency=settings.check_concurrency,
             stall_timeout=settings.stall_timeout,
             clock=clock,
+            cancel=cancel,
         )
         components.append(scheduler)
     consumers: list[Component] = []
@@ -458,7 +460,9 @@ class NodeLabels:
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
 
-def check_context(settings: Settings, *, labels: NodeLabels) -> CheckContext:
+def check_context(
+    settings: Settings, *, labels: NodeLabels, run_process: Callable[..., Any] | None = None
+) -> CheckContext:
     """What checks may use: the host roots, the state directory, the Node's labels and instance type."""
 
     def instance_type() -> str | None:
@@ -473,6 +477,7 @@ def check_context(settings: Settings, *, labels: NodeLabels) -> CheckContext:
         state_dir=settings.state_dir,
         node_labels=labels.get,
         instance_type=instance_type,
+        run_process=run_process,
     )
 
 
@@ -485,6 +490,7 @@ def run(
     labels: NodeLabels | None = None,
     context: CheckContext | None = None,
     loaded: Any = None,  # agent.reload.Fingerprint of the configuration as loaded
+    cancel: threading.Event | None = None,
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     rule_set = config.rule_set
@@ -508,6 +514,7 @@ def run(
             extra_conditions=config.rule_conditions,
             log_monitors=config.log_monitors,
             labels=labels,
+            cancel=cancel,
         )
         try:
             http = serve(runtime, settings)

@@ -339,3 +339,22 @@ def test_runner_names_a_missing_working_directory(tmp_path: Path) -> None:
 
     result = run_process(["/bin/true"], timeout=5.0, cwd=str(tmp_path / "gone"))
     assert result.error is not None and "working directory" in result.error
+
+
+def test_runner_cancel_kills_the_process_group_at_once(tmp_path: Path) -> None:
+    """When the agent stops, a plugin still running is killed with everything it started."""
+    import threading
+
+    from agent.checks.process import run_process
+
+    pidfile = tmp_path / "child.pid"
+    prog = script(tmp_path, f"sleep 1000 & echo $! > {pidfile}; sleep 1000")
+    cancel = threading.Event()
+    timer = threading.Thread(target=lambda: (wait_for(pidfile.exists, timeout=30), cancel.set()))
+    timer.start()
+    result = run_process([str(prog)], timeout=60.0, cancel=cancel)
+    timer.join()
+    assert result.error == "cancelled: the agent is stopping (process group killed)"
+    assert result.duration < 30  # long before its own timeout
+    child = int(pidfile.read_text())
+    wait_for(lambda: process_gone(child), timeout=30)

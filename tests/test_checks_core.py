@@ -502,3 +502,13 @@ def test_workers_are_reused_and_a_hung_run_gets_a_worker_of_its_own():
     assert done == [0, 1, 2, 3, 4]
     assert len({t for t in threading.enumerate() if t.name == "check-worker"} - before) == 2
     release.set()
+
+
+def test_a_huge_message_is_cut_before_it_reaches_a_condition():
+    c = Gate("big", results=[result(PROBLEM, condition="Thing", reason="Bad")])
+    c._results = [CheckResult(status=PROBLEM, condition="Thing", reason="Bad", message="x" * 10_000_000)]
+    s, manual = scheduler(c)
+    s.step(0.0)
+    manual.finish_all()
+    [rep] = s.step(1.0)[0]
+    assert len(rep.results[0].message) == 1024 and rep.results[0].message.endswith("…")

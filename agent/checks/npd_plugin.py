@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
-from agent.checks.model import ScheduledCheck
+from agent.checks.model import RunProcess, ScheduledCheck
 from agent.checks.process import DEFAULT_PATH
 from agent.detectors import schema as log_monitor_schema
 from agent.detectors.packfile import Document, Problems
@@ -105,7 +105,13 @@ def is_custom_plugin_monitor(doc: Document) -> bool:
 
 
 def load_custom_plugin_monitor(
-    *, doc: Document, col: Problems, path: Path, cwd: Path = Path("/"), tool_path: str = DEFAULT_PATH
+    *,
+    doc: Document,
+    col: Problems,
+    path: Path,
+    cwd: Path = Path("/"),
+    tool_path: str = DEFAULT_PATH,
+    run_process: RunProcess | None = None,
 ) -> CustomPluginMonitor | None:
     """Validate a custom-plugin-monitor document and build its checks; None if ``col`` got a problem.
 
@@ -150,6 +156,7 @@ def load_custom_plugin_monitor(
         group=str(path),
         cwd=cwd,
         tool_path=tool_path,
+        run_process=run_process,
     )
     return CustomPluginMonitor(
         file=col.file,
@@ -481,6 +488,7 @@ def _build_checks(
     group: str,
     cwd: Path,
     tool_path: str,
+    run_process: RunProcess | None = None,
 ) -> tuple[ScheduledCheck, ...]:
     """One check per distinct command (program, args, timeout, interval), feeding each of its rules."""
     commands: dict[tuple, list[_Rule]] = {}
@@ -502,6 +510,7 @@ def _build_checks(
             max_output_length=settings.max_output_length,
             cwd=cwd,
             tool_path=tool_path,
+            run_process=run_process,
         )
         checks.append(
             ScheduledCheck(

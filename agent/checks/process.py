@@ -20,6 +20,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -69,8 +70,12 @@ def run_process(
     path: str = DEFAULT_PATH,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> ProcessResult:
-    """Run ``argv`` to completion or ``timeout`` seconds; never raises for the program's behaviour."""
+    """Run ``argv`` to completion or ``timeout`` seconds; never raises for the program's behaviour.
+
+    ``cancel`` set (the agent is stopping) ends the run at once, killing the process group: no
+    plugin outlives the agent."""
     args = tuple(str(a) for a in argv)
     if not args:
         return ProcessResult(argv=args, exit_code=None, error="empty command")
@@ -99,6 +104,7 @@ def run_process(
     limits = {proc.stdout: (out, max_output), proc.stderr: (err, STDERR_MAX)}
     truncated = False
     timed_out = False
+    cancelled = False
     deadline = start + timeout
     exited_at: float | None = None
     with selectors.DefaultSelector() as sel:
@@ -109,6 +115,9 @@ def run_process(
             now = time.monotonic()
             if now >= deadline:
                 timed_out = True
+                break
+            if cancel is not None and cancel.is_set():
+                cancelled = True
                 break
             if exited_at is None and _exited(proc.pid):
                 exited_at = now
@@ -129,7 +138,7 @@ def run_process(
                     buf += chunk[:room]
                 if len(chunk) > room and key.fileobj is proc.stdout:
                     truncated = True
-        if not timed_out and exited_at is None:
+        if not timed_out and not cancelled and exited_at is None:
             # Both pipes closed: wait for the exit itself, still bounded by the deadline.
             while not _exited(proc.pid):
                 if time.monotonic() >= deadline:
@@ -142,7 +151,8 @@ def run_process(
         pipe.close()
     return ProcessResult(
         argv=args,
-        exit_code=None if timed_out else code,
+        exit_code=None if timed_out or cancelled else code,
+        error="cancelled: the agent is stopping (process group killed)" if cancelled else None,
         stdout=out.decode("utf-8", errors="replace"),
         stderr=err.decode("utf-8", errors="replace"),
         timed_out=timed_out,

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import random
@@ -30,6 +31,7 @@ from agent.runtime import Inbox
 log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 4
+MESSAGE_MAX = 1024  # characters of a result's message
 
 
 @dataclass(slots=True)
@@ -66,10 +68,13 @@ def _unknown(spec: ScheduledCheck, message: str) -> tuple[CheckResult, ...]:
 
 
 def _declared_only(spec: ScheduledCheck, results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
-    """A result for a condition the check does not own would be dropped by the state: say so instead."""
+    """Messages cut to ``MESSAGE_MAX``; a result for a condition the check does not own (the state would
+    drop it) becomes UNKNOWN saying so."""
     declared = {c.type for c in getattr(spec.check, "conditions", ()) or ()}
     out = []
     for r in results:
+        if len(r.message) > MESSAGE_MAX:  # it becomes a condition message and an Event: keep them small
+            r = dataclasses.replace(r, message=r.message[: MESSAGE_MAX - 1] + "…")
         if r.condition is None or r.condition in declared:
             out.append(r)
         else:
@@ -123,7 +128,10 @@ class CheckScheduler:
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         start_thread: Callable[[Callable[[], None], str], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
+        """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``)."""
+        self._cancel = cancel
         self._inbox = inbox
         self._concurrency = max(1, concurrency)
         self._stall_timeout = stall_timeout
@@ -168,6 +176,13 @@ class CheckScheduler:
         return now - self._beat < self._stall_timeout
 
     def run(self, stop: threading.Event) -> None:
+        try:
+            self._run(stop)
+        finally:
+            if self._cancel is not None:
+                self._cancel.set()
+
+    def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             reports, wake_at = self.step(self._monotonic())
             for report in reports:

@@ -19,6 +19,7 @@ from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, kw_only=True)
 class Cursor:
     """The last record processed, tied to the boot it belongs to (sequence numbers restart at boot)."""
