@@ -28,6 +28,8 @@ from agent.detectors.packfile import Problems, read_pack
 from agent.runtime import Inbox
 from agent.types import ConditionSpec, RuleType, Severity, Status
 
+from helpers import wait_for
+
 OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
 
 
@@ -512,3 +514,27 @@ def test_a_huge_message_is_cut_before_it_reaches_a_condition():
     manual.finish_all()
     [rep] = s.step(1.0)[0]
     assert len(rep.results[0].message) == 1024 and rep.results[0].message.endswith("…")
+
+
+def test_stopping_the_scheduler_cancels_running_tools_and_waits_for_them():
+    cancel = threading.Event()
+    ended = threading.Event()
+
+    class Tool:
+        name, interval, timeout = "tool", 60.0, 60.0
+        conditions = ()
+
+        def run(self):
+            cancel.wait(30)  # what run_process does: poll the cancel event, kill the group
+            ended.set()
+            return []
+
+    spec = ScheduledCheck(check=Tool(), interval=60, timeout=60, kind="executable", origin="t", jitter=0)
+    s = CheckScheduler(checks=[spec], inbox=Inbox(), cancel=cancel)
+    stop = threading.Event()
+    thread = threading.Thread(target=s.run, args=(stop,))
+    thread.start()
+    wait_for(lambda: s._slots["tool"].running_since is not None)
+    stop.set()
+    thread.join(10)
+    assert cancel.is_set() and ended.is_set()

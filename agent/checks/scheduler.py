@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 4
 MESSAGE_MAX = 1024  # characters of a result's message
+STOP_WAIT = 1.0  # at shutdown, how long running checks get to end (tools are killed at once)
 
 
 @dataclass(slots=True)
@@ -181,6 +182,17 @@ class CheckScheduler:
         finally:
             if self._cancel is not None:
                 self._cancel.set()
+                self._wait_for_runs(timeout=STOP_WAIT)
+
+    def _wait_for_runs(self, *, timeout: float) -> None:
+        """Give cancelled runs a moment to kill their tools (a stuck Python check is not waited for)."""
+        deadline = self._monotonic() + timeout
+        with self._wake:
+            while any(s.running_since is not None and s.outcome is None for s in self._slots.values()):
+                left = deadline - self._monotonic()
+                if left <= 0:
+                    return
+                self._wake.wait(timeout=min(left, 0.05))
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
