@@ -538,3 +538,18 @@ def test_stopping_the_scheduler_cancels_running_tools_and_waits_for_them():
     stop.set()
     thread.join(10)
     assert cancel.is_set() and ended.is_set()
+
+
+@pytest.mark.parametrize(
+    ("use", "message"),
+    [
+        ("nvidia.nope:GpuCountCheck", "no built-in check module 'nvidia.nope' (plugins/nvidia/nope.py)"),
+        ("nvidia.checks:NoSuchCheck", "built-in module 'nvidia.checks' has no factory 'NoSuchCheck'"),
+    ],
+    ids=["module", "factory"],
+)
+def test_a_built_in_that_does_not_exist_is_a_configuration_error(use, message):
+    decl = CheckDecl(name="x", use=use, file="/etc/c.yaml", path=("checks", 0), line=2, origin="o")
+    checks, problems = build_checks([decl], context=CheckContext(), entry_points=list)
+    assert checks == []
+    assert [(p.file, p.field, p.line, p.message) for p in problems] == [("/etc/c.yaml", "checks[0].use", 2, message)]

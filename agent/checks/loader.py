@@ -72,6 +72,24 @@ def _load_factory(decl: CheckDecl, *, entry_points: Mapping[str, Any]) -> Callab
     return ep.load()
 
 
+def _missing_builtin(use: str) -> str | None:
+    """Why ``use`` names no built-in factory (a typo in the configuration), or None."""
+    from agent.checks.builtin import PACKAGE, import_builtin
+
+    module, _, attr = use.partition(":")
+    try:
+        found = import_builtin(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (exc.name == f"{PACKAGE}.{module}" or f"{PACKAGE}.{module}".startswith(exc.name + ".")):
+            return f"no built-in check module {module!r} (plugins/{module.replace('.', '/')}.py)"
+        return None  # the module exists but fails to import: the plugin's trouble, reported at run time
+    except Exception:
+        return None
+    if not hasattr(found, attr):
+        return f"built-in module {module!r} has no factory {attr!r}"
+    return None
+
+
 def _problem(decl: CheckDecl, exc: CheckConfigError) -> ConfigProblem:
     """Where the bad option was given (the declaration that set it), else the declaration itself."""
     if exc.field in decl.option_sources:
@@ -101,6 +119,18 @@ def build_checks(
         if not decl.enabled:
             continue
         kind = "python" if decl.use is not None else "entry-point"
+        if decl.use is not None:
+            missing = _missing_builtin(decl.use)
+            if missing is not None:
+                problems.append(
+                    ConfigProblem(
+                        file=decl.file or decl.origin,
+                        field=f"{field_path(decl.path)}.use" if decl.path else "use",
+                        message=missing,
+                        line=decl.line,
+                    )
+                )
+                continue
         try:
             factory = _load_factory(decl, entry_points=by_name)
             check = factory(name=decl.name, context=context, options=dict(decl.options))
