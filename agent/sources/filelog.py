@@ -39,6 +39,7 @@ from agent.detectors.patterns import MAX_MEMORY, Spans, compile_anchored, spans_
 from agent.detectors.regex import PatternError
 from agent.sources.golayout import Layout, LayoutError, TimestampError, compile_layout
 from agent.sources.kmsg import KmsgStats
+from agent.sources.polling import Poll, polled_chunks
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -97,14 +98,6 @@ class FileChunk:
     read_time: float  # clock() when read: the time of lines without a readable timestamp
     cutoff: float | None = None  # backlog at start: lines timestamped before this are dropped
     cut_lines: int = 0  # lines the reader cut at MAX_LINE (counted when decoded)
-
-
-@dataclass(frozen=True, slots=True)
-class Poll:
-    """One step of the reader: a chunk (or None), and how long to wait before the next step."""
-
-    chunk: FileChunk | None
-    wait: float
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,16 +288,7 @@ class FileLogSource:
 
     def chunks(self, *, stop: threading.Event) -> Iterator[FileChunk]:
         """Yield chunks of complete lines until ``stop`` is set; the file is closed when this ends."""
-        sleep = self._sleep if self._sleep is not None else stop.wait
-        try:
-            while not stop.is_set():
-                step = self.poll_once()
-                if step.chunk is not None:
-                    yield step.chunk
-                if step.wait > 0 and not stop.is_set():
-                    sleep(step.wait)
-        finally:
-            self.close()
+        return polled_chunks(poll_once=self.poll_once, close=self.close, stop=stop, sleep=self._sleep)
 
     def poll_once(self) -> Poll:
         """One step: open the file, or read once, or look at the path at the end of the file."""

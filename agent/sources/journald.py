@@ -38,6 +38,7 @@ from typing import Any
 from agent.backoff import Backoff
 from agent.checks.process import DEFAULT_PATH, resolve
 from agent.sources.kmsg import KmsgStats
+from agent.sources.polling import Poll, polled_chunks
 from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
@@ -83,14 +84,6 @@ class JournalChunk:
 
     data: bytes
     read_time: float
-
-
-@dataclass(frozen=True, slots=True)
-class Poll:
-    """One step of the reader: a chunk (or None), and how long to wait before the next step."""
-
-    chunk: JournalChunk | None
-    wait: float
 
 
 def build_command(
@@ -275,16 +268,7 @@ class JournalSource:
 
     def chunks(self, *, stop: threading.Event) -> Iterator[JournalChunk]:
         """Yield chunks of complete output lines until ``stop`` is set; journalctl is killed when this ends."""
-        sleep = self._sleep if self._sleep is not None else stop.wait
-        try:
-            while not stop.is_set():
-                step = self.poll_once()
-                if step.chunk is not None:
-                    yield step.chunk
-                if step.wait > 0 and not stop.is_set():
-                    sleep(step.wait)
-        finally:
-            self.close()
+        return polled_chunks(poll_once=self.poll_once, close=self.close, stop=stop, sleep=self._sleep)
 
     def poll_once(self) -> Poll:
         """One step: start journalctl, or wait up to ``poll_interval`` for its output and read once."""
