@@ -1,10 +1,12 @@
-"""Small helpers shared by the tests: bounded waiting, free ports, real /dev/kmsg access."""
+"""Small helpers shared by the tests: bounded waiting, free ports, HTTP gets, real /dev/kmsg access."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -50,3 +52,14 @@ class ScriptedRead:
         if isinstance(item, OSError):
             raise item
         return item
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET; (0, "") while nothing listens there yet (an agent still starting)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except urllib.error.URLError:
+        return 0, ""

@@ -7,8 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from agent.errors import ConfigError
 from agent.sources.filelog import FileLogConfig
 from agent.sources.journald import JournalConfig
 
-from helpers import free_port, wait_for
+from helpers import free_port, http_get, wait_for
 
 # The shapes of NPD's shipped kernel-monitor-filelog.json and systemd/docker monitors (our own rules).
 FILELOG = {
@@ -110,11 +108,8 @@ def test_incomplete_monitors_are_refused_naming_file_field_and_line(tmp_path, do
 
 
 def _conditions(base: str) -> list[dict] | None:
-    try:
-        with urllib.request.urlopen(f"{base}/conditions", timeout=5) as resp:
-            return json.loads(resp.read())["conditions"]
-    except (urllib.error.URLError, OSError):
-        return None
+    status, body = http_get(f"{base}/conditions")
+    return json.loads(body)["conditions"] if status == 200 else None
 
 
 def test_the_agent_tails_a_log_file_with_the_monitors_rules(tmp_path):

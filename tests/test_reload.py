@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from agent.agentconfig import build_scheduled_checks, load_agent_config
@@ -19,7 +18,7 @@ from agent.reload import ConfigWatcher
 from agent.runtime import Inbox, Reconfigure
 from agent.types import ConditionSpec
 
-from helpers import free_port, wait_for
+from helpers import free_port, http_get, wait_for
 
 PACK = """
 conditions:
@@ -127,19 +126,8 @@ def test_the_file_watcher_triggers_a_reload(tmp_path):
 # ---- the real agent -------------------------------------------------------------------------------------
 
 
-def _get(url: str) -> tuple[int, str]:
-    """(status, body); (0, "") while the agent is not listening yet."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except urllib.error.URLError:
-        return 0, ""
-
-
 def _metric(base: str, name: str) -> float | None:
-    _, body = _get(f"{base}/metrics")
+    _, body = http_get(f"{base}/metrics")
     for line in body.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -147,7 +135,7 @@ def _metric(base: str, name: str) -> float | None:
 
 
 def _condition(base: str, type_: str) -> dict | None:
-    _, body = _get(f"{base}/conditions")
+    _, body = http_get(f"{base}/conditions")
     if not body:
         return None
     return next((c for c in json.loads(body)["conditions"] if c["type"] == type_), None)
@@ -177,9 +165,10 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
             + "conditions_extra: 1\n"
         )  # invalid: an unknown key
         wait_for(
-            lambda: "config_watcher" in json.loads(_get(f"{base}/healthz")[1] or "{}").get("details", {}), timeout=30
+            lambda: "config_watcher" in json.loads(http_get(f"{base}/healthz")[1] or "{}").get("details", {}),
+            timeout=30,
         )
-        status, body = _get(f"{base}/healthz")
+        status, body = http_get(f"{base}/healthz")
         assert status == 200 and "conditions_extra" in json.loads(body)["details"]["config_watcher"]
         assert _metric(base, "node_health_agent_config_reload_failures_total") == 1.0
         pack.write_text(textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}"))
