@@ -85,6 +85,8 @@ def compile_rule(
         threshold=spec.threshold,
         key_values=spec.key_values,
         field_types=dict(spec.field_types),
+        provenance=spec.provenance,
+        fallback=spec.fallback,
     )
 
 

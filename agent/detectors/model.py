@@ -47,6 +47,8 @@ class CompiledRule:
     threshold: Threshold | None
     key_values: tuple[str, ...]
     field_types: Mapping[str, str]
+    provenance: tuple[str, ...] = ()
+    fallback: bool = False  # yields a finding only for a line that no non-fallback rule matched
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -148,6 +148,9 @@ class RuleEngine:
         self._builder = FindingBuilder()
         rules = rule_set.rules
         self._order = {r.name: i for i, r in enumerate(rules)}
+        fallbacks = frozenset(i for i, r in enumerate(rules) if r.fallback)
+        # (line, rule): a line's fallback rules after its other rules, otherwise rule order.
+        self._candidate_order = lambda c: (c[0], c[1] in fallbacks, c[1])
         self._literal_rules = [r for r in rules if r.literals is not None]
         self._multiline_rules = [r for r in self._literal_rules if r.multiline]
         self._always = [r for r in rules if r.literals is None]
@@ -223,15 +226,22 @@ class RuleEngine:
             # Rules that share a pattern (one pattern, several reasons by field) match it once per line.
             memo: dict[tuple[str, int], tuple[PatternMatch, str] | None] = {}
             memo_line = -1
-            for i, k in sorted(candidates):
+            matched_line = -1  # the last line a non-fallback rule matched
+            # Fallback rules sort after the others (rule_order puts them last), so a line's specific
+            # rules have been tried before its fallbacks.
+            for i, k in sorted(candidates, key=self._candidate_order):
                 rule = rules[k]
                 if i != memo_line:
                     memo.clear()
                     memo_line = i
+                if rule.fallback and matched_line == i:
+                    continue
                 key = (rule.pattern, rule.window)
                 found = memo[key] if key in memo else memo.setdefault(key, self._evaluate(rule, lines, i))
                 if found is None:
                     continue
+                if not rule.fallback:
+                    matched_line = i
                 match, message = found
                 if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
@@ -298,13 +308,20 @@ class ReferenceEngine:
         permanent_only: bool = False,
     ) -> list[Finding]:
         findings: list[Finding] = []
+        ordered = sorted(self.rule_set.rules, key=lambda r: r.fallback)  # fallbacks after the rest
         for i, line in enumerate(lines):
             self._buffer.append(line)
             buffered = list(self._buffer)
-            for rule in self.rule_set.rules:
+            matched = False
+            for rule in ordered:
+                if rule.fallback and matched:
+                    break
                 text = "\n".join(buffered[-rule.buffer_size :])
                 match = rule.regex.search(text)
-                if match is None or (permanent_only and rule.type is RuleType.TEMPORARY):
+                if match is None:
+                    continue
+                matched = matched or not rule.fallback
+                if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
                 message = text[text.rfind("\n", 0, match.start()) + 1 :]
                 finding = self._builder.build(

@@ -52,6 +52,8 @@ RULE_KEYS = frozenset(
         "keyValues",
         "fieldTypes",
         "enabled",
+        "provenance",
+        "fallback",
     }
 )
 CONDITION_KEYS = frozenset({"type", "reason", "message", "clearAfter", "accelerator"})
@@ -94,6 +96,8 @@ class RuleSpec:
     threshold: Threshold | None
     key_values: tuple[str, ...]
     field_types: Mapping[str, str]
+    provenance: tuple[str, ...] = ()  # where the message is printed: "repo:path: format string"
+    fallback: bool = False  # fires only for lines no other rule matched (a fault family's catch-all)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -323,6 +327,22 @@ def _check_rule(
         col.add((*path, "patternGeneratedMessageSuffix"), "must be a string")
         suffix = ""
 
+    provenance: tuple[str, ...] = ()
+    if "provenance" in rule:
+        raw = rule["provenance"]
+        raw = [raw] if isinstance(raw, str) else raw
+        if not isinstance(raw, list) or not raw or not all(isinstance(s, str) and s.strip() for s in raw):
+            col.add(
+                (*path, "provenance"),
+                "must name where the message is printed: 'repository:path: format string' (or a list of them)",
+            )
+        else:
+            provenance = tuple(raw)
+    fallback = rule.get("fallback", False)
+    if not isinstance(fallback, bool):
+        col.add((*path, "fallback"), "must be true or false")
+        fallback = False
+
     where = _check_where(rule["where"], col=col, path=(*path, "where")) if "where" in rule else ()
     threshold = _check_threshold(rule["threshold"], col=col, path=(*path, "threshold")) if "threshold" in rule else None
 
@@ -347,6 +367,8 @@ def _check_rule(
         threshold=threshold,
         key_values=key_values,
         field_types=field_types,
+        provenance=provenance,
+        fallback=fallback,
     )
 
 
