@@ -479,11 +479,42 @@ def _wait(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:
         time.sleep(interval)
 
 
+def bench_accuracy() -> list[Figure]:
+    """Recall and false positives of the built-in packs on ../shared/testdata/kernel-lines.jsonl."""
+    from bench.accuracy import score
+
+    path = ROOT.parent / "shared" / "testdata" / "kernel-lines.jsonl"
+    if not path.is_file():
+        print(f"  (skipped: {path} not found)")
+        return []
+    acc = score(path)
+    figures = [
+        Figure(name="accuracy.recall_percent", value=100.0 * acc.caught / acc.problems, target="", unit="%"),
+        Figure(name="accuracy.false_positives", value=float(acc.false_positives), target="<= 0", unit="lines"),
+        Figure(
+            name="accuracy.xid_impact_agreement_percent",
+            value=100.0 * acc.xid_agree / max(1, acc.xid_lines),
+            target="",
+            unit="%",
+        ),
+    ]
+    for category, (caught, total) in acc.by_category.items():
+        figures.append(
+            Figure(name=f"accuracy.recall.{category}", value=100.0 * caught / max(1, total), target="", unit="%")
+        )
+    for text in acc.missed:
+        print(f"  missed: {text[:150]}")
+    for text in acc.false_alarms:
+        print(f"  false alarm: {text[:150]}")
+    return figures
+
+
 BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
     "kubernetes": bench_kubernetes,
     "checks": bench_checks,
+    "accuracy": bench_accuracy,
 }
 
 

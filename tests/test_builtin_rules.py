@@ -1,4 +1,4 @@
-"""Every built-in rule fires on its recorded example (tests/fixtures/rules/builtin-examples.yaml),
+"""Every built-in rule fires on its recorded example (tests/fixtures/rules/*-examples.yaml),
 with the expected reason and fields, through both the fast and the reference matcher; benign
 lines that mention the same words stay silent."""
 
@@ -13,7 +13,20 @@ from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
 
-FIXTURE = yaml.safe_load((Path(__file__).parent / "fixtures" / "rules" / "builtin-examples.yaml").read_text())
+
+def _examples() -> dict:
+    """Every examples file merged: examples by rule (a rule's examples live in one file), benign lines."""
+    merged: dict = {"examples": {}, "benign": []}
+    for path in sorted((Path(__file__).parent / "fixtures" / "rules").glob("*-examples.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        twice = set(merged["examples"]) & set(doc.get("examples") or {})
+        assert not twice, f"{path.name}: examples for {sorted(twice)} are also in another file"
+        merged["examples"].update(doc.get("examples") or {})
+        merged["benign"].extend(doc.get("benign") or [])
+    return merged
+
+
+FIXTURE = _examples()
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 CASES = [(rule, i, ex) for rule, exs in FIXTURE["examples"].items() for i, ex in enumerate(exs)]
 

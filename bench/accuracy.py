@@ -1,0 +1,80 @@
+"""How well the built-in rule packs do on real, labelled kernel lines (../shared/testdata).
+
+Each line of ``kernel-lines.jsonl`` is matched alone, as ``simulate`` would. Figures:
+
+- recall: lines labelled as a problem that yield a finding (context lines of a multi-line incident,
+  which only need to follow a detected line, are left out), overall and per category;
+- false positives: lines labelled healthy that yield a finding;
+- Xid node-impact agreement: Xid lines whose finding sets condition ``GpuXid`` exactly when the
+  catalog says the node (not the application) needs action.
+
+The file is a check, not the specification: rules come from the code that prints the messages
+(see docs/rule-packs.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTEXT_EVENTS = frozenset({"gsp_rpc_dump_context", "stack_dump_header", "panic_context", "hung_task_context"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accuracy:
+    problems: int
+    caught: int
+    healthy: int
+    false_positives: int
+    xid_lines: int
+    xid_agree: int
+    by_category: dict[str, tuple[int, int]]  # category -> (caught, problems)
+    missed: tuple[str, ...]
+    false_alarms: tuple[str, ...]
+
+
+def score(path: Path) -> Accuracy:
+    from agent.cli import simulate_lines
+    from agent.detectors.rulepack import load_rule_set
+    from agent.settings import builtin_packs, builtin_plugins_dir
+
+    rule_set = load_rule_set([builtin_plugins_dir() / p for p in builtin_packs()])
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    caught = Counter()
+    total = Counter()
+    missed, false_alarms = [], []
+    healthy = fp = xid_lines = xid_agree = 0
+    for row in rows:
+        label = row.get("label", {})
+        if label.get("event") in CONTEXT_EVENTS:
+            continue
+        found = list(simulate_lines(rule_set=rule_set, lines=iter([row["text"]])))
+        if not row["expect_problem"]:
+            healthy += 1
+            if found:
+                fp += 1
+                false_alarms.append(row["text"])
+            continue
+        total[row["category"]] += 1
+        if found:
+            caught[row["category"]] += 1
+        else:
+            missed.append(row["text"])
+        if "xid" in label:
+            xid_lines += 1
+            permanent = any(f["type"] == "permanent" and f["condition"] == "GpuXid" for f in found)
+            if permanent == (label.get("expected_node_impact") == "node"):
+                xid_agree += 1
+    return Accuracy(
+        problems=sum(total.values()),
+        caught=sum(caught.values()),
+        healthy=healthy,
+        false_positives=fp,
+        xid_lines=xid_lines,
+        xid_agree=xid_agree,
+        by_category={c: (caught[c], total[c]) for c in sorted(total)},
+        missed=tuple(missed),
+        false_alarms=tuple(false_alarms),
+    )
