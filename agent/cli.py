@@ -21,7 +21,7 @@ from typing import BinaryIO, TextIO
 from agent import __version__
 from agent.detectors.rulepack import RuleSet, load_rule_set
 from agent.detectors.rules import RuleEngine
-from agent.errors import ConfigError
+from agent.errors import ConfigError, ConfigProblem
 from agent.pipeline import saved_log_line
 from agent.settings import (
     DEFAULT_KMSG,
@@ -376,9 +376,32 @@ def validate(args: argparse.Namespace) -> int:
     slow = [r.name for r in rule_set.rules if r.literals is None]
     if slow:
         print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
-    for warning in config.warnings:
+    for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
     return EXIT_OK
+
+
+def npd_warnings(rule_set: RuleSet) -> list[ConfigProblem]:
+    """Patterns of the user's files that node-problem-detector would match differently (docs/rule-packs.md)."""
+    from agent.detectors.packfile import read_pack
+    from agent.detectors.regex import npd_differences
+
+    builtin = builtin_plugins_dir().resolve()
+    docs: dict[str, object] = {}
+    found = []
+    for rule in rule_set.rules:
+        if Path(rule.file).resolve().is_relative_to(builtin):
+            continue
+        for message in npd_differences(rule.pattern):
+            if rule.file not in docs:
+                docs[rule.file] = read_pack(Path(rule.file))[0]
+            doc = docs[rule.file]
+            path = ("rules", rule.index, "pattern")
+            line = doc.line(path) if doc is not None else None  # type: ignore[attr-defined]
+            found.append(
+                ConfigProblem(file=rule.file, field=f"rules[{rule.index}].pattern", message=message, line=line)
+            )
+    return found
 
 
 def _read_lines(stream: BinaryIO) -> Iterator[str]:

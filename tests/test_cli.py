@@ -233,3 +233,34 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "warning"),
+    [
+        ("foo bar|baz qux", "top-level alternation: node-problem-detector anchors only the last branch"),
+        ("^start of line", "anchored at the start: node-problem-detector never matches it before its line buffer"),
+        ("grouped (?:a b|c d) is fine", None),
+        ("[|] and \\| are literal bars", None),
+    ],
+    ids=["alternation", "anchored", "grouped", "escaped"],
+)
+def test_validate_config_warns_where_npd_would_match_a_users_pattern_differently(tmp_path, capsys, pattern, warning):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"rules:\n  - type: temporary\n    reason: R\n    pattern: '{pattern}'\n")
+    assert main(["validate-config", "--pack", "kernel", str(rules)]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning:" in line]
+    if warning is None:
+        assert warnings == []
+    else:
+        assert warnings == [f"  warning: {rules}:4: rules[0].pattern: " + warnings[0].split(".pattern: ", 1)[1]]
+        assert warning in warnings[0]
+
+
+def test_an_empty_pattern_is_refused_saying_what_npd_would_do(tmp_path, capsys):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - type: temporary\n    reason: R\n    pattern: ''\n")
+    assert main(["validate-config", "--pack", "kernel", str(rules)]) == 2
+    assert "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line" in (
+        capsys.readouterr().err
+    )

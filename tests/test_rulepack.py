@@ -194,7 +194,7 @@ BAD_PACKS = [
             reason: R
             pattern: ''
         """,
-        [("rules[0].pattern", 4, "required")],
+        [("rules[0].pattern", 4, "must not be empty: node-problem-detector accepts an empty pattern")],
     ),
     (
         "pattern-not-a-string",

@@ -371,3 +371,65 @@ def can_span_lines(pattern: str) -> bool:
         return True
     flags = parsed.state.flags
     return _may_match_newline(list(parsed), bool(flags & sre.SRE_FLAG_DOTALL)) or bool(flags & sre.SRE_FLAG_MULTILINE)
+
+
+def npd_differences(pattern: str) -> list[str]:
+    """Where node-problem-detector would match ``pattern`` differently from us (for user files).
+
+    NPD appends ``\\z`` to the pattern as text, so in a top-level ``a|b`` only the last branch is
+    anchored at the end and the others match anywhere in its 10-line buffer (firing again on later
+    lines); and its buffer starts as empty slots, so a pattern anchored at the start never matches
+    before the buffer has filled. We anchor every branch and match ``^`` from the first line.
+    """
+    found = []
+    if _has_top_level_bar(pattern):
+        found.append(
+            "top-level alternation: node-problem-detector anchors only the last branch at the end of the "
+            "line (it appends \\z as text), so it fires the other branches again on later lines; "
+            "node-health-agent anchors every branch. Group it, e.g. '(?:a|b)', to mean the same in both"
+        )
+    items = _parse(pattern)
+    top = list(items) if items is not None else []
+    if top and top[0][0] is sre.AT and top[0][1] in (sre.AT_BEGINNING, sre.AT_BEGINNING_STRING):
+        found.append(
+            "anchored at the start: node-problem-detector never matches it before its line buffer has "
+            "filled (the buffer starts as empty lines); node-health-agent matches it from the first line"
+        )
+    return found
+
+
+def _has_top_level_bar(pattern: str) -> bool:
+    """Whether ``|`` occurs outside every group and character class (read as text, as NPD's ``+ "\\z"`` is)."""
+    depth = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            if pattern.startswith("\\Q", i):  # quoted text up to \E
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+                continue
+            i += 2
+            continue
+        if ch == "[":
+            i += 1
+            if i < n and pattern[i] == "^":
+                i += 1
+            if i < n and pattern[i] == "]":
+                i += 1  # a leading ] is a literal
+            while i < n and pattern[i] != "]":
+                if pattern.startswith("[:", i):
+                    end = pattern.find(":]", i + 2)
+                    i = n if end < 0 else end + 2
+                    continue
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif ch == "|" and depth == 0:
+            return True
+        i += 1
+    return False

@@ -289,7 +289,13 @@ def _check_rule(
         condition = None
 
     pattern = rule.get("pattern")
-    if not isinstance(pattern, str) or not pattern:
+    if pattern == "":
+        col.add(
+            (*path, "pattern"),
+            "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line",
+        )
+        pattern = None
+    elif not isinstance(pattern, str):
         col.add((*path, "pattern"), "required: a regular expression")
         pattern = None
 
