@@ -40,6 +40,11 @@ class DetectionPipeline:
         self.rule_matches: Counter[str] = Counter()
         self.lines_matched = 0
 
+    def threshold_counts(self) -> dict[tuple[str, str], int]:
+        """Matches of count-in-window rules by device (their ``by`` fields), quiet ones included."""
+        counts = getattr(self._engine, "threshold_counts", None)
+        return counts() if counts is not None else {}
+
     def process(self, batch: Batch) -> list[Finding]:
         records = batch.records
         messages = [r.message for r in records]

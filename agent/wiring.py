@@ -169,6 +169,7 @@ class Runtime:
             records_processed=self.main_loop.records_processed,
             malformed_lines=s.malformed_lines,
             config_reload_failures=self.watcher.failures if self.watcher is not None else 0,
+            device_matches=pipeline.threshold_counts(),
         )
 
     def run(self, stop: threading.Event) -> int:

@@ -87,3 +87,14 @@ def test_bad_provenance_or_fallback_is_refused(tmp_path: Path, extra, field, mes
         load_rule_set([path])
     [problem] = exc.value.problems
     assert (problem.field, problem.line) == (field, 5) and message in problem.message
+
+
+def test_quiet_matches_of_a_threshold_rule_are_counted_per_device(rules):
+    engine = RuleEngine(rule_set=rules)
+    line = "NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1)"
+    other = "NVRM: Xid (PCI:0000:86:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1)"
+    assert engine.feed([line, line, other]) == []  # below the threshold: no Event
+    assert engine.threshold_counts() == {
+        ("xid.13.temporary", "pci=0000:3b:00"): 2,
+        ("xid.13.temporary", "pci=0000:86:00"): 1,
+    }

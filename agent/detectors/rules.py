@@ -48,6 +48,9 @@ class FindingBuilder:
 
     def __init__(self) -> None:
         self._windows: dict[str, collections.OrderedDict[tuple, collections.deque[float]]] = {}
+        # Every match of a threshold rule, by its `by` values (e.g. corrected errors per device), quiet
+        # ones included: what the per-device counter metric reports. Bounded like the windows.
+        self.counts: dict[str, collections.OrderedDict[str, int]] = {}
 
     def build(
         self, rule: CompiledRule, *, match: PatternMatch, message: str, timestamp: float, line: int | None
@@ -93,6 +96,12 @@ class FindingBuilder:
         assert threshold is not None
         per_rule = self._windows.setdefault(rule.name, collections.OrderedDict())
         key = tuple(str(fields.get(b, "")) for b in threshold.by)
+        counts = self.counts.setdefault(rule.name, collections.OrderedDict())
+        label = ",".join(f"{b}={v}" for b, v in zip(threshold.by, key, strict=True))
+        counts[label] = counts.get(label, 0) + 1
+        counts.move_to_end(label)
+        if len(counts) > MAX_THRESHOLD_KEYS:
+            counts.popitem(last=False)
         times = per_rule.get(key)
         if times is None:
             times = per_rule[key] = collections.deque(maxlen=threshold.count)
@@ -168,6 +177,12 @@ class RuleEngine:
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[str, int] = {}  # multiline rule name -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
+
+    def threshold_counts(self) -> dict[tuple[str, str], int]:
+        """(rule, ``by`` values) -> matches so far, for threshold rules (per-device counters)."""
+        return {
+            (rule, key): n for rule, counts in list(self._builder.counts.items()) for key, n in dict(counts).items()
+        }
 
     def feed(
         self,

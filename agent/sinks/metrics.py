@@ -15,7 +15,7 @@ matches, last record time, config generation, component health, condition status
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -45,6 +45,7 @@ class AgentStats:
     records_processed: int = 0  # records the main loop has matched and folded
     malformed_lines: int = 0  # kmsg dictionary lines dropped as malformed (their records were kept)
     config_reload_failures: int = 0  # configuration changes rejected by the watcher
+    device_matches: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, device) -> matches
 
 
 class AgentCollector:
@@ -128,6 +129,15 @@ class AgentCollector:
         )
         rejected.add_metric([], stats.config_reload_failures)
         yield rejected
+        by_device = CounterMetricFamily(
+            "node_health_agent_rule_device_matches",
+            "Matches of count-in-window rules (corrected errors, ...) by device, including those below the "
+            "threshold that raised no Event.",
+            labels=["rule", "device"],
+        )
+        for (rule, device), n in sorted(stats.device_matches.items()):
+            by_device.add_metric([rule, device], n)
+        yield by_device
         rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
         rules.add_metric([], stats.rules_loaded)
         yield rules
