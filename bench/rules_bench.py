@@ -61,7 +61,7 @@ class PerRuleMatcher:
     def __init__(self, *, rule_set: Any) -> None:
         from agent.detectors.rules import FindingBuilder
 
-        self._rules = rule_set.rules
+        self._rules = sorted(rule_set.rules, key=lambda r: r.fallback)  # fallbacks after the rest, as the engines
         self._builder = FindingBuilder()
         self._recent: collections.deque[str] = collections.deque(maxlen=rule_set.max_window)
 
@@ -69,7 +69,10 @@ class PerRuleMatcher:
         findings = []
         for i, line in enumerate(lines):
             self._recent.append(line)
+            matched = False
             for rule in self._rules:
+                if rule.fallback and matched:
+                    break  # a fallback speaks only for lines no specific rule matched
                 if rule.multiline:
                     text = "\n".join(list(self._recent)[-rule.window :])
                     match = rule.regex.search(text)
@@ -79,6 +82,7 @@ class PerRuleMatcher:
                     message = line
                 if match is None:
                     continue
+                matched = matched or not rule.fallback
                 finding = self._builder.build(
                     rule, match=match, message=message, timestamp=times, line=line_numbers + i
                 )
