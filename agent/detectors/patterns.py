@@ -109,6 +109,54 @@ def _public_spans_function(compiled: Any) -> Spans:
     return spans
 
 
+LITERAL_SET_MEMORY = 64 << 20  # bytes for the prefilter's literal set (its DFA cache)
+
+
+def literal_finder(literals: Sequence[bytes]) -> Callable[[bytes], list[tuple[int, int]]]:
+    """``data -> (start, end)`` of every position where one of ``literals`` begins (overlaps too).
+
+    One RE2 alternation, shortest literals first (leftmost-first semantics: at one position the
+    shortest literal that occurs there is reported); after each hit the search resumes one byte
+    after its start. Uses RE2's C++ ``Match`` where the binding exposes it (see :func:`spans_function`).
+    """
+    if not literals:
+        return lambda data: []
+    ordered = sorted(set(literals), key=lambda lit: (len(lit), lit))
+    compiled = re2.compile(
+        b"|".join(re2.escape(lit) for lit in ordered), _options(capture=False, max_memory=LITERAL_SET_MEMORY)
+    )
+    raw = getattr(compiled, "_regexp", None)
+    unanchored = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
+    if raw is not None and unanchored is not None and callable(getattr(raw, "Match", None)):
+        match = raw.Match
+
+        def find(data: bytes) -> list[tuple[int, int]]:
+            found: list[tuple[int, int]] = []
+            end = len(data)
+            pos = 0
+            while pos < end:
+                span = match(unanchored, data, pos, end)[0]
+                if span[0] < 0:
+                    break
+                found.append(span)
+                pos = span[0] + 1
+            return found
+
+        return find
+
+    def find_public(data: bytes) -> list[tuple[int, int]]:
+        found: list[tuple[int, int]] = []
+        pos = 0
+        while True:
+            m = compiled.search(data, pos)
+            if m is None:
+                return found
+            found.append(m.span())
+            pos = m.start() + 1
+
+    return find_public
+
+
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class RulePattern:
     """A rule pattern compiled with NPD's anchoring: it must match up to the end of the text."""

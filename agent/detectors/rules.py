@@ -11,13 +11,13 @@ Several rules may fire for one line; findings come out in line order, then rule 
 regexes are RE2 (``agent.detectors.patterns``): linear time, so no pattern can stall the loop.
 
 How the fast matcher avoids running every regex on every line: each rule's pattern is analysed
-for literal strings that must occur in any match (``regex.required_literals``). One short
-"needle" per literal, chosen to start at an uncommon character, goes into a single prefilter
-regex that is run over a whole batch of lines at once (in C, no per-line Python work). Only lines
-where a needle occurs are looked at again: the exact literals decide which rules are candidates,
-and only those rules' regexes run. Rules that can match across lines stay armed for
-``bufferSize`` lines after a line with their literal; rules without a known literal run on every
-line (correct, just slower).
+for literal strings that must occur in any match (``regex.required_literals``). All literals go
+into one RE2 literal set (``prefilter``), scanned over a whole batch of lines at once in C, with
+no per-line Python work. Only lines where a literal occurs are looked at again: the exact literals
+decide which rules are candidates, and only those rules' regexes run. Rules that can match across
+lines stay armed for ``bufferSize`` lines after a line with their literal; rules without a known
+literal run on every line (correct, just slower). A ``fallback`` rule is tried on a line only
+after the line's other rules, and only if none of them matched.
 """
 
 from __future__ import annotations
