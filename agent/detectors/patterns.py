@@ -109,7 +109,7 @@ def _public_spans_function(compiled: Any) -> Spans:
     return spans
 
 
-LITERAL_SET_MEMORY = 64 << 20  # bytes for the prefilter's literal set (its DFA cache)
+LITERAL_SET_MEMORY = 8 << 20  # bytes for the prefilter's literal set (its DFA cache; a few hundred literals use ~2 MiB)
 
 
 def literal_finder(literals: Sequence[bytes]) -> Callable[[bytes], list[tuple[int, int]]]:
