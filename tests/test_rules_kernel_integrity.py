@@ -19,6 +19,8 @@ from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
 
+from kprintf import kprintf
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
 
@@ -48,70 +50,11 @@ FAMILY = {
 U32 = 2**32 - 1
 U64 = 2**64 - 1
 
-# --------------------------------------------------------------------------------------------
-# vsprintf, as far as these formats need it
-
-
-_CONVERSION = re.compile(
-    r"%(?P<flags>[-#0 +]*)(?P<width>\*|\d+)?(?:\.(?P<prec>\d+))?(?P<len>hh|h|ll|l|z)?"
-    r"(?:(?P<ptr>p(?:x|S|bl|D|d|Gg)?)|(?P<conv>[%cdiuxXs]))"
-)
-
 
 def render(fmt: str, *args: Any) -> str:
-    """The kernel's rendering of ``fmt``: ``%d`` signed, ``%u``/``%x`` wrap like C unsigned
-    types (``%lu`` 64-bit), ``%#x`` of 0 is ``0`` (no ``0x``), ``%p`` of None is the pre-4.15
-    ``(null)`` padded to 16, ``%p``/``%px`` of a number is 16 hex digits, ``%pS``/``%pD``/``%pd``/
-    ``%pGg`` take the text they print, ``%*pbl`` takes (bits, text)."""
-    values = list(args)
-
-    def take() -> Any:
-        assert values, f"not enough values for {fmt!r}"
-        return values.pop(0)
-
-    def one(m: re.Match[str]) -> str:
-        flags, width, length = m["flags"], m["width"], m["len"] or ""
-        if width == "*":
-            width = str(take())
-        spec = f"%{flags}{width or ''}"
-        if m["ptr"]:
-            value = take()
-            kind = m["ptr"][1:]
-            if kind == "bl":  # %*pbl: the width is the bitmap's size in bits, the text its ranges
-                return str(value)
-            if kind in ("S", "D", "d", "Gg"):
-                return (spec + "s") % value
-            if value is None and kind == "":
-                return "(null)".rjust(int(width or 16))
-            return "%016x" % (value % 2**64)
-        conv = m["conv"]
-        if conv == "%":
-            return "%"
-        value = take()
-        if conv == "s":
-            return (spec + "s") % value
-        if conv == "c":
-            return (spec + "c") % value
-        bits = 64 if length in ("l", "ll", "z") else 16 if length == "h" else 8 if length == "hh" else 32
-        if conv in "di":
-            return (spec + "d") % value
-        value %= 2**bits
-        if conv == "u":
-            return (spec + "d") % value
-        if value == 0:
-            spec = spec.replace("#", "")
-        return (spec + conv) % value
-
-    text = _CONVERSION.sub(one, fmt)
-    assert not values, f"values left over for {fmt!r}: {values}"
-    return text.strip()  # the agent matches messages with outer whitespace trimmed, as NPD does
-
-
-def test_render_follows_vsprintf():
-    assert render("%d %u %lu %x %#lx %#lx %04lx", -1, -1, -1, 255, 0, 16, 2) == (f"-1 {U32} {U64} ff 0 0x10 0002")
-    assert render("[%p] [%px] [%p]", None, 8, 16) == "[          (null)] [0000000000000008] [0000000000000010]"
-    assert render("pid=%5d,%*pbl", 12, 64, "0-1") == "pid=   12,0-1"
-    assert render("  %s  ", "") == ""
+    """A printk format rendered by the kernel's rules (tests/kprintf.py), outer whitespace trimmed as
+    the agent matches messages (as NPD does)."""
+    return kprintf(fmt, *args).strip()
 
 
 # --------------------------------------------------------------------------------------------

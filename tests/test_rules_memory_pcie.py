@@ -13,7 +13,6 @@ matcher. Corrected-error rules must stay quiet below their count and speak at it
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,64 +24,14 @@ from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
 
+from kprintf import kprintf as kformat
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 PACK = yaml.safe_load((builtin_plugins_dir() / "kernel" / "memory-pcie.yaml").read_text())
 FAMILY = {r["name"] for r in PACK["rules"]}
 FALLBACKS = {r["name"] for r in PACK["rules"] if r.get("fallback")}
 THRESHOLDS = {r["name"]: r["threshold"] for r in PACK["rules"] if "threshold" in r}
 ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
-
-# ---------------------------------------------------------------------------------------------
-# printf, as the kernel's lib/vsprintf.c renders the conversions these formats use. Unlike C
-# libraries, the kernel prints the "0x" of "%#x" also for 0 (number(): "0x" / "0" prefix).
-
-_CONV = re.compile(
-    r"%(?P<flags>[-+ #0]*)(?P<width>\d+)?(?:\.\d+)?(?P<length>hh|h|ll|l|L|z)?(?P<conv>p[A-Za-z]*|[diuxXsc%])"
-)
-_END = object()
-
-
-def kformat(fmt: str, *args: Any) -> str:
-    """``fmt`` rendered like the kernel's printf (one record: the trailing newline dropped)."""
-    values = iter(args)
-
-    def one(m: re.Match[str]) -> str:
-        conv = m["conv"]
-        if conv == "%":
-            return "%"
-        value = next(values)
-        bits = 64 if m["length"] in ("l", "ll", "L", "z") else 16 if m["length"] == "h" else 32
-        width = int(m["width"] or 0)
-        prefix = ""
-        if conv in "di":
-            text = str(int(value))
-        elif conv == "u":
-            text = str(int(value) % (1 << bits))
-        elif conv in "xX":
-            text = format(int(value) % (1 << bits), conv)
-            if "#" in m["flags"]:
-                prefix, width = "0" + conv, max(width - 2, 0)
-        else:  # %s, %c, %p and its extensions (%pV, %pS): the text given
-            text = str(value)
-        if "-" in m["flags"]:
-            return prefix + text.ljust(width)
-        if "0" in m["flags"] and conv in "diuxX":
-            return prefix + text.rjust(width, "0")
-        return (prefix + text).rjust(width + len(prefix))
-
-    out = _CONV.sub(one, fmt)
-    assert next(values, _END) is _END, f"too many arguments for {fmt!r}"
-    return out.removesuffix("\n")
-
-
-def test_kformat_follows_the_kernel():
-    assert kformat("%u %d %x %#x %#x %#06x %#06x %llx %Lx|%s|\n", -1, -2147483648, 255, 0, 0x770, 0, 9, -1, 5, "") == (
-        "4294967295 -2147483648 ff 0x0 0x770 0x0000 0x0009 ffffffffffffffff 5||"
-    )
-    assert kformat("%016Lx %04x:%02x:%02x.%d %-22s|%2d", 0xB2, 0x10000, 0x3B, 0, 7, "RxErr", 3) == (
-        "00000000000000b2 10000:3b:00.7 RxErr                 | 3"
-    )
-
 
 # ---------------------------------------------------------------------------------------------
 # Prefixes and the values they carry.

@@ -11,9 +11,7 @@ reference matcher. Threshold rules must stay quiet below their count and speak a
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
@@ -22,58 +20,13 @@ from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
 
+from kprintf import kprintf as cformat
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 PACK = yaml.safe_load((builtin_plugins_dir() / "kernel" / "network.yaml").read_text())
 FAMILY = {r["name"] for r in PACK["rules"]}
 THRESHOLDS = {r["name"]: r["threshold"]["count"] for r in PACK["rules"] if "threshold" in r}
 ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
-
-# ---------------------------------------------------------------------------------------------
-# C printf, as the kernel's vsnprintf renders the conversions these formats use.
-
-_CONV = re.compile(
-    r"%(?P<flags>[-+ #0]*)(?P<width>\d+)?(?:\.\d+)?(?P<length>hh|h|ll|l|z)?(?P<conv>p[A-Za-z]?|[diuxXsc%])"
-)
-_END = object()
-
-
-def cformat(fmt: str, *args: Any) -> str:
-    """``fmt`` rendered like the kernel's printf (one record: the trailing newline dropped)."""
-    values = iter(args)
-
-    def one(m: re.Match[str]) -> str:
-        conv = m["conv"]
-        if conv == "%":
-            return "%"
-        value = next(values)
-        bits = 64 if m["length"] in ("l", "ll", "z") else 32
-        if conv in "di":
-            text = str(int(value))
-        elif conv == "u":
-            text = str(int(value) % (1 << bits))
-        elif conv in "xX":
-            n = int(value) % (1 << bits)
-            text = format(n, conv)
-            if "#" in m["flags"] and n:  # C: the 0x prefix only for a non-zero value
-                text = "0" + conv + text
-        else:  # %s, %c, %p and its extensions (%pV, %pS): the text given
-            text = str(value)
-        width = int(m["width"] or 0)
-        if "-" in m["flags"]:
-            return text.ljust(width)
-        return text.rjust(width, "0" if "0" in m["flags"] and conv in "diuxX" else " ")
-
-    out = _CONV.sub(one, fmt)
-    assert next(values, _END) is _END, f"too many arguments for {fmt!r}"
-    return out.removesuffix("\n")
-
-
-def test_cformat_follows_c():
-    assert cformat("%u %u %d %x %#x %#x %llx %#llx|%s|\n", -1, 0, -2147483648, 255, 0, 0x770, -1, 0, "") == (
-        "4294967295 0 -2147483648 ff 0 0x770 ffffffffffffffff 0||"
-    )
-    assert cformat("%ld (%pV) %04x:%02x:%02x.%d", -19, "msg", 0x10000, 0x3B, 0, 7) == "-19 (msg) 10000:3b:00.7"
-
 
 # ---------------------------------------------------------------------------------------------
 # printk helper prefixes (include/linux/netdevice.h, drivers/base/core.c, net/core/dev.c,

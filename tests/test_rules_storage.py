@@ -15,7 +15,6 @@ printers' handled or context lines must stay silent.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
@@ -27,55 +26,15 @@ from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
 
+from kprintf import kprintf
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 ENGINES = [RuleEngine, ReferenceEngine]
 
-# ---------------------------------------------------------------------------------------------
-# printf rendering
-
-_CONV = re.compile(
-    r"%(?P<flags>[-+ #0]*)(?P<width>\d+|\*)?(?:\.(?P<prec>\d+|\*))?"
-    r"(?P<length>hh|h|ll|l|L|z|j|t)?(?P<conv>p[A-Za-z]?|[diouxXcs%])"
-)
-
 
 def c_format(fmt: str, args: Sequence[Any]) -> str:
-    """Render a kernel printk format string with ``args``, as vsnprintf would.
-
-    Length modifiers (h, l, ll, z, ...) change nothing here; %p extensions (%pS, %pF, %pg, %pV,
-    %px, ...) take the text they print; %#x of 0 prints "0" (C), not "0x0" (Python); %.*s takes
-    the precision from the arguments.
-    """
-    it = iter(args)
-
-    def one(m: re.Match[str]) -> str:
-        conv = m["conv"]
-        if conv == "%":
-            return "%"
-        prec = m["prec"]
-        if prec == "*":
-            prec = str(next(it))
-        value = next(it)
-        if conv.startswith("p") or conv == "c":
-            return str(value)
-        if conv == "s":
-            text = str(value)
-            return text[: int(prec)] if prec is not None else text
-        flags, width = m["flags"], m["width"] or ""
-        if conv in "xX" and "#" in flags and value == 0:
-            flags = flags.replace("#", "")
-        return ("%" + flags + width + ("d" if conv in "iu" else conv)) % value
-
-    out = _CONV.sub(one, fmt)
-    leftover = list(it)
-    assert not leftover, f"{fmt!r}: arguments left over: {leftover}"
-    return out
-
-
-def test_c_format_follows_vsnprintf():
-    assert c_format(
-        "%#x|%#x|%04x|%x|%d|%llu|%pS|%.*s|%%", [0, 255, 10, 0xABC, -5, 2**64 - 1, "f+0x1/0x2 [m]", 3, "abcdef"]
-    ) == ("0|0xff|000a|abc|-5|18446744073709551615|f+0x1/0x2 [m]|abc|%")
+    """A printk format rendered by the kernel's rules (tests/kprintf.py)."""
+    return kprintf(fmt, *args)
 
 
 # ---------------------------------------------------------------------------------------------
