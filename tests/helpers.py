@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -63,3 +66,19 @@ def http_get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except urllib.error.URLError:
         return 0, ""
+
+
+def start_standalone_agent(tmp: Path, *, plugins: Path) -> tuple[subprocess.Popen[str], str]:
+    """A real standalone agent on an empty kmsg file with ``plugins`` as its only plugin directory:
+    the process and its base URL (stop it with ``terminate()`` and ``communicate()``)."""
+    kmsg = tmp / "kmsg"
+    kmsg.touch()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "run", "--standalone", "--plugins-dir", str(plugins)]
+        + ["--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state"), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, f"http://127.0.0.1:{port}"

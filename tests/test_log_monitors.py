@@ -4,8 +4,6 @@ precise problems when incomplete, and run by the agent (a log file tailed end to
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from agent.errors import ConfigError
 from agent.sources.filelog import FileLogConfig
 from agent.sources.journald import JournalConfig
 
-from helpers import free_port, http_get, wait_for
+from helpers import http_get, start_standalone_agent, wait_for
 
 # The shapes of NPD's shipped kernel-monitor-filelog.json and systemd/docker monitors (our own rules).
 FILELOG = {
@@ -118,17 +116,7 @@ def test_the_agent_tails_a_log_file_with_the_monitors_rules(tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     write(plugins, "kernel-monitor-filelog.json", {**FILELOG, "logPath": str(log)})
-    kmsg = tmp_path / "kmsg"
-    kmsg.write_text("")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--standalone", "--plugins-dir", str(plugins)]
-        + ["--kmsg-path", str(kmsg), "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_standalone_agent(tmp_path, plugins=plugins)
     try:
         wait_for(lambda: _conditions(base), timeout=30)
         stamp = time.strftime("%b %e %H:%M:%S", time.localtime())

@@ -4,8 +4,6 @@ configuration keeps running; the real agent picks up a changed rule pack from it
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -18,7 +16,7 @@ from agent.reload import ConfigWatcher
 from agent.runtime import Inbox, Reconfigure
 from agent.types import ConditionSpec
 
-from helpers import free_port, http_get, wait_for
+from helpers import http_get, start_standalone_agent, wait_for
 
 PACK = """
 conditions:
@@ -146,17 +144,7 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
     plugins.mkdir()
     pack = plugins / "pack.yaml"
     pack.write_text(textwrap.dedent(PACK))
-    kmsg = tmp_path / "kmsg"
-    kmsg.write_text("")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--standalone", "--plugins-dir", str(plugins)]
-        + ["--kmsg-path", str(kmsg), "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_standalone_agent(tmp_path, plugins=plugins)
     try:
         wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 1.0, timeout=30)
         pack.write_text(
@@ -174,7 +162,7 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
         pack.write_text(textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}"))
         wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 2.0, timeout=30)
         usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-        with kmsg.open("a") as f:
+        with (tmp_path / "kmsg").open("a") as f:  # the agent's kernel log (see start_standalone_agent)
             f.write(f"3,1,{usec},-;gamma ray burst\n")
         cond = wait_for(lambda: (c := _condition(base, "Thing")) and c["status"] == "True" and c, timeout=30)
         assert cond["reason"] == "AlphaSeen"
