@@ -107,14 +107,14 @@ def load_agent_config(
             if settings is not None:
                 monitors.append(LogMonitor(file=f, rule_set=monitor_rules, settings=settings))
     declarations = []
+    cols = []
     for f in of_kind(files, Kind.CHECKS):
         col = Problems(file=str(f.path), doc=f.doc)
+        cols.append(col)
         declarations.extend((col, path, given) for path, given in read_checks(col))
-        problems.extend(col.problems)
-    cols = [c for c, _, _ in declarations]
     decls = merge(declarations, base=entry_point_decls(entry_points=entry_points))
-    for col in dict.fromkeys(cols):
-        problems.extend(p for p in col.problems if p not in problems)
+    for col in cols:  # read_checks and merge both report into a file's problems
+        problems.extend(col.problems)
     plugins = []
     custom = of_kind(files, Kind.CUSTOM_PLUGIN)
     if custom:

@@ -23,7 +23,6 @@ from agent.checks.judge import CheckJudge
 from agent.checks.model import CheckReport
 from agent.pipeline import Batch, DetectionPipeline
 from agent.runtime import (
-    FindingBatch,
     Inbox,
     Input,
     Reconfigure,
@@ -154,9 +153,6 @@ class MainLoop:
             return len(records), records[-1].seq
         if isinstance(item, CheckReport):
             for finding in self.judge.judge(item):
-                events.extend(self.state.apply(finding))
-        elif isinstance(item, FindingBatch):
-            for finding in item.findings:
                 events.extend(self.state.apply(finding))
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))

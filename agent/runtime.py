@@ -9,7 +9,7 @@
   (``now`` is ``time.monotonic()``). The :class:`Supervisor` runs each in its own thread, turns
   a component whose thread died into an unhealthy one, feeds ``/healthz`` and the
   ``component_healthy`` metric, and stops everything within one shared deadline.
-- **Producers** put :class:`RecordBatch`, :class:`FindingBatch` or :class:`SeedConditions` items
+- **Producers** put :class:`RecordBatch`, :class:`~agent.checks.model.CheckReport` or :class:`SeedConditions` items
   into the bounded :class:`Inbox` and decide nothing.
 - The :class:`MainLoop` is the only writer of :class:`~agent.state.NodeState`: it matches record
   batches, folds findings and seeds, and publishes a :class:`Publication` (snapshot, the events
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.checks.model import CheckReport
-from agent.types import Condition, ConditionSpec, Event, Finding, LogRecord, Snapshot
+from agent.types import Condition, ConditionSpec, Event, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,6 @@ class RecordBatch:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FindingBatch:
-    """Findings a producer concluded itself (check plugins)."""
-
-    findings: Sequence[Finding]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class SeedConditions:
     """Our conditions as read back from the Node at startup, plus the Node's uid."""
 
@@ -102,7 +95,7 @@ class Reconfigure:
     generation: int = 0
 
 
-Input = RecordBatch | FindingBatch | SeedConditions | CheckReport | Reconfigure
+Input = RecordBatch | SeedConditions | CheckReport | Reconfigure
 
 
 class Inbox:

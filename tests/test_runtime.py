@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from agent.checks.model import CheckReport, CheckResult, CheckStatus
 from agent.detectors.rulepack import load_rule_set
 from agent.mainloop import MainLoop
 from agent.pipeline import DetectionPipeline
-from agent.runtime import FindingBatch, Inbox, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
+from agent.runtime import Inbox, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
 from agent.settings import builtin_plugins_dir
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
-from agent.types import Condition, Event, Finding, LogRecord, RuleType, Severity, Status
+from agent.types import Condition, Event, LogRecord, Severity, Status
 
 from helpers import wait_for
 
@@ -308,19 +309,12 @@ def test_unseeded_state_is_published_as_such_until_the_seed_arrives(rules, tmp_p
     assert (snap.seeded, snap.node_uid) == (True, "u")
 
 
-def test_check_findings_enter_the_same_loop(rules, tmp_path):
+def test_check_reports_enter_the_same_loop(rules, tmp_path):
     lp = Loop(rules, tmp_path)
-    finding = Finding(
-        rule="check/x",
-        type=RuleType.PERMANENT,
-        condition="NeuronHealth",
-        reason="NeuronHasError_X",
-        severity=Severity.ERROR,
-        message="device gone",
-        timestamp=NOW,
-        source="check",
+    result = CheckResult(
+        status=CheckStatus.PROBLEM, condition="NeuronHealth", reason="NeuronHasError_X", message="device gone"
     )
-    lp.put(FindingBatch(findings=[finding]))
+    lp.put(CheckReport(check="x", results=(result,), finished_at=NOW, duration=0.1))
     lp.step()
     assert lp.feed.latest().snapshot.condition("NeuronHealth").reason == "NeuronHasError_X"
 

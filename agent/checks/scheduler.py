@@ -289,7 +289,7 @@ class CheckScheduler:
         for slot in self._slots.values():
             if slot.running_since is not None and not slot.abandoned:
                 times.append(slot.running_since + slot.spec.timeout)
-            elif slot.running_since is None or slot.abandoned:
+            else:
                 times.append(slot.due)
         return min(times, default=now + 1.0)
 
