@@ -28,6 +28,19 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
     raise AssertionError(f"condition not reached within {timeout}s")
 
 
+def process_gone(pid: int) -> bool:
+    """Dead: no /proc entry, or a zombie nobody has reaped yet (a container's PID 1 may never reap).
+
+    A SIGKILL sent to a process group is delivered asynchronously: a grandchild may still be
+    running for a moment after the killer returns, so tests wait on this (``wait_for``), never
+    assert it once."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from agent.checks.model import CheckResult, CheckStatus, ProcessResult
 from agent.checks.process import DEFAULT_PATH
 from agent.types import Severity
 
-from helpers import wait_for
+from helpers import process_gone, wait_for
 
 OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
 VERDICT = Verdict(condition="GpuCount", problem_reason="GpuCountBad", ok_reason="GpuCountGood")
@@ -44,15 +44,6 @@ def make_check(argv: list[str], *, timeout: float = 10.0, max_output_length: int
 def run_one(check: ExecutableCheck) -> CheckResult:
     (result,) = check.run()
     return result
-
-
-def process_gone(pid: int) -> bool:
-    """Dead: no /proc entry, or a zombie nobody has reaped yet (a container's PID 1 may never reap)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
 
 
 # --- the exit-code protocol ----------------------------------------------------------------------

@@ -28,6 +28,8 @@ from agent.sources import journald
 from agent.sources.journald import JournalChunk, JournalConfig, JournalSource, JournalStats, build_command
 from agent.types import LogRecord
 
+from helpers import process_gone, wait_for
+
 NOW = 1735689600.0  # 2025-01-01T00:00:00Z
 CURSOR = "s=338b0c5dc8a046b5aa47b4bccd0f1386;i={};b=0f5a1c2e9d8b4a7f8e6d5c4b3a291807;m=a08f4dadc0;t=62a99b9fd1dc0;x=1"
 
@@ -180,15 +182,6 @@ def poll_until(source: JournalSource, done: Callable[[list[LogRecord]], bool], *
         if done(records):
             return records
     raise AssertionError(f"not reached after {limit} polls; records: {records!r}, stats: {source.stats!r}")
-
-
-def gone(pid: int) -> bool:
-    """Whether the process no longer runs (absent, or a zombie nobody has reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -407,13 +400,14 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     source = make_source(fake.directory)
     poll_until(source, lambda _: bool(fake.pid("journalctl") and fake.pid("child")))
     journalctl_pid, child_pid = fake.pid("journalctl"), fake.pid("child")
-    assert journalctl_pid and child_pid and not gone(journalctl_pid) and not gone(child_pid)
+    assert journalctl_pid and child_pid and not process_gone(journalctl_pid) and not process_gone(child_pid)
 
     stop = threading.Event()
     stop.set()
     assert list(source.chunks(stop=stop)) == []  # the producer ends: the source is closed
 
-    assert gone(journalctl_pid) and gone(child_pid)
+    # journalctl itself was waited for; its reparented child dies when the kernel gets to it
+    wait_for(lambda: process_gone(journalctl_pid) and process_gone(child_pid), timeout=10.0)
     assert not source.stats.connected
 
 

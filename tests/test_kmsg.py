@@ -439,8 +439,6 @@ def test_fifo_records_arrive_while_reading_and_stop_ends_the_reader(tmp_path: Pa
 # Errors, EPIPE and restarts (scripted reads through the reader's `read` seam)
 
 
-
-
 def test_epipe_is_counted_and_reading_continues(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"")

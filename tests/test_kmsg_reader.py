@@ -24,8 +24,6 @@ def rec(seq: int, message: str = "m", *, prio: int = 6, usec: int | None = None)
     return f"{prio},{seq},{seq * 1000 if usec is None else usec},-;{message}\n".encode()
 
 
-
-
 def device_opener(path: str) -> int:
     """Opens a character device (/dev/null), so the reader takes its one-record-per-read() path."""
     return os.open("/dev/null", os.O_RDONLY | os.O_NONBLOCK)
