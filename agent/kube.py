@@ -81,6 +81,7 @@ class KubeClient:
 
         self._api_client = api_client
         self._core = CoreV1Api(api_client)
+        self._coordination: Any = None  # CoordinationV1Api, built on first use (recovery only)
         self._timeout = timeout
         self.info = info
 
@@ -170,6 +171,81 @@ class KubeClient:
             body,
             _content_type="application/strategic-merge-patch+json",
         )
+
+    # ---- recovery: nodes, pods, evictions, Leases -------------------------------------------------
+
+    def list_nodes(self, *, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every Node matching ``label_selector`` (pages followed)."""
+        return self._list_all(f"list nodes {label_selector!r}", self._core.list_node, label_selector=label_selector)
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Strategic merge patch of the Node (spec, metadata). Include ``metadata.resourceVersion`` in
+        ``body`` to make it conditional (409 Conflict when the Node changed since it was read)."""
+        return self._call(
+            f"patch node {name}",
+            self._core.patch_node,
+            name,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    def list_pods_on_node(self, node_name: str) -> list[dict[str, Any]]:
+        """Every pod bound to ``node_name``, in all namespaces (pages followed)."""
+        return self._list_all(
+            f"list pods on {node_name}",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node_name}",
+        )
+
+    def evict_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> dict[str, Any]:
+        """POST a policy/v1 Eviction; a PodDisruptionBudget that forbids it answers 429 (transient)."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if grace_period is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
+        return self._call(
+            f"evict pod {namespace}/{name}", self._core.create_namespaced_pod_eviction, name, namespace, body
+        )
+
+    def delete_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> dict[str, Any]:
+        """DELETE the pod (no PodDisruptionBudget check: only when a drain's policy says so)."""
+        kwargs: dict[str, Any] = {} if grace_period is None else {"grace_period_seconds": grace_period}
+        return self._call(f"delete pod {namespace}/{name}", self._core.delete_namespaced_pod, name, namespace, **kwargs)
+
+    def _leases(self) -> Any:
+        if self._coordination is None:
+            from kubernetes.client import CoordinationV1Api
+
+            self._coordination = CoordinationV1Api(self._api_client)
+        return self._coordination
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Lease; a missing one is ``KubeError`` with status 404."""
+        return self._call(f"get lease {namespace}/{name}", self._leases().read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create; a Lease of that name already there is ``KubeError.already_exists``."""
+        return self._call(f"create lease in {namespace}", self._leases().create_namespaced_lease, namespace, body)
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT the Lease; ``body.metadata.resourceVersion`` makes it conditional: 409 Conflict when
+        another agent wrote it since it was read (read again and redo)."""
+        return self._call(
+            f"replace lease {namespace}/{name}", self._leases().replace_namespaced_lease, name, namespace, body
+        )
+
+    def _list_all(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            page = self._call(what, fn, limit=500, **({"_continue": token} if token else {}), **kwargs)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
 
 def parse_retry_after(value: object) -> float | None:

@@ -1,0 +1,197 @@
+"""The recovery vocabulary: policy as data, the incident recorded on the Node, the decision.
+
+Everything here is a frozen value. ``policy.decide`` turns (snapshot, node view, incident, clock,
+budget view, policy) into a :class:`Decision`; ``loop`` carries it out through ``actions`` (the
+Kubernetes side), ``budget`` (the cluster-wide Lease) and ``agent.aws`` (Auto Scaling), and records
+what was done in the :class:`Incident` annotation so a restarted agent never repeats it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Names others rely on (annotations, taint, labels, Lease). One prefix for all of them.
+DOMAIN = "node-health-agent.io"
+INCIDENT_ANNOTATION = f"{DOMAIN}/incident"  # JSON of Incident.to_json(); absent = no open incident
+TAINT_KEY = f"{DOMAIN}/unhealthy"  # NoSchedule taint we add on cordon (value = the reason)
+OPT_OUT_LABEL = f"{DOMAIN}/recovery"  # label value "disabled" (or "false") = never act on this node
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+ULTRASERVER_LABEL = "neuron.amazonaws.com/ultraserver-server-id-4"  # one failure domain per value
+DEFAULT_NAMESPACE = "node-health-agent"  # the agent's namespace (POD_NAMESPACE) when not told
+DEFAULT_LEASE = "node-health-agent-recovery-budget"  # + "-<cluster name>" when a cluster name is set
+SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+class Action(enum.StrEnum):
+    """What recovery may do to a node. ``cordon``, ``taint``, ``drain`` and ``mark-unhealthy`` are
+    disruptive (they take budget); ``uncordon`` gives a recovered node back and never needs budget."""
+
+    CORDON = "cordon"  # spec.unschedulable=true + the incident annotation
+    TAINT = "taint"  # NoSchedule taint TAINT_KEY
+    DRAIN = "drain"  # evict the node's pods through the Eviction API
+    MARK_UNHEALTHY = "mark-unhealthy"  # Auto Scaling SetInstanceHealth(Unhealthy)
+    UNCORDON = "uncordon"  # only a node we cordoned, after the problem healed for uncordon_after
+
+    @property
+    def disruptive(self) -> bool:
+        return self is not Action.UNCORDON
+
+
+# Order in which a rule's actions run (whatever order the policy file lists them in).
+ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY)
+
+
+class OnDeadline(enum.StrEnum):
+    """What a drain does with a pod still there at its per-pod deadline."""
+
+    REPORT = "report"  # leave it, stay cordoned, report (Event + metric)
+    DELETE = "delete"  # DELETE the pod (bypasses its PodDisruptionBudget)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyRule:
+    """When condition ``condition`` is True with a reason matching one of ``reasons`` (shell globs,
+    ``()`` = any reason) for at least ``persist`` seconds, take ``actions`` (in ACTION_ORDER)."""
+
+    condition: str
+    reasons: tuple[str, ...] = ()
+    actions: tuple[Action, ...] = (Action.CORDON, Action.MARK_UNHEALTHY)
+    persist: float = 0.0
+    source: str = ""  # file:line of the rule (for messages)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrainSettings:
+    pod_deadline: float = 300.0  # seconds a single pod may take to leave (evictions retried meanwhile)
+    on_deadline: OnDeadline = OnDeadline.REPORT
+    evictions_per_second: float = 5.0  # rate cap over the whole drain
+    timeout: float = 1800.0  # the whole drain
+    wait_for_deletion: float = 120.0  # after eviction, how long to wait for a pod to be gone (deletionTimestamp)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetSettings:
+    """At most ``max_unhealthy`` nodes disrupted by the agent at once and ``max_actions`` disruptive
+    actions per ``window`` seconds, across the nodes matching ``node_selector`` (a label selector;
+    empty = every node). ``max_unhealthy`` is an int count or a percentage string ("10%", rounded up);
+    ``max_unhealthy_cap`` caps a percentage (None = no cap). Both limits apply."""
+
+    max_unhealthy: int | str = "10%"
+    max_unhealthy_cap: int | None = 10
+    max_actions: int = 10
+    window: float = 600.0
+    node_selector: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoveryPolicy:
+    rules: tuple[PolicyRule, ...]
+    startup_delay: float = 60.0  # no action in the first seconds after the agent starts (0 = none)
+    uncordon_after: float | None = None  # seconds healthy before we uncordon a node we cordoned; None = never
+    respect_grace_period: bool = True  # SetInstanceHealth(ShouldRespectGracePeriod=...)
+    drain: DrainSettings = field(default_factory=DrainSettings)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeView:
+    """What the decision needs to know about the Node object (read fresh before every decision)."""
+
+    name: str
+    unschedulable: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    has_our_taint: bool = False
+    provider_id: str = ""
+    uid: str = ""
+
+    @property
+    def control_plane(self) -> bool:
+        return any(k in self.labels for k in CONTROL_PLANE_LABELS)
+
+    @property
+    def opted_out(self) -> bool:
+        return self.labels.get(OPT_OUT_LABEL, "").lower() in ("disabled", "false", "off")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Incident:
+    """One problem episode and what recovery did about it, stored on the Node (INCIDENT_ANNOTATION).
+
+    ``id`` is stable for the episode: ``<condition>/<reason>/<node uid or name>/<since as int>``.
+    ``done`` lists the actions completed (never repeated); ``cordoned_by_us`` is False when the node
+    was already unschedulable before we looked (then we never uncordon it). ``healthy_since`` is set
+    while the triggering condition is no longer True (drives uncordon_after and clean-up).
+    """
+
+    id: str
+    condition: str
+    reason: str
+    since: float  # when the condition became True (its lastTransitionTime)
+    opened: float  # when recovery first saw it
+    done: tuple[Action, ...] = ()
+    cordoned_by_us: bool = False
+    drain: str = ""  # "" | "running" | "done" | "deadline" | "timeout" | "failed"
+    budget_held: bool = False  # this node holds a place in the cluster budget for this incident
+    healthy_since: float | None = None
+    dry_run: bool = False  # decided while ENABLE_RECOVERY was off: "done" lists what would have been done
+
+    def to_json(self) -> dict:
+        """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
+        return {
+            "id": self.id,
+            "condition": self.condition,
+            "reason": self.reason,
+            "since": self.since,
+            "opened": self.opened,
+            "done": [a.value for a in self.done],
+            "cordonedByUs": self.cordoned_by_us,
+            "drain": self.drain,
+            "budgetHeld": self.budget_held,
+            "healthySince": self.healthy_since,
+            "dryRun": self.dry_run,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetView:
+    """The cluster budget as last read: whether this node may take one more disruptive step now."""
+
+    holders: tuple[str, ...]  # failure domains (node name or UltraServer id) holding a place
+    limit: int  # max_unhealthy resolved against the matching node count
+    actions_in_window: int
+    max_actions: int
+    this_node_holds: bool  # this node's failure domain already holds a place
+
+    @property
+    def can_start(self) -> bool:
+        """A new disruptive step is allowed (holding a place already counts as allowed for the place)."""
+        room = self.this_node_holds or len(self.holders) < self.limit
+        return room and self.actions_in_window < self.max_actions
+
+
+class Blocked(enum.StrEnum):
+    """Why a decision takes no (further) action now."""
+
+    STARTUP_DELAY = "StartupDelay"
+    PERSIST = "WaitingForPersistence"
+    BUDGET = "RecoveryBlocked"  # the cluster budget is spent (Event reason RecoveryBlocked)
+    CONTROL_PLANE = "ControlPlaneNode"
+    OPTED_OUT = "OptedOut"
+    NOTHING_LEFT = "NothingLeft"  # every action of the rule is done
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decision:
+    """What to do now. ``actions`` run in order; ``incident`` is the record to store *before* the
+    first action (None = remove the annotation: no open incident); ``release_budget`` gives this
+    node's place back; ``blocked`` says why nothing (more) happens now."""
+
+    actions: tuple[Action, ...] = ()
+    incident: Incident | None = None
+    release_budget: bool = False
+    blocked: Blocked | None = None
+    rule: PolicyRule | None = None
+    message: str = ""
