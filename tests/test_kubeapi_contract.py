@@ -16,7 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -99,35 +99,45 @@ def make_node(core: client.CoreV1Api) -> Iterator[Callable[..., client.V1Node]]:
 
 @pytest.fixture
 def make_pod(core: client.CoreV1Api) -> Iterator[Callable[..., client.V1Pod]]:
-    """Create Pods in ``default`` (optionally made Running and Ready through ``pods/status``)."""
-    created: list[str] = []
+    """Create Pods (optionally made Running and Ready, or given another phase, through
+    ``pods/status``); afterwards drop their finalizers and force-delete them (grace period 0)."""
+    created: list[tuple[str, str, bool]] = []
 
     def make(
-        node_name: str | None = None, labels: dict[str, str] | None = None, ready: bool = False, namespace: str = NS
+        node_name: str | None = None,
+        labels: dict[str, str] | None = None,
+        ready: bool = False,
+        namespace: str = NS,
+        *,
+        phase: str | None = None,
+        grace: int | None = None,
+        finalizers: list[str] | None = None,
     ) -> client.V1Pod:
         name = unique("pod")
         spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}
         if node_name:
             spec["nodeName"] = node_name
-        pod = core.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
-        created.append(name)
-        if ready:
-            pod = core.patch_namespaced_pod_status(
-                name,
-                namespace,
-                {
-                    "status": {
-                        "phase": "Running",
-                        "conditions": [{"type": "Ready", "status": "True"}],
-                    }
-                },
-            )
+        if grace is not None:
+            spec["terminationGracePeriodSeconds"] = grace
+        metadata: dict[str, Any] = {"name": name, "labels": labels or {}}
+        if finalizers:
+            metadata["finalizers"] = finalizers
+        pod = core.create_namespaced_pod(namespace, {"metadata": metadata, "spec": spec})
+        created.append((namespace, name, bool(finalizers)))
+        if ready or phase:
+            status: dict[str, Any] = {"phase": phase or "Running"}
+            if ready:
+                status["conditions"] = [{"type": "Ready", "status": "True"}]
+            pod = core.patch_namespaced_pod_status(name, namespace, {"status": status})
         return pod
 
     yield make
-    for name in created:
+    for namespace, name, held in created:
+        if held:
+            with contextlib.suppress(ApiException):
+                core.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
         with contextlib.suppress(ApiException):
-            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 # --- strategic merge patch of node conditions ------------------------------------------------------
@@ -874,12 +884,52 @@ def eviction(name: str) -> client.V1Eviction:
     return client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=NS))
 
 
-def test_eviction_without_a_pdb_deletes_the_pod(core, make_pod):
-    pod = make_pod(node_name=unique("node"), ready=True)
-    core.create_namespaced_pod_eviction(pod.metadata.name, NS, eviction(pod.metadata.name))
-    with pytest.raises(ApiException) as raised:
-        core.read_namespaced_pod(pod.metadata.name, NS)
-    assert raised.value.status == 404
+def pod_or_none(core: client.CoreV1Api, name: str, namespace: str = NS) -> client.V1Pod | None:
+    try:
+        return core.read_namespaced_pod(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def assert_terminating(pod: client.V1Pod | None, grace: int) -> None:
+    """Marked for graceful deletion: deletionGracePeriodSeconds and deletionTimestamp = now + grace
+    (now ~ the pod's creation a moment ago; the server prints whole seconds)."""
+    assert pod is not None, "the pod is gone, expected it terminating"
+    assert pod.metadata.deletion_grace_period_seconds == grace
+    assert pod.metadata.deletion_timestamp is not None
+    ahead = (pod.metadata.deletion_timestamp - pod.metadata.creation_timestamp).total_seconds()
+    assert grace - 1 <= ahead <= grace + 10
+
+
+@pytest.mark.parametrize(
+    ("bound", "grace", "expected"),
+    [
+        pytest.param(True, None, 30, id="bound-spec-default-grace"),
+        pytest.param(True, 7, 7, id="bound-delete-options-grace"),
+        pytest.param(True, 0, None, id="bound-grace-0-is-gone"),
+        pytest.param(False, None, None, id="unscheduled-is-gone"),
+    ],
+)
+def test_eviction_deletes_the_pod_gracefully(core, make_pod, bound, grace, expected):
+    """An allowed eviction is a graceful DELETE (real apiserver: a bound pod stays with a
+    deletionTimestamp until its kubelet confirms), after a status write adding the
+    DisruptionTarget condition."""
+    pod = make_pod(node_name=unique("node") if bound else None, ready=bound)
+    name = pod.metadata.name
+    body = eviction(name)
+    if grace is not None:
+        body.delete_options = client.V1DeleteOptions(grace_period_seconds=grace)
+    _, code, _ = core.create_namespaced_pod_eviction_with_http_info(name, NS, body)
+    assert code == 201
+    after = pod_or_none(core, name)
+    if expected is None:
+        assert after is None
+        return
+    assert_terminating(after, expected)
+    targets = [(c.status, c.reason, c.message) for c in after.status.conditions if c.type == "DisruptionTarget"]
+    assert targets == [("True", "EvictionByEvictionAPI", "Eviction API: evicting")]
 
 
 def test_eviction_of_a_missing_pod_is_404(core):
@@ -949,6 +999,339 @@ def test_pending_pods_are_evicted_regardless_of_the_budget(kube_api, core, make_
     )
     core.create_namespaced_pod_eviction(pod.metadata.name, NS, eviction(pod.metadata.name))
     assert kube_api.get_object("pods", pod.metadata.name, NS) is None
+
+
+# --- graceful pod deletion ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bound", "phase", "spec_grace", "requested", "expected"),
+    [
+        pytest.param(True, "Running", None, None, 30, id="bound-default-30"),
+        pytest.param(True, "Running", 5, None, 5, id="bound-spec-grace"),
+        pytest.param(True, "Running", 5, 12, 12, id="requested-overrides-spec"),
+        pytest.param(True, "Running", None, -3, 1, id="negative-means-1"),
+        pytest.param(True, None, None, None, 30, id="bound-pending-is-graceful-too"),
+        pytest.param(True, "Running", None, 0, None, id="grace-0-removes-at-once"),
+        pytest.param(True, "Running", 0, None, None, id="spec-grace-0-removes-at-once"),
+        pytest.param(False, None, None, 10, None, id="unscheduled-removed-at-once"),
+        pytest.param(True, "Succeeded", None, 10, None, id="succeeded-removed-at-once"),
+        pytest.param(True, "Failed", None, None, None, id="failed-removed-at-once"),
+    ],
+)
+def test_pod_delete_is_graceful_for_bound_running_pods(core, make_pod, bound, phase, spec_grace, requested, expected):
+    """pod strategy CheckGracefulDelete: DeleteOptions.gracePeriodSeconds, else the pod's
+    terminationGracePeriodSeconds; 0 for an unscheduled or terminal pod; negative means 1.  A bound
+    pod with a period > 0 stays (200 with the pod) until its kubelet confirms."""
+    pod = make_pod(node_name=unique("node") if bound else None, phase=phase, grace=spec_grace)
+    name = pod.metadata.name
+    kwargs = {} if requested is None else {"grace_period_seconds": requested}
+    answered = core.delete_namespaced_pod(name, NS, **kwargs)
+    assert answered.metadata.name == name
+    after = pod_or_none(core, name)
+    if expected is None:
+        assert after is None
+        return
+    assert_terminating(after, expected)
+    assert answered.metadata.deletion_grace_period_seconds == expected
+    assert answered.metadata.deletion_timestamp == after.metadata.deletion_timestamp
+
+
+@pytest.mark.parametrize(
+    ("second", "expected"),
+    [
+        pytest.param(None, 30, id="no-period-changes-nothing"),
+        pytest.param(60, 30, id="longer-changes-nothing"),
+        pytest.param(30, 30, id="equal-changes-nothing"),
+        pytest.param(10, 10, id="shorter-moves-the-deadline-back"),
+        pytest.param(0, None, id="zero-removes-it"),
+    ],
+)
+def test_deleting_a_terminating_pod_may_only_shorten_its_grace_period(core, make_pod, second, expected):
+    pod = make_pod(node_name=unique("node"), ready=True)
+    name = pod.metadata.name
+    first = core.delete_namespaced_pod(name, NS)
+    assert first.metadata.deletion_grace_period_seconds == 30
+    again = core.delete_namespaced_pod(name, NS, **({} if second is None else {"grace_period_seconds": second}))
+    after = pod_or_none(core, name)
+    if expected is None:
+        assert after is None
+        return
+    assert after.metadata.deletion_grace_period_seconds == expected
+    assert after.metadata.deletion_timestamp == first.metadata.deletion_timestamp - timedelta(seconds=30 - expected)
+    assert again.metadata.deletion_grace_period_seconds == expected
+    if expected == 30:
+        assert after.metadata.resource_version == first.metadata.resource_version  # nothing written
+
+
+def test_watch_sees_graceful_deletion_then_the_final_delete(core, make_pod):
+    """The graceful DELETE is a MODIFIED event; the final DELETE with period 0 (what the kubelet sends)
+    writes period 0 (MODIFIED) and then removes the pod (DELETED)."""
+    pod = make_pod(node_name=unique("node"), ready=True)
+    name = pod.metadata.name
+    core.delete_namespaced_pod(name, NS)
+    core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    events = first_events(
+        core.list_namespaced_pod,
+        3,
+        NS,
+        resource_version=pod.metadata.resource_version,
+        field_selector=f"metadata.name={name}",
+    )
+    seen = [(e["type"], e["object"].metadata.deletion_grace_period_seconds) for e in events]
+    assert seen == [("MODIFIED", 30), ("MODIFIED", 0), ("DELETED", 0)]
+
+
+def test_dry_run_delete_of_a_bound_pod_answers_the_terminating_pod_and_changes_nothing(core, make_pod):
+    pod = make_pod(node_name=unique("node"), ready=True)
+    answered = core.delete_namespaced_pod(pod.metadata.name, NS, dry_run="All")
+    assert answered.metadata.deletion_grace_period_seconds == 30
+    after = core.read_namespaced_pod(pod.metadata.name, NS)
+    assert after.metadata.deletion_timestamp is None
+    assert after.metadata.resource_version == pod.metadata.resource_version
+
+
+def test_delete_with_a_mismatched_uid_precondition_is_409(core, make_pod):
+    """rest.BeforeDelete checks the preconditions first; the Conflict names the kind (``Pod``)."""
+    pod = make_pod(node_name=unique("node"))
+    name, wrong = pod.metadata.name, str(uuid.uuid4())
+    body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=wrong))
+    with pytest.raises(ApiException) as raised:
+        core.delete_namespaced_pod(name, NS, body=body)
+    assert raised.value.status == 409
+    assert status_of(raised.value)["reason"] == "Conflict"
+    assert status_of(raised.value)["message"] == (
+        f'Operation cannot be fulfilled on Pod "{name}": the UID in the precondition ({wrong}) does not match '
+        f"the UID in record ({pod.metadata.uid}). The object might have been deleted and then recreated"
+    )
+    assert core.read_namespaced_pod(name, NS).metadata.deletion_timestamp is None
+
+
+@pytest.mark.parametrize(
+    ("evict_grace", "expected"),
+    [
+        pytest.param(None, 30, id="no-period"),
+        pytest.param(60, 30, id="longer-is-not-an-extension"),
+        pytest.param(5, 5, id="shorter-shortens"),
+    ],
+)
+def test_evicting_a_terminating_pod_skips_the_budget_and_never_extends_its_grace(core, make_pod, evict_grace, expected):
+    """eviction.go canIgnorePDB: a pod with a deletionTimestamp is deleted without consulting its
+    PodDisruptionBudget (201 even with no disruption allowed); the DELETE can only shorten the period.
+    Terminating pods do not count as healthy."""
+    policy = client.PolicyV1Api(core.api_client)
+    app = unique("app")
+    pod = make_pod(node_name=unique("node"), labels={"app": app}, ready=True)
+    name = pod.metadata.name
+    pdb_name = unique("pdb")
+    policy.create_namespaced_pod_disruption_budget(
+        NS, {"metadata": {"name": pdb_name}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}}
+    )
+    try:
+        assert wait_for_pdb(policy, pdb_name, healthy=1).status.disruptions_allowed == 0
+        with pytest.raises(ApiException) as raised:
+            core.create_namespaced_pod_eviction(name, NS, eviction(name))
+        assert raised.value.status == 429
+        first = core.delete_namespaced_pod(name, NS)  # a DELETE does not consult budgets
+        wait_for_pdb(policy, pdb_name, healthy=0)
+        body = eviction(name)
+        if evict_grace is not None:
+            body.delete_options = client.V1DeleteOptions(grace_period_seconds=evict_grace)
+        _, code, _ = core.create_namespaced_pod_eviction_with_http_info(name, NS, body)
+        assert code == 201
+        after = core.read_namespaced_pod(name, NS)
+        assert after.metadata.deletion_grace_period_seconds == expected
+        shift = timedelta(seconds=30 - expected)
+        assert after.metadata.deletion_timestamp == first.metadata.deletion_timestamp - shift
+    finally:
+        policy.delete_namespaced_pod_disruption_budget(pdb_name, NS)
+
+
+@pytest.mark.parametrize(
+    "finalizer_first", [True, False], ids=["finalizer-then-final-delete", "final-delete-then-finalizer"]
+)
+def test_a_terminating_pod_with_a_finalizer_needs_both_the_final_delete_and_the_finalizer_gone(
+    core, make_pod, finalizer_first
+):
+    """Removing the last finalizer deletes an object only when no graceful deletion is pending
+    (deletionGracePeriodSeconds 0 or unset); the final DELETE (period 0) of an object with
+    finalizers leaves it with period 0."""
+    pod = make_pod(node_name=unique("node"), ready=True, finalizers=["example.com/hold"])
+    name = pod.metadata.name
+    core.delete_namespaced_pod(name, NS)
+
+    def drop_finalizer() -> None:
+        core.patch_namespaced_pod(name, NS, {"metadata": {"finalizers": None}})
+
+    def final_delete() -> None:
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+    first, second = (drop_finalizer, final_delete) if finalizer_first else (final_delete, drop_finalizer)
+    first()
+    between = pod_or_none(core, name)
+    assert between is not None
+    if finalizer_first:
+        assert (between.metadata.finalizers, between.metadata.deletion_grace_period_seconds) == (None, 30)
+    else:
+        assert (between.metadata.finalizers, between.metadata.deletion_grace_period_seconds) == (
+            ["example.com/hold"],
+            0,
+        )
+    second()
+    assert pod_or_none(core, name) is None
+
+
+# --- the simulated kubelet (test-server only) -------------------------------------------------------------
+
+
+class FakeClock:
+    """An injectable server clock that only moves when told."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@contextlib.contextmanager
+def clocked_server(clock: FakeClock) -> Iterator[tuple[KubeApiServer, client.CoreV1Api]]:
+    server = KubeApiServer(clock=clock).start()
+    api_client = server.api_client()
+    try:
+        yield server, client.CoreV1Api(api_client)
+    finally:
+        api_client.close()
+        server.stop()
+
+
+def bound_pod(core: client.CoreV1Api, node: str = "n1", namespace: str = NS, grace: int | None = None) -> str:
+    name = unique("pod")
+    spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
+    return name
+
+
+def in_order(*pods: tuple[str, str]) -> list[str]:
+    """Pod names in the kubelet's (namespace, name) order."""
+    return [name for _, name in sorted(pods)]
+
+
+def test_kubelet_confirm_removes_terminating_pods_by_node_and_namespace(kube_api, core, make_pod):
+    core.create_namespace({"metadata": {"name": "other"}})
+    a1 = make_pod(node_name="n1").metadata.name
+    a2 = make_pod(node_name="n1", namespace="other").metadata.name
+    b = make_pod(node_name="n2").metadata.name
+    untouched = make_pod(node_name="n1").metadata.name
+    for name, namespace in ((a1, NS), (a2, "other"), (b, NS)):
+        core.delete_namespaced_pod(name, namespace)
+    assert kube_api.kubelet.terminating() == in_order((NS, a1), (NS, b), ("other", a2))
+    assert kube_api.kubelet.terminating(node="n1") == in_order((NS, a1), ("other", a2))
+
+    assert kube_api.kubelet.confirm(node="n1", namespace="other") == [a2]
+    assert pod_or_none(core, a2, "other") is None
+    assert kube_api.kubelet.confirm(node="n1") == [a1]
+    assert pod_or_none(core, a1) is None and pod_or_none(core, b) is not None
+    assert kube_api.kubelet.confirm() == [b]
+    assert kube_api.kubelet.confirm() == []
+    assert core.read_namespaced_pod(untouched, NS).metadata.deletion_timestamp is None
+
+
+def test_kubelet_confirm_leaves_a_pod_with_finalizers_until_they_are_removed(kube_api, core, make_pod):
+    name = make_pod(node_name="n1", finalizers=["example.com/hold"]).metadata.name
+    core.delete_namespaced_pod(name, NS)
+    assert kube_api.kubelet.confirm() == [name]
+    held = core.read_namespaced_pod(name, NS)
+    assert (held.metadata.deletion_grace_period_seconds, held.metadata.finalizers) == (0, ["example.com/hold"])
+    assert kube_api.kubelet.terminating() == []
+    core.patch_namespaced_pod(name, NS, {"metadata": {"finalizers": None}})
+    assert pod_or_none(core, name) is None
+
+
+def test_kubelet_auto_confirm_follows_the_server_clock():
+    """Each pod goes ``delay`` seconds after it was marked, or when its grace period ends if sooner;
+    pods marked before auto_confirm was turned on count from their marking."""
+    clock = FakeClock()
+    with clocked_server(clock) as (server, core):
+        early, slow, quick = bound_pod(core), bound_pod(core), bound_pod(core, grace=2)
+        core.delete_namespaced_pod(early, NS)  # marked at t0
+        server.kubelet.auto_confirm(5)
+        clock.advance(1)
+        core.delete_namespaced_pod(slow, NS)  # t0+1
+        core.delete_namespaced_pod(quick, NS)  # t0+1, grace period 2
+        expected, t0 = {early, slow, quick}, clock.now - timedelta(seconds=1)
+        for step, gone in ((0, ""), (2, quick), (1.5, ""), (0.5, early), (0.9, ""), (0.1, slow)):
+            clock.advance(step)
+            server.kubelet.sync()
+            expected.discard(gone)
+            assert set(server.kubelet.terminating()) == expected, f"at t0+{(clock.now - t0).total_seconds()}"
+        assert core.list_namespaced_pod(NS).items == []
+
+
+def test_kubelet_auto_confirm_is_off_by_default_and_none_turns_it_off():
+    clock = FakeClock()
+    with clocked_server(clock) as (server, core):
+        first, second = bound_pod(core), bound_pod(core)
+        core.delete_namespaced_pod(first, NS)
+        assert not server.kubelet.running
+        clock.advance(3600)
+        server.kubelet.sync()
+        assert server.kubelet.terminating() == [first]
+        server.kubelet.confirm(name=first)
+        server.kubelet.auto_confirm(60)
+        assert server.kubelet.running
+        core.delete_namespaced_pod(second, NS)
+        server.kubelet.auto_confirm(None)
+        server.kubelet.sync()
+        assert not server.kubelet.running
+        clock.advance(3600)
+        assert server.kubelet.terminating() == [second]
+
+
+def test_kubelet_auto_confirm_waits_out_an_outage():
+    """The kubelet cannot reach an unavailable API server: pods due during an outage go after it."""
+    clock = FakeClock()
+    with clocked_server(clock) as (server, core):
+        name = bound_pod(core)
+        core.delete_namespaced_pod(name, NS)
+        with server.outage("drop"):
+            server.kubelet.auto_confirm(1)
+            clock.advance(2)
+            server.kubelet.sync()
+            assert server.kubelet.terminating() == [name]
+        server.kubelet.sync()
+        assert server.kubelet.terminating() == []
+        assert server.get_object("pods", name) is None
+
+
+def test_kubelet_auto_confirm_with_the_real_clock_removes_the_pod(kube_api, core):
+    kube_api.kubelet.auto_confirm(0)
+    name = bound_pod(core)
+    start = core.read_namespaced_pod(name, NS).metadata.resource_version
+    core.delete_namespaced_pod(name, NS)
+    events = first_events(
+        core.list_namespaced_pod, 3, NS, resource_version=start, field_selector=f"metadata.name={name}"
+    )
+    assert [e["type"] for e in events] == ["MODIFIED", "MODIFIED", "DELETED"]
+
+
+def test_server_stop_stops_the_kubelet_and_start_resumes_it():
+    server = KubeApiServer().start()
+    try:
+        server.kubelet.auto_confirm(1)
+        assert server.kubelet.running
+        server.stop()
+        assert not server.kubelet.running
+        server.start()
+        assert server.kubelet.running and server.kubelet.auto_confirm_delay == 1
+    finally:
+        server.stop()
+    assert not server.kubelet.running
 
 
 # --- watch ------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ See :class:`KubeApiServer`.  Modules: ``server`` (lifecycle, outages, seeding, k
 ``handler`` (HTTP), ``api`` (verbs), ``store`` (resourceVersions, history, watchers), ``resources``
 (per-kind strategies), ``validation``, ``codec`` (typed decoding, Time/MicroTime), ``smp``
 (strategic merge patch), ``rfcpatch`` (JSON merge patch / JSON patch), ``schema`` (OpenAPI merge
-keys), ``selectors``, ``disruption`` (PDB status, eviction), ``eventconv``, ``faults``,
-``requestlog``, ``authz``, ``discovery``, ``errors``, ``gotime``, ``fixtures``.
+keys), ``selectors``, ``disruption`` (PDB status, eviction), ``kubelet`` (confirms graceful pod
+deletions), ``eventconv``, ``faults``, ``requestlog``, ``authz``, ``discovery``, ``errors``,
+``gotime``, ``fixtures``.
 """
 
 from .authz import PolicyRule

@@ -2,9 +2,10 @@
 :class:`WatchStream` out.
 
 Covers create/get/list/watch/update/patch/delete on the served resources, the ``status``
-subresource, pod eviction, admission of namespaced objects into existing namespaces only,
-dry runs, preconditions and the no-op write rule (an update that changes nothing keeps the
-resourceVersion and emits no watch event).
+subresource, pod eviction, graceful pod deletion (a bound pod stays terminating until the
+simulated kubelet confirms, see ``kubelet``), admission of namespaced objects into existing
+namespaces only, dry runs, preconditions and the no-op write rule (an update that changes
+nothing keeps the resourceVersion and emits no watch event).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import discovery, errors
@@ -26,8 +27,8 @@ from .authz import Authorizer
 from .codec import DecodeError, StrictDecodingError, decode
 from .disruption import check_eviction, matching_count, pdb_status
 from .errors import ApiError, FieldError
-from .gotime import format_time
-from .names import generate_name
+from .gotime import TimeParseError, format_time, parse_time
+from .names import GroupResource, generate_name
 from .resources import ResourceType
 from .rfcpatch import JsonPatchError, apply_json_patch, apply_merge_patch
 from .schema import OpenApiSchema
@@ -130,6 +131,9 @@ class KubeApi:
         self.default_watch_timeout = default_watch_timeout
         self.rng = rng or random.Random()
         self._pdb_scales: dict[str, int] = {}
+        # Called (store lock held) with a pod that a DELETE or eviction left terminating, i.e.
+        # waiting for its kubelet (metadata.deletionGracePeriodSeconds > 0): see ``kubelet``.
+        self.on_pod_terminating: Callable[[Obj], None] | None = None
 
     # --- routing ---------------------------------------------------------------------------------
 
@@ -568,7 +572,12 @@ class KubeApi:
         if rt.strategy.tracks_generation and rt.strategy.generation_changed(new, old):
             meta["generation"] = int(old_meta.get("generation") or 1) + 1
         meta["resourceVersion"] = old_meta["resourceVersion"]
-        if old_meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if (
+            old_meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not int(old_meta.get("deletionGracePeriodSeconds") or 0) > 0
+        ):
+            # shouldDeleteDuringUpdate: the last finalizer went and no graceful deletion is pending
             if dry_run:
                 return new
             gone = self.store.delete(rt.storage_key, old_meta.get("namespace") or "", old_meta["name"])
@@ -668,39 +677,67 @@ class KubeApi:
             return self._delete(rt, target.namespace, target.name, options)
 
     def _delete(self, rt: ResourceType, namespace: str | None, name: str, options: Obj) -> Response:
-        """Deletion is immediate unless the object has finalizers (then ``deletionTimestamp`` is set
-        and the object goes when its last finalizer is removed).  Pods are deleted immediately too:
-        there is no kubelet to confirm a graceful termination."""
+        """The generic registry's ``Store.Delete`` (k8s.io/apiserver .../registry/generic/registry/store.go
+        with ``rest.BeforeDelete``); the caller holds the store lock.
+
+        Kinds with graceful deletion (Pods: ``Strategy.check_graceful_delete``): the first DELETE
+        sets ``deletionTimestamp`` = now + grace period and ``deletionGracePeriodSeconds``; with a
+        period > 0 the object stays until a DELETE with a shorter period (the kubelet's, with 0)
+        removes it.  A later DELETE may only shorten the period (a longer or no period changes
+        nothing).  A graceful DELETE with period 0 writes that state once (a watch sees MODIFIED)
+        and then removes the object.  Other kinds are removed at once.  Objects with finalizers
+        are never removed here: they get ``deletionTimestamp`` (period 0 for non-graceful kinds)
+        and go when the last finalizer is removed (see ``_update``)."""
         key_ns = self._storage_namespace(rt, namespace)
         old = self.store.get(rt.storage_key, key_ns, name)
         if old is None:
             raise errors.not_found(rt.group_resource, name)
         meta = old["metadata"]
-        preconditions = options.get("preconditions") or {}
-        if preconditions.get("uid") and preconditions["uid"] != meta["uid"]:
-            raise errors.conflict(
-                rt.group_resource,
-                name,
-                f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object meta: {meta['uid']}",
-            )
-        if preconditions.get("resourceVersion") and preconditions["resourceVersion"] != meta["resourceVersion"]:
-            raise errors.conflict(
-                rt.group_resource,
-                name,
-                "Precondition failed: ResourceVersion in precondition: "
-                f"{preconditions['resourceVersion']}, ResourceVersion in object meta: "
-                f"{meta['resourceVersion']}",
-            )
+        self._check_delete_preconditions(rt, old, options.get("preconditions") or {})
         dry_run = "All" in (options.get("dryRun") or [])
-        if meta.get("finalizers"):
-            if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = self.now()
-                meta["deletionGracePeriodSeconds"] = int(options.get("gracePeriodSeconds") or 0)
-                if rt.strategy.tracks_generation:
-                    meta["generation"] = int(meta.get("generation") or 1) + 1
-                if not dry_run:
-                    old = self.store.put(rt.storage_key, old)
-            return Response(200, self.external(rt, old))
+        requested = options.get("gracePeriodSeconds")
+        if requested is not None:
+            requested = 1 if int(requested) < 0 else int(requested)
+        original = copy.deepcopy(old)
+        now = self.clock()
+        marked = meta.get("deletionTimestamp")
+        current = meta.get("deletionGracePeriodSeconds")
+        if current is not None and current < 0:
+            current = 1
+        period = rt.strategy.check_graceful_delete(old, requested)
+        graceful = False
+        if period is not None and marked and current:
+            if requested is None or requested >= current:
+                return Response(200, self.external(rt, old))  # graceful deletion pending: nothing changes
+            # only shortening: move the deadline back, never into the past
+            moment = _parse_time_or(marked, now) - timedelta(seconds=current - requested)
+            shortened = requested
+            if moment < now:
+                moment, shortened = now, (0 if requested == 0 else 1)
+            meta["deletionTimestamp"], meta["deletionGracePeriodSeconds"] = format_time(moment), shortened
+            graceful = True
+        elif period is not None and not marked:
+            meta["deletionTimestamp"] = format_time(now + timedelta(seconds=period))
+            meta["deletionGracePeriodSeconds"] = period
+            if int(meta.get("generation") or 0) > 0:
+                meta["generation"] = int(meta["generation"]) + 1
+            graceful = True
+        finalizers = bool(meta.get("finalizers"))
+        if finalizers and not graceful:
+            # markAsDeleting: deletionTimestamp now (unless already earlier), period 0
+            if not marked and int(meta.get("generation") or 0) > 0:
+                meta["generation"] = int(meta["generation"]) + 1
+            if not marked or _parse_time_or(marked, now) > now:
+                meta["deletionTimestamp"] = format_time(now)
+            meta["deletionGracePeriodSeconds"] = 0
+        if graceful or finalizers:
+            if not dry_run and _canonical(old) != _canonical(original):
+                old = self.store.put(rt.storage_key, old)
+            waiting = int(meta.get("deletionGracePeriodSeconds") or 0) > 0
+            if graceful and waiting and not dry_run and self.on_pod_terminating is not None:
+                self.on_pod_terminating(copy.deepcopy(old))
+            if finalizers or waiting:
+                return Response(200, self.external(rt, old))
         last = old if dry_run else self.store.delete(rt.storage_key, key_ns, name)
         assert last is not None
         if rt.plural == "pods":
@@ -712,6 +749,27 @@ class KubeApi:
         return Response(
             200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
         )
+
+    def _check_delete_preconditions(self, rt: ResourceType, obj: Obj, preconditions: Obj) -> None:
+        """``rest.BeforeDelete`` checks DeleteOptions.preconditions first; its Conflict names the
+        kind (``Pod``, ``Lease.coordination.k8s.io``), not the resource."""
+        meta = obj["metadata"]
+        kind = GroupResource(rt.group, rt.kind)
+        if preconditions.get("uid") is not None and preconditions["uid"] != meta["uid"]:
+            raise errors.conflict(
+                kind,
+                meta["name"],
+                f"the UID in the precondition ({preconditions['uid']}) does not match the UID in record "
+                f"({meta['uid']}). The object might have been deleted and then recreated",
+            )
+        version = preconditions.get("resourceVersion")
+        if version is not None and version != meta["resourceVersion"]:
+            raise errors.conflict(
+                kind,
+                meta["name"],
+                f"the ResourceVersion in the precondition ({version}) does not match the ResourceVersion in "
+                f"record ({meta['resourceVersion']}). The object might have been modified",
+            )
 
     def evict(self, request: Request, target: Target) -> Response:
         """``POST pods/<name>/eviction`` with a policy/v1 Eviction."""
@@ -735,8 +793,45 @@ class KubeApi:
             error = check_eviction(pod, pdbs, pods, lambda pdb: self._pdb_scale(pdb, pods))
             if error is not None:
                 raise error
+            if "All" not in (options.get("dryRun") or []):
+                options = self._add_disruption_target(pods_rt, pod, options)
             self._delete(pods_rt, target.namespace, target.name, options)
         return Response(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def _add_disruption_target(self, rt: ResourceType, pod: Obj, options: Obj) -> Obj:
+        """``addConditionAndDeletePod`` (pkg/registry/core/pod/storage/eviction.go): before the
+        DELETE, a status write adds the ``DisruptionTarget`` condition (a no-op when it is there
+        already).  Returns the DeleteOptions, a resourceVersion precondition moved to that write."""
+        self._check_delete_preconditions(rt, pod, options.get("preconditions") or {})
+        conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": self.now(),
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+        }
+        for index, existing in enumerate(conditions):
+            if existing.get("type") == "DisruptionTarget":
+                if existing.get("status") == "True":
+                    condition["lastTransitionTime"] = existing.get("lastTransitionTime")
+                changed = any(existing.get(k) != condition[k] for k in ("status", "reason", "message"))
+                conditions[index] = {**existing, **condition}
+                break
+        else:
+            conditions.append(condition)
+            changed = True
+        if not changed:
+            return options
+        updated = self.store.put("pods", pod)
+        preconditions = options.get("preconditions") or {}
+        if preconditions.get("resourceVersion") is not None:
+            options = {
+                **options,
+                "preconditions": {**preconditions, "resourceVersion": updated["metadata"]["resourceVersion"]},
+            }
+        return options
 
     def _pdb_scale(self, pdb: Obj, pods: list[Obj]) -> int:
         """Largest number of matching pods seen for this PDB (see :mod:`.disruption`)."""
@@ -789,6 +884,13 @@ def _int_query(request: Request, name: str) -> int | None:
         return int(text)
     except ValueError as exc:
         raise errors.bad_request(f'{name}: Invalid value: "{text}": must be an integer') from exc
+
+
+def _parse_time_or(value: str, default: datetime) -> datetime:
+    try:
+        return parse_time(value)
+    except TimeParseError:
+        return default
 
 
 def _truthy_dry_run(request: Request) -> bool:

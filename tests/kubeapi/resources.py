@@ -52,6 +52,12 @@ class Strategy:
     def generation_changed(self, new: Obj, old: Obj) -> bool:
         return new.get("spec") != old.get("spec")
 
+    def check_graceful_delete(self, obj: Obj, requested: int | None) -> int | None:
+        """``RESTGracefulDeleteStrategy.CheckGracefulDelete``: the grace period a first DELETE
+        gives ``obj`` (``requested`` is DeleteOptions.gracePeriodSeconds, negatives already made
+        1), or ``None`` for kinds without graceful deletion (deleted at once unless finalizers)."""
+        return None
+
 
 def _copy_field(new: Obj, old: Obj, key: str) -> None:
     if key in old:
@@ -123,6 +129,15 @@ class PodStrategy(Strategy):
 
     def validate_create(self, obj: Obj, namespace: str) -> list[FieldError]:
         return validation.validate_pod(obj)
+
+    def check_graceful_delete(self, obj: Obj, requested: int | None) -> int | None:
+        """pkg/registry/core/pod/strategy.go: the requested period, else the pod's
+        terminationGracePeriodSeconds (0 when unset); 0 for an unscheduled or a terminal pod."""
+        spec, phase = obj.get("spec") or {}, (obj.get("status") or {}).get("phase")
+        period = requested if requested is not None else int(spec.get("terminationGracePeriodSeconds") or 0)
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            period = 0
+        return 1 if period < 0 else period
 
     def validate_update(self, new: Obj, old: Obj, namespace: str) -> list[FieldError]:
         return validation.validate_pod_update(new, old)

@@ -24,6 +24,7 @@ from .api import KubeApi
 from .authz import Authorizer, PolicyRule
 from .faults import FaultInjector
 from .handler import HttpServer
+from .kubelet import Kubelet
 from .requestlog import RequestLog
 from .resources import ResourceType, default_resources
 from .schema import load_schema
@@ -42,7 +43,10 @@ class KubeApiServer:
 
     ``token=None`` disables authentication.  ``anonymous_auth`` lets requests without a token
     reach ``/healthz``, ``/readyz``, ``/livez`` and ``/version`` (as the default RBAC of real
-    clusters does).  ``clock`` stamps ``creationTimestamp``/``deletionTimestamp``.
+    clusters does).  ``clock`` stamps ``creationTimestamp``/``deletionTimestamp`` and drives
+    ``kubelet.auto_confirm``.  ``kubelet`` (:class:`~kubeapi.kubelet.Kubelet`) confirms the
+    termination of gracefully deleted pods: ``confirm()`` now, ``auto_confirm(delay)`` in the
+    background (off by default).
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class KubeApiServer:
             default_watch_timeout=default_watch_timeout,
         )
         self.outage_mode: OutageMode | None = None
+        self.kubelet = Kubelet(self.api, clock=clock, available=lambda: self.outage_mode is None)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -102,6 +107,7 @@ class KubeApiServer:
     def start(self) -> KubeApiServer:
         self._stopping.clear()
         self._listen()
+        self.kubelet.start()
         return self
 
     def _listen(self) -> None:
@@ -124,6 +130,7 @@ class KubeApiServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.kubelet.stop()
         self._close_listener()
         self.store.close_watchers()
         self._drop_connections()
