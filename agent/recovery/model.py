@@ -164,10 +164,13 @@ class BudgetView:
     actions_in_window: int
     max_actions: int
     this_node_holds: bool  # this node's failure domain already holds a place
+    problem: str = ""  # why the budget cannot be used at all (e.g. a corrupt Lease); non-empty = can_start False
 
     @property
     def can_start(self) -> bool:
         """A new disruptive step is allowed (holding a place already counts as allowed for the place)."""
+        if self.problem:
+            return False
         room = self.this_node_holds or len(self.holders) < self.limit
         return room and self.actions_in_window < self.max_actions
 
@@ -181,6 +184,7 @@ class Blocked(enum.StrEnum):
     CONTROL_PLANE = "ControlPlaneNode"
     OPTED_OUT = "OptedOut"
     NOTHING_LEFT = "NothingLeft"  # every action of the rule is done
+    DISABLED = "RecoveryDisabled"  # report only, but the open incident was acted on for real: kept as recorded
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,470 @@
+"""The cluster-wide safety budget: how many failure domains recovery may disrupt at once, and how
+many disruptive steps it may take per window, shared by every agent through one Lease.
+
+Where
+    A ``coordination.k8s.io/v1`` Lease in the agent's namespace (``POD_NAMESPACE``, else
+    ``DEFAULT_NAMESPACE``) named :func:`budget_lease_name` (``DEFAULT_LEASE``, plus ``-<cluster name>``
+    when one is set). It is created by the first agent that needs it. The state is the JSON in the
+    annotation ``BUDGET_ANNOTATION``::
+
+        {"version": 1,
+         "holders": {"<failure domain>": {"nodes": ["ip-10-0-0-1..."], "incident": "<id>", "since": 1767225600.0}},
+         "actions": [1767225600.0, ...]}
+
+    ``holders`` are the failure domains disrupted by recovery now; ``actions`` the times of the
+    disruptive steps taken within the last ``window`` seconds. ``spec.holderIdentity`` names the last
+    writer and ``spec.renewTime`` the time of its write (for people reading the Lease; never read back).
+    Keys this version does not know are kept as they are on every write.
+
+Failure domains
+    ``domain_of(node)`` (default :func:`ultraserver_domain`): the value of ``ULTRASERVER_LABEL`` when the
+    node has it (the 4 nodes of a Trn2 UltraServer share one place: they fail and are serviced
+    together), else the node's name. The limit counts failure domains too, so a percentage means the
+    same share of the fleet whether or not it is made of UltraServers.
+
+The limit
+    ``max_unhealthy`` is a count, or a percentage of the failure domains among the nodes matching
+    ``node_selector`` (control-plane nodes excluded), rounded **up** and capped by
+    ``max_unhealthy_cap``; at least 1 when there is at least one such node (a 2-node cluster with
+    one failing node is repaired), 0 when there is none. :func:`resolve_limit` is the table.
+    Separately at most ``max_actions`` disruptive steps per ``window`` (one per :meth:`ClusterBudget.acquire`).
+
+Concurrency
+    Every change is read → modify → replace with the resourceVersion read, so two agents never both
+    take the last place: on 409 Conflict the Lease is read again and the change redone (at most
+    ``attempts`` times, with a jittered, growing pause from the injected ``sleep`` and ``rng``); a
+    missing Lease is created (AlreadyExists: read again). Only successful writes count, so no update
+    is lost. Other ``KubeError``s propagate: the recovery loop retries later.
+
+Gone nodes
+    Each write drops from ``holders`` the nodes that are no longer in the cluster (a replaced instance
+    frees its place: its Node object is deleted), and holders left without nodes. :meth:`view`
+    already leaves them out. Nodes that recovered give their place back through :meth:`release`.
+
+A corrupt annotation (not JSON, a wrong shape, or a newer format version)
+    Is **not** treated as empty: an empty budget would grant a place to every asking node while the
+    domains it forgot are still cordoned (up to twice the limit disrupted), and the next write would
+    erase the evidence. Instead the budget refuses: :meth:`view` and :meth:`acquire` answer a
+    ``BudgetView`` whose ``problem`` says what is wrong (``can_start`` False: recovery is blocked
+    cluster-wide, RecoveryBlocked), nothing is written, and the error is logged once per Lease
+    version. :meth:`release` writes nothing either. Uncordon needs no budget, so recovered nodes still
+    come back. An operator fixes the annotation, or deletes the Lease: it is recreated empty — which
+    forgets the current holders (nodes still cordoned then no longer count until they act again).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+from agent.kube import KubeClient, KubeError
+from agent.recovery.model import (
+    CONTROL_PLANE_LABELS,
+    DEFAULT_LEASE,
+    DEFAULT_NAMESPACE,
+    DOMAIN,
+    ULTRASERVER_LABEL,
+    BudgetSettings,
+    BudgetView,
+)
+
+log = logging.getLogger(__name__)
+
+BUDGET_ANNOTATION = f"{DOMAIN}/budget"
+FORMAT_VERSION = 1
+ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
+BACKOFF_BASE = 0.05  # seconds; the pause before round n is rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**n)
+BACKOFF_CAP = 1.0
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
+
+
+# ---- names and the limit ---------------------------------------------------------------------------
+
+
+def budget_namespace(environ: Mapping[str, str]) -> str:
+    """``POD_NAMESPACE`` (the downward API), else ``DEFAULT_NAMESPACE``."""
+    return (environ.get("POD_NAMESPACE") or "").strip() or DEFAULT_NAMESPACE
+
+
+def budget_lease_name(cluster_name: str = "") -> str:
+    """``DEFAULT_LEASE``, or ``DEFAULT_LEASE-<cluster name>`` (lower-cased, made a valid object name)."""
+    suffix = _DNS_INVALID.sub("-", cluster_name.strip().lower()).strip(".-")
+    name = f"{DEFAULT_LEASE}-{suffix}" if suffix else DEFAULT_LEASE
+    return name[:253].rstrip(".-")
+
+
+def ultraserver_domain(node: Mapping[str, Any]) -> str:
+    """The failure domain of a Node object: its UltraServer id when labelled, else its name."""
+    metadata = node.get("metadata") or {}
+    return (metadata.get("labels") or {}).get(ULTRASERVER_LABEL) or metadata.get("name") or ""
+
+
+def parse_max_unhealthy(value: object) -> int | Fraction:
+    """``3`` (a count, at least 1) or ``"10%"`` (a percentage above 0, at most 100, as an exact
+    fraction). Raises ValueError with the reason."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a count like 3 or a percentage like '10%', got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"must be at least 1, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _PERCENT.match(value)
+        if m:
+            percent = Fraction(m.group(1))
+            if not 0 < percent <= 100:
+                raise ValueError(f"a percentage must be above 0% and at most 100%, got {value!r}")
+            return percent
+    raise ValueError(f"must be a count like 3 or a percentage like '10%', got {value!r}")
+
+
+def resolve_limit(settings: BudgetSettings, *, domains: int) -> int:
+    """How many failure domains may hold a place, out of ``domains`` counted ones."""
+    if domains <= 0:
+        return 0
+    value = parse_max_unhealthy(settings.max_unhealthy)
+    if isinstance(value, int):
+        return value
+    limit = math.ceil(value * domains / 100)
+    if settings.max_unhealthy_cap is not None:
+        limit = min(limit, settings.max_unhealthy_cap)
+    return max(1, limit)
+
+
+# ---- the state in the annotation ---------------------------------------------------------------------
+
+
+class CorruptBudget(ValueError):
+    """The annotation cannot be read safely."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Holder:
+    nodes: tuple[str, ...]
+    incident: str
+    since: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BudgetState:
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    actions: tuple[float, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept as they are
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def decode_state(text: str | None) -> BudgetState:
+    """The state in the annotation (absent or empty = no holders, no actions). Raises CorruptBudget."""
+    if text is None or not text.strip():
+        return BudgetState()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CorruptBudget(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CorruptBudget("not a JSON object")
+    version = data.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise CorruptBudget(f"version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise CorruptBudget(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
+    raw_holders = data.get("holders", {})
+    if not isinstance(raw_holders, dict):
+        raise CorruptBudget("holders must be an object")
+    holders: dict[str, Holder] = {}
+    for domain, entry in raw_holders.items():
+        if not isinstance(entry, dict):
+            raise CorruptBudget(f"holders[{domain!r}] must be an object")
+        nodes, incident, since = entry.get("nodes"), entry.get("incident", ""), entry.get("since", 0)
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
+            raise CorruptBudget(f"holders[{domain!r}].nodes must be a non-empty list of node names")
+        if not isinstance(incident, str) or not _number(since):
+            raise CorruptBudget(f"holders[{domain!r}] needs a string incident and a numeric since")
+        holders[domain] = Holder(nodes=tuple(nodes), incident=incident, since=float(since))
+    actions = data.get("actions", [])
+    if not isinstance(actions, list) or not all(_number(t) for t in actions):
+        raise CorruptBudget("actions must be a list of times")
+    extra = {k: v for k, v in data.items() if k not in ("version", "holders", "actions")}
+    return BudgetState(holders=holders, actions=tuple(float(t) for t in actions), extra=extra)
+
+
+def encode_state(state: BudgetState) -> str:
+    data: dict[str, Any] = dict(state.extra)
+    data["version"] = FORMAT_VERSION
+    data["holders"] = {
+        domain: {"nodes": list(h.nodes), "incident": h.incident, "since": h.since}
+        for domain, h in sorted(state.holders.items())
+    }
+    data["actions"] = list(state.actions)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _micro_time(seconds: float) -> str:
+    """A MicroTime (RFC 3339, exactly 6 fractional digits). Never a whole second: the pydantic-based
+    kubernetes client (37.x) turns the string into a datetime and prints it with ``isoformat()``, which
+    drops a zero fraction, and the API server refuses a MicroTime without one."""
+    moment = datetime.fromtimestamp(seconds, tz=UTC)
+    if moment.microsecond == 0:
+        moment = moment.replace(microsecond=1)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ---- the budget --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Cluster:
+    """The nodes the limit counts, read once per call."""
+
+    domains: frozenset[str]  # failure domains of the matching, non-control-plane nodes
+    by_name: Mapping[str, Mapping[str, Any]]  # every node the selector listed (control plane included)
+
+
+class ClusterBudget:
+    """This node's view of, and changes to, the cluster budget Lease (see the module docstring).
+
+    ``clock`` gives wall-clock seconds (the times in the Lease are compared across nodes);
+    ``sleep`` and ``rng`` pace the retries after a conflict.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        namespace: str,
+        lease_name: str,
+        node_name: str,
+        settings: BudgetSettings,
+        clock: Callable[[], float],
+        domain_of: Callable[[Mapping[str, Any]], str] = ultraserver_domain,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
+        attempts: int = ATTEMPTS,
+    ) -> None:
+        parse_max_unhealthy(settings.max_unhealthy)  # a bad value fails here, not at the first incident
+        self._client = client
+        self._namespace = namespace
+        self._lease_name = lease_name
+        self._node = node_name
+        self._settings = settings
+        self._clock = clock
+        self._domain_of = domain_of
+        self._sleep = sleep
+        self._rng = rng
+        self._attempts = max(1, attempts)
+        self._reported_corrupt: str | None = None  # resourceVersion whose corruption was logged
+
+    @property
+    def where(self) -> str:
+        return f"{self._namespace}/{self._lease_name}"
+
+    # ---- public -----------------------------------------------------------------------------------
+
+    def view(self, *, node_labels: Mapping[str, str] | None = None) -> BudgetView:
+        """The budget now, as this node sees it (nothing written). ``node_labels`` (the Node's labels)
+        name this node's failure domain; without them the Node is looked up."""
+        cluster = self._cluster()
+        if node_labels is not None:
+            own = self._domain_of({"metadata": {"name": self._node, "labels": dict(node_labels)}}) or self._node
+        else:
+            own = self._own_domain(cluster)
+        lease = self._get()
+        try:
+            state = decode_state(self._annotation(lease))
+        except CorruptBudget as exc:
+            return self._refuse(lease, exc, cluster, own)
+        return self._view(self._effective(state, cluster), cluster, own)
+
+    def acquire(self, *, incident_id: str) -> BudgetView:
+        """Take (or keep) this node's place and count one disruptive step. Returns the view after; when
+        the view before says ``can_start`` False, nothing is written and that view is returned."""
+        cluster = self._cluster()
+        own = self._own_domain(cluster)
+
+        def take(state: BudgetState, now: float) -> BudgetState | None:
+            if not self._view(state, cluster, own).can_start:
+                return None
+            holder = state.holders.get(own)
+            nodes = tuple(sorted({*(holder.nodes if holder else ()), self._node}))
+            since = holder.since if holder else now
+            holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
+            return replace(state, holders=holders, actions=(*state.actions, now))
+
+        return self._transact(take, cluster, own)
+
+    def release(self) -> BudgetView:
+        """Give this node's place back (its domain's place once none of its nodes holds it). Always
+        allowed; nothing is written when the node holds no place (or the Lease is corrupt)."""
+        cluster = self._cluster()
+        own = self._own_domain(cluster)
+
+        def give_back(state: BudgetState, now: float) -> BudgetState | None:
+            holders: dict[str, Holder] = {}
+            for domain, holder in state.holders.items():
+                nodes = tuple(n for n in holder.nodes if n != self._node)
+                if nodes:
+                    holders[domain] = replace(holder, nodes=nodes)
+            return None if holders == dict(state.holders) else replace(state, holders=holders)
+
+        return self._transact(give_back, cluster, own)
+
+    # ---- the read-modify-write round ------------------------------------------------------------------
+
+    def _transact(
+        self, change: Callable[[BudgetState, float], BudgetState | None], cluster: _Cluster, own: str
+    ) -> BudgetView:
+        for attempt in range(self._attempts):
+            if attempt:
+                self._sleep(self._rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+            lease = self._get()
+            try:
+                state = decode_state(self._annotation(lease))
+            except CorruptBudget as exc:
+                return self._refuse(lease, exc, cluster, own)
+            now = self._clock()
+            current = self._effective(state, cluster, now=now)
+            changed = change(current, now)
+            if changed is None:
+                return self._view(current, cluster, own)
+            try:
+                self._write(lease, changed, now=now)
+            except KubeError as exc:
+                if exc.status in (404, 409):  # another agent wrote (or created, or deleted) it: redo
+                    log.debug("budget Lease %s: %s; reading it again", self.where, exc)
+                    continue
+                raise
+            return self._view(changed, cluster, own)
+        raise KubeError(
+            f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
+            status=409,
+            reason="Conflict",
+        )
+
+    def _get(self) -> dict[str, Any] | None:
+        try:
+            return self._client.get_lease(self._namespace, self._lease_name)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    @staticmethod
+    def _annotation(lease: Mapping[str, Any] | None) -> str | None:
+        if lease is None:
+            return None
+        return ((lease.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
+
+    def _write(self, lease: dict[str, Any] | None, state: BudgetState, *, now: float) -> None:
+        if lease is None:
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": self._lease_name,
+                    "namespace": self._namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "node-health-agent"},
+                },
+                "spec": {},
+            }
+        else:
+            body = copy.deepcopy(lease)  # keeps metadata.resourceVersion: the write is conditional
+        metadata = body.setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), BUDGET_ANNOTATION: encode_state(state)}
+        spec = body.get("spec") or {}
+        spec.update(holderIdentity=self._node, renewTime=_micro_time(now))
+        body["spec"] = spec
+        if lease is None:
+            self._client.create_lease(self._namespace, body)
+        else:
+            self._client.replace_lease(self._namespace, self._lease_name, body)
+
+    # ---- reading the cluster -------------------------------------------------------------------------
+
+    def _cluster(self) -> _Cluster:
+        nodes = self._client.list_nodes(label_selector=self._settings.node_selector)
+        by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        domains = frozenset(
+            self._domain_of(n) or name
+            for name, n in by_name.items()
+            if not any(k in ((n.get("metadata") or {}).get("labels") or {}) for k in CONTROL_PLANE_LABELS)
+        )
+        return _Cluster(domains=domains, by_name=by_name)
+
+    def _own_domain(self, cluster: _Cluster) -> str:
+        node = cluster.by_name.get(self._node)
+        if node is None:  # not matched by the node selector: read it
+            try:
+                node = self._client.get_node(self._node)
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+                return self._node
+        return self._domain_of(node) or self._node
+
+    def _present(self, name: str, cluster: _Cluster, seen: dict[str, bool]) -> bool:
+        """Whether node ``name`` still exists (a node outside the selector is looked up; when that
+        fails for another reason than 404 it counts as present: never drop a place on a guess)."""
+        if name in cluster.by_name:
+            return True
+        if not self._settings.node_selector:
+            return False
+        if name not in seen:
+            try:
+                self._client.get_node(name)
+                seen[name] = True
+            except KubeError as exc:
+                seen[name] = exc.status != 404
+        return seen[name]
+
+    def _effective(self, state: BudgetState, cluster: _Cluster, *, now: float | None = None) -> BudgetState:
+        """``state`` without actions older than the window and without nodes gone from the cluster."""
+        now = self._clock() if now is None else now
+        horizon = now - self._settings.window
+        seen: dict[str, bool] = {}
+        holders: dict[str, Holder] = {}
+        for domain, holder in state.holders.items():
+            nodes = tuple(n for n in holder.nodes if self._present(n, cluster, seen))
+            if nodes:
+                holders[domain] = replace(holder, nodes=nodes)
+        return replace(state, holders=holders, actions=tuple(t for t in state.actions if t > horizon))
+
+    def _view(self, state: BudgetState, cluster: _Cluster, own: str) -> BudgetView:
+        return BudgetView(
+            holders=tuple(sorted(state.holders)),
+            limit=resolve_limit(self._settings, domains=len(cluster.domains)),
+            actions_in_window=len(state.actions),
+            max_actions=self._settings.max_actions,
+            this_node_holds=own in state.holders,
+        )
+
+    def _refuse(self, lease: Mapping[str, Any] | None, exc: CorruptBudget, cluster: _Cluster, own: str) -> BudgetView:
+        version = str(((lease or {}).get("metadata") or {}).get("resourceVersion", ""))
+        problem = (
+            f"the budget Lease {self.where} has an unreadable {BUDGET_ANNOTATION} annotation ({exc}): no new "
+            "disruptive action anywhere until an operator fixes the annotation or deletes the Lease"
+        )
+        if self._reported_corrupt != version:
+            self._reported_corrupt = version
+            log.error("%s", problem)
+        return BudgetView(
+            holders=(),
+            limit=resolve_limit(self._settings, domains=len(cluster.domains)),
+            actions_in_window=0,
+            max_actions=self._settings.max_actions,
+            this_node_holds=False,
+            problem=problem,
+        )

@@ -1,0 +1,472 @@
+"""The recovery policy as data: the built-in default, and a YAML (or JSON) file that replaces it.
+
+Format (every key optional; camelCase like the rule packs; durations like ``30s``, ``5m``, ``1h30m``)::
+
+    startupDelay: 60s          # no recovery action in the first 60 s after the agent starts (0 = none)
+    uncordonAfter: 10m         # uncordon a node WE cordoned once healthy this long; omit / null = never
+    respectGracePeriod: true   # SetInstanceHealth(ShouldRespectGracePeriod=...) for mark-unhealthy
+    rules:                     # omitted = the built-in rules; [] = no rule (recovery never acts)
+      - condition: NeuronHealth          # a condition type that is True while the problem is present
+        reasons: ["NeuronHasError_*"]    # shell globs over the condition's reason; omitted / [] = any reason
+        actions: [cordon, mark-unhealthy]   # of cordon, taint, drain, mark-unhealthy (run in that order)
+        persist: 0s                      # act only once the condition has been True this long
+    drain:                     # how a rule's ``drain`` action drains
+      podDeadline: 5m          # how long one pod may take to leave (evictions retried meanwhile)
+      onDeadline: report       # report (leave it, stay cordoned) | delete (bypasses its PodDisruptionBudget)
+      evictionsPerSecond: 5
+      timeout: 30m             # the whole drain
+      waitForDeletion: 2m      # after eviction, how long to wait for a pod to be gone
+    budget:                    # the cluster-wide safety budget (agent.recovery.budget)
+      maxUnhealthy: 10%        # failure domains disrupted at once: a count (3) or a percentage, rounded up
+      maxUnhealthyCap: 10      # caps a percentage; null = no cap (not allowed with a count)
+      maxActions: 10           # disruptive steps per window, cluster-wide
+      window: 10m
+      nodeSelector: ""         # label selector of the nodes the percentage counts; "" = every node
+
+Refused, each as a problem naming ``file:line: field path`` (all problems of a file at once):
+unknown keys (with a did-you-mean), wrong types, bad durations, unknown or repeated actions,
+``uncordon`` as a rule action (it follows healing: ``uncordonAfter``), a rule that drains without
+cordoning (the scheduler would put pods back onto the node being drained), a rule on
+``AcceleratedHardwareReady`` (True means healthy there: name the underlying condition), a rule that
+can never match because an earlier rule takes all its reasons (the first matching rule governs a
+condition), a ``podDeadline`` longer than the drain ``timeout``, a ``maxUnhealthyCap`` with a count,
+and a ``nodeSelector`` that is not a label selector.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from agent.detectors.packfile import Problems, field_path, read_pack
+from agent.durations import format_duration, parse_duration
+from agent.errors import ConfigError
+from agent.recovery.budget import parse_max_unhealthy
+from agent.recovery.model import (
+    ACTION_ORDER,
+    Action,
+    BudgetSettings,
+    DrainSettings,
+    OnDeadline,
+    PolicyRule,
+    RecoveryPolicy,
+)
+from agent.recovery.policy import rule_for
+from agent.types import Condition, Status
+
+__all__ = ["DEFAULT_POLICY", "load_policy", "policy_summary", "published"]
+
+_DEFAULT_ACTIONS = (Action.CORDON, Action.MARK_UNHEALTHY)
+DEFAULT_RULES = tuple(
+    PolicyRule(condition=condition, reasons=reasons, actions=_DEFAULT_ACTIONS, persist=0.0, source="built-in")
+    for condition, reasons in (
+        ("NeuronHealth", ("NeuronHasError_*",)),
+        ("GpuXid", ()),
+        ("GpuDriverError", ()),
+        ("GpuEcc", ()),
+        ("GpuCount", ()),
+        ("NeuronDevices", ()),
+    )
+)
+DEFAULT_POLICY = RecoveryPolicy(
+    rules=DEFAULT_RULES,
+    startup_delay=60.0,
+    uncordon_after=None,
+    respect_grace_period=True,
+    drain=DrainSettings(),
+    budget=BudgetSettings(),
+)
+
+TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
+RULE_KEYS = ("condition", "reasons", "actions", "persist")
+DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
+BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector")
+RULE_ACTIONS = tuple(a.value for a in ACTION_ORDER)  # uncordon is not a rule action
+HEALTHY_WHEN_TRUE = frozenset({"AcceleratedHardwareReady", "Ready"})  # conditions that are True when healthy
+_CONDITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+
+
+def load_policy(path: Path) -> RecoveryPolicy:
+    """The policy in ``path`` (format in the module docstring). Raises ConfigError listing every problem."""
+    doc, problems = read_pack(path)
+    if doc is None:
+        raise ConfigError(problems)
+    col = Problems(file=str(path), doc=doc)
+    policy = _check(col)
+    if len(col):
+        raise ConfigError(col.problems)
+    assert policy is not None
+    return policy
+
+
+def _unknown_keys(value: Mapping[Any, Any], *, known: Iterable[str], path: tuple, col: Problems) -> None:
+    known = tuple(known)
+    for key in value:
+        if key in known:
+            continue
+        text = str(key)
+        squashed = {k.lower(): k for k in known}
+        guess = squashed.get(text.lower().replace("_", "").replace("-", ""))
+        if guess is None:
+            close = difflib.get_close_matches(text, known, n=1, cutoff=0.6)
+            prefixed = [k for k in known if len(text) >= 3 and k.lower().startswith(text.lower())]
+            guess = close[0] if close else prefixed[0] if len(prefixed) == 1 else None
+        hint = f"did you mean {guess!r}?" if guess else f"known: {', '.join(known)}"
+        col.add((*path, key), f"unknown key {key!r} ({hint})")
+
+
+def _mapping(data: Mapping[str, Any], key: str, *, col: Problems, path: tuple = ()) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        col.add((*path, key), "must be a mapping")
+        return {}
+    return value
+
+
+def _duration(
+    data: Mapping[str, Any], key: str, default: float, *, col: Problems, path: tuple, positive: bool = False
+) -> float:
+    if key not in data:
+        return default
+    try:
+        value = parse_duration(data[key])
+    except ValueError as exc:
+        col.add((*path, key), str(exc))
+        return default
+    if positive and value <= 0:
+        col.add((*path, key), f"must be longer than 0, got {data[key]!r}")
+        return default
+    return value
+
+
+def _integer(data: Mapping[str, Any], key: str, default: int, *, col: Problems, path: tuple) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        col.add((*path, key), f"must be an integer of at least 1, got {value!r}")
+        return default
+    return value
+
+
+def _check(col: Problems) -> RecoveryPolicy | None:
+    data = col.doc.data
+    if not isinstance(data, dict):
+        col.add((), "expected a mapping (startupDelay, uncordonAfter, respectGracePeriod, rules, drain, budget)")
+        return None
+    _unknown_keys(data, known=TOP_KEYS, path=(), col=col)
+    startup_delay = _duration(data, "startupDelay", DEFAULT_POLICY.startup_delay, col=col, path=())
+    uncordon_after = None
+    if data.get("uncordonAfter") is not None:
+        uncordon_after = _duration(data, "uncordonAfter", 0.0, col=col, path=())
+    respect = data.get("respectGracePeriod", True)
+    if not isinstance(respect, bool):
+        col.add(("respectGracePeriod",), f"must be true or false, got {respect!r}")
+        respect = True
+    rules = DEFAULT_RULES if "rules" not in data else _check_rules(data["rules"], col=col)
+    return RecoveryPolicy(
+        rules=rules,
+        startup_delay=startup_delay,
+        uncordon_after=uncordon_after,
+        respect_grace_period=respect,
+        drain=_check_drain(_mapping(data, "drain", col=col), col=col),
+        budget=_check_budget(_mapping(data, "budget", col=col), col=col),
+    )
+
+
+def _check_rules(raw: Any, *, col: Problems) -> tuple[PolicyRule, ...]:
+    if not isinstance(raw, list):
+        hint = " ([] = no rule; leave the key out for the built-in rules)" if raw is None else ""
+        col.add(("rules",), f"must be a list of {{condition, reasons, actions, persist}}{hint}")
+        return ()
+    rules: list[tuple[tuple, PolicyRule]] = []
+    for i, item in enumerate(raw):
+        path = ("rules", i)
+        if not isinstance(item, dict):
+            col.add(path, "must be a mapping with condition and actions")
+            continue
+        rule = _check_rule(item, col=col, path=path)
+        if rule is None:
+            continue
+        for earlier_path, earlier in rules:
+            if _covers(earlier, rule):
+                col.add(
+                    path,
+                    f"never matches: {col.where(earlier_path)} already takes every reason of {rule.condition} "
+                    "listed here (the first matching rule governs a condition)",
+                )
+                break
+        rules.append((path, rule))
+    return tuple(rule for _, rule in rules)
+
+
+def _covers(earlier: PolicyRule, later: PolicyRule) -> bool:
+    """Whether every reason ``later`` can match is taken by ``earlier`` (simple, certain cases only)."""
+    if earlier.condition != later.condition:
+        return False
+    if not earlier.reasons:
+        return True
+    if not later.reasons:
+        return False
+    return all(any(g == e or (not _is_glob(g) and fnmatchcase(g, e)) for e in earlier.reasons) for g in later.reasons)
+
+
+def _is_glob(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> PolicyRule | None:
+    before = len(col)
+    _unknown_keys(item, known=RULE_KEYS, path=path, col=col)
+    condition = item.get("condition")
+    if not isinstance(condition, str) or not _CONDITION_RE.match(condition):
+        col.add((*path, "condition"), "required: a condition type (letters, digits and _.:/-)")
+    elif condition in HEALTHY_WHEN_TRUE:
+        col.add(
+            (*path, "condition"),
+            f"{condition} is True when the node is healthy; recovery acts on conditions that are True while a "
+            "problem is present: name the underlying condition (NeuronHealth, GpuXid, ...)",
+        )
+    reasons: tuple[str, ...] = ()
+    raw_reasons = item.get("reasons")
+    if raw_reasons is not None:
+        if not isinstance(raw_reasons, list):
+            col.add((*path, "reasons"), "must be a list of reason globs, e.g. ['NeuronHasError_*'] ([] = any reason)")
+        else:
+            for j, glob in enumerate(raw_reasons):
+                if not isinstance(glob, str) or not glob.strip():
+                    col.add((*path, "reasons", j), f"must be a non-empty reason or glob, got {glob!r}")
+            reasons = tuple(g for g in raw_reasons if isinstance(g, str) and g.strip())
+    actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
+    persist = _duration(item, "persist", 0.0, col=col, path=path)
+    if len(col) != before or not isinstance(condition, str):
+        return None
+    line = col.doc.line(path)
+    return PolicyRule(
+        condition=condition,
+        reasons=reasons,
+        actions=actions,
+        persist=persist,
+        source=f"{col.file}:{line}" if line is not None else f"{col.file}: {field_path(path)}",
+    )
+
+
+def _check_actions(raw: Any, *, col: Problems, path: tuple) -> tuple[Action, ...]:
+    known = ", ".join(RULE_ACTIONS)
+    if not isinstance(raw, list) or not raw:
+        col.add(path, f"required: a non-empty list of actions (known: {known})")
+        return ()
+    found: list[Action] = []
+    for j, name in enumerate(raw):
+        if name == Action.UNCORDON.value:
+            col.add((*path, j), "uncordon is not a rule action: it follows healing (set uncordonAfter)")
+        elif not isinstance(name, str) or name not in RULE_ACTIONS:
+            col.add((*path, j), f"unknown action {name!r} (known: {known})")
+        elif Action(name) in found:
+            col.add((*path, j), f"duplicate action {name!r}")
+        else:
+            found.append(Action(name))
+    if Action.DRAIN in found and Action.CORDON not in found:
+        col.add(
+            path,
+            "drain needs cordon in the same rule: without it the scheduler puts pods back onto the node being drained",
+        )
+    return tuple(a for a in ACTION_ORDER if a in found)
+
+
+def _check_drain(data: Mapping[str, Any], *, col: Problems) -> DrainSettings:
+    path = ("drain",)
+    _unknown_keys(data, known=DRAIN_KEYS, path=path, col=col)
+    default = DrainSettings()
+    on_deadline = default.on_deadline
+    if "onDeadline" in data:
+        try:
+            on_deadline = OnDeadline(data["onDeadline"])
+        except ValueError:
+            col.add(
+                (*path, "onDeadline"),
+                f"must be one of {', '.join(o.value for o in OnDeadline)}, got {data['onDeadline']!r}",
+            )
+    rate = data.get("evictionsPerSecond", default.evictions_per_second)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+        col.add((*path, "evictionsPerSecond"), f"must be a number above 0, got {rate!r}")
+        rate = default.evictions_per_second
+    drain = DrainSettings(
+        pod_deadline=_duration(data, "podDeadline", default.pod_deadline, col=col, path=path, positive=True),
+        on_deadline=on_deadline,
+        evictions_per_second=float(rate),
+        timeout=_duration(data, "timeout", default.timeout, col=col, path=path, positive=True),
+        wait_for_deletion=_duration(data, "waitForDeletion", default.wait_for_deletion, col=col, path=path),
+    )
+    if drain.pod_deadline > drain.timeout:
+        col.add(
+            (*path, "podDeadline"),
+            f"{format_duration(drain.pod_deadline)} is longer than the whole drain's timeout "
+            f"({format_duration(drain.timeout)})",
+        )
+    return drain
+
+
+def _check_budget(data: Mapping[str, Any], *, col: Problems) -> BudgetSettings:
+    path = ("budget",)
+    _unknown_keys(data, known=BUDGET_KEYS, path=path, col=col)
+    default = BudgetSettings()
+    max_unhealthy = data.get("maxUnhealthy", default.max_unhealthy)
+    try:
+        is_count = isinstance(parse_max_unhealthy(max_unhealthy), int)
+        if isinstance(max_unhealthy, str):
+            max_unhealthy = max_unhealthy.strip()
+    except ValueError as exc:
+        col.add((*path, "maxUnhealthy"), str(exc))
+        max_unhealthy, is_count = default.max_unhealthy, False
+    cap: int | None = default.max_unhealthy_cap
+    if "maxUnhealthyCap" in data:
+        raw_cap = data["maxUnhealthyCap"]
+        if raw_cap is None:
+            cap = None
+        elif isinstance(raw_cap, bool) or not isinstance(raw_cap, int) or raw_cap < 1:
+            col.add((*path, "maxUnhealthyCap"), f"must be an integer of at least 1 or null (no cap), got {raw_cap!r}")
+        elif is_count:
+            col.add(
+                (*path, "maxUnhealthyCap"),
+                f"caps a percentage; maxUnhealthy is the count {max_unhealthy}: remove maxUnhealthyCap",
+            )
+        else:
+            cap = raw_cap
+    selector = data.get("nodeSelector", "")
+    if selector is None:
+        selector = ""
+    if not isinstance(selector, str):
+        col.add((*path, "nodeSelector"), f"must be a label selector string, got {selector!r}")
+        selector = ""
+    else:
+        problem = selector_problem(selector)
+        if problem:
+            col.add((*path, "nodeSelector"), problem)
+    return BudgetSettings(
+        max_unhealthy=max_unhealthy,
+        max_unhealthy_cap=cap,
+        max_actions=_integer(data, "maxActions", default.max_actions, col=col, path=path),
+        window=_duration(data, "window", default.window, col=col, path=path, positive=True),
+        node_selector=selector.strip(),
+    )
+
+
+# ---- label selectors (k8s.io/apimachinery/pkg/labels, the string form) -------------------------------
+
+_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_PREFIX = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+_KEY = rf"(?:{_PREFIX}/)?{_NAME}"
+_VALUE = rf"(?:{_NAME})?"
+_REQUIREMENT = re.compile(
+    rf"^\s*(?:!\s*(?P<absent>{_KEY})"
+    rf"|(?P<key>{_KEY})\s*(?:(?P<op>==|!=|=)\s*(?P<value>{_VALUE})"
+    rf"|(?P<cmp>[<>])\s*(?P<number>-?\d+)"
+    rf"|\s(?P<set>in|notin)\s*\(\s*(?P<values>[^()]*)\)"
+    rf")?)\s*$"
+)
+
+
+def selector_problem(selector: str) -> str | None:
+    """Why ``selector`` is not a valid label selector (None when it is; "" selects everything)."""
+    if not selector.strip():
+        return None
+    for part in _split_requirements(selector):
+        m = _REQUIREMENT.match(part)
+        if m is None:
+            return (
+                f"{part.strip()!r} is not a label selector requirement (key, !key, key=value, key!=value, "
+                "key in (a,b), key notin (a,b))"
+            )
+        key = m.group("absent") or m.group("key")
+        if "/" in key and len(key.split("/", 1)[0]) > 253:
+            return f"{key!r}: the key's prefix is longer than 253 characters"
+        if m.group("set"):
+            values = [v.strip() for v in m.group("values").split(",")]
+            bad = [v for v in values if not re.fullmatch(_VALUE, v)]
+            if bad or values == [""]:
+                return f"{part.strip()!r}: {m.group('set')} needs a list of label values"
+    return None
+
+
+def _split_requirements(selector: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(selector):
+        depth += c == "("
+        depth -= c == ")"
+        if c == "," and depth == 0:
+            parts.append(selector[start:i])
+            start = i + 1
+    parts.append(selector[start:])
+    return parts
+
+
+# ---- summary and the CloudWatch predicate ----------------------------------------------------------
+
+
+def policy_summary(policy: RecoveryPolicy) -> list[str]:
+    """Lines for ``validate-config``: what recovery would do with this policy."""
+    lines = [f"recovery rules: {len(policy.rules)}" + ("" if policy.rules else " (recovery never acts)")]
+    for rule in policy.rules:
+        reasons = ", ".join(rule.reasons) if rule.reasons else "any reason"
+        wait = f", after {format_duration(rule.persist)} True" if rule.persist else ""
+        lines.append(f"  {rule.condition} [{reasons}]: {', '.join(a.value for a in rule.actions)}{wait}")
+    lines.append(
+        f"startup delay: {format_duration(policy.startup_delay)}" if policy.startup_delay else "startup delay: none"
+    )
+    if policy.uncordon_after is None:
+        lines.append("uncordon: never (a node we cordoned stays cordoned until an operator uncordons it)")
+    else:
+        lines.append(
+            f"uncordon: a node we cordoned, once healthy for {format_duration(policy.uncordon_after)} "
+            "(never one marked unhealthy)"
+        )
+    lines.append(
+        "mark-unhealthy: SetInstanceHealth "
+        + ("respects" if policy.respect_grace_period else "ignores")
+        + " the Auto Scaling health check grace period"
+    )
+    d = policy.drain
+    if any(Action.DRAIN in r.actions for r in policy.rules):
+        lines.append(
+            f"drain: {d.evictions_per_second:g} evictions/s, each pod {format_duration(d.pod_deadline)} then "
+            f"{d.on_deadline.value}, wait {format_duration(d.wait_for_deletion)} for deletion, whole drain "
+            f"{format_duration(d.timeout)}"
+        )
+    else:
+        lines.append("drain: no rule drains")
+    b = policy.budget
+    if isinstance(b.max_unhealthy, int):
+        places = f"{b.max_unhealthy} failure domain(s)"
+    else:
+        cap = f", at most {b.max_unhealthy_cap}" if b.max_unhealthy_cap is not None else ""
+        places = f"{b.max_unhealthy} of the failure domains (rounded up, at least 1{cap})"
+    scope = f"nodes matching {b.node_selector!r}" if b.node_selector else "all nodes"
+    lines.append(
+        f"budget: {places} of {scope} disrupted at once; {b.max_actions} disruptive actions per "
+        f"{format_duration(b.window)}"
+    )
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class _Published:
+    policy: RecoveryPolicy
+
+    def __call__(self, condition: Condition) -> bool:
+        return condition.status is Status.TRUE and rule_for(self.policy, condition) is not None
+
+
+def published(policy: RecoveryPolicy) -> Callable[[Condition], bool]:
+    """Whether a condition is an unrecoverable problem per the policy: True and matched by a rule (its
+    ``persist`` is not waited for). The CloudWatch sink publishes those, whether or not recovery is
+    enabled."""
+    return _Published(policy)

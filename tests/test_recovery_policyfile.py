@@ -1,0 +1,453 @@
+"""The recovery policy file (agent.recovery.policyfile): the defaults, a full file, and every
+problem with its exact message (file:line: field path: message), all of a file at once."""
+
+from __future__ import annotations
+
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ConfigError
+from agent.recovery.budget import parse_max_unhealthy
+from agent.recovery.model import Action, BudgetSettings, DrainSettings, OnDeadline, PolicyRule, RecoveryPolicy
+from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary, published, selector_problem
+from agent.types import Condition, Status
+
+CORDON, TAINT, DRAIN, MARK = Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY
+
+
+def write(tmp_path: Path, text: str, name: str = "policy.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_policy(path)
+    return [str(p).replace(str(path), "policy.yaml") for p in info.value.problems]
+
+
+def condition(type_: str, reason: str, status: Status = Status.TRUE) -> Condition:
+    return Condition(type=type_, status=status, reason=reason, message="", last_transition=0.0, last_update=0.0)
+
+
+# ---- the defaults -------------------------------------------------------------------------------------
+
+
+def test_default_policy():
+    assert DEFAULT_POLICY.startup_delay == 60.0
+    assert DEFAULT_POLICY.uncordon_after is None
+    assert DEFAULT_POLICY.respect_grace_period is True
+    assert DEFAULT_POLICY.drain == DrainSettings()
+    assert DEFAULT_POLICY.budget == BudgetSettings(
+        max_unhealthy="10%", max_unhealthy_cap=10, max_actions=10, window=600
+    )
+    assert [(r.condition, r.reasons, r.actions, r.persist) for r in DEFAULT_POLICY.rules] == [
+        ("NeuronHealth", ("NeuronHasError_*",), (CORDON, MARK), 0.0),
+        ("GpuXid", (), (CORDON, MARK), 0.0),
+        ("GpuDriverError", (), (CORDON, MARK), 0.0),
+        ("GpuEcc", (), (CORDON, MARK), 0.0),
+        ("GpuCount", (), (CORDON, MARK), 0.0),
+        ("NeuronDevices", (), (CORDON, MARK), 0.0),
+    ]
+    assert not any(DRAIN in r.actions for r in DEFAULT_POLICY.rules)
+
+
+def test_an_empty_file_is_the_default_policy(tmp_path):
+    assert load_policy(write(tmp_path, "")) == DEFAULT_POLICY
+    assert load_policy(write(tmp_path, "{}\n")) == DEFAULT_POLICY
+
+
+def test_a_full_file(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        startupDelay: 2m
+        uncordonAfter: 15m
+        respectGracePeriod: false
+        rules:
+          - condition: NeuronHealth
+            reasons: ["NeuronHasError_DMA_ERROR", "NeuronHasError_HBM_*"]
+            actions: [mark-unhealthy, drain, cordon]
+            persist: 30s
+          - condition: GpuXid
+            actions: [taint]
+        drain:
+          podDeadline: 2m
+          onDeadline: delete
+          evictionsPerSecond: 0.5
+          timeout: 20m
+          waitForDeletion: 0
+        budget:
+          maxUnhealthy: 25%
+          maxUnhealthyCap: null
+          maxActions: 4
+          window: 1h
+          nodeSelector: "node.kubernetes.io/instance-type in (trn2.48xlarge, trn2u.48xlarge), !excluded"
+        """,
+    )
+    assert load_policy(path) == RecoveryPolicy(
+        rules=(
+            PolicyRule(
+                condition="NeuronHealth",
+                reasons=("NeuronHasError_DMA_ERROR", "NeuronHasError_HBM_*"),
+                actions=(CORDON, DRAIN, MARK),
+                persist=30.0,
+                source=f"{path}:5",
+            ),
+            PolicyRule(condition="GpuXid", reasons=(), actions=(TAINT,), persist=0.0, source=f"{path}:9"),
+        ),
+        startup_delay=120.0,
+        uncordon_after=900.0,
+        respect_grace_period=False,
+        drain=DrainSettings(
+            pod_deadline=120.0,
+            on_deadline=OnDeadline.DELETE,
+            evictions_per_second=0.5,
+            timeout=1200.0,
+            wait_for_deletion=0.0,
+        ),
+        budget=BudgetSettings(
+            max_unhealthy="25%",
+            max_unhealthy_cap=None,
+            max_actions=4,
+            window=3600.0,
+            node_selector="node.kubernetes.io/instance-type in (trn2.48xlarge, trn2u.48xlarge), !excluded",
+        ),
+    )
+
+
+def test_json_works_too(tmp_path):
+    path = write(tmp_path, '{"budget": {"maxUnhealthy": 3, "maxUnhealthyCap": null}, "rules": []}', "policy.json")
+    policy = load_policy(path)
+    assert policy.rules == () and policy.budget.max_unhealthy == 3 and policy.budget.max_unhealthy_cap is None
+
+
+def test_partial_sections_keep_their_defaults(tmp_path):
+    policy = load_policy(write(tmp_path, "budget:\n  maxActions: 3\ndrain:\n  timeout: 1h\n"))
+    assert policy.rules == DEFAULT_POLICY.rules
+    assert policy.budget == BudgetSettings(max_actions=3)
+    assert policy.drain == DrainSettings(timeout=3600.0)
+
+
+# ---- every problem, with its exact message ----------------------------------------------------------------
+
+KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            """
+            rules:
+              - condition: NeuronHealth
+                actions: [cordon]
+              - condition: GpuXid
+                actions: [reboot, cordon]
+            """,
+            [f"policy.yaml:5: rules[1].actions[0]: unknown action 'reboot' {KNOWN_ACTIONS}"],
+        ),
+        (
+            "uncordonAftr: 5m\n",
+            ["policy.yaml:1: uncordonAftr: unknown key 'uncordonAftr' (did you mean 'uncordonAfter'?)"],
+        ),
+        (
+            "startup_delay: 5m\n",
+            ["policy.yaml:1: startup_delay: unknown key 'startup_delay' (did you mean 'startupDelay'?)"],
+        ),
+        (
+            "colour: blue\n",
+            [
+                "policy.yaml:1: colour: unknown key 'colour' (known: startupDelay, uncordonAfter, "
+                "respectGracePeriod, rules, drain, budget)"
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    action: [cordon]\n",
+            [
+                f"policy.yaml:2: rules[0].actions: required: a non-empty list of actions {KNOWN_ACTIONS}",
+                "policy.yaml:3: rules[0].action: unknown key 'action' (did you mean 'actions'?)",
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions: [drain, mark-unhealthy]\n",
+            [
+                "policy.yaml:3: rules[0].actions: drain needs cordon in the same rule: without it the scheduler "
+                "puts pods back onto the node being drained"
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions: [cordon, uncordon]\n",
+            [
+                "policy.yaml:3: rules[0].actions[1]: uncordon is not a rule action: it follows healing "
+                "(set uncordonAfter)"
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions:\n      - cordon\n      - cordon\n",
+            ["policy.yaml:5: rules[0].actions[1]: duplicate action 'cordon'"],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions: []\n",
+            [f"policy.yaml:3: rules[0].actions: required: a non-empty list of actions {KNOWN_ACTIONS}"],
+        ),
+        (
+            "rules:\n  - actions: [cordon]\n",
+            ["policy.yaml:2: rules[0].condition: required: a condition type (letters, digits and _.:/-)"],
+        ),
+        (
+            "rules:\n  - condition: AcceleratedHardwareReady\n    actions: [cordon]\n",
+            [
+                "policy.yaml:2: rules[0].condition: AcceleratedHardwareReady is True when the node is healthy; "
+                "recovery acts on conditions that are True while a problem is present: name the underlying "
+                "condition (NeuronHealth, GpuXid, ...)"
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    reasons: GpuXid79\n    actions: [cordon]\n",
+            [
+                "policy.yaml:3: rules[0].reasons: must be a list of reason globs, e.g. ['NeuronHasError_*'] "
+                "([] = any reason)"
+            ],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    reasons: ['']\n    actions: [cordon]\n",
+            ["policy.yaml:3: rules[0].reasons[0]: must be a non-empty reason or glob, got ''"],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions: [cordon]\n    persist: soon\n",
+            ["policy.yaml:4: rules[0].persist: invalid duration 'soon' (use e.g. '30s', '5m', '1h30m')"],
+        ),
+        (
+            "rules:\n  - condition: GpuXid\n    actions: [cordon]\n  - condition: GpuXid\n"
+            "    reasons: [GpuXid79]\n    actions: [cordon, mark-unhealthy]\n",
+            [
+                "policy.yaml:4: rules[1]: never matches: rules[0], line 2 already takes every reason of GpuXid "
+                "listed here (the first matching rule governs a condition)"
+            ],
+        ),
+        (
+            "rules:\n  - condition: NeuronHealth\n    reasons: ['NeuronHasError_*']\n    actions: [cordon]\n"
+            "  - condition: NeuronHealth\n    reasons: [NeuronHasError_DMA_ERROR]\n    actions: [mark-unhealthy]\n",
+            [
+                "policy.yaml:5: rules[1]: never matches: rules[0], line 2 already takes every reason of "
+                "NeuronHealth listed here (the first matching rule governs a condition)"
+            ],
+        ),
+        (
+            "rules: {condition: GpuXid}\n",
+            ["policy.yaml:1: rules: must be a list of {condition, reasons, actions, persist}"],
+        ),
+        ("rules:\n  - cordon\n", ["policy.yaml:2: rules[0]: must be a mapping with condition and actions"]),
+        (
+            "rules:\n",
+            [
+                "policy.yaml:1: rules: must be a list of {condition, reasons, actions, persist} ([] = no rule; "
+                "leave the key out for the built-in rules)"
+            ],
+        ),
+        (
+            "- a\n- b\n",
+            [
+                "policy.yaml:1: expected a mapping (startupDelay, uncordonAfter, respectGracePeriod, rules, drain, "
+                "budget)"
+            ],
+        ),
+        (
+            "startupDelay: -5s\n",
+            ["policy.yaml:1: startupDelay: invalid duration '-5s' (use e.g. '30s', '5m', '1h30m')"],
+        ),
+        ("uncordonAfter: true\n", ["policy.yaml:1: uncordonAfter: expected a duration like '5m', got True"]),
+        (
+            "respectGracePeriod: yes please\n",
+            ["policy.yaml:1: respectGracePeriod: must be true or false, got 'yes please'"],
+        ),
+        ("drain: 5m\n", ["policy.yaml:1: drain: must be a mapping"]),
+        (
+            "drain:\n  onDeadline: kill\n  evictionsPerSecond: 0\n  podDeadline: 0s\n  wait: 1m\n",
+            [
+                "policy.yaml:2: drain.onDeadline: must be one of report, delete, got 'kill'",
+                "policy.yaml:3: drain.evictionsPerSecond: must be a number above 0, got 0",
+                "policy.yaml:4: drain.podDeadline: must be longer than 0, got '0s'",
+                "policy.yaml:5: drain.wait: unknown key 'wait' (did you mean 'waitForDeletion'?)",
+            ],
+        ),
+        (
+            "drain:\n  podDeadline: 1h\n  timeout: 30m\n",
+            ["policy.yaml:2: drain.podDeadline: 1h is longer than the whole drain's timeout (30m)"],
+        ),
+        (
+            "budget:\n  maxUnhealthy: 0\n",
+            ["policy.yaml:2: budget.maxUnhealthy: must be at least 1, got 0"],
+        ),
+        (
+            "budget:\n  maxUnhealthy: 150%\n",
+            ["policy.yaml:2: budget.maxUnhealthy: a percentage must be above 0% and at most 100%, got '150%'"],
+        ),
+        (
+            "budget:\n  maxUnhealthy: ten\n",
+            ["policy.yaml:2: budget.maxUnhealthy: must be a count like 3 or a percentage like '10%', got 'ten'"],
+        ),
+        (
+            "budget:\n  maxUnhealthy: 3\n  maxUnhealthyCap: 2\n",
+            [
+                "policy.yaml:3: budget.maxUnhealthyCap: caps a percentage; maxUnhealthy is the count 3: "
+                "remove maxUnhealthyCap"
+            ],
+        ),
+        (
+            "budget:\n  maxUnhealthyCap: 0\n  maxActions: many\n  window: 0s\n",
+            [
+                "policy.yaml:2: budget.maxUnhealthyCap: must be an integer of at least 1 or null (no cap), got 0",
+                "policy.yaml:3: budget.maxActions: must be an integer of at least 1, got 'many'",
+                "policy.yaml:4: budget.window: must be longer than 0, got '0s'",
+            ],
+        ),
+        (
+            "budget:\n  nodeSelector: 'role in gpu'\n",
+            [
+                "policy.yaml:2: budget.nodeSelector: 'role in gpu' is not a label selector requirement (key, !key, "
+                "key=value, key!=value, key in (a,b), key notin (a,b))"
+            ],
+        ),
+        (
+            "budget:\n  MaxActions: 3\n",
+            ["policy.yaml:2: budget.MaxActions: unknown key 'MaxActions' (did you mean 'maxActions'?)"],
+        ),
+        ("rules: [\n", ["policy.yaml:2: invalid YAML: expected the node content, but found '<stream end>'"]),
+    ],
+)
+def test_problems(tmp_path, text, expected):
+    assert problems(tmp_path, textwrap.dedent(text).lstrip("\n")) == expected
+
+
+def test_every_problem_of_a_file_at_once_in_line_order(tmp_path):
+    found = problems(
+        tmp_path,
+        """
+        startupDelay: later
+        rules:
+          - condition: GpuXid
+            actions: [reboot]
+            persist: 1 minute
+          - condition: NeuronHealth
+            actions: [drain]
+        budget:
+          maxUnhealthy: 0%
+        """,
+    )
+    assert found == [
+        "policy.yaml:1: startupDelay: invalid duration 'later' (use e.g. '30s', '5m', '1h30m')",
+        f"policy.yaml:4: rules[0].actions[0]: unknown action 'reboot' {KNOWN_ACTIONS}",
+        "policy.yaml:5: rules[0].persist: invalid duration '1 minute' (use e.g. '30s', '5m', '1h30m')",
+        "policy.yaml:7: rules[1].actions: drain needs cordon in the same rule: without it the scheduler puts pods "
+        "back onto the node being drained",
+        "policy.yaml:9: budget.maxUnhealthy: a percentage must be above 0% and at most 100%, got '0%'",
+    ]
+
+
+def test_a_missing_file(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_policy(tmp_path / "nope.yaml")
+    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: cannot read file: no such file or directory"
+
+
+# ---- pieces ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(3, 3), ("10%", Fraction(10)), (" 12.5 % ", Fraction(25, 2)), ("100%", Fraction(100))],
+)
+def test_parse_max_unhealthy(value, expected):
+    assert parse_max_unhealthy(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "0%", "101%", "10", "%", 2.5, None])
+def test_parse_max_unhealthy_refuses(value):
+    with pytest.raises(ValueError):
+        parse_max_unhealthy(value)
+
+
+@pytest.mark.parametrize(
+    ("selector", "ok"),
+    [
+        ("", True),
+        ("role=gpu", True),
+        ("role==gpu,zone!=a", True),
+        ("example.com/pool in (a, b),!excluded", True),
+        ("gpu", True),
+        ("role notin (x)", True),
+        ("role in ()", False),
+        ("role in gpu", False),
+        ("=gpu", False),
+        ("role=gp u", False),
+        ("Bad_Prefix.com/x=y", False),
+    ],
+)
+def test_selector_problem(selector, ok):
+    assert (selector_problem(selector) is None) is ok
+
+
+def test_policy_summary_of_the_default():
+    assert policy_summary(DEFAULT_POLICY) == [
+        "recovery rules: 6",
+        "  NeuronHealth [NeuronHasError_*]: cordon, mark-unhealthy",
+        "  GpuXid [any reason]: cordon, mark-unhealthy",
+        "  GpuDriverError [any reason]: cordon, mark-unhealthy",
+        "  GpuEcc [any reason]: cordon, mark-unhealthy",
+        "  GpuCount [any reason]: cordon, mark-unhealthy",
+        "  NeuronDevices [any reason]: cordon, mark-unhealthy",
+        "startup delay: 1m",
+        "uncordon: never (a node we cordoned stays cordoned until an operator uncordons it)",
+        "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
+        "drain: no rule drains",
+        "budget: 10% of the failure domains (rounded up, at least 1, at most 10) of all nodes disrupted at once; "
+        "10 disruptive actions per 10m",
+    ]
+
+
+def test_policy_summary_of_a_file(tmp_path):
+    policy = load_policy(
+        write(
+            tmp_path,
+            """
+            startupDelay: 0
+            uncordonAfter: 10m
+            rules:
+              - {condition: GpuXid, actions: [cordon, drain], persist: 90s}
+            budget: {maxUnhealthy: 2, maxUnhealthyCap: null, nodeSelector: role=gpu}
+            """,
+        )
+    )
+    assert policy_summary(policy) == [
+        "recovery rules: 1",
+        "  GpuXid [any reason]: cordon, drain, after 1m30s True",
+        "startup delay: none",
+        "uncordon: a node we cordoned, once healthy for 10m (never one marked unhealthy)",
+        "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
+        "drain: 5 evictions/s, each pod 5m then report, wait 2m for deletion, whole drain 30m",
+        "budget: 2 failure domain(s) of nodes matching 'role=gpu' disrupted at once; 10 disruptive actions per 10m",
+    ]
+    assert policy_summary(RecoveryPolicy(rules=()))[0] == "recovery rules: 0 (recovery never acts)"
+
+
+@pytest.mark.parametrize(
+    ("cond", "expected"),
+    [
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), True),
+        (condition("NeuronHealth", "NeuronHasNoError", Status.FALSE), False),
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR", Status.UNKNOWN), False),
+        (condition("NeuronHealth", "SomethingElse"), False),
+        (condition("GpuXid", "GpuXid79"), True),
+        (condition("GpuNvlink", "GpuNvlinkBad"), False),  # no default rule
+        (condition("NeuronDevices", "NeuronDevicesMissing"), True),
+    ],
+)
+def test_published(cond, expected):
+    assert published(DEFAULT_POLICY)(cond) is expected
