@@ -211,6 +211,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="condition type no longer configured: delete it from the Node (repeatable or comma-separated; "
         "env NHA_DELETE_CONDITIONS). Nothing is deleted otherwise.",
     )
+    rec = run.add_argument_group('recovery and CloudWatch (README "Recovery")')
+    rec.add_argument(
+        "--enable-recovery",
+        default=os.environ.get("ENABLE_RECOVERY"),
+        metavar="BOOL",
+        help="true: cordon / drain / mark the instance Unhealthy as the recovery policy says; unset or false: "
+        "report what would be done (env ENABLE_RECOVERY; any other value exits 2)",
+    )
+    rec.add_argument(
+        "--cluster-name",
+        default=os.environ.get("CLUSTER_NAME") or env_default("cluster-name", ""),
+        metavar="NAME",
+        help="CloudWatch dimension ClusterName and the scope of the recovery budget (env CLUSTER_NAME)",
+    )
+    rec.add_argument(
+        "--recovery-startup-delay",
+        default=os.environ.get("RECOVERY_STARTUP_DELAY") or None,
+        metavar="DUR",
+        help="no recovery action in the first DUR after start (env RECOVERY_STARTUP_DELAY; default: the policy's, "
+        "60s; 0 disables)",
+    )
+    rec.add_argument(
+        "--recovery-policy",
+        default=env_default("recovery-policy") or None,
+        metavar="FILE",
+        help="recovery policy YAML (env NHA_RECOVERY_POLICY; default: the built-in policy, see docs/recovery.md)",
+    )
+    rec.add_argument(
+        "--cloudwatch",
+        default=env_default("cloudwatch", "false"),
+        metavar="BOOL",
+        help="publish unrecoverable problems to CloudWatch namespace NeuronHealthCheck, independent of "
+        "--enable-recovery (env NHA_CLOUDWATCH; needs --cluster-name and AWS credentials)",
+    )
+    rec.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE") or "node-health-agent",
+        metavar="NS",
+        help="the agent's namespace, where the recovery budget Lease lives (env POD_NAMESPACE)",
+    )
 
     relay = sub.add_parser(
         "kmsg-relay",

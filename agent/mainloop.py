@@ -25,6 +25,7 @@ from agent.pipeline import Batch, DetectionPipeline
 from agent.runtime import (
     Inbox,
     Input,
+    Notice,
     Reconfigure,
     RecordBatch,
     SeedConditions,
@@ -156,6 +157,8 @@ class MainLoop:
                 events.extend(self.state.apply(finding))
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+        elif isinstance(item, Notice):
+            events.extend(item.events)
         elif isinstance(item, Reconfigure):
             self.pipeline = DetectionPipeline(rule_set=item.rule_set)
             self.state.declare(item.conditions)

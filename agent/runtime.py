@@ -95,7 +95,17 @@ class Reconfigure:
     generation: int = 0
 
 
-Input = RecordBatch | SeedConditions | CheckReport | Reconfigure
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice:
+    """Events from a component that acts (recovery: cordoned, blocked by the budget, dry run ...).
+
+    The main loop publishes them as they are, so they reach the same sinks (Kubernetes Events with
+    their outbox, or stdout) as the detectors' events: one path to the world, no second writer."""
+
+    events: Sequence[Event]
+
+
+Input = RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice
 
 
 class Inbox:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,12 @@ class Settings:
     instance_type: str | None = None
     check_concurrency: int = 4
     watch_config: bool = True
+    enable_recovery: bool = False  # ENABLE_RECOVERY=true: act; otherwise decide and report what would be done
+    cluster_name: str = ""  # CloudWatch dimension ClusterName and the scope of the recovery budget
+    recovery_startup_delay: float | None = None  # None = the policy's (default 60 s)
+    recovery_policy: Path | None = None  # None = the built-in default policy
+    cloudwatch: bool = False  # publish unrecoverable problems to CloudWatch (independent of recovery)
+    pod_namespace: str = "node-health-agent"  # where the budget Lease lives (POD_NAMESPACE)
 
     @property
     def rule_paths(self) -> tuple[Path, ...]:
@@ -146,8 +153,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
     """Settings from parsed ``run`` arguments. Raises ConfigError naming each bad flag."""
     problems: list[ConfigProblem] = []
 
-    def bad(flag: str, message: str) -> None:
-        var = f"NHA_{flag.upper().replace('-', '_')}"
+    def bad(flag: str, message: str, var: str | None = None) -> None:
+        var = var or f"NHA_{flag.upper().replace('-', '_')}"
         problems.append(ConfigProblem(file=f"--{flag} / {var}", field="", message=message))
 
     def duration(flag: str, value: str, *, default: float, at_least: float = 0.0, why: str = "") -> float:
@@ -200,6 +207,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
     kubeconfig = args.kubeconfig
     sys_root, dev_root, instance_type, concurrency = check_args(args, bad)
     watch = boolean("watch-config", getattr(args, "watch_config", "true"))
+    recovery = recovery_args(args, bad, standalone=standalone)
     if problems:
         raise ConfigError(problems)
     return Settings(
@@ -224,7 +232,66 @@ def build_settings(args: argparse.Namespace) -> Settings:
         instance_type=instance_type,
         check_concurrency=concurrency,
         watch_config=watch,
+        **recovery,
     )
+
+
+RECOVERY_ENV = "ENABLE_RECOVERY"
+
+
+def parse_enable_recovery(value: str | None) -> bool:
+    """``ENABLE_RECOVERY``: exactly ``true`` acts; unset, empty or ``false`` reports only (any case).
+
+    Anything else (``yes``, ``1``, ``ture``) is refused: a typo must not silently leave a fleet
+    unprotected, nor arm it."""
+    text = (value or "").strip().lower()
+    if text in ("", "false"):
+        return False
+    if text == "true":
+        return True
+    raise ValueError(f"must be true or false, got {value!r} (unset or false = report only)")
+
+
+def recovery_args(args: argparse.Namespace, bad: Callable[..., None], *, standalone: bool) -> dict:
+    """The recovery and CloudWatch settings of ``run`` (see README "Recovery")."""
+    out: dict = {}
+    try:
+        out["enable_recovery"] = parse_enable_recovery(getattr(args, "enable_recovery", None))
+    except ValueError as exc:
+        bad("enable-recovery", str(exc), RECOVERY_ENV)
+        out["enable_recovery"] = False
+    if out["enable_recovery"] and standalone:
+        bad(
+            "enable-recovery",
+            "recovery acts on the cluster (cordon, drain, Auto Scaling): not with --standalone",
+            RECOVERY_ENV,
+        )
+    name = (getattr(args, "cluster_name", None) or "").strip()
+    if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        bad("cluster-name", f"{name!r}: use letters, digits, '.', '_' and '-' (at most 100)", "CLUSTER_NAME")
+    out["cluster_name"] = name
+    delay = getattr(args, "recovery_startup_delay", None)
+    if delay not in (None, ""):
+        try:
+            out["recovery_startup_delay"] = parse_duration(str(delay))
+        except ValueError as exc:
+            bad("recovery-startup-delay", f"{exc} (0 = no delay)", "RECOVERY_STARTUP_DELAY")
+    policy = getattr(args, "recovery_policy", None)
+    if policy:
+        out["recovery_policy"] = Path(policy)
+        if not Path(policy).is_file():
+            bad("recovery-policy", f"{policy}: no such file")
+    try:
+        out["cloudwatch"] = parse_bool(getattr(args, "cloudwatch", "false") or "false")
+    except ValueError as exc:
+        bad("cloudwatch", str(exc))
+    if out.get("cloudwatch") and not name:
+        bad("cloudwatch", "needs --cluster-name (env CLUSTER_NAME): every metric carries the ClusterName dimension")
+    namespace = (getattr(args, "namespace", None) or "node-health-agent").strip()
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
+        bad("namespace", f"{namespace!r} is not a valid namespace name", "POD_NAMESPACE")
+    out["pod_namespace"] = namespace
+    return out
 
 
 def check_args(args: argparse.Namespace, bad: Callable[[str, str], None]) -> tuple[Path, Path, str | None, int]:

@@ -11,7 +11,7 @@ from agent.checks.model import CheckReport, CheckResult, CheckStatus
 from agent.detectors.rulepack import load_rule_set
 from agent.mainloop import MainLoop
 from agent.pipeline import DetectionPipeline
-from agent.runtime import Inbox, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
+from agent.runtime import Inbox, Notice, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
 from agent.settings import builtin_plugins_dir
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
@@ -317,6 +317,25 @@ def test_check_reports_enter_the_same_loop(rules, tmp_path):
     lp.put(CheckReport(check="x", results=(result,), finished_at=NOW, duration=0.1))
     lp.step()
     assert lp.feed.latest().snapshot.condition("NeuronHealth").reason == "NeuronHasError_X"
+
+
+def test_notices_are_published_as_events_and_change_no_condition(rules, tmp_path):
+    lp = Loop(rules, tmp_path)
+    lp.step()
+    before = lp.feed.latest().snapshot
+    event = Event(
+        type="Warning",
+        reason="RecoveryBlocked",
+        message="the cluster budget is spent",
+        timestamp=NOW,
+        source="recovery",
+        severity=Severity.WARNING,
+    )
+    lp.put(Notice(events=[event]))
+    lp.step()
+    pub = lp.feed.latest()
+    assert pub.events == (event,)
+    assert pub.snapshot.conditions == before.conditions and pub.snapshot.generation == before.generation
 
 
 def test_unwritable_state_dir_is_reported_not_fatal(rules, tmp_path):
