@@ -16,7 +16,7 @@ MODULE_OF = {
     "google-re2": "re2",
     "nvidia-ml-py": "pynvml",
 }
-# Pinned for resolution only (kubernetes needs it, and botocore in the tests needs it below 3).
+# Pinned for resolution only (kubernetes needs it, and botocore, under boto3, needs it below 3).
 PINS_ONLY = {"python-dateutil"}
 
 
