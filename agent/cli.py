@@ -542,6 +542,9 @@ def run(args: argparse.Namespace) -> int:
     labels = NodeLabels()
     context = check_context(settings, labels=labels, run_process=runner)
     checks = build_scheduled_checks(config, context=context)
+    from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
+
+    policy = load_policy(settings.recovery_policy) if settings.recovery_policy else DEFAULT_POLICY
     return run_agent(
         settings=settings,
         config=config,
@@ -550,6 +553,7 @@ def run(args: argparse.Namespace) -> int:
         context=context,
         loaded=loaded,
         cancel=cancel,
+        policy=policy,
         stop=_stop_on_signals(),
     )
 

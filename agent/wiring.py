@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import re
@@ -204,6 +205,8 @@ def build_runtime(
     log_monitors: Sequence[LogMonitor] = (),
     labels: NodeLabels | None = None,
     cancel: threading.Event | None = None,
+    policy: Any = None,  # agent.recovery.model.RecoveryPolicy; None = the built-in default
+    aws: AwsSetup | None = None,
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -313,6 +316,14 @@ def build_runtime(
             )
             components.append(seeder)
             details["node_seeder"] = lambda: seeder.last_error
+    collectors: list[Any] = []
+    if kube is not None or settings.cloudwatch:
+        extra, extra_details, extra_collectors = recovery_components(
+            settings=settings, kube=kube, feed=feed, inbox=inbox, policy=policy, aws=aws, clock=clock
+        )
+        consumers.extend(extra)
+        details.update(extra_details)
+        collectors.extend(extra_collectors)
     supervisor_ref: list[Supervisor] = []
     main_loop = MainLoop(
         inbox=inbox,
@@ -344,13 +355,144 @@ def build_runtime(
         scheduler=scheduler,
         inbox=inbox,
     )
-    collectors = [AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats)]
+    collectors.insert(0, AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats))
     if scheduler is not None:
         from agent.sinks.checkmetrics import CheckCollector
 
         collectors.append(CheckCollector(stats=lambda: scheduler.stats))
     runtime.registry = build_registry(*collectors)
     return runtime
+
+
+@dataclass(frozen=True, kw_only=True)
+class AwsSetup:
+    """AWS as the agent uses it (tests pass their own ``environ`` pointing at moto)."""
+
+    environ: Any = None  # Mapping[str, str]; None = os.environ
+
+
+def recovery_components(
+    *,
+    settings: Settings,
+    kube: KubeSetup | None,
+    feed: SnapshotFeed,
+    inbox: Inbox,
+    policy: Any,
+    aws: AwsSetup | None,
+    clock: Callable[[], float],
+) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
+    """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
+
+    AWS (boto3) is loaded only when it is used: CloudWatch on, or recovery acting with a policy that
+    marks instances unhealthy."""
+    from agent.recovery.model import Action
+    from agent.recovery.policyfile import DEFAULT_POLICY, published
+
+    policy = policy or DEFAULT_POLICY
+    if settings.recovery_startup_delay is not None:
+        policy = dataclasses.replace(policy, startup_delay=settings.recovery_startup_delay)
+    components: list[Component] = []
+    details: dict[str, Callable[[], str | None]] = {}
+    collectors: list[Any] = []
+    actions = {a for rule in policy.rules for a in rule.actions}
+    needs_aws = settings.cloudwatch or (settings.enable_recovery and Action.MARK_UNHEALTHY in actions)
+    clients = imds = None
+    if needs_aws:
+        from agent.aws import AwsClients, InstanceMetadata
+
+        environ = aws.environ if aws is not None else None
+        imds = InstanceMetadata(environ=environ)
+        clients = AwsClients(environ=environ, imds=imds)
+    provider_id = ((kube.node or {}).get("spec") or {}).get("providerID") if kube is not None else None
+    if settings.cloudwatch:
+        from agent.aws import CloudWatchPublisher, InstanceIdLookup
+        from agent.sinks.cloudwatch import CloudWatchCollector, CloudWatchSink
+
+        is_published = published(policy)
+        sink = CloudWatchSink(
+            feed=feed,
+            publisher=CloudWatchPublisher(clients=clients),
+            cluster_name=settings.cluster_name,
+            instance_id=InstanceIdLookup(provider_id=lambda: provider_id, imds=imds),
+            select=lambda c: "NeuronHealthCheck" if is_published(c) else None,
+            clock=clock,
+        )
+        components.append(sink)
+        details["cloudwatch"] = lambda: sink.last_error
+        collectors.append(CloudWatchCollector(stats=lambda: sink.stats))
+    if kube is not None:
+        from agent.recovery.loop import RecoveryLoop
+        from agent.sinks.recoverymetrics import RecoveryCollector
+
+        budget = marker = drainer = None
+        if settings.enable_recovery:
+            from agent.recovery.budget import ClusterBudget, budget_lease_name
+
+            budget = ClusterBudget(
+                client=kube.client,
+                namespace=settings.pod_namespace,
+                lease_name=budget_lease_name(settings.cluster_name),
+                node_name=kube.node_name,
+                settings=policy.budget,
+                clock=clock,
+            )
+            if Action.MARK_UNHEALTHY in actions:
+                from agent.aws import AutoScaling
+                from agent.recovery.asg import AsgMarker
+
+                marker = AsgMarker(
+                    autoscaling=AutoScaling(clients=clients),
+                    imds=imds,
+                    respect_grace_period=policy.respect_grace_period,
+                )
+            if Action.DRAIN in actions:
+                drainer = drain_runner(kube=kube, policy=policy, inbox=inbox, clock=clock)
+        loop = RecoveryLoop(
+            feed=feed,
+            inbox=inbox,
+            client=kube.client,
+            node_name=kube.node_name,
+            policy=policy,
+            enabled=settings.enable_recovery,
+            budget=budget,
+            mark_unhealthy=marker,
+            drainer=drainer,
+            clock=clock,
+        )
+        components.append(loop)
+        details["recovery"] = lambda: loop.last_error
+        collectors.append(RecoveryCollector(stats=lambda: loop.stats))
+    return components, details, collectors
+
+
+def drain_runner(*, kube: KubeSetup, policy: Any, inbox: Inbox, clock: Callable[[], float]) -> Callable[..., Any]:
+    """``(stop) -> DrainResult``: a drain of this node whose reports become Events."""
+    from agent.recovery.drain import Drainer
+    from agent.runtime import Notice
+    from agent.types import Event
+
+    def report(kind: str, message: str, stop: threading.Event) -> None:
+        warning = kind not in ("DrainStarted", "DrainSucceeded")
+        event = Event(
+            type="Warning" if warning else "Normal",
+            reason=f"Recovery{kind}",
+            message=message,
+            timestamp=clock(),
+            source="recovery",
+            severity=Severity.WARNING if warning else Severity.INFO,
+        )
+        inbox.put(Notice(events=[event]), stop=stop)
+
+    def run(stop: threading.Event) -> Any:
+        return Drainer(
+            client=kube.client,
+            node_name=kube.node_name,
+            settings=policy.drain,
+            clock=clock,
+            report=lambda kind, message: report(kind, message, stop),
+        ).run(stop)
+
+    return run
 
 
 MAX_HTTP_CONNECTIONS = 1024
@@ -492,6 +634,8 @@ def run(
     context: CheckContext | None = None,
     loaded: Any = None,  # agent.reload.Fingerprint of the configuration as loaded
     cancel: threading.Event | None = None,
+    policy: Any = None,  # agent.recovery.model.RecoveryPolicy (loaded and checked before the cluster)
+    aws: AwsSetup | None = None,
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     rule_set = config.rule_set
@@ -516,6 +660,8 @@ def run(
             log_monitors=config.log_monitors,
             labels=labels,
             cancel=cancel,
+            policy=policy,
+            aws=aws,
         )
         try:
             http = serve(runtime, settings)

@@ -1,0 +1,385 @@
+"""The ``recovery`` component: reads the snapshot feed, decides (pure policy), acts, records.
+
+Each step (on a new publication, and at least every ``interval`` seconds):
+
+1. the latest snapshot (never a remembered one: an incident that healed meanwhile is not acted on);
+2. the Node, read fresh (unschedulable, labels, our taint, the incident annotation);
+3. :func:`agent.recovery.policy.decide`; when it needs budget, the cluster budget is asked
+   (:class:`~agent.recovery.budget.ClusterBudget`) and the decision taken again with its answer;
+4. the actions in order, each recorded on the Node (the incident annotation) as soon as it is
+   done, so a restarted agent never repeats one (no second ``SetInstanceHealth``, no re-cordon);
+5. Events (through the main loop, as :class:`~agent.runtime.Notice`) and counters.
+
+Report-only (``ENABLE_RECOVERY`` not ``true``) decides the same way but does none of the side
+effects: no Node writes, no budget, no AWS call. It counts ``would`` actions and says "dry run" in
+one Event per action and incident (kept in memory: a restart may say it again).
+
+The loop never writes NodeState; a failing API (Kubernetes or AWS) is retried with backoff on the
+next steps and never stops detection.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.backoff import Backoff
+from agent.recovery.asg import MarkResult
+from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
+from agent.runtime import Inbox, Notice, SnapshotFeed
+from agent.types import Event, Severity
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 5.0  # seconds between steps when nothing is published
+MAX_BACKOFF = 60.0
+SOURCE = "recovery"
+
+
+class MarkUnhealthy(Protocol):
+    """The Auto Scaling side (:class:`agent.recovery.asg.AsgMarker`): mark this node's instance Unhealthy."""
+
+    def __call__(self, node: NodeView) -> MarkResult: ...
+
+
+@dataclass
+class RecoveryStats:
+    """What the collector exports (``node_health_agent_recovery_*``)."""
+
+    actions: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # (action, result)
+    would: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # action
+    blocked: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # Blocked value
+    drains: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # outcome
+    errors: int = 0
+    steps: int = 0
+    last_error: str | None = None
+    incident: Incident | None = None
+    budget: BudgetView | None = None
+    enabled: bool = False
+
+
+class RecoveryLoop:
+    """The ``recovery`` component (Kubernetes mode only)."""
+
+    name = "recovery"
+
+    def __init__(
+        self,
+        *,
+        feed: SnapshotFeed,
+        inbox: Inbox,
+        client: Any,  # agent.kube.KubeClient
+        node_name: str,
+        policy: RecoveryPolicy,
+        enabled: bool,
+        budget: Any = None,  # agent.recovery.budget.ClusterBudget; required when enabled
+        mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
+        drainer: Callable[[threading.Event], Any] | None = None,  # runs a drain: returns a DrainResult
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        interval: float = INTERVAL,
+        stall_timeout: float = 600.0,
+    ) -> None:
+        if enabled and budget is None:
+            raise ValueError("recovery that acts needs the cluster budget")
+        self._feed = feed
+        self._inbox = inbox
+        self._client = client
+        self._node_name = node_name
+        self._policy = policy
+        self._enabled = enabled
+        self._budget = budget
+        self._mark_unhealthy = mark_unhealthy
+        self._drainer = drainer
+        self._clock = clock
+        self._monotonic = monotonic
+        self._interval = interval
+        self._stall_timeout = stall_timeout
+        self._started_at = clock()
+        self._beat = monotonic()
+        self._backoff = Backoff(initial=interval, maximum=MAX_BACKOFF)
+        self._dry: Incident | None = None  # report-only keeps its incident here, never on the Node
+        self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
+        self._stop = threading.Event()
+        self.stats = RecoveryStats(enabled=enabled)
+
+    # ---- component -------------------------------------------------------------------------------
+
+    def healthy(self, now: float) -> bool:
+        """Alive: the loop turned within the stall timeout (a drain may hold one step for long)."""
+        return now - self._beat < self._stall_timeout
+
+    @property
+    def last_error(self) -> str | None:
+        return self.stats.last_error
+
+    def run(self, stop: threading.Event) -> None:
+        self._stop = stop
+        seen = 0
+        wait = self._interval
+        while not stop.is_set():
+            pub = self._feed.wait_newer(seen, timeout=wait)
+            if stop.is_set():
+                return
+            if pub is not None:
+                seen = pub.number
+            self._beat = self._monotonic()
+            try:
+                self.step()
+            except Exception as exc:  # an API outage or a bug: never fatal, retried with backoff
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                if _expected(exc):
+                    log.warning("recovery step failed (retrying): %s", exc)
+                else:
+                    log.exception("recovery step failed (retrying)")
+                wait = self._backoff.next()
+                stop.wait(wait)
+                continue
+            self._backoff.reset()
+            wait = self._interval
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def step(self) -> Decision | None:
+        """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
+        from agent.recovery.actions import read_incident, read_node_view
+        from agent.recovery.policy import decide
+
+        snapshot = self._feed.latest().snapshot
+        if not snapshot.seeded:
+            return None  # our conditions are not adopted yet: nothing to judge
+        self.stats.steps += 1
+        node = self._client.get_node(self._node_name)
+        view = read_node_view(node)
+        incident = read_incident(node) if self._enabled else self._dry
+        now = self._clock()
+
+        def decided(budget: BudgetView | None) -> Decision:
+            return decide(
+                snapshot=snapshot,
+                node=view,
+                incident=incident,
+                policy=self._policy,
+                now=now,
+                started_at=self._started_at,
+                budget=budget,
+                enabled=self._enabled,
+            )
+
+        decision = decided(self.stats.budget if not self._enabled else None)
+        if decision.blocked is Blocked.BUDGET and self._enabled:
+            pending = decision.incident or incident
+            assert pending is not None
+            granted = self._budget.acquire(incident_id=pending.id)
+            self.stats.budget = granted
+            if granted.this_node_holds:
+                decision = decided(_granted(granted))
+                if decision.incident is not None and not decision.incident.budget_held:
+                    decision = dataclasses.replace(
+                        decision, incident=dataclasses.replace(decision.incident, budget_held=True)
+                    )
+        self.stats.incident = decision.incident
+        self._note_blocked(decision)
+        if self._enabled:
+            self._act(decision, view, stored=incident)
+        else:
+            self._pretend(decision)
+        return decision
+
+    def _note_blocked(self, decision: Decision) -> None:
+        if decision.blocked is None or decision.blocked is Blocked.NOTHING_LEFT:
+            return
+        self.stats.blocked[decision.blocked.value] += 1
+        incident = decision.incident
+        if decision.blocked is Blocked.BUDGET and incident is not None:
+            budget = self.stats.budget
+            held = (
+                f" ({len(budget.holders)} of {budget.limit} places held: {', '.join(budget.holders)})" if budget else ""
+            )
+            self._tell_once(
+                incident,
+                "blocked",
+                "Warning",
+                "RecoveryBlocked",
+                f"{incident.condition}={incident.reason}: recovery waits for the cluster budget{held}; it goes on "
+                "by itself as other nodes recover or leave",
+            )
+
+    # ---- acting ------------------------------------------------------------------------------------
+
+    def _act(self, decision: Decision, view: NodeView, *, stored: Incident | None) -> None:
+        """Carry out ``decision``; ``stored`` is the incident as read from the Node this step."""
+        from agent.recovery import actions as node_actions
+
+        # An uncordon decision carries no incident (there is none after it): act on the stored one.
+        incident = decision.incident or stored
+        if decision.actions and decision.incident is not None and decision.incident != stored:
+            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+        for action in decision.actions:
+            if self._stop.is_set():
+                return
+            assert incident is not None
+            try:
+                incident, go_on = self._do(action, incident, view)
+            except Exception:
+                self.stats.actions[(action.value, "failed")] += 1
+                raise
+            self.stats.actions[(action.value, "ok")] += 1
+            if action is Action.UNCORDON:
+                incident = None
+            self.stats.incident = incident
+            if not go_on:
+                return
+        if not decision.actions and decision.incident != stored:
+            node_actions.store_incident(self._client, node_name=self._node_name, incident=decision.incident)
+        if decision.release_budget and self._budget is not None:
+            self.stats.budget = self._budget.release()
+
+    def _do(self, action: Action, incident: Incident, view: NodeView) -> tuple[Incident, bool]:
+        """Carry out one action; the incident after it and whether the next actions may follow.
+
+        A drain that did not finish (a pod past its deadline, the total timeout, a stop) is not
+        done: the node stays cordoned, it is reported, and the next step tries the drain again;
+        the instance is not marked unhealthy over pods that could not leave."""
+        from agent.recovery import actions as node_actions
+        from agent.recovery.policy import with_done
+
+        now = self._clock()
+        what = f"{incident.condition}={incident.reason}"
+        if action is Action.CORDON:
+            update = node_actions.cordon(
+                self._client, node_name=self._node_name, incident=incident, reason=incident.reason, now=now
+            )
+            assert update.incident is not None
+            if update.incident.cordoned_by_us:
+                self._event(
+                    update.incident, "Warning", "RecoveryCordoned", f"{what}: cordoned (no new pods) and tainted"
+                )
+            else:
+                self._event(
+                    update.incident,
+                    "Normal",
+                    "RecoveryAlreadyCordoned",
+                    f"{what}: the node was already cordoned by someone else; recovery will never uncordon it",
+                )
+            return update.incident, True  # cordon recorded itself (with what it found) on the Node
+        elif action is Action.TAINT:
+            node_actions.taint(self._client, node_name=self._node_name, reason=incident.reason, now=now)
+            self._event(incident, "Warning", "RecoveryTainted", f"{what}: tainted NoSchedule")
+        elif action is Action.DRAIN:
+            incident = dataclasses.replace(incident, drain="running")
+            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+            outcome = self._drain(incident)
+            incident = dataclasses.replace(incident, drain=outcome)
+            if outcome not in ("done", "skipped"):
+                node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+                return incident, False
+        elif action is Action.MARK_UNHEALTHY:
+            self._mark(incident, view)
+        elif action is Action.UNCORDON:
+            node_actions.uncordon(self._client, node_name=self._node_name, incident=incident)
+            self._event(incident, "Normal", "RecoveryUncordoned", f"{what}: healthy again; uncordoned")
+            return incident, True
+        incident = with_done(incident, action)
+        node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+        return incident, True
+
+    def _drain(self, incident: Incident) -> str:
+        if self._drainer is None:
+            self._event(incident, "Warning", "RecoveryDrainSkipped", "drain is not configured")
+            return "skipped"
+        result = self._drainer(self._stop)
+        self.stats.drains[result.outcome] += 1
+        return result.outcome
+
+    def _mark(self, incident: Incident, view: NodeView) -> None:
+        what = f"{incident.condition}={incident.reason}"
+        if self._mark_unhealthy is None:
+            self._event(
+                incident,
+                "Warning",
+                "RecoveryNoAutoScaling",
+                f"{what}: mark-unhealthy skipped: AWS is not configured for this agent",
+            )
+            return
+        result = self._mark_unhealthy(view)
+        if result.outcome == "not_aws":
+            self._event(incident, "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}")
+        elif result.outcome == "no_group":
+            self._event(
+                incident,
+                "Warning",
+                "RecoveryNoAutoScalingGroup",
+                f"{what}: instance {result.instance_id} is in no Auto Scaling group (Karpenter or self-managed); "
+                "condition AcceleratedHardwareReady=False hands it to node repair",
+            )
+        else:
+            self._event(incident, "Warning", "RecoveryMarkedUnhealthy", f"{what}: {result.message}")
+
+    # ---- report-only -------------------------------------------------------------------------------
+
+    def _pretend(self, decision: Decision) -> None:
+        from agent.recovery.policy import with_done
+
+        incident = decision.incident or self._dry
+        for action in decision.actions:
+            assert incident is not None
+            self.stats.would[action.value] += 1
+            self._tell_once(
+                incident,
+                f"would-{action.value}",
+                "Warning" if action.disruptive else "Normal",
+                "RecoveryDryRun",
+                f"dry run (ENABLE_RECOVERY is not true): would {action.value} for "
+                f"{incident.condition}={incident.reason}",
+            )
+            incident = with_done(incident, action) if action is not Action.UNCORDON else None
+        self._dry = incident
+
+    # ---- telling -----------------------------------------------------------------------------------
+
+    def _tell_once(self, incident: Incident, key: str, type_: str, reason: str, message: str) -> None:
+        if (incident.id, key) in self._said:
+            return
+        self._said.add((incident.id, key))
+        self._event(incident, type_, reason, message)
+
+    def _event(self, incident: Incident | None, type_: str, reason: str, message: str) -> None:
+        log.info("recovery: %s: %s", reason, message)
+        event = Event(
+            type=type_,
+            reason=reason,
+            message=message,
+            timestamp=self._clock(),
+            source=SOURCE,
+            severity=Severity.WARNING if type_ == "Warning" else Severity.INFO,
+            fields={"incident": incident.id} if incident is not None else {},
+        )
+        self._inbox.put(Notice(events=[event]), stop=self._stop)
+
+
+def _granted(view: BudgetView) -> BudgetView:
+    """The view after a successful acquire: this node holds its place and its step is counted."""
+    return dataclasses.replace(
+        view, this_node_holds=True, actions_in_window=min(view.actions_in_window, view.max_actions - 1)
+    )
+
+
+def _expected(exc: Exception) -> bool:
+    """API trouble (logged in one line) rather than a bug (logged with its traceback)."""
+    from agent.kube import KubeError
+
+    if isinstance(exc, KubeError):
+        return True
+    try:
+        from agent.aws import AwsError
+    except ImportError:  # pragma: no cover - agent.aws always exists
+        return False
+    return isinstance(exc, AwsError)

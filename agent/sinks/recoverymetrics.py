@@ -1,0 +1,62 @@
+"""Prometheus metrics of recovery, computed at scrape time from the loop's figures.
+
+- ``node_health_agent_recovery_enabled``: 1 when ENABLE_RECOVERY=true (acting), 0 report-only.
+- ``node_health_agent_recovery_actions_total{action,result}``: actions carried out (ok / failed).
+- ``node_health_agent_recovery_would_actions_total{action}``: what report-only would have done.
+- ``node_health_agent_recovery_blocked_total{why}``: decisions that could not act now, by why
+  (``RecoveryBlocked`` = the cluster budget is spent; ``StartupDelay``; ``WaitingForPersistence``; ...).
+- ``node_health_agent_recovery_drains_total{outcome}``: drains by outcome.
+- ``node_health_agent_recovery_errors_total``: steps that failed (API or AWS trouble; retried).
+- ``node_health_agent_recovery_incident_open``: 1 while this node has an open incident.
+- ``node_health_agent_recovery_budget_holders`` / ``..._budget_limit``: the cluster budget as last read
+  (only once it was read: recovery enabled and an incident needed it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.recovery.loop import RecoveryStats
+from agent.recovery.model import Action
+
+PREFIX = "node_health_agent_recovery_"
+
+
+class RecoveryCollector:
+    def __init__(self, *, stats: Callable[[], RecoveryStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            PREFIX + "enabled", "1 when recovery acts (ENABLE_RECOVERY=true).", value=int(s.enabled)
+        )
+        actions = CounterMetricFamily(PREFIX + "actions", "Recovery actions carried out.", labels=["action", "result"])
+        would = CounterMetricFamily(
+            PREFIX + "would_actions", "Actions report-only mode would have taken.", labels=["action"]
+        )
+        for action in Action:
+            for result in ("ok", "failed"):
+                actions.add_metric([action.value, result], s.actions.get((action.value, result), 0))
+            would.add_metric([action.value], s.would.get(action.value, 0))
+        yield actions
+        yield would
+        blocked = CounterMetricFamily(PREFIX + "blocked", "Decisions that could not act now, by why.", labels=["why"])
+        for why, count in sorted(s.blocked.items()):
+            blocked.add_metric([why], count)
+        yield blocked
+        drains = CounterMetricFamily(PREFIX + "drains", "Drains by outcome.", labels=["outcome"])
+        for outcome, count in sorted(s.drains.items()):
+            drains.add_metric([str(outcome)], count)
+        yield drains
+        yield CounterMetricFamily(PREFIX + "errors", "Recovery steps that failed (retried).", value=s.errors)
+        yield GaugeMetricFamily(
+            PREFIX + "incident_open", "1 while this node has an open incident.", value=int(s.incident is not None)
+        )
+        if s.budget is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "budget_holders", "Failure domains holding a budget place.", value=len(s.budget.holders)
+            )
+            yield GaugeMetricFamily(PREFIX + "budget_limit", "Places the cluster budget allows.", value=s.budget.limit)

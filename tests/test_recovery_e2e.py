@@ -1,0 +1,227 @@
+"""Recovery end to end: a real agent process, the real kubernetes client against tests/kubeapi, the real
+boto3 against moto's server (``ThreadedMotoServer``).
+
+The AWS walkthrough this replaces: ``NEURON_HW_ERR=DMA_ERROR`` in the kernel log → NeuronHealth=True →
+cordoned → the instance Unhealthy in its Auto Scaling group → ``NeuronHasError_DMA_ERROR`` in CloudWatch
+namespace NeuronHealthCheck. Then: report-only does none of the side effects (CloudWatch still
+published), a restart repeats nothing, a node already cordoned by someone else stays theirs, a node in
+no Auto Scaling group (Karpenter) is reported, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY
+
+from awsfixtures import REGION, AwsTestEnv, FaultyFront, aws_fixture, moto_server_fixture  # noqa: F401 (fixtures)
+from helpers import wait_for
+from kubeapi import KubeApiServer
+
+NODE = "ip-10-0-0-1.us-west-2.compute.internal"
+OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")  # the walkthrough's cluster: 4 nodes, 1 failing
+NAMESPACE = "node-health-agent"
+DMA_LINE = "test NEURON_HW_ERR=DMA_ERROR test"
+
+
+def node(name: str, *, provider_id: str = "", unschedulable: bool = False) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        # No instance-type label: this machine has no Neuron devices, and a trn1 label would (rightly) make
+        # the neuron-devices check report them missing.
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"providerID": provider_id, "unschedulable": unschedulable},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}]},
+    }
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    server = KubeApiServer()
+    server.start()
+    server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for other in OTHERS:
+        server.put_object(node(other))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def recent_usec() -> int:
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+
+
+class Agent:
+    """``node-health-agent run`` as the DaemonSet runs it (env from the recovery + cloudwatch components)."""
+
+    def __init__(self, tmp: Path, api: KubeApiServer, *, enable: str, endpoint: str | None = None) -> None:
+        self.kmsg = tmp / "kmsg"
+        if not self.kmsg.exists():
+            self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
+        env = dict(os.environ)
+        env.update(
+            ENABLE_RECOVERY=enable,
+            RECOVERY_STARTUP_DELAY="0",
+            CLUSTER_NAME="walkthrough",
+            POD_NAMESPACE=NAMESPACE,
+            NHA_CLOUDWATCH="true",
+        )
+        if endpoint is not None:
+            env["AWS_ENDPOINT_URL"] = endpoint
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
+            + ["--node-name", NODE, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "0", "--aggregate-condition", "true", "--pack", "kernel,neuron"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def fault(self, line: str = DMA_LINE) -> None:
+        with self.kmsg.open("a") as f:
+            f.write(f"3,{int(time.time() * 1000) % 10**9},{recent_usec()},-;{line}\n")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, err
+        return err
+
+
+def health(aws: AwsTestEnv, instance_id: str) -> str:
+    answer = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
+    return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
+
+
+def cloudwatch_metrics(aws: AwsTestEnv) -> list[dict]:
+    return aws.client("cloudwatch").list_metrics(Namespace="NeuronHealthCheck")["Metrics"]
+
+
+def events(api: KubeApiServer, reason: str) -> list[dict]:
+    return [e for e in api.list_objects("events", "default") if e["reason"] == reason]
+
+
+def condition(api: KubeApiServer, type_: str) -> dict | None:
+    conds = (api.get_object("nodes", NODE).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)
+
+
+def test_the_aws_walkthrough_then_a_restart_repeats_nothing(api, aws, tmp_path):
+    group = aws.node_group(size=1)
+    (instance_id,) = group.instance_ids
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance_id}"))
+    with FaultyFront(upstream=aws.endpoint, faults=[]) as front:
+        agent = Agent(tmp_path, api, enable="true", endpoint=front.endpoint)
+        try:
+            wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "False", timeout=30)
+            agent.fault()
+            wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "True", timeout=30)
+            wait_for(lambda: health(aws, instance_id) == "UNHEALTHY", timeout=30)
+            found = wait_for(lambda: cloudwatch_metrics(aws), timeout=30)
+        finally:
+            agent.stop()
+        assert {m["MetricName"] for m in found} == {"NeuronHasError_DMA_ERROR"}
+        assert {d["Name"]: d["Value"] for d in found[0]["Dimensions"]} == {
+            "ClusterName": "walkthrough",
+            "InstanceId": instance_id,
+        }
+        spec = api.get_object("nodes", NODE)["spec"]
+        assert spec["unschedulable"] is True
+        assert [t["key"] for t in spec["taints"]] == [TAINT_KEY]
+        incident = json.loads(api.get_object("nodes", NODE)["metadata"]["annotations"][INCIDENT_ANNOTATION])
+        assert incident["done"] == ["cordon", "mark-unhealthy"] and incident["cordonedByUs"] is True
+        assert (incident["condition"], incident["reason"]) == ("NeuronHealth", "NeuronHasError_DMA_ERROR")
+        assert events(api, "RecoveryCordoned") and events(api, "RecoveryMarkedUnhealthy")
+        lease = api.get_object("leases", "node-health-agent-recovery-budget-walkthrough", NAMESPACE)
+        assert NODE in lease["metadata"]["annotations"]["node-health-agent.io/budget"]
+        for other in OTHERS:
+            assert not api.get_object("nodes", other)["spec"].get("unschedulable"), "only the failing node"
+
+        # A restart: the incident is on the Node, so nothing is repeated (AWS sees no SetInstanceHealth,
+        # the Node no second cordon).
+        api.reset_requests()
+        calls_before = list(front.actions)
+        agent = Agent(tmp_path, api, enable="true", endpoint=front.endpoint)
+        try:
+            wait_for(lambda: api.requests.count(method="GET", path_regex=rf"/nodes/{NODE}$") >= 3, timeout=30)
+        finally:
+            agent.stop()
+        repeated = [a for a in front.actions[len(calls_before) :] if a == "SetInstanceHealth"]
+        assert repeated == [], "a restart must never repeat SetInstanceHealth"
+        assert calls_before.count("SetInstanceHealth") == 1
+        assert api.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}$") == 0
+
+
+def test_report_only_does_nothing_but_cloudwatch_still_publishes(api, aws, tmp_path):
+    group = aws.node_group(size=1)
+    (instance_id,) = group.instance_ids
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance_id}"))
+    agent = Agent(tmp_path, api, enable="false")
+    try:
+        wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "False", timeout=30)
+        agent.fault()
+        wait_for(lambda: cloudwatch_metrics(aws), timeout=30)
+        dry = wait_for(lambda: events(api, "RecoveryDryRun"), timeout=30)
+    finally:
+        agent.stop()
+    assert health(aws, instance_id) == "HEALTHY"
+    n = api.get_object("nodes", NODE)
+    assert not n["spec"].get("unschedulable") and not n["spec"].get("taints")
+    assert INCIDENT_ANNOTATION not in (n["metadata"].get("annotations") or {})
+    assert api.list_objects("leases", NAMESPACE) == []
+    assert any("would cordon" in e["message"] for e in dry)
+    assert api.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}$") == 0
+
+
+def test_a_node_in_no_auto_scaling_group_is_reported_not_an_error(api, aws, tmp_path):
+    instance_id = aws.lone_instance()
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance_id}"))
+    agent = Agent(tmp_path, api, enable="true")
+    try:
+        wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "False", timeout=30)
+        agent.fault()
+        (event,) = wait_for(lambda: events(api, "RecoveryNoAutoScalingGroup"), timeout=30)
+        wait_for(lambda: (c := condition(api, "AcceleratedHardwareReady")) and c["status"] == "False", timeout=30)
+    finally:
+        err = agent.stop()
+    assert instance_id in event["message"] and "AcceleratedHardwareReady" in event["message"]
+    assert "NeuronHasError_DMA_ERROR" in event["message"]
+    assert api.get_object("nodes", NODE)["spec"]["unschedulable"] is True
+    assert "Traceback" not in err
+
+
+def test_a_node_cordoned_by_someone_else_stays_theirs(api, aws, tmp_path):
+    group = aws.node_group(size=1)
+    (instance_id,) = group.instance_ids
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance_id}", unschedulable=True))
+    agent = Agent(tmp_path, api, enable="true")
+    try:
+        wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "False", timeout=30)
+        agent.fault()
+        wait_for(lambda: health(aws, instance_id) == "UNHEALTHY", timeout=30)
+    finally:
+        agent.stop()
+    incident = json.loads(api.get_object("nodes", NODE)["metadata"]["annotations"][INCIDENT_ANNOTATION])
+    assert incident["reason"] == "NeuronHasError_DMA_ERROR"
+    assert incident["cordonedByUs"] is False
+    assert "cordon" not in incident["done"]
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "on", "ture"])
+def test_bad_enable_recovery_values_exit_2_before_the_cluster(api, tmp_path, value):
+    agent = Agent(tmp_path, api, enable=value)
+    _, err = agent.proc.communicate(timeout=30)
+    assert agent.proc.returncode == 2
+    assert "ENABLE_RECOVERY" in err and repr(value) in err
+    assert api.requests.count() == 0, "nothing touched the cluster"
