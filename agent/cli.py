@@ -319,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rule_args(plg)
 
+    from agent.statuscli import add_parser as add_status_parser
+
+    add_status_parser(sub, parents=[common])
+
     val = sub.add_parser(
         "validate-config",
         parents=[common],
@@ -329,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugins-dir", action="append", default=None, metavar="DIR", help="directory of rule packs; repeatable"
     )
     val.add_argument("--pack", action="append", default=None, metavar="NAME", help="built-in packs to use")
+    val.add_argument(
+        "--recovery-policy",
+        default=env_default("recovery-policy") or None,
+        metavar="FILE",
+        help="also validate this recovery policy and print it (env NHA_RECOVERY_POLICY; default: the built-in one)",
+    )
     val.add_argument("files", nargs="*", metavar="FILE", help="rule pack files to validate")
     return parser
 
@@ -371,6 +381,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from agent import checkcli
 
             return checkcli.check(args) if args.command == "check" else checkcli.plugins(args)
+        if args.command == "status":
+            from agent.statuscli import status
+
+            return status(args)
         if args.command == "kmsg-relay":
             from agent.relay import run_relay
 
@@ -418,6 +432,13 @@ def validate(args: argparse.Namespace) -> int:
         print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
     for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
+    from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary
+
+    policy_file = getattr(args, "recovery_policy", None)
+    policy = load_policy(Path(policy_file)) if policy_file else DEFAULT_POLICY
+    print(f"recovery policy ({policy_file or 'built-in'}):")
+    for line in policy_summary(policy):
+        print(f"  {line}")
     return EXIT_OK
 
 

@@ -1,0 +1,158 @@
+"""``node-health-agent status``: the cluster view of recovery, read from a test API server by the real client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.recovery.model import INCIDENT_ANNOTATION
+
+from kubeapi import KubeApiServer
+
+NAMESPACE = "node-health-agent"
+T = "2026-11-22T10:00:00Z"
+T_EPOCH = 1795341600.0  # T in seconds since the epoch
+
+
+def node(name: str, *, conditions: list[dict] = (), annotations: dict | None = None, unschedulable=False) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"unschedulable": unschedulable},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": ""}]
+            + list(conditions)
+        },
+    }
+
+
+def cond(type_: str, status: str, reason: str) -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": T}
+
+
+INCIDENT = {
+    "id": "NeuronHealth/NeuronHasError_DMA_ERROR/uid-a/1795168800",
+    "condition": "NeuronHealth",
+    "reason": "NeuronHasError_DMA_ERROR",
+    "since": 1795168800.0,
+    "opened": 1795168801.0,
+    "done": ["cordon", "mark-unhealthy"],
+    "cordonedByUs": True,
+    "drain": "",
+    "budgetHeld": True,
+    "healthySince": None,
+    "dryRun": False,
+}
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    with KubeApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        server.put_object(
+            node(
+                "a",
+                conditions=[cond("NeuronHealth", "True", "NeuronHasError_DMA_ERROR")],
+                annotations={INCIDENT_ANNOTATION: json.dumps(INCIDENT)},
+                unschedulable=True,
+            )
+        )
+        server.put_object(node("b", conditions=[cond("GpuXid", "True", "GpuXid79")]))
+        server.put_object(node("c", conditions=[cond("NeuronHealth", "False", "NeuronHasNoError")]))
+        yield server
+
+
+def run_status(api: KubeApiServer, tmp_path: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    code = main(["status", "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")), *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_lists_problem_nodes_with_what_was_done_or_would_be(api, tmp_path, capsys):
+    code, out, _ = run_status(api, tmp_path, capsys, "--json")
+    assert code == 0
+    view = json.loads(out)
+    rows = {r["node"]: r for r in view["nodes"]}
+    assert set(rows) == {"a", "b"}, "a healthy node is not listed"
+    assert rows["a"]["recovery"]["done"] == ["cordon", "mark-unhealthy"]
+    assert rows["a"]["recovery"]["cordonedByUs"] is True
+    assert rows["b"]["wouldDo"] == ["cordon", "mark-unhealthy"]
+    assert rows["b"]["problems"] == [{"condition": "GpuXid", "reason": "GpuXid79", "since": T_EPOCH, "policy": True}]
+    assert view["budget"]["state"].startswith("not created yet")
+    assert view["nodesListed"] == 3
+
+
+def test_the_table_and_the_budget_holders(api, tmp_path, capsys):
+    state = {"version": 1, "holders": {"a": {"nodes": ["a"], "incident": INCIDENT["id"], "since": 1.0}}, "actions": []}
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "node-health-agent-recovery-budget-prod",
+                "namespace": NAMESPACE,
+                "annotations": {"node-health-agent.io/budget": json.dumps(state)},
+            },
+            "spec": {"holderIdentity": "a"},
+        }
+    )
+    code, out, _ = run_status(api, tmp_path, capsys, "--cluster-name", "prod")
+    assert code == 0
+    assert "2 of 3 nodes with problems or a recovery incident" in out
+    assert "done: cordon, mark-unhealthy" in out
+    assert "would: cordon, mark-unhealthy" in out
+    assert "places held: 1" in out and "a: a since" in out
+
+
+def test_a_corrupt_budget_is_shown_as_such(api, tmp_path, capsys):
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "node-health-agent-recovery-budget",
+                "namespace": NAMESPACE,
+                "annotations": {"node-health-agent.io/budget": "{not json"},
+            },
+            "spec": {},
+        }
+    )
+    code, out, _ = run_status(api, tmp_path, capsys)
+    assert code == 0
+    assert "corrupt: not JSON" in out and "blocked cluster-wide" in out
+
+
+def test_an_unreachable_api_server_exits_1_with_the_reason(api, tmp_path, capsys):
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with api.outage("refuse"):
+        code = main(["status", "--kubeconfig", str(kubeconfig)])
+    _, err = capsys.readouterr()
+    assert code == 1 and "cannot read the cluster" in err
+
+
+def test_a_bad_policy_file_exits_2(api, tmp_path, capsys):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("rules:\n  - condition: GpuXid\n    actions: [reboot]\n")
+    code, _, err = run_status(api, tmp_path, capsys, "--recovery-policy", str(bad))
+    assert code == 2 and "unknown action 'reboot'" in err and "policy.yaml:3" in err
+
+
+def test_kubectl_plugin_shim(api, tmp_path):
+    """``kubectl node-health`` runs the ``kubectl-node_health`` entry point: the status command."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from agent.statuscli import kubectl_plugin; sys.exit(kubectl_plugin())"]
+        + ["--kubeconfig", str(kubeconfig), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {r["node"] for r in json.loads(proc.stdout)["nodes"]} == {"a", "b"}
