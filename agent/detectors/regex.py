@@ -376,17 +376,19 @@ def can_span_lines(pattern: str) -> bool:
 def npd_differences(pattern: str) -> list[str]:
     """Where node-problem-detector would match ``pattern`` differently from us (for user files).
 
-    NPD appends ``\\z`` to the pattern as text, so in a top-level ``a|b`` only the last branch is
-    anchored at the end and the others match anywhere in its 10-line buffer (firing again on later
-    lines); and its buffer starts as empty slots, so a pattern anchored at the start never matches
-    before the buffer has filled. We anchor every branch and match ``^`` from the first line.
+    NPD releases before kubernetes/node-problem-detector#1338 (August 2026) append ``\\z`` to the
+    pattern as text, so in a top-level ``a|b`` only the last branch is anchored at the end and the
+    others match anywhere in its 10-line buffer (firing again on later lines); and its buffer starts
+    as empty slots, so a pattern anchored at the start never matches before the buffer has filled.
+    We anchor every branch and match ``^`` from the first line.
     """
     found = []
     if _has_top_level_bar(pattern):
         found.append(
-            "top-level alternation: node-problem-detector anchors only the last branch at the end of the "
-            "line (it appends \\z as text), so it fires the other branches again on later lines; "
-            "node-health-agent anchors every branch. Group it, e.g. '(?:a|b)', to mean the same in both"
+            "top-level alternation: node-problem-detector releases before PR #1338 (August 2026) anchor only "
+            "the last branch at the end of the line (they append \\z as text), so they fire the other branches "
+            "again on later lines; node-health-agent anchors every branch. Group it, e.g. '(?:a|b)', to mean "
+            "the same in every version"
         )
     items = _parse(pattern)
     top = list(items) if items is not None else []
