@@ -35,7 +35,6 @@ and a ``nodeSelector`` that is not a label selector.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -116,6 +115,8 @@ def _unknown_keys(value: Mapping[Any, Any], *, known: Iterable[str], path: tuple
         squashed = {k.lower(): k for k in known}
         guess = squashed.get(text.lower().replace("_", "").replace("-", ""))
         if guess is None:
+            import difflib  # only for a file with a mistake: not in the running agent's memory
+
             close = difflib.get_close_matches(text, known, n=1, cutoff=0.6)
             prefixed = [k for k in known if len(text) >= 3 and k.lower().startswith(text.lower())]
             guess = close[0] if close else prefixed[0] if len(prefixed) == 1 else None
