@@ -290,8 +290,9 @@ class ClusterBudget:
         return self._view(self._effective(state, cluster), cluster, own)
 
     def acquire(self, *, incident_id: str) -> BudgetView:
-        """Take (or keep) this node's place and count one disruptive step. Returns the view after; when
-        the view before says ``can_start`` False, nothing is written and that view is returned."""
+        """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
+        ``written`` True; when the view before says ``can_start`` False, nothing is written and that view
+        is returned (``written`` False: the step is refused, even for a node that holds its place)."""
         cluster = self._cluster()
         own = self._own_domain(cluster)
 
@@ -347,7 +348,7 @@ class ClusterBudget:
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
                 raise
-            return self._view(changed, cluster, own)
+            return replace(self._view(changed, cluster, own), written=True)
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,

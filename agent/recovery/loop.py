@@ -139,8 +139,8 @@ class RecoveryLoop:
                     log.warning("recovery step failed (retrying): %s", exc)
                 else:
                     log.exception("recovery step failed (retrying)")
-                wait = self._backoff.next()
-                stop.wait(wait)
+                stop.wait(self._backoff.next_delay())
+                wait = 0.0  # the backoff pause is over: step again now (not after a second pause)
                 continue
             self._backoff.reset()
             wait = self._interval
@@ -179,7 +179,7 @@ class RecoveryLoop:
             assert pending is not None
             granted = self._budget.acquire(incident_id=pending.id)
             self.stats.budget = granted
-            if granted.this_node_holds:
+            if granted.written and granted.this_node_holds:
                 decision = decided(_granted(granted))
                 if decision.incident is not None and not decision.incident.budget_held:
                     decision = dataclasses.replace(
@@ -328,7 +328,9 @@ class RecoveryLoop:
     def _pretend(self, decision: Decision) -> None:
         from agent.recovery.policy import with_done
 
-        incident = decision.incident or self._dry
+        # An uncordon decision carries no incident (there is none after it): it acts on the kept one. A
+        # decision without actions hands back the record as it is now: None = closed, forget it.
+        incident = (decision.incident or self._dry) if decision.actions else decision.incident
         for action in decision.actions:
             assert incident is not None
             self.stats.would[action.value] += 1

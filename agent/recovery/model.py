@@ -165,6 +165,7 @@ class BudgetView:
     max_actions: int
     this_node_holds: bool  # this node's failure domain already holds a place
     problem: str = ""  # why the budget cannot be used at all (e.g. a corrupt Lease); non-empty = can_start False
+    written: bool = False  # this view comes from a change the budget wrote (acquire: the step was granted)
 
     @property
     def can_start(self) -> bool:

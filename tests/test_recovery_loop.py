@@ -1,0 +1,522 @@
+"""The recovery loop (agent.recovery.loop.RecoveryLoop) as a unit: ``step()`` driven directly on a snapshot
+feed we publish on, with the real KubeClient against tests/kubeapi, a real ClusterBudget, an injected
+clock and a recording ``mark_unhealthy`` (our own seam). ``run()`` in a thread only for the API outage."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.aws import AwsError
+from agent.kube import KubeClient, KubeError
+from agent.recovery.asg import MarkResult
+from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
+from agent.recovery.loop import RecoveryLoop
+from agent.recovery.model import (
+    CONTROL_PLANE_LABELS,
+    DEFAULT_LEASE,
+    INCIDENT_ANNOTATION,
+    OPT_OUT_LABEL,
+    TAINT_KEY,
+    Action,
+    Blocked,
+    BudgetSettings,
+    NodeView,
+    PolicyRule,
+    RecoveryPolicy,
+)
+from agent.recovery.policyfile import DEFAULT_POLICY
+from agent.runtime import Inbox, Notice, SnapshotFeed
+from agent.types import Condition, Event, Snapshot, Status
+
+from helpers import wait_for
+from kubeapi.server import KubeApiServer
+
+pytest_plugins = ["kubeapi.fixtures"]
+
+NS = "node-health-agent"
+NODE = "ip-10-0-0-1.us-west-2.compute.internal"
+OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
+T0 = 1_767_225_600.0
+DELAY = 60.0
+NODE_PATH = rf"/nodes/{NODE}$"
+LEASE_PATH = rf"/namespaces/{NS}/leases"
+DMA = ("NeuronHealth", "NeuronHasError_DMA_ERROR")
+POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=DELAY, budget=BudgetSettings(max_actions=100))
+CORDON_ONLY = dataclasses.replace(
+    POLICY,
+    rules=(PolicyRule(condition="NeuronHealth", reasons=("NeuronHasError_*",), actions=(Action.CORDON,)),),
+    uncordon_after=300.0,
+)
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Marker:
+    """A recording ``mark_unhealthy``: raises the queued errors first, then marks. ``calls`` has every
+    call (node name, call number); ``marked`` the successful ones."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls: list[tuple[str, int]] = []
+        self.marked: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, node: NodeView) -> MarkResult:
+        with self._lock:
+            self.calls.append((node.name, len(self.calls) + 1))
+            if self.errors:
+                raise self.errors.pop(0)
+            self.marked.append(node.name)
+        return MarkResult(
+            outcome="marked",
+            instance_id="i-0123456789abcdef0",
+            group="eks-neuron-ng",
+            message="instance i-0123456789abcdef0 marked Unhealthy in Auto Scaling group eks-neuron-ng",
+        )
+
+
+def node_object(name: str, labels: dict[str, str] | None = None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", **(labels or {})}},
+        "spec": {"providerID": "aws:///us-west-2a/i-0123456789abcdef0"},
+    }
+
+
+def problem(condition: str = DMA[0], reason: str = DMA[1], *, since: float = T0 - 10) -> Condition:
+    return Condition(
+        type=condition, status=Status.TRUE, reason=reason, message="test", last_transition=since, last_update=since
+    )
+
+
+def healthy(condition: str = DMA[0], *, since: float) -> Condition:
+    return Condition(
+        type=condition, status=Status.FALSE, reason="Healthy", message="ok", last_transition=since, last_update=since
+    )
+
+
+@pytest.fixture
+def api(kube_api_server: KubeApiServer) -> KubeApiServer:
+    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for other in OTHERS:
+        kube_api_server.put_object(node_object(other))
+    return kube_api_server
+
+
+@pytest.fixture
+def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
+    config = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with contextlib.ExitStack() as stack:
+
+        def make() -> KubeClient:
+            made = KubeClient.load(kubeconfig=config, timeout=5.0)
+            stack.callback(made.close)
+            return made
+
+        yield make
+
+
+class Harness:
+    """One node's recovery loop and what it touches."""
+
+    def __init__(
+        self,
+        api: KubeApiServer,
+        client: KubeClient,
+        *,
+        enabled: bool = True,
+        policy: RecoveryPolicy = POLICY,
+        labels: dict[str, str] | None = None,
+        marker: Marker | None = None,
+        clock: Clock | None = None,
+        interval: float = 5.0,
+    ) -> None:
+        self.api, self.client = api, client
+        self.clock = clock or Clock()
+        self.marker = marker or Marker()
+        api.put_object(node_object(NODE, labels))
+        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=self.clock(), seeded=False))
+        self.inbox = Inbox()
+        self.told: list[Event] = []
+        self.budget = (
+            ClusterBudget(
+                client=client,
+                namespace=NS,
+                lease_name=DEFAULT_LEASE,
+                node_name=NODE,
+                settings=policy.budget,
+                clock=self.clock,
+                sleep=lambda s: None,
+            )
+            if enabled
+            else None
+        )
+        self.loop = RecoveryLoop(
+            feed=self.feed,
+            inbox=self.inbox,
+            client=client,
+            node_name=NODE,
+            policy=policy,
+            enabled=enabled,
+            budget=self.budget,
+            mark_unhealthy=self.marker,
+            clock=self.clock,
+            interval=interval,
+        )
+
+    def publish(self, *conditions: Condition) -> None:
+        snapshot = Snapshot(conditions=tuple(conditions), generated_at=self.clock(), seeded=True)
+        self.feed.publish(snapshot=snapshot, events=[], health={})
+
+    def step(self):
+        try:
+            return self.loop.step()
+        finally:
+            self.drain()
+
+    def drain(self) -> list[Event]:
+        while (item := self.inbox.get_nowait()) is not None:
+            assert isinstance(item, Notice)
+            self.told.extend(item.events)
+        return self.told
+
+    def events(self, reason: str | None = None) -> list[Event]:
+        self.drain()
+        return [e for e in self.told if reason is None or e.reason == reason]
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events()]
+
+    def node(self) -> dict:
+        found = self.api.get_object("nodes", NODE)
+        assert found is not None
+        return found
+
+    def incident(self) -> dict | None:
+        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
+        return None if text is None else json.loads(text)
+
+    def cordoned(self) -> bool:
+        return bool(self.node()["spec"].get("unschedulable"))
+
+    def patches(self) -> int:
+        return self.api.requests.count(method="PATCH", path_regex=NODE_PATH)
+
+    def cordon_patches(self) -> int:
+        """PATCHes that made the Node unschedulable."""
+        return sum(
+            1
+            for r in self.api.requests.filter(method="PATCH", path_regex=NODE_PATH)
+            if isinstance(r.body, dict) and (r.body.get("spec") or {}).get("unschedulable") is True
+        )
+
+    def holders(self) -> list[str]:
+        lease = self.api.get_object("leases", DEFAULT_LEASE, NS)
+        if lease is None:
+            return []
+        return sorted(decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION]).holders)
+
+
+@pytest.fixture
+def harness(api, kube) -> Callable[..., Harness]:
+    return lambda **kw: Harness(api, kube(), **kw)
+
+
+# ---- startup ---------------------------------------------------------------------------------------------
+
+
+def test_nothing_before_the_snapshot_is_seeded(harness):
+    h = harness()
+    h.clock.now += DELAY
+    assert h.step() is None
+    assert h.loop.stats.steps == 0 and h.patches() == 0
+
+
+@pytest.mark.parametrize(
+    ("after", "acts"),
+    [(0.0, False), (DELAY - 0.001, False), (DELAY, True), (DELAY + 30, True)],
+)
+def test_the_startup_delay(harness, after, acts):
+    h = harness()
+    h.publish(problem())
+    h.clock.now = T0 + after
+    decision = h.step()
+    if not acts:
+        assert decision.blocked is Blocked.STARTUP_DELAY and decision.actions == ()
+        assert h.loop.stats.blocked["StartupDelay"] == 1
+        assert (h.patches(), h.marker.calls, h.holders(), h.reasons()) == (0, [], [], [])
+        return
+    assert decision.actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.cordoned() and [t["key"] for t in h.node()["spec"]["taints"]] == [TAINT_KEY]
+    assert h.marker.marked == [NODE]
+    incident = h.incident()
+    assert incident["done"] == ["cordon", "mark-unhealthy"] and incident["cordonedByUs"] and incident["budgetHeld"]
+    assert (incident["condition"], incident["reason"]) == DMA
+    assert h.holders() == [NODE]
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+    assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "ok"): 1}
+    # A later step repeats nothing.
+    before = h.patches()
+    h.clock.now += 5
+    assert h.step().blocked is Blocked.NOTHING_LEFT
+    assert (h.patches(), len(h.marker.calls)) == (before, 1)
+
+
+def test_a_problem_that_healed_during_the_startup_delay_is_never_acted_on(harness):
+    h = harness()
+    h.publish(problem(since=T0 - 5))
+    assert h.step().blocked is Blocked.STARTUP_DELAY
+    h.clock.now = T0 + 20
+    h.publish(healthy(since=T0 + 20))
+    h.clock.now = T0 + DELAY + 1
+    assert h.step().actions == ()
+    h.clock.now += 120
+    assert h.step().actions == ()
+    assert (h.patches(), h.marker.calls, h.holders(), h.reasons()) == (0, [], [], [])
+    assert h.api.requests.count(path_regex=LEASE_PATH) == 0
+    assert h.incident() is None
+
+
+# ---- never acted on -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("labels", "blocked"),
+    [
+        ({CONTROL_PLANE_LABELS[0]: ""}, Blocked.CONTROL_PLANE),
+        ({CONTROL_PLANE_LABELS[1]: ""}, Blocked.CONTROL_PLANE),
+        ({OPT_OUT_LABEL: "disabled"}, Blocked.OPTED_OUT),
+    ],
+)
+def test_control_plane_and_opted_out_nodes_are_never_acted_on(harness, labels, blocked):
+    h = harness(labels=labels)
+    h.publish(problem())
+    for _ in range(3):
+        h.clock.now += DELAY
+        assert h.step().blocked is blocked
+    assert h.loop.stats.blocked[blocked.value] == 3
+    assert (h.patches(), h.marker.calls, h.holders(), h.reasons()) == (0, [], [], [])
+    assert h.api.requests.count(path_regex=LEASE_PATH) == 0
+
+
+# ---- report only --------------------------------------------------------------------------------------------
+
+
+def test_report_only_says_once_per_action_and_incident_and_writes_nothing(harness):
+    h = harness(enabled=False)
+    h.publish(problem())
+    h.clock.now += DELAY
+    for _ in range(4):
+        decision = h.step()
+        h.clock.now += 5
+    assert decision.blocked is Blocked.NOTHING_LEFT  # the would-be actions count as done in memory
+    assert h.loop.stats.would == {"cordon": 1, "mark-unhealthy": 1}
+    dry = h.events("RecoveryDryRun")
+    assert [e.message.split(": would ")[1].split(" for ")[0] for e in dry] == ["cordon", "mark-unhealthy"]
+    assert h.reasons() == ["RecoveryDryRun", "RecoveryDryRun"]
+    assert (h.patches(), h.marker.calls) == (0, [])
+    assert h.api.requests.count(path_regex=LEASE_PATH) == 0 and h.api.get_object("leases", DEFAULT_LEASE, NS) is None
+    assert h.api.requests.count(method="PATCH") == 0
+
+
+def test_report_only_tells_about_a_new_problem_after_the_first_healed(harness):
+    """A healed report-only incident is forgotten: a different problem later is a new incident, reported."""
+    h = harness(enabled=False)
+    h.publish(problem())
+    h.clock.now += DELAY
+    h.step()
+    h.publish(healthy(since=h.clock.now))
+    h.clock.now += 5
+    h.step()
+    assert h.loop.stats.incident is None
+    h.clock.now += 5
+    h.publish(healthy(since=T0 + DELAY), problem("GpuXid", "XidCritical", since=h.clock.now))
+    decision = h.step()
+    assert decision.actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.loop.stats.would == {"cordon": 2, "mark-unhealthy": 2}
+    assert len(h.events("RecoveryDryRun")) == 4
+    assert h.patches() == 0
+
+
+# ---- failing APIs -------------------------------------------------------------------------------------------
+
+
+def test_a_kubernetes_outage_fails_the_step(harness, api):
+    h = harness()
+    h.publish(problem())
+    h.clock.now += DELAY
+    with api.outage("refuse"), pytest.raises(KubeError) as info:
+        h.step()
+    assert info.value.transient
+    assert (h.marker.calls, h.reasons()) == ([], [])
+    h.step()
+    assert h.cordoned() and h.marker.marked == [NODE]
+
+
+def test_run_keeps_going_through_a_kubernetes_outage(harness, api):
+    h = harness(policy=dataclasses.replace(POLICY, startup_delay=0.0), clock=Clock(), interval=0.02)
+    stop = threading.Event()
+    thread = threading.Thread(target=h.loop.run, args=(stop,), daemon=True)
+    try:
+        with api.outage("refuse"):
+            thread.start()
+            h.publish(problem())
+            wait_for(lambda: h.loop.stats.errors >= 2, timeout=10, interval=0.01)
+            assert thread.is_alive()
+            assert h.loop.last_error.startswith("KubeError: ") and "no answer from the API server" in h.loop.last_error
+            assert h.marker.calls == []
+        errors = h.loop.stats.errors
+        wait_for(lambda: h.marker.marked and (h.incident() or {}).get("done") == ["cordon", "mark-unhealthy"], 30)
+        assert h.loop.stats.errors >= errors
+        assert h.cordoned() and h.cordon_patches() == 1 and len(h.marker.calls) == 1
+        assert h.loop.healthy(h.loop._monotonic())
+    finally:
+        stop.set()
+        h.feed.close()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert sorted(set(h.reasons())) == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        AwsError("Rate exceeded", code="Throttling", transient=True, status=400),
+        AwsError("no answer", code="ConnectionError", transient=True),
+    ],
+    ids=["throttled", "unreachable"],
+)
+def test_mark_unhealthy_failing_is_retried_without_a_second_cordon(harness, error):
+    h = harness(marker=Marker(error))
+    h.publish(problem())
+    h.clock.now += DELAY
+    with pytest.raises(AwsError):
+        h.step()
+    incident = h.incident()
+    assert incident["done"] == ["cordon"] and incident["cordonedByUs"], "the cordon is recorded as done"
+    assert h.cordoned() and h.marker.marked == []
+    assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "failed"): 1}
+    h.clock.now += 5
+    assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    h.clock.now += 5
+    assert h.step().blocked is Blocked.NOTHING_LEFT
+    assert h.marker.marked == [NODE] and [n for n, _ in h.marker.calls] == [NODE, NODE]
+    assert h.incident()["done"] == ["cordon", "mark-unhealthy"]
+    assert h.cordon_patches() == 1
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+# ---- the cluster budget -------------------------------------------------------------------------------------
+
+
+def test_a_retry_by_a_node_holding_its_place_still_needs_room_in_the_window(harness):
+    """Holding a place is not a licence: with the window's steps spent, a retried step waits for the window."""
+    policy = dataclasses.replace(POLICY, budget=dataclasses.replace(POLICY.budget, max_actions=1, window=600.0))
+    h = harness(policy=policy, marker=Marker(AwsError("Rate exceeded", code="Throttling", transient=True)))
+    h.publish(problem())
+    h.clock.now += DELAY
+    with pytest.raises(AwsError):
+        h.step()  # cordon done (the window's one step), mark failed
+    h.clock.now += 5
+    assert h.step().blocked is Blocked.BUDGET
+    assert h.marker.marked == [] and len(h.marker.calls) == 1, "no step beyond the window's budget"
+    h.clock.now += 600
+    assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    assert h.marker.marked == [NODE]
+
+
+def test_a_spent_budget_blocks_once_then_the_next_step_acts(harness, kube, api):
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    other = ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    )
+    assert other.acquire(incident_id="x").this_node_holds
+    h.publish(problem())
+    h.clock.now += DELAY
+    for _ in range(3):
+        assert h.step().blocked is Blocked.BUDGET
+        h.clock.now += 5
+    assert h.loop.stats.blocked["RecoveryBlocked"] == 3
+    (blocked,) = h.events("RecoveryBlocked")
+    assert blocked.type == "Warning" and OTHERS[0] in blocked.message and "1 of 1" in blocked.message
+    assert blocked.fields["incident"] == h.incident()["id"]
+    assert not h.cordoned() and h.cordon_patches() == 0 and h.marker.calls == []
+    assert h.incident()["done"] == [] and not h.incident()["budgetHeld"]
+    assert h.holders() == [OTHERS[0]]
+
+    other.release()
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.cordoned() and h.marker.marked == [NODE] and h.holders() == [NODE]
+    assert h.reasons() == ["RecoveryBlocked", "RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+def test_a_replaced_holder_frees_its_place(harness, kube, api):
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    other = ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    )
+    other.acquire(incident_id="x")
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().blocked is Blocked.BUDGET
+    api.delete_object("nodes", OTHERS[0])
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.holders() == [NODE]
+
+
+# ---- healing ------------------------------------------------------------------------------------------------
+
+
+def test_uncordon_after_healing_long_enough(harness):
+    h = harness(policy=CORDON_ONLY)
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON,)
+    assert h.cordoned() and h.holders() == [NODE]
+    healed = h.clock.now + 10
+    h.clock.now = healed
+    h.publish(healthy(since=healed))
+    assert h.step().actions == ()
+    assert h.incident()["healthySince"] == healed and h.cordoned()
+    h.clock.now = healed + 299
+    assert h.step().actions == ()
+    assert h.cordoned() and h.holders() == [NODE]
+    h.clock.now = healed + 300
+    assert h.step().actions == (Action.UNCORDON,)
+    node = h.node()
+    assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")
+    assert h.incident() is None and h.holders() == []
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryUncordoned"]
+    assert h.loop.stats.incident is None
+    before = h.patches()
+    h.clock.now += 60
+    assert h.step().actions == ()
+    assert h.patches() == before
+
+
+def test_a_marked_node_is_never_uncordoned(harness):
+    h = harness(policy=dataclasses.replace(POLICY, uncordon_after=1.0))
+    h.publish(problem())
+    h.clock.now += DELAY
+    h.step()
+    h.publish(healthy(since=h.clock.now))
+    for _ in range(3):
+        h.clock.now += 100
+        assert h.step().actions == ()
+    assert h.cordoned() and h.holders() == [NODE] and h.incident()["healthySince"] is not None
