@@ -143,6 +143,7 @@ class RecoveryLoop:
                 wait = 0.0  # the backoff pause is over: step again now (not after a second pause)
                 continue
             self._backoff.reset()
+            self.stats.last_error = None  # /healthz details show current trouble only (the count stays)
             wait = self._interval
 
     # ---- one step --------------------------------------------------------------------------------
