@@ -17,6 +17,7 @@ from agent.aws import AwsError
 from agent.kube import KubeClient, KubeError
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
+from agent.recovery.drain import DrainResult
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
@@ -419,6 +420,33 @@ def test_mark_unhealthy_failing_is_retried_without_a_second_cordon(harness, erro
     assert h.incident()["done"] == ["cordon", "mark-unhealthy"]
     assert h.cordon_patches() == 1
     assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+# ---- a long drain ----------------------------------------------------------------------------------------
+
+
+def test_a_long_drain_keeps_the_loop_healthy_and_an_unfinished_one_stops_before_the_mark(harness):
+    """A drain may take longer than the stall timeout (its own timeout is 30 min): /healthz stays green while it
+    runs, so liveness never cuts it short; a drain that did not finish is not done, and the instance is not
+    marked over pods that could not leave."""
+    drain_rule = PolicyRule(
+        condition=DMA[0], reasons=("NeuronHasError_*",), actions=(Action.CORDON, Action.DRAIN, Action.MARK_UNHEALTHY)
+    )
+    h = harness(policy=dataclasses.replace(POLICY, rules=(drain_rule,)))
+    seen: list[bool] = []
+
+    def drainer(stop: threading.Event) -> DrainResult:
+        seen.append(h.loop.healthy(h.loop._monotonic() + 1200))  # far past the 600 s stall timeout
+        return DrainResult(outcome="deadline", evicted=1, deleted=0, skipped=(), remaining=("ns/db-0",), message="")
+
+    h.loop._drainer = drainer
+    h.publish(problem())
+    h.clock.now += DELAY
+    h.step()
+    assert seen == [True]
+    assert not h.loop.healthy(h.loop._monotonic() + 1200), "after the drain, the stall timeout applies again"
+    assert h.incident()["done"] == ["cordon"] and h.incident()["drain"] == "deadline"
+    assert h.marker.calls == []
 
 
 # ---- the cluster budget -------------------------------------------------------------------------------------

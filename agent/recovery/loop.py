@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 INTERVAL = 5.0  # seconds between steps when nothing is published
 MAX_BACKOFF = 60.0
+DRAIN_GRACE = 60.0  # beyond a drain's own timeout before a drain that does not return counts as stalled
 SOURCE = "recovery"
 
 
@@ -103,6 +104,7 @@ class RecoveryLoop:
         self._stall_timeout = stall_timeout
         self._started_at = clock()
         self._beat = monotonic()
+        self._draining_until = float("-inf")  # while a drain runs: alive until its timeout (+ grace)
         self._backoff = Backoff(initial=interval, maximum=MAX_BACKOFF)
         self._dry: Incident | None = None  # report-only keeps its incident here, never on the Node
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
@@ -112,8 +114,9 @@ class RecoveryLoop:
     # ---- component -------------------------------------------------------------------------------
 
     def healthy(self, now: float) -> bool:
-        """Alive: the loop turned within the stall timeout (a drain may hold one step for long)."""
-        return now - self._beat < self._stall_timeout
+        """Alive: the loop turned within the stall timeout, or a drain (bounded by its own timeout, which
+        may be longer) is running: a liveness restart must not cut a drain short."""
+        return now - self._beat < self._stall_timeout or now < self._draining_until
 
     @property
     def last_error(self) -> str | None:
@@ -296,7 +299,12 @@ class RecoveryLoop:
         if self._drainer is None:
             self._event(incident, "Warning", "RecoveryDrainSkipped", "drain is not configured")
             return "skipped"
-        result = self._drainer(self._stop)
+        self._draining_until = self._monotonic() + self._policy.drain.timeout + DRAIN_GRACE
+        try:
+            result = self._drainer(self._stop)
+        finally:
+            self._draining_until = float("-inf")
+            self._beat = self._monotonic()
         self.stats.drains[result.outcome] += 1
         return result.outcome
 
