@@ -88,6 +88,7 @@ class ConditionSpec:
     clear_after: float | None = None  # seconds of quiet after which a True condition heals; None = never
     source: str = ""
     accelerator: bool = False  # a critical problem here makes AcceleratedHardwareReady False
+    cloudwatch_namespace: str | None = None  # the pack's cloudwatchNamespace (None = NeuronHealthCheck)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -219,6 +219,7 @@ def build_runtime(
     conditions: dict[str, ConditionSpec] = {}
     for spec in (*rule_set.conditions, *extra_conditions, *check_conditions(checks)):
         conditions.setdefault(spec.type, spec)
+    declared = tuple(conditions.values())
     state = NodeState(
         conditions=tuple(conditions.values()),
         clock=clock,
@@ -319,7 +320,14 @@ def build_runtime(
     collectors: list[Any] = []
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
-            settings=settings, kube=kube, feed=feed, inbox=inbox, policy=policy, aws=aws, clock=clock
+            settings=settings,
+            kube=kube,
+            feed=feed,
+            inbox=inbox,
+            policy=policy,
+            aws=aws,
+            clock=clock,
+            conditions=declared,
         )
         consumers.extend(extra)
         details.update(extra_details)
@@ -380,6 +388,7 @@ def recovery_components(
     policy: Any,
     aws: AwsSetup | None,
     clock: Callable[[], float],
+    conditions: Sequence[ConditionSpec] = (),
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
     """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
 
@@ -406,15 +415,16 @@ def recovery_components(
     provider_id = ((kube.node or {}).get("spec") or {}).get("providerID") if kube is not None else None
     if settings.cloudwatch:
         from agent.aws import CloudWatchPublisher, InstanceIdLookup
-        from agent.sinks.cloudwatch import CloudWatchCollector, CloudWatchSink
+        from agent.sinks.cloudwatch import DEFAULT_NAMESPACE, CloudWatchCollector, CloudWatchSink
 
         is_published = published(policy)
+        namespaces = {spec.type: spec.cloudwatch_namespace for spec in conditions if spec.cloudwatch_namespace}
         sink = CloudWatchSink(
             feed=feed,
             publisher=CloudWatchPublisher(clients=clients),
             cluster_name=settings.cluster_name,
             instance_id=InstanceIdLookup(provider_id=lambda: provider_id, imds=imds),
-            select=lambda c: "NeuronHealthCheck" if is_published(c) else None,
+            select=lambda c: (namespaces.get(c.type) or DEFAULT_NAMESPACE) if is_published(c) else None,
             clock=clock,
         )
         components.append(sink)

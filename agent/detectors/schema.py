@@ -36,8 +36,11 @@ TOP_KEYS = frozenset(
         "conditions",
         "rules",
         "lists",
+        "cloudwatchNamespace",
     }
 )
+# CloudWatch namespaces: 1-255 of these characters, and not AWS's own ("AWS/...").
+CLOUDWATCH_NAMESPACE_RE = re.compile(r"^[0-9A-Za-z.\-_/#:]{1,255}$")
 RULE_KEYS = frozenset(
     {
         "type",
@@ -154,7 +157,9 @@ def check_pack(col: Problems) -> PackSpec:
     return PackSpec(
         source=source,
         buffer_size=buffer_size,
-        conditions=_check_conditions(data.get("conditions", []), col=col, source=source),
+        conditions=_check_conditions(
+            data.get("conditions", []), col=col, source=source, namespace=_cloudwatch_namespace(data, col=col)
+        ),
         lists=_check_lists(data.get("lists", {}), col=col),
         rules=_check_rules(data.get("rules"), col=col, source=source, buffer_size=buffer_size),
     )
@@ -174,7 +179,24 @@ def _check_lists(raw: Any, *, col: Problems) -> dict[str, tuple[str, ...]]:
     return lists
 
 
-def _check_conditions(raw: Any, *, col: Problems, source: str) -> tuple[ConditionSpec, ...]:
+def _cloudwatch_namespace(data: dict, *, col: Problems) -> str | None:
+    """The pack's ``cloudwatchNamespace``: where its conditions' problems go in CloudWatch (None = the default)."""
+    value = data.get("cloudwatchNamespace")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CLOUDWATCH_NAMESPACE_RE.match(value) or value.startswith("AWS/"):
+        col.add(
+            ("cloudwatchNamespace",),
+            f"must be a CloudWatch namespace (1-255 of letters, digits and . - _ / # :, not starting with AWS/), "
+            f"got {value!r}",
+        )
+        return None
+    return value
+
+
+def _check_conditions(
+    raw: Any, *, col: Problems, source: str, namespace: str | None = None
+) -> tuple[ConditionSpec, ...]:
     if not isinstance(raw, list):
         col.add(("conditions",), "must be a list of {type, reason, message}")
         return ()
@@ -226,6 +248,7 @@ def _check_conditions(raw: Any, *, col: Problems, source: str) -> tuple[Conditio
                     message=message,
                     clear_after=clear_after,
                     source=source,
+                    cloudwatch_namespace=namespace,
                 )
             )
     return tuple(conditions)
