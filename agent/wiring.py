@@ -429,7 +429,7 @@ def recovery_components(
         )
         components.append(sink)
         details["cloudwatch"] = lambda: sink.last_error
-        collectors.append(CloudWatchCollector(stats=lambda: sink.stats))
+        collectors.append(CloudWatchCollector(stats=sink.stats))
     if kube is not None:
         from agent.recovery.loop import RecoveryLoop
         from agent.sinks.recoverymetrics import RecoveryCollector

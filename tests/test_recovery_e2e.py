@@ -23,7 +23,7 @@ import pytest
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY
 
 from awsfixtures import REGION, AwsTestEnv, FaultyFront, aws_fixture, moto_server_fixture  # noqa: F401 (fixtures)
-from helpers import wait_for
+from helpers import free_port, http_get, wait_for
 from kubeapi import KubeApiServer
 
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"
@@ -64,7 +64,9 @@ def recent_usec() -> int:
 class Agent:
     """``node-health-agent run`` as the DaemonSet runs it (env from the recovery + cloudwatch components)."""
 
-    def __init__(self, tmp: Path, api: KubeApiServer, *, enable: str, endpoint: str | None = None) -> None:
+    def __init__(
+        self, tmp: Path, api: KubeApiServer, *, enable: str, endpoint: str | None = None, listen: str = "0"
+    ) -> None:
         self.kmsg = tmp / "kmsg"
         if not self.kmsg.exists():
             self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
@@ -81,7 +83,7 @@ class Agent:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
             + ["--node-name", NODE, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
-            + ["--listen", "0", "--aggregate-condition", "true", "--pack", "kernel,neuron"],
+            + ["--listen", listen, "--aggregate-condition", "true", "--pack", "kernel,neuron"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -167,14 +169,20 @@ def test_report_only_does_nothing_but_cloudwatch_still_publishes(api, aws, tmp_p
     group = aws.node_group(size=1)
     (instance_id,) = group.instance_ids
     api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance_id}"))
-    agent = Agent(tmp_path, api, enable="false")
+    port = free_port()
+    agent = Agent(tmp_path, api, enable="false", listen=f"127.0.0.1:{port}")
     try:
         wait_for(lambda: (c := condition(api, "NeuronHealth")) and c["status"] == "False", timeout=30)
         agent.fault()
         wait_for(lambda: cloudwatch_metrics(aws), timeout=30)
         dry = wait_for(lambda: events(api, "RecoveryDryRun"), timeout=30)
+        status, metrics = http_get(f"http://127.0.0.1:{port}/metrics")
     finally:
         agent.stop()
+    assert status == 200
+    assert 'node_health_agent_recovery_would_actions_total{action="cordon"} 1.0' in metrics
+    assert "node_health_agent_recovery_enabled 0.0" in metrics
+    assert "node_health_agent_cloudwatch_requests_total" in metrics
     assert health(aws, instance_id) == "HEALTHY"
     n = api.get_object("nodes", NODE)
     assert not n["spec"].get("unschedulable") and not n["spec"].get("taints")
