@@ -1,5 +1,3 @@
-import sys
+from agent.cli import entry
 
-from agent.cli import main
-
-sys.exit(main())
+entry()

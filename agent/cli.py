@@ -7,6 +7,7 @@ cluster), 1 an unexpected failure. ``main(argv)`` is callable from tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -591,4 +592,20 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-__all__ = ["Settings", "main"]
+def entry() -> None:
+    """The ``node-health-agent`` executable and ``python -m agent``: :func:`main`, then exit at once.
+
+    Once ``main`` returns, every component has stopped or passed the shared shutdown deadline; what
+    is left are daemon threads (check workers, file watchers, a hung tool's reader). Interpreter
+    finalization would still run alongside them and can wait on a lock one of them holds, so the
+    process flushes its output and ends here: SIGTERM always ends the agent within its deadline.
+    (Tests call :func:`main` in-process; only the executable takes this exit.)"""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+__all__ = ["Settings", "entry", "main"]
