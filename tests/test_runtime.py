@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,34 @@ def test_supervisor_health_covers_every_component(comps, expected):
     assert sup.health() == expected
     stop.set()
     assert sup.join(deadline=sup_deadline(5)) == []
+
+
+def test_a_signal_that_lands_on_another_thread_still_stops_the_supervisor():
+    """The kernel may hand SIGTERM to any thread; Python runs the handler in the main thread only when it
+    executes bytecode, so the main thread must not sleep in a plain wait() (an agent once ignored SIGTERM)."""
+    import signal
+
+    stop = threading.Event()
+    forced = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: stop.set())
+
+    def other_thread() -> None:
+        comp.started.wait(10)
+        time.sleep(0.3)  # let the main thread settle into its wait (only orders events; no outcome hangs on it)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # delivered to this thread, not the main one
+        if not stop.wait(10):  # a fallback so the test cannot hang: it fails instead
+            forced.set()
+            stop.set()
+
+    comp = Comp("a")
+    try:
+        sender = threading.Thread(target=other_thread, daemon=True)
+        sup = Supervisor(components=[comp])
+        sender.start()
+        assert sup.run(stop, grace=1.0) == []  # in the main thread, as the agent runs it
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not forced.is_set(), "the supervisor slept through a signal delivered to another thread"
 
 
 def sup_deadline(seconds: float) -> float:
