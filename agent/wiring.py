@@ -206,7 +206,6 @@ def build_runtime(
     labels: NodeLabels | None = None,
     cancel: threading.Event | None = None,
     policy: Any = None,  # agent.recovery.model.RecoveryPolicy; None = the built-in default
-    aws: AwsSetup | None = None,
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -325,7 +324,6 @@ def build_runtime(
             feed=feed,
             inbox=inbox,
             policy=policy,
-            aws=aws,
             clock=clock,
             conditions=declared,
         )
@@ -372,13 +370,6 @@ def build_runtime(
     return runtime
 
 
-@dataclass(frozen=True, kw_only=True)
-class AwsSetup:
-    """AWS as the agent uses it (tests pass their own ``environ`` pointing at moto)."""
-
-    environ: Any = None  # Mapping[str, str]; None = os.environ
-
-
 def recovery_components(
     *,
     settings: Settings,
@@ -386,7 +377,6 @@ def recovery_components(
     feed: SnapshotFeed,
     inbox: Inbox,
     policy: Any,
-    aws: AwsSetup | None,
     clock: Callable[[], float],
     conditions: Sequence[ConditionSpec] = (),
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
@@ -409,9 +399,8 @@ def recovery_components(
     if needs_aws:
         from agent.aws import AwsClients, InstanceMetadata
 
-        environ = aws.environ if aws is not None else None
-        imds = InstanceMetadata(environ=environ)
-        clients = AwsClients(environ=environ, imds=imds)
+        imds = InstanceMetadata()  # AWS comes from the standard environment only
+        clients = AwsClients(imds=imds)
     provider_id = ((kube.node or {}).get("spec") or {}).get("providerID") if kube is not None else None
     if settings.cloudwatch:
         from agent.aws import CloudWatchPublisher, InstanceIdLookup
@@ -456,7 +445,7 @@ def recovery_components(
                     respect_grace_period=policy.respect_grace_period,
                 )
             if Action.DRAIN in actions:
-                drainer = drain_runner(kube=kube, policy=policy, inbox=inbox, clock=clock)
+                drainer = drain_runner(kube=kube, policy=policy, clock=clock)
         loop = RecoveryLoop(
             feed=feed,
             inbox=inbox,
@@ -475,31 +464,13 @@ def recovery_components(
     return components, details, collectors
 
 
-def drain_runner(*, kube: KubeSetup, policy: Any, inbox: Inbox, clock: Callable[[], float]) -> Callable[..., Any]:
-    """``(stop) -> DrainResult``: a drain of this node whose reports become Events."""
+def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
+    """``(stop, report) -> DrainResult``: a drain of this node (the recovery loop turns reports into Events)."""
     from agent.recovery.drain import Drainer
-    from agent.runtime import Notice
-    from agent.types import Event
 
-    def report(kind: str, message: str, stop: threading.Event) -> None:
-        warning = kind not in ("DrainStarted", "DrainSucceeded")
-        event = Event(
-            type="Warning" if warning else "Normal",
-            reason=f"Recovery{kind}",
-            message=message,
-            timestamp=clock(),
-            source="recovery",
-            severity=Severity.WARNING if warning else Severity.INFO,
-        )
-        inbox.put(Notice(events=[event]), stop=stop)
-
-    def run(stop: threading.Event) -> Any:
+    def run(stop: threading.Event, report: Callable[[str, str], None]) -> Any:
         return Drainer(
-            client=kube.client,
-            node_name=kube.node_name,
-            settings=policy.drain,
-            clock=clock,
-            report=lambda kind, message: report(kind, message, stop),
+            client=kube.client, node_name=kube.node_name, settings=policy.drain, clock=clock, report=report
         ).run(stop)
 
     return run
@@ -645,7 +616,6 @@ def run(
     loaded: Any = None,  # agent.reload.Fingerprint of the configuration as loaded
     cancel: threading.Event | None = None,
     policy: Any = None,  # agent.recovery.model.RecoveryPolicy (loaded and checked before the cluster)
-    aws: AwsSetup | None = None,
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     rule_set = config.rule_set
@@ -671,7 +641,6 @@ def run(
             labels=labels,
             cancel=cancel,
             policy=policy,
-            aws=aws,
         )
         try:
             http = serve(runtime, settings)

@@ -194,7 +194,7 @@ def test_acquire_creates_the_lease_and_records_the_writer(api, agents):
     add_nodes(api, nodes(2))
     view = agents()("node-00").acquire(incident_id="NeuronHealth/X/uid/1")
     assert view == BudgetView(
-        holders=("node-00",), limit=1, actions_in_window=1, max_actions=100, this_node_holds=True, written=True
+        holders=("node-00",), limit=1, actions_in_window=1, max_actions=100, this_node_holds=True, granted=True
     )
     lease = api.get_object("leases", LEASE, NS)
     assert lease["spec"]["holderIdentity"] == "node-00"

@@ -435,8 +435,9 @@ def test_a_long_drain_keeps_the_loop_healthy_and_an_unfinished_one_stops_before_
     h = harness(policy=dataclasses.replace(POLICY, rules=(drain_rule,)))
     seen: list[bool] = []
 
-    def drainer(stop: threading.Event) -> DrainResult:
+    def drainer(stop: threading.Event, report) -> DrainResult:
         seen.append(h.loop.healthy(h.loop._monotonic() + 1200))  # far past the 600 s stall timeout
+        report("DrainIncomplete", "1 pod could not leave: ns/db-0")
         return DrainResult(outcome="deadline", evicted=1, deleted=0, skipped=(), remaining=("ns/db-0",), message="")
 
     h.loop._drainer = drainer
@@ -447,6 +448,8 @@ def test_a_long_drain_keeps_the_loop_healthy_and_an_unfinished_one_stops_before_
     assert not h.loop.healthy(h.loop._monotonic() + 1200), "after the drain, the stall timeout applies again"
     assert h.incident()["done"] == ["cordon"] and h.incident()["drain"] == "deadline"
     assert h.marker.calls == []
+    (told,) = h.events("RecoveryDrainIncomplete")
+    assert (told.type, told.message) == ("Warning", "1 pod could not leave: ns/db-0")
 
 
 # ---- the cluster budget -------------------------------------------------------------------------------------

@@ -291,8 +291,8 @@ class ClusterBudget:
 
     def acquire(self, *, incident_id: str) -> BudgetView:
         """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
-        ``written`` True; when the view before says ``can_start`` False, nothing is written and that view
-        is returned (``written`` False: the step is refused, even for a node that holds its place)."""
+        ``granted`` True; when the view before says ``can_start`` False, nothing is written and that view
+        is returned (``granted`` False: the step is refused, even for a node that holds its place)."""
         cluster = self._cluster()
         own = self._own_domain(cluster)
 
@@ -305,7 +305,8 @@ class ClusterBudget:
             holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
             return replace(state, holders=holders, actions=(*state.actions, now))
 
-        return self._transact(take, cluster, own)
+        view, wrote = self._transact(take, cluster, own)
+        return replace(view, granted=True) if wrote else view
 
     def release(self) -> BudgetView:
         """Give this node's place back (its domain's place once none of its nodes holds it). Always
@@ -321,13 +322,14 @@ class ClusterBudget:
                     holders[domain] = replace(holder, nodes=nodes)
             return None if holders == dict(state.holders) else replace(state, holders=holders)
 
-        return self._transact(give_back, cluster, own)
+        return self._transact(give_back, cluster, own)[0]
 
     # ---- the read-modify-write round ------------------------------------------------------------------
 
     def _transact(
         self, change: Callable[[BudgetState, float], BudgetState | None], cluster: _Cluster, own: str
-    ) -> BudgetView:
+    ) -> tuple[BudgetView, bool]:
+        """The view after ``change`` (None = nothing to change) and whether the Lease was written."""
         for attempt in range(self._attempts):
             if attempt:
                 self._sleep(self._rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
@@ -335,12 +337,12 @@ class ClusterBudget:
             try:
                 state = decode_state(self._annotation(lease))
             except CorruptBudget as exc:
-                return self._refuse(lease, exc, cluster, own)
+                return self._refuse(lease, exc, cluster, own), False
             now = self._clock()
             current = self._effective(state, cluster, now=now)
             changed = change(current, now)
             if changed is None:
-                return self._view(current, cluster, own)
+                return self._view(current, cluster, own), False
             try:
                 self._write(lease, changed, now=now)
             except KubeError as exc:
@@ -348,7 +350,7 @@ class ClusterBudget:
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
                 raise
-            return replace(self._view(changed, cluster, own), written=True)
+            return self._view(changed, cluster, own), True
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,

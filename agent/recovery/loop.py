@@ -81,7 +81,8 @@ class RecoveryLoop:
         enabled: bool,
         budget: Any = None,  # agent.recovery.budget.ClusterBudget; required when enabled
         mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
-        drainer: Callable[[threading.Event], Any] | None = None,  # runs a drain: returns a DrainResult
+        # runs a drain: (stop, report(kind, message)) -> DrainResult; the loop turns reports into Events
+        drainer: Callable[[threading.Event, Callable[[str, str], None]], Any] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -154,7 +155,7 @@ class RecoveryLoop:
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
         from agent.recovery.actions import read_incident, read_node_view
-        from agent.recovery.policy import decide
+        from agent.recovery.policy import decide, with_budget_held
 
         snapshot = self._feed.latest().snapshot
         if not snapshot.seeded:
@@ -177,18 +178,16 @@ class RecoveryLoop:
                 enabled=self._enabled,
             )
 
-        decision = decided(self.stats.budget if not self._enabled else None)
+        decision = decided(None)  # the budget is read only when a decision needs it
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
-            granted = self._budget.acquire(incident_id=pending.id)
-            self.stats.budget = granted
-            if granted.written and granted.this_node_holds:
-                decision = decided(_granted(granted))
-                if decision.incident is not None and not decision.incident.budget_held:
-                    decision = dataclasses.replace(
-                        decision, incident=dataclasses.replace(decision.incident, budget_held=True)
-                    )
+            answer = self._budget.acquire(incident_id=pending.id)
+            self.stats.budget = answer
+            if answer.granted:
+                decision = decided(answer)
+                if decision.incident is not None:
+                    decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
         self.stats.incident = decision.incident
         self._note_blocked(decision)
         if self._enabled:
@@ -300,8 +299,13 @@ class RecoveryLoop:
             self._event(incident, "Warning", "RecoveryDrainSkipped", "drain is not configured")
             return "skipped"
         self._draining_until = self._monotonic() + self._policy.drain.timeout + DRAIN_GRACE
+
+        def report(kind: str, message: str) -> None:
+            progress = kind in ("DrainStarted", "DrainSucceeded")
+            self._event(incident, "Normal" if progress else "Warning", f"Recovery{kind}", message)
+
         try:
-            result = self._drainer(self._stop)
+            result = self._drainer(self._stop, report)
         finally:
             self._draining_until = float("-inf")
             self._beat = self._monotonic()
@@ -376,21 +380,9 @@ class RecoveryLoop:
         self._inbox.put(Notice(events=[event]), stop=self._stop)
 
 
-def _granted(view: BudgetView) -> BudgetView:
-    """The view after a successful acquire: this node holds its place and its step is counted."""
-    return dataclasses.replace(
-        view, this_node_holds=True, actions_in_window=min(view.actions_in_window, view.max_actions - 1)
-    )
-
-
 def _expected(exc: Exception) -> bool:
     """API trouble (logged in one line) rather than a bug (logged with its traceback)."""
+    from agent.aws import AwsError  # importing agent.aws does not load boto3
     from agent.kube import KubeError
 
-    if isinstance(exc, KubeError):
-        return True
-    try:
-        from agent.aws import AwsError
-    except ImportError:  # pragma: no cover - agent.aws always exists
-        return False
-    return isinstance(exc, AwsError)
+    return isinstance(exc, KubeError | AwsError)

@@ -165,13 +165,17 @@ class BudgetView:
     max_actions: int
     this_node_holds: bool  # this node's failure domain already holds a place
     problem: str = ""  # why the budget cannot be used at all (e.g. a corrupt Lease); non-empty = can_start False
-    written: bool = False  # this view comes from a change the budget wrote (acquire: the step was granted)
+    granted: bool = False  # returned by an acquire that took this step for this node (it wrote the Lease)
 
     @property
     def can_start(self) -> bool:
-        """A new disruptive step is allowed (holding a place already counts as allowed for the place)."""
+        """A new disruptive step is allowed (holding a place already counts as allowed for the place).
+
+        A granted view allows the step it was granted for, although counting it may have filled the window."""
         if self.problem:
             return False
+        if self.granted:
+            return True
         room = self.this_node_holds or len(self.holders) < self.limit
         return room and self.actions_in_window < self.max_actions
 
