@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -9,9 +10,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 KMSG = "/dev/kmsg"
@@ -39,6 +40,30 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state in ("Z", "X")
+
+
+@contextlib.contextmanager
+def kube_clients(server: Any, tmp_path: Path, *, timeout: float = 5.0) -> Iterator[Callable[[], Any]]:
+    """``make()``: a new real KubeClient for the test API server ``server`` (via a kubeconfig, as the agent
+    loads it; each simulated agent gets its own), all closed at the end."""
+    from agent.kube import KubeClient
+
+    config = server.write_kubeconfig(tmp_path / "kubeconfig")
+    with contextlib.ExitStack() as stack:
+
+        def make() -> Any:
+            made = KubeClient.load(kubeconfig=config, timeout=timeout)
+            stack.callback(made.close)
+            return made
+
+        yield make
+
+
+@contextlib.contextmanager
+def kube_client(server: Any, tmp_path: Path, *, timeout: float = 5.0) -> Iterator[Any]:
+    """One real KubeClient for the test API server ``server``, closed at the end."""
+    with kube_clients(server, tmp_path, timeout=timeout) as make:
+        yield make()
 
 
 def free_port() -> int:

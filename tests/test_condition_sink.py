@@ -18,7 +18,8 @@ from agent.runtime import SnapshotFeed
 from agent.sinks.conditions import MAX_MESSAGE, ConditionSink, condition_dict
 from agent.types import Status
 
-from test_sink_worker import NODE, Recorder, SimTime, condition, kube_client, node_api, publish, running, snapshot
+from helpers import kube_client
+from test_sink_worker import NODE, Recorder, SimTime, condition, node_api, publish, running, snapshot
 
 STATUS_PATH = r"/nodes/.*/status$"
 HEALTHY = condition()

@@ -16,7 +16,8 @@ from agent.runtime import SnapshotFeed
 from agent.sinks.events import EventSink, event_name
 from agent.sinks.outbox import OUTBOX_FILE, Outbox, Series
 
-from test_sink_worker import NODE, Recorder, SimTime, event, kube_client, node_api, publish, running, snapshot
+from helpers import kube_client
+from test_sink_worker import NODE, Recorder, SimTime, event, node_api, publish, running, snapshot
 
 EVENTS = r"/namespaces/[^/]+/events"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -33,6 +33,7 @@ from agent.recovery.actions import (
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 from agent.sinks.log import iso
 
+from helpers import kube_client
 from kubeapi import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
@@ -51,11 +52,8 @@ NODE_PATCH = rf"/api/v1/nodes/{NODE}$"
 
 @pytest.fixture
 def client(kube_api_server: KubeApiServer, tmp_path) -> Iterator[KubeClient]:
-    kube = KubeClient.load(kubeconfig=kube_api_server.write_kubeconfig(tmp_path / "kubeconfig"), timeout=5.0)
-    try:
+    with kube_client(kube_api_server, tmp_path) as kube:
         yield kube
-    finally:
-        kube.close()
 
 
 def put_node(

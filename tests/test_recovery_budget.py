@@ -4,7 +4,6 @@ Lease, and 15 agents of a 50-node cluster asking at once."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from agent.recovery.budget import (
 )
 from agent.recovery.model import DEFAULT_LEASE, ULTRASERVER_LABEL, BudgetSettings, BudgetView
 
+from helpers import kube_clients
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
@@ -66,14 +66,7 @@ def nodes(n: int, prefix: str = "node") -> list[str]:
 @pytest.fixture
 def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
     """``kube()``: a new real client (each agent has its own), closed after the test."""
-    config = api.write_kubeconfig(tmp_path / "kubeconfig")
-    with contextlib.ExitStack() as stack:
-
-        def make() -> KubeClient:
-            made = KubeClient.load(kubeconfig=config, timeout=10.0)
-            stack.callback(made.close)
-            return made
-
+    with kube_clients(api, tmp_path, timeout=10.0) as make:
         yield make
 
 

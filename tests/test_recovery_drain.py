@@ -20,6 +20,7 @@ from agent.kube import KubeClient, KubeError
 from agent.recovery.drain import Drainer, DrainOutcome, DrainResult, SkippedPod, skip_reason
 from agent.recovery.model import MIRROR_POD_ANNOTATION, SAFE_TO_EVICT_ANNOTATION, DrainSettings, OnDeadline
 
+from helpers import kube_client
 from kubeapi import KubeApiServer
 from kubeapi.authz import PolicyRule
 
@@ -127,11 +128,8 @@ class Setup:
 @pytest.fixture
 def setup(kube_api_server: KubeApiServer, tmp_path) -> Iterator[Setup]:
     kube_api_server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    client = KubeClient.load(kubeconfig=kube_api_server.write_kubeconfig(tmp_path / "kubeconfig"), timeout=5.0)
-    try:
+    with kube_client(kube_api_server, tmp_path) as client:
         yield Setup(kube_api_server, client)
-    finally:
-        client.close()
 
 
 def pod(

@@ -4,7 +4,6 @@ clock and a recording ``mark_unhealthy`` (our own seam). ``run()`` in a thread o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import threading
@@ -36,7 +35,7 @@ from agent.recovery.policyfile import DEFAULT_POLICY
 from agent.runtime import Inbox, Notice, SnapshotFeed
 from agent.types import Condition, Event, Snapshot, Status
 
-from helpers import wait_for
+from helpers import kube_clients, wait_for
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
@@ -120,14 +119,7 @@ def api(kube_api_server: KubeApiServer) -> KubeApiServer:
 
 @pytest.fixture
 def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
-    config = api.write_kubeconfig(tmp_path / "kubeconfig")
-    with contextlib.ExitStack() as stack:
-
-        def make() -> KubeClient:
-            made = KubeClient.load(kubeconfig=config, timeout=5.0)
-            stack.callback(made.close)
-            return made
-
+    with kube_clients(api, tmp_path, timeout=5.0) as make:
         yield make
 
 

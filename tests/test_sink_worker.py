@@ -13,7 +13,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from agent.sinks.events import EventSink
 from agent.sinks.worker import Failure, SinkWorker, classify
 from agent.types import Condition, Event, Severity, Snapshot, Status
 
-from helpers import wait_for
+from helpers import kube_client, wait_for
 from kubeapi.server import KubeApiServer
 
 NODE = "ip-10-0-0-1.ec2.internal"
@@ -126,16 +125,6 @@ def node_api() -> Iterator[KubeApiServer]:
         yield server
     finally:
         server.stop()
-
-
-@contextlib.contextmanager
-def kube_client(server: KubeApiServer, tmp_path: Path, *, timeout: float = 5.0) -> Iterator[KubeClient]:
-    """The real client (via a kubeconfig, as the agent loads it) with a short call timeout."""
-    client = KubeClient.load(kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), timeout=timeout)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @contextlib.contextmanager
