@@ -269,6 +269,20 @@ def test_the_startup_delay(harness, after, acts):
     assert (h.patches(), len(h.marker.calls)) == (before, 1)
 
 
+def test_a_healthy_node_is_read_once_not_every_step(harness):
+    """Without a problem the policy covers and without an incident, the Node is read at the first step only
+    (one GET per node every few seconds adds up across a fleet); a problem brings the reads back."""
+    h = harness()
+    h.publish(healthy(since=T0 - 100))
+    for _ in range(5):
+        h.clock.now += 5
+        assert h.step().actions == ()
+    assert h.api.requests.count(method="GET", path_regex=NODE_PATH) == 1
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
 def test_a_problem_that_healed_during_the_startup_delay_is_never_acted_on(harness):
     h = harness()
     h.publish(problem(since=T0 - 5))

@@ -108,6 +108,10 @@ class RecoveryLoop:
         self._draining_until = float("-inf")  # while a drain runs: alive until its timeout (+ grace)
         self._backoff = Backoff(initial=interval, maximum=MAX_BACKOFF)
         self._dry: Incident | None = None  # report-only keeps its incident here, never on the Node
+        # The last step found no open incident: until the policy matches a problem, the Node need not be
+        # read every interval (one GET per node every 5 s adds up across a fleet). False at start, so the
+        # first step reads the Node and finds an incident a previous run left.
+        self._quiet = False
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
@@ -155,11 +159,13 @@ class RecoveryLoop:
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
         from agent.recovery.actions import read_incident, read_node_view
-        from agent.recovery.policy import decide, with_budget_held
+        from agent.recovery.policy import decide, matching, with_budget_held
 
         snapshot = self._feed.latest().snapshot
         if not snapshot.seeded:
             return None  # our conditions are not adopted yet: nothing to judge
+        if self._quiet and not matching(snapshot, self._policy):
+            return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
         node = self._client.get_node(self._node_name)
         view = read_node_view(node)
@@ -194,6 +200,7 @@ class RecoveryLoop:
             self._act(decision, view, stored=incident)
         else:
             self._pretend(decision)
+        self._quiet = (self.stats.incident if self._enabled else self._dry) is None
         return decision
 
     def _note_blocked(self, decision: Decision) -> None:
