@@ -9,6 +9,7 @@ every file is collected and raised together as one ConfigError.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from agent.configfiles import ConfigFile, Kind, of_kind, read_config_files
 from agent.detectors.packfile import Problems
 from agent.detectors.rulepack import RuleSet, compile_rule_packs
 from agent.errors import ConfigError, ConfigProblem
-from agent.types import ConditionSpec
+from agent.types import ConditionSpec, Provenance
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,12 +164,77 @@ def build_scheduled_checks(
         seen.setdefault(c.name, c.origin)
     if dupes:
         raise ConfigError(dupes)
+    owned_conditions(config, checks)  # one owner per condition type, or ConfigError naming both
     return checks
 
 
-def check_conditions(checks: Sequence[ScheduledCheck]) -> tuple[ConditionSpec, ...]:
-    specs: dict[str, ConditionSpec] = {}
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Owner:
+    provenance: Provenance
+    name: str  # who, for messages: "the kernel log rule packs", "check gpu-ecc (file: checks[1])", ...
+    specs: tuple[ConditionSpec, ...]
+
+
+def _owners(config: AgentConfig, checks: Sequence[ScheduledCheck]) -> list[_Owner]:
+    """Every source that declares conditions. The kmsg rule packs are one source (they merge into one
+    rule set, later packs overriding earlier ones); so is one NPD custom-plugin file (its rules share
+    its conditions, as in node-problem-detector)."""
+    owners = [
+        _Owner(provenance=Provenance.KERNEL_LOG, name="the kernel log rule packs", specs=config.rule_set.conditions)
+    ]
+    owners.extend(
+        _Owner(provenance=Provenance.LOG_MONITOR, name=f"{m.kind.value} {m.file.path}", specs=m.rule_set.conditions)
+        for m in config.log_monitors
+    )
+    owners.extend(
+        _Owner(provenance=Provenance.CUSTOM_PLUGIN, name=f"custom plugin file {p.file}", specs=p.conditions)
+        for p in config.custom_plugins
+    )
     for c in checks:
-        for spec in getattr(c.check, "conditions", ()) or ():
-            specs.setdefault(spec.type, spec)
-    return tuple(specs.values())
+        if c.kind == "executable":  # a custom plugin file's rule: the file owns its conditions (above)
+            continue
+        specs = tuple(getattr(c.check, "conditions", ()) or ())
+        owners.append(_Owner(provenance=provenance_of(c), name=f"check {c.name} ({c.origin})", specs=specs))
+    return owners
+
+
+def provenance_of(check: ScheduledCheck) -> Provenance:
+    """The kind of source a check is: built-in (``use:`` names a module shipped under plugins/), a
+    third-party entry point, or an executable of a custom-plugin file."""
+    if check.kind == "executable":
+        return Provenance.CUSTOM_PLUGIN
+    return Provenance.BUILTIN_CHECK if check.kind == "python" else Provenance.CHECK
+
+
+def owned_conditions(config: AgentConfig, checks: Sequence[ScheduledCheck]) -> tuple[ConditionSpec, ...]:
+    """Every condition type the agent writes, each stamped with the provenance of its one owner.
+
+    A condition type has exactly one owner: two sources declaring it (a plugin declaring
+    ``NeuronHealth`` beside the Neuron rule pack) could clear each other's problems or raise one the
+    recovery policy acts on, so it is a configuration error naming both. Raises ConfigError."""
+    first: dict[str, tuple[_Owner, ConditionSpec]] = {}
+    problems: list[ConfigProblem] = []
+    for owner in _owners(config, checks):
+        for spec in owner.specs:
+            earlier = first.get(spec.type)
+            if earlier is None:
+                first[spec.type] = (owner, spec)
+            elif earlier[0] is not owner:
+                problems.append(_clash(spec, owner=owner, earlier=earlier))
+    if problems:
+        raise ConfigError(problems)
+    return tuple(dataclasses.replace(spec, provenance=owner.provenance) for owner, spec in first.values())
+
+
+def _clash(spec: ConditionSpec, *, owner: _Owner, earlier: tuple[_Owner, ConditionSpec]) -> ConfigProblem:
+    file, _, line = spec.declared_in.rpartition(":") if spec.declared_in else ("", "", "")
+    if not line.isdigit():
+        file, line = spec.declared_in, ""
+    where = f" ({earlier[1].declared_in})" if earlier[1].declared_in else ""
+    return ConfigProblem(
+        file=file or owner.name,
+        field="conditions.type" if file else "",
+        message=f"condition type {spec.type!r} is declared by {owner.name} and by {earlier[0].name}{where}: "
+        "a condition has one owner (two could clear each other's problems); rename one of them",
+        line=int(line) if line else None,
+    )

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.agentconfig import AgentConfig, build_scheduled_checks, check_conditions, load_agent_config
+from agent.agentconfig import AgentConfig, build_scheduled_checks, load_agent_config, owned_conditions
 from agent.checks.declared import CheckDecl
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.errors import ConfigError
@@ -147,6 +147,7 @@ class ConfigWatcher:
         try:
             config = load_agent_config(self._paths, entry_points=self._entry_points)
             fresh = self._rebuild(config)
+            conditions = owned_conditions(config, fresh)  # one owner per type across every source
         except ConfigError as exc:
             self.failures += 1
             self.last_error = f"configuration change rejected, still running generation {self.generation}: " + (
@@ -165,7 +166,6 @@ class ConfigWatcher:
         self.generation += 1
         if self._scheduler is not None:
             self._scheduler.replace(fresh)
-        conditions = (*config.rule_conditions, *check_conditions(fresh))
         item = Reconfigure(
             rule_set=config.rule_set, conditions=conditions, removed_checks=removed, generation=self.generation
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agent.durations import parse_duration
 from agent.errors import ConfigError, ConfigProblem
+from agent.types import reserved_condition
 
 DEFAULT_LISTEN = "0.0.0.0:20257"
 DEFAULT_STATE_DIR = Path("/var/lib/node-health-agent")
@@ -194,6 +195,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
             "Node (a cluster-scoped object) only in the default namespace",
         )
     delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
+    for type_ in delete:
+        if (why := reserved_condition(type_)) is not None:
+            bad("delete-condition", why, "NHA_DELETE_CONDITIONS")
     stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
     config_files = tuple(Path(p) for p in args.config or ())
     for path in config_files:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from agent.durations import format_duration
 from agent.types import (
@@ -23,6 +23,7 @@ from agent.types import (
     ConditionSpec,
     Event,
     Finding,
+    Provenance,
     RuleType,
     Severity,
     Snapshot,
@@ -63,6 +64,7 @@ class NodeState:
         auto repair and Karpenter node repair act on). Its polarity is the opposite of ours."""
         self._clock = clock
         self._specs = {c.type: c for c in conditions}
+        self._provenance = _provenance(self._specs)
         self._aggregate = aggregate
         self._touched: set[str] = set()  # types changed since start (seeding never overrides them)
         self._restored: set[str] = set()  # types restored from our own state directory (fresher than the Node)
@@ -118,6 +120,7 @@ class NodeState:
                 )
                 self._generation += 1
             self._specs[spec.type] = spec
+        self._provenance = _provenance(self._specs)  # a new mapping: snapshots already published keep theirs
 
     def restore(self, conditions: Iterable[Condition]) -> list[Event]:
         """Adopt the conditions our own state directory kept (with their severity and transition times).
@@ -353,7 +356,13 @@ class NodeState:
             generation=self._generation,
             seeded=self._seeded,
             node_uid=self._node_uid,
+            provenance=self._provenance,
         )
+
+
+def _provenance(specs: Mapping[str, ConditionSpec]) -> dict[str, Provenance]:
+    """Who owns each condition type (never changed after it is handed to a snapshot)."""
+    return {type_: spec.provenance for type_, spec in specs.items() if spec.provenance is not None}
 
 
 def _replace(cond: Condition, **changes: object) -> Condition:

@@ -89,6 +89,7 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
     from agent.kube import KubeError
     from agent.recovery.actions import read_incident, read_node_view
     from agent.recovery.budget import BUDGET_ANNOTATION, budget_lease_name, decode_state
+    from agent.recovery.model import BUILTIN_CONDITIONS
     from agent.recovery.policy import decide, rule_for
     from agent.types import Snapshot, Status
 
@@ -110,7 +111,7 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
                     "condition": c.type,
                     "reason": c.reason,
                     "since": c.last_transition,
-                    "policy": rule_for(policy, c) is not None,
+                    "policy": rule_for(policy, c, BUILTIN_CONDITIONS.get(c.type)) is not None,
                 }
                 for c in problems
             ],
@@ -125,7 +126,8 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
             }
         else:
             decision = decide(
-                snapshot=Snapshot(conditions=tuple(conditions), generated_at=now),
+                # The owners are those of the built-in configuration: the cluster does not say.
+                snapshot=Snapshot(conditions=tuple(conditions), generated_at=now, provenance=BUILTIN_CONDITIONS),
                 node=view,
                 incident=None,
                 policy=policy,

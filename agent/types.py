@@ -30,6 +30,16 @@ class Severity(enum.StrEnum):
         return list(Severity).index(self)
 
 
+class Provenance(enum.StrEnum):
+    """What kind of source owns a condition type (recovery policy rules say which they trust)."""
+
+    KERNEL_LOG = "kernel-log"  # the kmsg rule packs, built-in or not: the line came from the kernel
+    LOG_MONITOR = "log-monitor"  # a filelog or journald monitor (files and journals others can write)
+    BUILTIN_CHECK = "builtin-check"  # a check shipped with the agent (plugins/<domain>/)
+    CHECK = "check"  # a third-party Python check (entry point)
+    CUSTOM_PLUGIN = "custom-plugin"  # an executable of a node-problem-detector custom-plugin file
+
+
 class Status(enum.StrEnum):
     """Node condition status. For our problem conditions ``True`` means the problem is present."""
 
@@ -78,6 +88,37 @@ class Finding:
     status: Status = Status.TRUE
 
 
+# Condition types that others own and act on. Ours are True while a problem is present; these mean
+# the opposite (True = healthy), so writing one would invert it: a node whose Ready is False loses
+# every pod to the node lifecycle controller, and EKS / Karpenter node auto repair replaces a node
+# whose *Ready condition is False. No configuration, plugin or check may declare them.
+RESERVED_CONDITION_TYPES: Mapping[str, str] = {
+    "Ready": "kubelet",
+    "MemoryPressure": "kubelet",
+    "DiskPressure": "kubelet",
+    "PIDPressure": "kubelet",
+    "NetworkUnavailable": "kubelet and the network plugin",
+    "ContainerRuntimeReady": "the EKS node monitoring agent (node auto repair acts on it)",
+    "KernelReady": "the EKS node monitoring agent (node auto repair acts on it)",
+    "NetworkingReady": "the EKS node monitoring agent (node auto repair acts on it)",
+    "StorageReady": "the EKS node monitoring agent (node auto repair acts on it)",
+    "AcceleratedHardwareReady": "the agent's own aggregate condition (--aggregate-condition; EKS and Karpenter "
+    "node auto repair act on it)",
+}
+
+
+def reserved_condition(type_: str) -> str | None:
+    """Why ``type_`` may not be declared (it belongs to someone else), or None when it may."""
+    owner = RESERVED_CONDITION_TYPES.get(type_)
+    if owner is None:
+        return None
+    return (
+        f"condition type {type_!r} is reserved: it belongs to {owner}, where True means healthy; "
+        "node-health-agent conditions are True while a problem is present, so it never writes this type. "
+        "Choose a type name of your own"
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConditionSpec:
     """A condition type a rule pack owns, with its healthy default."""
@@ -89,6 +130,8 @@ class ConditionSpec:
     source: str = ""
     accelerator: bool = False  # a critical problem here makes AcceleratedHardwareReady False
     cloudwatch_namespace: str | None = None  # the pack's cloudwatchNamespace (None = NeuronHealthCheck)
+    declared_in: str = field(default="", compare=False)  # file:line of the declaration, for messages only
+    provenance: Provenance | None = None  # who owns it, set when the configuration is assembled
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +173,7 @@ class Snapshot:
     generation: int = 0  # increases whenever a condition changes
     seeded: bool = True  # the Node's (or the state directory's) conditions were adopted: safe to write
     node_uid: str | None = None  # the Node's uid once read (for Events' involvedObject)
+    provenance: Mapping[str, Provenance] = field(default_factory=dict)  # condition type -> who owns it
 
     def condition(self, type_: str) -> Condition | None:
         for c in self.conditions:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agent.agentconfig import AgentConfig, LogMonitor, check_conditions
+from agent.agentconfig import AgentConfig, LogMonitor, owned_conditions, provenance_of
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.detectors.rulepack import RuleSet
 from agent.mainloop import MainLoop
@@ -36,7 +36,7 @@ from agent.sources.producer import Source, SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 from agent.state import NodeState
 from agent.statedir import ConditionStore, StateDirHealth
-from agent.types import ConditionSpec, Severity
+from agent.types import ConditionSpec, Provenance, Severity
 
 if TYPE_CHECKING:
     from agent.http import AgentHTTPServer
@@ -192,6 +192,10 @@ def _load_cursor(store: CursorStore, health: StateDirHealth) -> Cursor | None:
     return store.load()
 
 
+def _owned_by(spec: ConditionSpec, provenance: Provenance) -> ConditionSpec:
+    return spec if spec.provenance is not None else dataclasses.replace(spec, provenance=provenance)
+
+
 def build_runtime(
     *,
     settings: Settings,
@@ -209,15 +213,19 @@ def build_runtime(
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
-    ``checks`` run under the ``check_scheduler``; ``extra_conditions`` are the conditions of
-    configuration other than the kernel log rules (custom plugins, log monitors)."""
+    ``checks`` run under the ``check_scheduler``; ``extra_conditions`` are the conditions the agent owns
+    (:func:`agent.agentconfig.owned_conditions`: every source's, with its provenance); the rule set's
+    and the checks' own are added for the types it does not list."""
     state_dir = StateDirHealth(path=settings.state_dir)
     state_dir.check()
     cursor_store = CursorStore(state_dir=settings.state_dir)
     condition_store = ConditionStore(health=state_dir)
-    conditions: dict[str, ConditionSpec] = {}
-    for spec in (*rule_set.conditions, *extra_conditions, *check_conditions(checks)):
-        conditions.setdefault(spec.type, spec)
+    conditions: dict[str, ConditionSpec] = {spec.type: spec for spec in extra_conditions}
+    for spec in rule_set.conditions:
+        conditions.setdefault(spec.type, _owned_by(spec, Provenance.KERNEL_LOG))
+    for check in checks:
+        for spec in getattr(check.check, "conditions", ()) or ():
+            conditions.setdefault(spec.type, _owned_by(spec, provenance_of(check)))
     declared = tuple(conditions.values())
     state = NodeState(
         conditions=tuple(conditions.values()),
@@ -289,6 +297,7 @@ def build_runtime(
             feed=feed,
             heartbeat=settings.heartbeat,
             delete_types=[t for t in settings.delete_conditions if t not in state.owned_types],
+            aggregate=settings.aggregate_condition,
         )
         events = EventSink(
             client=kube.client,
@@ -413,7 +422,7 @@ def recovery_components(
             publisher=CloudWatchPublisher(clients=clients),
             cluster_name=settings.cluster_name,
             instance_id=InstanceIdLookup(provider_id=lambda: provider_id, imds=imds),
-            select=lambda c: (namespaces.get(c.type) or DEFAULT_NAMESPACE) if is_published(c) else None,
+            select=lambda c, owner: (namespaces.get(c.type) or DEFAULT_NAMESPACE) if is_published(c, owner) else None,
             clock=clock,
         )
         components.append(sink)
@@ -636,7 +645,7 @@ def run(
             rule_set=rule_set,
             kube=kube,
             checks=checks,
-            extra_conditions=config.rule_conditions,
+            extra_conditions=owned_conditions(config, checks),
             log_monitors=config.log_monitors,
             labels=labels,
             cancel=cancel,

@@ -107,7 +107,7 @@ def simulate_fleet(*, nodes: int = 50, failing: int = 15, seed: int = 0, budget:
     from agent.kube import KubeClient
     from agent.recovery.budget import ClusterBudget, budget_lease_name, resolve_limit
     from agent.recovery.loop import RecoveryLoop
-    from agent.recovery.model import Action
+    from agent.recovery.model import BUILTIN_CONDITIONS, Action
     from agent.recovery.policyfile import DEFAULT_POLICY
     from agent.runtime import Inbox, SnapshotFeed
     from agent.types import Condition, Snapshot, Status
@@ -142,7 +142,8 @@ def simulate_fleet(*, nodes: int = 50, failing: int = 15, seed: int = 0, budget:
                         last_transition=T0,
                         last_update=T0,
                     )
-                    feed.publish(snapshot=Snapshot(conditions=(condition,), generated_at=T0), events=[], health={})
+                    snapshot = Snapshot(conditions=(condition,), generated_at=T0, provenance=BUILTIN_CONDITIONS)
+                    feed.publish(snapshot=snapshot, events=[], health={})
                 inbox = Inbox()
                 loops[name] = (
                     RecoveryLoop(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import subprocess
@@ -120,3 +121,18 @@ def start_standalone_agent(tmp: Path, *, plugins: Path) -> tuple[subprocess.Pope
         text=True,
     )
     return proc, f"http://127.0.0.1:{port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeEntryPoint:
+    """Our check loader's seam: what importlib.metadata.entry_points() yields (name, value, load, dist)."""
+
+    name: str
+    value: str
+    target: Callable[..., object] | Exception
+    dist: object = None
+
+    def load(self) -> object:
+        if isinstance(self.target, Exception):
+            raise self.target
+        return self.target

@@ -5,7 +5,6 @@ from __future__ import annotations
 import textwrap
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from agent.detectors.packfile import Problems, read_pack
 from agent.runtime import Inbox
 from agent.types import ConditionSpec, RuleType, Severity, Status
 
-from helpers import wait_for
+from helpers import FakeEntryPoint, wait_for
 
 OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
 
@@ -161,21 +160,6 @@ def test_bad_declarations_name_file_field_and_line(tmp_path, text, expected):
 
 
 # ---- loading -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FakeEntryPoint:
-    """Our loader's seam: what importlib.metadata.entry_points() yields (name, value, load, dist)."""
-
-    name: str
-    value: str
-    target: Callable[..., object] | Exception
-    dist: object = None
-
-    def load(self):
-        if isinstance(self.target, Exception):
-            raise self.target
-        return self.target
 
 
 class Static:

@@ -187,7 +187,7 @@ def test_at_most_one_round_per_interval_however_often_the_state_changes():
 
 def test_each_namespace_gets_one_request_per_round():
     select = {DMA: "NeuronHealthCheck", HBM: "TeamAlerts"}
-    with sink_running(select=lambda c: select.get(c.reason)) as s:
+    with sink_running(select=lambda c, _owner: select.get(c.reason)) as s:
         s.publish(problem(DMA), problem(HBM, type_="Other"))
         s.at(70)
     assert s.publisher.sent() == [
@@ -218,7 +218,7 @@ def test_without_an_instance_id_only_the_cluster_dimension_is_sent():
 )
 def test_select_reasons(reasons, reason, namespace):
     select = select_reasons() if reasons is None else select_reasons(reasons)
-    assert select(problem(reason)) == namespace
+    assert select(problem(reason), None) == namespace
 
 
 def test_the_cluster_name_is_required():

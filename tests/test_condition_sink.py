@@ -212,3 +212,31 @@ def test_messages_are_truncated(length, sent):
     body = condition_dict(dataclasses.replace(condition(), message="x" * length), heartbeat="2026-01-01T00:00:00Z")
     assert len(body["message"]) == sent
     assert body["message"].endswith("...") == (length > MAX_MESSAGE)
+
+
+# ---- types others own ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "written"),
+    [
+        (False, {"Ready", "NeuronHealth"}),  # kubelet's Ready as it was; nothing else of theirs
+        (True, {"Ready", "NeuronHealth", "AcceleratedHardwareReady"}),  # the aggregate is ours when on
+    ],
+)
+def test_the_sink_never_writes_a_type_others_own_whatever_the_state_holds(setup, aggregate, written):
+    s = setup(aggregate=aggregate, delete_types=["DiskPressure"])
+    theirs = [
+        condition("Ready", Status.FALSE, "KubeletReady"),  # NPD's inverted meaning: would evict every pod
+        condition("StorageReady", Status.TRUE, "Broken"),  # EKS node auto repair would replace the node
+        condition("AcceleratedHardwareReady", Status.TRUE, "AcceleratedHardwareIsReady"),
+    ]
+    publish(s.feed, snapshot(PROBLEM, *theirs))
+    with running(s.sink, s.sim):
+        s.sim.advance(5)
+        assert s.sink.writes == 1
+    (sent,) = s.sent()
+    assert set(sent) == written - {"Ready"}
+    assert not any(c.get("$patch") for c in sent.values()), "DiskPressure is never deleted"
+    assert set(s.on_node()) == written
+    assert s.on_node()["Ready"] == {**s.on_node()["Ready"], "status": "True", "reason": "KubeletReady"}

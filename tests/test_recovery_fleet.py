@@ -18,7 +18,7 @@ from agent.kube import KubeClient
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, budget_lease_name, decode_state
 from agent.recovery.loop import RecoveryLoop
-from agent.recovery.model import BudgetSettings, NodeView
+from agent.recovery.model import BUILTIN_CONDITIONS, BudgetSettings, NodeView
 from agent.recovery.policyfile import DEFAULT_POLICY
 from agent.runtime import Inbox, SnapshotFeed
 from agent.types import Condition, Snapshot, Status
@@ -121,7 +121,8 @@ def test_fifteen_loops_in_threads_never_disrupt_more_than_five(server, tmp_path:
                 last_transition=now,
                 last_update=now,
             )
-            feed.publish(snapshot=Snapshot(conditions=(condition,), generated_at=now), events=[], health={})
+            snapshot = Snapshot(conditions=(condition,), generated_at=now, provenance=BUILTIN_CONDITIONS)
+            feed.publish(snapshot=snapshot, events=[], health={})
             inbox = Inbox(maxsize=100)  # at most 3 Events per node: never full
             loop = RecoveryLoop(
                 feed=feed,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
+    BUILTIN_CONDITIONS,
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
     INCIDENT_ANNOTATION,
@@ -33,7 +34,7 @@ from agent.recovery.model import (
 )
 from agent.recovery.policyfile import DEFAULT_POLICY
 from agent.runtime import Inbox, Notice, SnapshotFeed
-from agent.types import Condition, Event, Snapshot, Status
+from agent.types import Condition, Event, Provenance, Snapshot, Status
 
 from helpers import kube_clients, wait_for
 from kubeapi.server import KubeApiServer
@@ -171,8 +172,9 @@ class Harness:
             interval=interval,
         )
 
-    def publish(self, *conditions: Condition) -> None:
-        snapshot = Snapshot(conditions=tuple(conditions), generated_at=self.clock(), seeded=True)
+    def publish(self, *conditions: Condition, provenance: Mapping[str, Provenance] = BUILTIN_CONDITIONS) -> None:
+        """Publish ``conditions``, owned as in the built-in configuration unless ``provenance`` says."""
+        snapshot = Snapshot(conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=provenance)
         self.feed.publish(snapshot=snapshot, events=[], health={})
 
     def step(self):
@@ -227,6 +229,24 @@ class Harness:
 @pytest.fixture
 def harness(api, kube) -> Callable[..., Harness]:
     return lambda **kw: Harness(api, kube(), **kw)
+
+
+# ---- trust ---------------------------------------------------------------------------------------------
+
+
+def test_a_problem_raised_by_an_untrusted_owner_is_reported_once_and_never_acted_on(harness):
+    h = harness()
+    h.clock.now += DELAY
+    h.publish(problem(), provenance={"NeuronHealth": Provenance.CHECK})
+    for _ in range(3):
+        decision = h.step()
+        h.clock.now += 5
+    assert decision.actions == () and decision.incident is None
+    (event,) = h.events("RecoveryUntrustedSource")
+    assert event.message.startswith("NeuronHealth=NeuronHasError_DMA_ERROR is raised by a check, which the recovery")
+    assert "(sources: kernel-log, builtin-check): reported, not acted on" in event.message
+    assert (h.patches(), h.marker.calls, h.holders()) == (0, [], [])
+    assert h.loop.stats.blocked["UntrustedSource"] == 1
 
 
 # ---- startup ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from agent.recovery.model import (
+    BUILTIN_CONDITIONS,
     OPT_OUT_LABEL,
     Action,
     Blocked,
@@ -56,7 +57,7 @@ def cond(
 
 
 def snap(*conditions: Condition, seeded: bool = True) -> Snapshot:
-    return Snapshot(conditions=conditions, generated_at=NOW, seeded=seeded)
+    return Snapshot(conditions=conditions, generated_at=NOW, seeded=seeded, provenance=BUILTIN_CONDITIONS)
 
 
 PROBLEM = snap(cond(), cond("GpuXid", "GpuXidGood", status=Status.FALSE))

@@ -11,9 +11,17 @@ import pytest
 
 from agent.errors import ConfigError
 from agent.recovery.budget import parse_max_unhealthy
-from agent.recovery.model import Action, BudgetSettings, DrainSettings, OnDeadline, PolicyRule, RecoveryPolicy
+from agent.recovery.model import (
+    TRUSTED_FOR_BUILTIN,
+    Action,
+    BudgetSettings,
+    DrainSettings,
+    OnDeadline,
+    PolicyRule,
+    RecoveryPolicy,
+)
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary, published, selector_problem
-from agent.types import Condition, Status
+from agent.types import Condition, Provenance, Status
 
 CORDON, TAINT, DRAIN, MARK = Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY
 
@@ -98,8 +106,16 @@ def test_a_full_file(tmp_path):
                 actions=(CORDON, DRAIN, MARK),
                 persist=30.0,
                 source=f"{path}:5",
+                sources=TRUSTED_FOR_BUILTIN,  # a built-in condition: its built-in owners by default
             ),
-            PolicyRule(condition="GpuXid", reasons=(), actions=(TAINT,), persist=0.0, source=f"{path}:9"),
+            PolicyRule(
+                condition="GpuXid",
+                reasons=(),
+                actions=(TAINT,),
+                persist=0.0,
+                source=f"{path}:9",
+                sources=TRUSTED_FOR_BUILTIN,
+            ),
         ),
         startup_delay=120.0,
         uncordon_after=900.0,
@@ -397,12 +413,12 @@ def test_selector_problem(selector, ok):
 def test_policy_summary_of_the_default():
     assert policy_summary(DEFAULT_POLICY) == [
         "recovery rules: 6",
-        "  NeuronHealth [NeuronHasError_*]: cordon, mark-unhealthy",
-        "  GpuXid [any reason]: cordon, mark-unhealthy",
-        "  GpuDriverError [any reason]: cordon, mark-unhealthy",
-        "  GpuEcc [any reason]: cordon, mark-unhealthy",
-        "  GpuCount [any reason]: cordon, mark-unhealthy",
-        "  NeuronDevices [any reason]: cordon, mark-unhealthy",
+        "  NeuronHealth [NeuronHasError_*, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuDriverError [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuEcc [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuCount [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  NeuronDevices [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
         "startup delay: 1m",
         "uncordon: never (a node we cordoned stays cordoned until an operator uncordons it)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
@@ -427,7 +443,7 @@ def test_policy_summary_of_a_file(tmp_path):
     )
     assert policy_summary(policy) == [
         "recovery rules: 1",
-        "  GpuXid [any reason]: cordon, drain, after 1m30s True",
+        "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon, drain, after 1m30s True",
         "startup delay: none",
         "uncordon: a node we cordoned, once healthy for 10m (never one marked unhealthy)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
@@ -437,17 +453,61 @@ def test_policy_summary_of_a_file(tmp_path):
     assert policy_summary(RecoveryPolicy(rules=()))[0] == "recovery rules: 0 (recovery never acts)"
 
 
+KERNEL, BUILTIN, PLUGIN = Provenance.KERNEL_LOG, Provenance.BUILTIN_CHECK, Provenance.CHECK
+
+
 @pytest.mark.parametrize(
-    ("cond", "expected"),
+    ("cond", "owner", "expected"),
     [
-        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), True),
-        (condition("NeuronHealth", "NeuronHasNoError", Status.FALSE), False),
-        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR", Status.UNKNOWN), False),
-        (condition("NeuronHealth", "SomethingElse"), False),
-        (condition("GpuXid", "GpuXid79"), True),
-        (condition("GpuNvlink", "GpuNvlinkBad"), False),  # no default rule
-        (condition("NeuronDevices", "NeuronDevicesMissing"), True),
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), KERNEL, True),
+        (condition("NeuronHealth", "NeuronHasNoError", Status.FALSE), KERNEL, False),
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR", Status.UNKNOWN), KERNEL, False),
+        (condition("NeuronHealth", "SomethingElse"), KERNEL, False),
+        (condition("GpuXid", "GpuXid79"), KERNEL, True),
+        (condition("GpuNvlink", "GpuNvlinkBad"), BUILTIN, False),  # no default rule
+        (condition("NeuronDevices", "NeuronDevicesMissing"), BUILTIN, True),
+        # A third-party plugin (or an owner not known) raising a built-in condition is not trusted.
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), PLUGIN, False),
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), Provenance.CUSTOM_PLUGIN, False),
+        (condition("NeuronHealth", "NeuronHasError_DMA_ERROR"), None, False),
     ],
 )
-def test_published(cond, expected):
-    assert published(DEFAULT_POLICY)(cond) is expected
+def test_published(cond, owner, expected):
+    assert published(DEFAULT_POLICY)(cond, owner) is expected
+
+
+@pytest.mark.parametrize(
+    ("rule", "sources"),
+    [
+        # Built-in condition types trust their built-in owners unless the rule says otherwise.
+        ("{condition: NeuronHealth, actions: [cordon]}", TRUSTED_FOR_BUILTIN),
+        ("{condition: GpuEcc, actions: [cordon]}", TRUSTED_FOR_BUILTIN),
+        ("{condition: NeuronHealth, actions: [cordon], sources: [check]}", (Provenance.CHECK,)),
+        # A type of the operator's own: whoever owns it in the configuration.
+        ("{condition: MyFabric, actions: [cordon]}", ()),
+        (
+            "{condition: MyFabric, actions: [cordon], sources: [custom-plugin, custom-plugin]}",
+            (Provenance.CUSTOM_PLUGIN,),
+        ),
+    ],
+)
+def test_rule_sources(tmp_path, rule, sources):
+    (loaded,) = load_policy(write(tmp_path, f"rules:\n  - {rule}\n")).rules
+    assert loaded.sources == sources
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ("{condition: GpuXid, actions: [cordon], sources: []}", "rules[0].sources: must be a non-empty list of"),
+        ("{condition: GpuXid, actions: [cordon], sources: kernel-log}", "rules[0].sources: must be a non-empty list"),
+        ("{condition: GpuXid, actions: [cordon], sources: [kernel]}", "rules[0].sources[0]: unknown source 'kernel'"),
+        ("{condition: Ready, actions: [cordon]}", "rules[0].condition: Ready is True when the node is healthy"),
+        ("{condition: StorageReady, actions: [cordon]}", "rules[0].condition: StorageReady is True when the node"),
+    ],
+)
+def test_bad_rule_sources_and_reserved_types_exit_2_with_file_and_line(tmp_path, rule, problem):
+    path = write(tmp_path, f"rules:\n  - {rule}\n")
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    assert f"{path}:2: {problem}" in str(err.value)

@@ -32,11 +32,12 @@ class Counter:
 
     def __init__(self, *, name, context, options):
         self.name = name
-        self.conditions = (ConditionSpec(type="Counted", reason="CountedOk", message="ok", source=name),)
+        self.type = f"Counted{name.capitalize()}"  # one condition type per check: a type has one owner
+        self.conditions = (ConditionSpec(type=self.type, reason="CountedOk", message="ok", source=name),)
         self.options = options
 
     def run(self):
-        return [CheckResult(status=CheckStatus.OK, condition="Counted", reason="CountedOk", message="ok")]
+        return [CheckResult(status=CheckStatus.OK, condition=self.type, reason="CountedOk", message="ok")]
 
 
 class EP:
@@ -88,7 +89,7 @@ def test_a_valid_change_is_swapped_in_and_unchanged_checks_keep_their_object(tmp
     item = inbox.get(timeout=0)
     assert isinstance(item, Reconfigure) and item.generation == 2
     assert [r.reason for r in item.rule_set.rules] == ["AlphaSeen", "BetaSeen"]
-    assert {c.type for c in item.conditions} == {"Thing", "Counted"}
+    assert {c.type for c in item.conditions} == {"Thing", "CountedOne", "CountedTwo"}
     assert (watcher.generation, watcher.failures, watcher.last_error) == (2, 0, None)
 
 

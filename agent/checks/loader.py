@@ -25,7 +25,7 @@ from agent.checks.model import (
 )
 from agent.detectors.packfile import field_path
 from agent.errors import ConfigProblem
-from agent.types import ConditionSpec
+from agent.types import ConditionSpec, reserved_condition
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,17 @@ def build_checks(
             if why is not None:
                 log.error("check %s (%s): %s", decl.name, decl.origin, why)
                 check = BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {why}")
+            elif reserved := _reserved_conditions(check):
+                problems.extend(
+                    ConfigProblem(
+                        file=decl.file or decl.origin,
+                        field=f"{field_path(decl.path)}.use" if decl.path else "use",
+                        message=f"check {decl.name} ({decl.origin}) declares a condition it may not own: {why}",
+                        line=decl.line,
+                    )
+                    for why in reserved
+                )
+                continue
         checks.append(
             ScheduledCheck(
                 check=check,
@@ -163,6 +174,12 @@ def _number(value: object, default: float) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
     return default
+
+
+def _reserved_conditions(check: object) -> list[str]:
+    """Why each condition type the check declares may not be declared (types others own)."""
+    specs: Sequence[ConditionSpec] = getattr(check, "conditions", ())
+    return [why for spec in specs if (why := reserved_condition(spec.type)) is not None]
 
 
 def _not_a_check(obj: object) -> str | None:

@@ -29,7 +29,7 @@ from agent.detectors import schema as log_monitor_schema
 from agent.detectors.packfile import Document, Problems
 from agent.durations import parse_duration
 from agent.errors import ConfigProblem
-from agent.types import ConditionSpec, RuleType, Severity
+from agent.types import ConditionSpec, RuleType, Severity, reserved_condition
 
 PLUGIN = "custom"
 KIND = "custom-plugin-monitor"
@@ -265,7 +265,10 @@ def _conditions(raw: Any, *, col: Problems, source: str) -> tuple[tuple[Conditio
                 col.add((*path, key), f"required: a non-empty string, got {cond.get(key)!r}")
                 ok = False
         if _non_empty(type_):
-            if type_ in declared:
+            if (why := reserved_condition(type_)) is not None:
+                col.add((*path, "type"), why)
+                ok = False
+            elif type_ in declared:
                 col.add((*path, "type"), f"duplicate condition type {type_!r} (also {col.where(declared[type_])})")
                 ok = False
             else:
@@ -275,7 +278,16 @@ def _conditions(raw: Any, *, col: Problems, source: str) -> tuple[tuple[Conditio
             col.add((*path, "message"), f"must be a string, got {message!r}")
             ok = False
         if ok:
-            specs.append(ConditionSpec(type=type_, reason=cond["reason"], message=message, source=source))
+            line = col.doc.line((*path, "type"))
+            specs.append(
+                ConditionSpec(
+                    type=type_,
+                    reason=cond["reason"],
+                    message=message,
+                    source=source,
+                    declared_in=f"{col.file}:{line}" if line is not None else col.file,
+                )
+            )
     return tuple(specs), set(declared)
 
 

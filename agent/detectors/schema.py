@@ -17,7 +17,7 @@ from typing import Any
 from agent.detectors.model import Threshold
 from agent.detectors.packfile import Problems
 from agent.durations import parse_duration
-from agent.types import ConditionSpec, RuleType, Severity
+from agent.types import ConditionSpec, RuleType, Severity, reserved_condition
 
 DEFAULT_BUFFER_SIZE = 10
 MAX_BUFFER_SIZE = 1000
@@ -194,6 +194,11 @@ def _cloudwatch_namespace(data: dict, *, col: Problems) -> str | None:
     return value
 
 
+def _where(col: Problems, path: tuple) -> str:
+    line = col.doc.line(path)
+    return f"{col.file}:{line}" if line is not None else col.file
+
+
 def _check_conditions(
     raw: Any, *, col: Problems, source: str, namespace: str | None = None
 ) -> tuple[ConditionSpec, ...]:
@@ -214,7 +219,10 @@ def _check_conditions(
                 col.add((*path, key), "required: a non-empty name of letters, digits and _.:/-")
                 ok = False
         type_ = cond.get("type")
-        if isinstance(type_, str) and type_ in first_path:
+        if isinstance(type_, str) and (why := reserved_condition(type_)) is not None:
+            col.add((*path, "type"), why)
+            ok = False
+        elif isinstance(type_, str) and type_ in first_path:
             col.add((*path, "type"), f"duplicate condition type {type_!r} (also {col.where(first_path[type_])})")
             ok = False
         elif isinstance(type_, str):
@@ -249,6 +257,7 @@ def _check_conditions(
                     clear_after=clear_after,
                     source=source,
                     cloudwatch_namespace=namespace,
+                    declared_in=_where(col, (*path, "type")),
                 )
             )
     return tuple(conditions)

@@ -33,7 +33,7 @@ from agent.backoff import Backoff
 from agent.recovery.asg import MarkResult
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
 from agent.runtime import Inbox, Notice, SnapshotFeed
-from agent.types import Event, Severity
+from agent.types import Event, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ INTERVAL = 5.0  # seconds between steps when nothing is published
 MAX_BACKOFF = 60.0
 DRAIN_GRACE = 60.0  # beyond a drain's own timeout before a drain that does not return counts as stalled
 SOURCE = "recovery"
+UNTRUSTED = "UntrustedSource"  # blocked-counter key: a problem whose owner the rule does not trust
 
 
 class MarkUnhealthy(Protocol):
@@ -164,6 +165,7 @@ class RecoveryLoop:
         snapshot = self._feed.latest().snapshot
         if not snapshot.seeded:
             return None  # our conditions are not adopted yet: nothing to judge
+        self._note_untrusted(snapshot)
         if self._quiet and not matching(snapshot, self._policy):
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
@@ -202,6 +204,27 @@ class RecoveryLoop:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
         return decision
+
+    def _note_untrusted(self, snapshot: Snapshot) -> None:
+        """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""
+        from agent.recovery.policy import untrusted
+
+        for condition, rule in untrusted(snapshot, self._policy):
+            key = (f"{condition.type}/{condition.reason}/{int(condition.last_transition)}", "untrusted")
+            if key in self._said:
+                continue
+            self._said.add(key)
+            self.stats.blocked[UNTRUSTED] += 1
+            owner = snapshot.provenance.get(condition.type)
+            kind = owner.value if owner else "source of unknown kind"
+            self._event(
+                None,
+                "Warning",
+                "RecoveryUntrustedSource",
+                f"{condition.type}={condition.reason} is raised by a {kind}, which the recovery rule ({rule.source}) "
+                "does not trust "
+                f"(sources: {', '.join(p.value for p in rule.sources)}): reported, not acted on",
+            )
 
     def _note_blocked(self, decision: Decision) -> None:
         if decision.blocked is None or decision.blocked is Blocked.NOTHING_LEFT:

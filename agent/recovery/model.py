@@ -12,6 +12,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agent.types import Provenance
+
 # Names others rely on (annotations, taint, labels, Lease). One prefix for all of them.
 DOMAIN = "node-health-agent.io"
 INCIDENT_ANNOTATION = f"{DOMAIN}/incident"  # JSON of Incident.to_json(); absent = no open incident
@@ -23,6 +25,34 @@ DEFAULT_NAMESPACE = "node-health-agent"  # the agent's namespace (POD_NAMESPACE)
 DEFAULT_LEASE = "node-health-agent-recovery-budget"  # + "-<cluster name>" when a cluster name is set
 SAFE_TO_EVICT_ANNOTATION = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+# The condition types of the built-in rule packs and checks, with their owners there. A policy rule on
+# one of them trusts these owners only unless it says otherwise (``sources``): a third-party plugin
+# that raises NeuronHealth where the Neuron pack is not loaded is reported, never acted on.
+BUILTIN_CONDITIONS: Mapping[str, Provenance] = {
+    **dict.fromkeys(
+        (
+            "KernelDeadlock",
+            "XfsShutdown",
+            "CperHardwareErrorFatal",
+            "ReadonlyFilesystem",
+            "PCIeUncorrectableError",
+            "MemoryUncorrectableError",
+            "RDMADeviceFailure",
+            "StorageDeviceFailure",
+            "NeuronHealth",
+            "GpuXid",
+            "GpuDriverError",
+            "NVSwitchSXid",
+        ),
+        Provenance.KERNEL_LOG,
+    ),
+    **dict.fromkeys(
+        ("NeuronDevices", "NeuronUltraServer", "IbDev", "GpuCount", "GpuEcc", "GpuNvlink"), Provenance.BUILTIN_CHECK
+    ),
+}
+TRUSTED_FOR_BUILTIN = (Provenance.KERNEL_LOG, Provenance.BUILTIN_CHECK)
 
 
 class Action(enum.StrEnum):
@@ -61,6 +91,7 @@ class PolicyRule:
     actions: tuple[Action, ...] = (Action.CORDON, Action.MARK_UNHEALTHY)
     persist: float = 0.0
     source: str = ""  # file:line of the rule (for messages)
+    sources: tuple[Provenance, ...] = ()  # whose problems it acts on (the condition's owner); () = anyone's
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

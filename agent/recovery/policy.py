@@ -6,9 +6,11 @@ whether we cordoned, since when the node is healthy) lives in the :class:`~agent
 the loop stores on the Node; the decision hands back the record to store *before* acting.
 
 What matches
-    A condition matches a rule when it is ``True``, its type equals ``rule.condition`` and its reason
-    matches one of ``rule.reasons`` (shell globs, case-sensitive; no reasons = any reason). A condition
-    is governed by the *first* rule (policy order) it matches. The **trigger** is the matching
+    A condition matches a rule when it is ``True``, its type equals ``rule.condition``, its reason
+    matches one of ``rule.reasons`` (shell globs, case-sensitive; no reasons = any reason) and the
+    rule trusts the condition's owner (``rule.sources``, against ``snapshot.provenance``; no sources =
+    anyone). A condition is governed by the *first* rule (policy order) whose type and reasons it
+    matches: when that rule does not trust its owner, no rule acts on it. The **trigger** is the matching
     condition that has been True longest (ties: rule order); it names a new incident. Matching
     conditions are read from the snapshot at every call: when none is True the problem is gone, and
     an incident that healed while waiting (for persistence, startup or budget) is never acted on later.
@@ -102,7 +104,7 @@ from agent.recovery.model import (
     PolicyRule,
     RecoveryPolicy,
 )
-from agent.types import Condition, Snapshot, Status
+from agent.types import Condition, Provenance, Snapshot, Status
 
 __all__ = [
     "Match",
@@ -111,6 +113,8 @@ __all__ = [
     "matching",
     "reason_matches",
     "rule_for",
+    "trusts",
+    "untrusted",
     "with_budget_held",
     "with_done",
 ]
@@ -139,25 +143,48 @@ def reason_matches(rule: PolicyRule, reason: str) -> bool:
     return not rule.reasons or any(fnmatchcase(reason, glob) for glob in rule.reasons)
 
 
-def rule_for(policy: RecoveryPolicy, condition: Condition) -> tuple[int, PolicyRule] | None:
-    """The first rule (and its index) whose condition type and reasons match ``condition``; its
-    status is not looked at."""
+def trusts(rule: PolicyRule, provenance: Provenance | None) -> bool:
+    """Whether the rule acts on a problem whose condition is owned by ``provenance`` (None = unknown:
+    only a rule that trusts anyone acts on it)."""
+    return not rule.sources or provenance in rule.sources
+
+
+def rule_for(
+    policy: RecoveryPolicy, condition: Condition, provenance: Provenance | None = None
+) -> tuple[int, PolicyRule] | None:
+    """The first rule (and its index) whose condition type and reasons match ``condition`` and that
+    trusts its owner ``provenance``; its status is not looked at."""
     for index, rule in enumerate(policy.rules):
         if rule.condition == condition.type and reason_matches(rule, condition.reason):
-            return index, rule
+            return (index, rule) if trusts(rule, provenance) else None
     return None
 
 
 def matching(snapshot: Snapshot, policy: RecoveryPolicy) -> tuple[Match, ...]:
-    """The True conditions that match a rule, longest True first (ties: rule order)."""
+    """The True conditions that match a rule trusting their owner, longest True first (ties: rule order)."""
     found = []
     for condition in snapshot.conditions:
         if condition.status is not Status.TRUE:
             continue
-        hit = rule_for(policy, condition)
+        hit = rule_for(policy, condition, snapshot.provenance.get(condition.type))
         if hit is not None:
             found.append(Match(condition=condition, rule=hit[1], index=hit[0]))
     return tuple(sorted(found, key=lambda m: (m.since, m.index)))
+
+
+def untrusted(snapshot: Snapshot, policy: RecoveryPolicy) -> tuple[tuple[Condition, PolicyRule], ...]:
+    """True conditions that a rule would govern but whose owner it does not trust (reported, not acted on)."""
+    found = []
+    for condition in snapshot.conditions:
+        if condition.status is not Status.TRUE:
+            continue
+        provenance = snapshot.provenance.get(condition.type)
+        for rule in policy.rules:
+            if rule.condition == condition.type and reason_matches(rule, condition.reason):
+                if not trusts(rule, provenance):
+                    found.append((condition, rule))
+                break
+    return tuple(found)
 
 
 def incident_id(*, condition: str, reason: str, node: NodeView, since: float) -> str:

@@ -10,6 +10,9 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
         reasons: ["NeuronHasError_*"]    # shell globs over the condition's reason; omitted / [] = any reason
         actions: [cordon, mark-unhealthy]   # of cordon, taint, drain, mark-unhealthy (run in that order)
         persist: 0s                      # act only once the condition has been True this long
+        sources: [kernel-log, builtin-check]  # whose problems it acts on: the condition's owner, of
+                                         # kernel-log, log-monitor, builtin-check, check, custom-plugin;
+                                         # omitted = these two for a built-in condition type, anyone else
     drain:                     # how a rule's ``drain`` action drains
       podDeadline: 5m          # how long one pod may take to leave (evictions retried meanwhile)
       onDeadline: report       # report (leave it, stay cordoned) | delete (bypasses its PodDisruptionBudget)
@@ -26,8 +29,8 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
 Refused, each as a problem naming ``file:line: field path`` (all problems of a file at once):
 unknown keys (with a did-you-mean), wrong types, bad durations, unknown or repeated actions,
 ``uncordon`` as a rule action (it follows healing: ``uncordonAfter``), a rule that drains without
-cordoning (the scheduler would put pods back onto the node being drained), a rule on
-``AcceleratedHardwareReady`` (True means healthy there: name the underlying condition), a rule that
+cordoning (the scheduler would put pods back onto the node being drained), a rule on a type others
+own (``Ready``, ``AcceleratedHardwareReady``, ...: True means healthy there), unknown ``sources``, a rule that
 can never match because an earlier rule takes all its reasons (the first matching rule governs a
 condition), a ``podDeadline`` longer than the drain ``timeout``, a ``maxUnhealthyCap`` with a count,
 and a ``nodeSelector`` that is not a label selector.
@@ -48,6 +51,8 @@ from agent.errors import ConfigError
 from agent.recovery.budget import parse_max_unhealthy
 from agent.recovery.model import (
     ACTION_ORDER,
+    BUILTIN_CONDITIONS,
+    TRUSTED_FOR_BUILTIN,
     Action,
     BudgetSettings,
     DrainSettings,
@@ -56,13 +61,20 @@ from agent.recovery.model import (
     RecoveryPolicy,
 )
 from agent.recovery.policy import rule_for
-from agent.types import Condition, Status
+from agent.types import Condition, Provenance, Status, reserved_condition
 
 __all__ = ["DEFAULT_POLICY", "load_policy", "policy_summary", "published"]
 
 _DEFAULT_ACTIONS = (Action.CORDON, Action.MARK_UNHEALTHY)
 DEFAULT_RULES = tuple(
-    PolicyRule(condition=condition, reasons=reasons, actions=_DEFAULT_ACTIONS, persist=0.0, source="built-in")
+    PolicyRule(
+        condition=condition,
+        reasons=reasons,
+        actions=_DEFAULT_ACTIONS,
+        persist=0.0,
+        source="built-in",
+        sources=TRUSTED_FOR_BUILTIN,
+    )
     for condition, reasons in (
         ("NeuronHealth", ("NeuronHasError_*",)),
         ("GpuXid", ()),
@@ -82,11 +94,11 @@ DEFAULT_POLICY = RecoveryPolicy(
 )
 
 TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
-RULE_KEYS = ("condition", "reasons", "actions", "persist")
+RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources")
+SOURCE_NAMES = tuple(p.value for p in Provenance)
 DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
 BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector")
 RULE_ACTIONS = tuple(a.value for a in ACTION_ORDER)  # uncordon is not a rule action
-HEALTHY_WHEN_TRUE = frozenset({"AcceleratedHardwareReady", "Ready"})  # conditions that are True when healthy
 _CONDITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 
 
@@ -230,7 +242,7 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
     condition = item.get("condition")
     if not isinstance(condition, str) or not _CONDITION_RE.match(condition):
         col.add((*path, "condition"), "required: a condition type (letters, digits and _.:/-)")
-    elif condition in HEALTHY_WHEN_TRUE:
+    elif reserved_condition(condition) is not None:
         col.add(
             (*path, "condition"),
             f"{condition} is True when the node is healthy; recovery acts on conditions that are True while a "
@@ -248,6 +260,7 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
             reasons = tuple(g for g in raw_reasons if isinstance(g, str) and g.strip())
     actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
     persist = _duration(item, "persist", 0.0, col=col, path=path)
+    sources = _check_sources(item, condition, col=col, path=path)
     if len(col) != before or not isinstance(condition, str):
         return None
     line = col.doc.line(path)
@@ -257,7 +270,26 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
         actions=actions,
         persist=persist,
         source=f"{col.file}:{line}" if line is not None else f"{col.file}: {field_path(path)}",
+        sources=sources,
     )
+
+
+def _check_sources(item: Mapping[str, Any], condition: object, *, col: Problems, path: tuple) -> tuple[Provenance, ...]:
+    """The owners whose problems the rule acts on: as given; else the built-in owners for a built-in
+    condition type (a plugin raising NeuronHealth is not trusted), anyone's for other types."""
+    if "sources" not in item:
+        return TRUSTED_FOR_BUILTIN if condition in BUILTIN_CONDITIONS else ()
+    raw = item["sources"]
+    if not isinstance(raw, list) or not raw:
+        col.add((*path, "sources"), f"must be a non-empty list of {', '.join(SOURCE_NAMES)} (omit it for the default)")
+        return ()
+    found: list[Provenance] = []
+    for j, name in enumerate(raw):
+        if not isinstance(name, str) or name not in SOURCE_NAMES:
+            col.add((*path, "sources", j), f"unknown source {name!r} (known: {', '.join(SOURCE_NAMES)})")
+        elif Provenance(name) not in found:
+            found.append(Provenance(name))
+    return tuple(found)
 
 
 def _check_actions(raw: Any, *, col: Problems, path: tuple) -> tuple[Action, ...]:
@@ -419,7 +451,8 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
     for rule in policy.rules:
         reasons = ", ".join(rule.reasons) if rule.reasons else "any reason"
         wait = f", after {format_duration(rule.persist)} True" if rule.persist else ""
-        lines.append(f"  {rule.condition} [{reasons}]: {', '.join(a.value for a in rule.actions)}{wait}")
+        trusted = f", raised by {' or '.join(p.value for p in rule.sources)}" if rule.sources else ""
+        lines.append(f"  {rule.condition} [{reasons}{trusted}]: {', '.join(a.value for a in rule.actions)}{wait}")
     lines.append(
         f"startup delay: {format_duration(policy.startup_delay)}" if policy.startup_delay else "startup delay: none"
     )
@@ -462,12 +495,12 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
 class _Published:
     policy: RecoveryPolicy
 
-    def __call__(self, condition: Condition) -> bool:
-        return condition.status is Status.TRUE and rule_for(self.policy, condition) is not None
+    def __call__(self, condition: Condition, owner: Provenance | None) -> bool:
+        return condition.status is Status.TRUE and rule_for(self.policy, condition, owner) is not None
 
 
-def published(policy: RecoveryPolicy) -> Callable[[Condition], bool]:
-    """Whether a condition is an unrecoverable problem per the policy: True and matched by a rule (its
-    ``persist`` is not waited for). The CloudWatch sink publishes those, whether or not recovery is
-    enabled."""
+def published(policy: RecoveryPolicy) -> Callable[[Condition, Provenance | None], bool]:
+    """Whether a condition (owned by ``owner``) is an unrecoverable problem per the policy: True and
+    matched by a rule that trusts its owner (its ``persist`` is not waited for). The CloudWatch sink
+    publishes those, whether or not recovery is enabled."""
     return _Published(policy)

@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from agent.aws import AwsError, MetricDatum
 from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.worker import IDLE, STALL, Failure, SinkWorker
-from agent.types import Condition, Snapshot, Status
+from agent.types import Condition, Provenance, Snapshot, Status
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ MAX_BACKOFF = 900.0
 UNHEALTHY_AFTER = 3600.0
 PUBLISH_TIME = 90.0  # the longest one round may take (timeouts and the publisher's retries): the loop's stall bound
 
-Select = Callable[[Condition], str | None]
+Select = Callable[[Condition, Provenance | None], str | None]  # (condition, its owner) -> namespace or None
 
 
 class Publisher(Protocol):
@@ -78,7 +78,7 @@ def select_reasons(reasons: Iterable[str] = NEURON_ERRORS, *, namespace: str = D
     """A ``select``: True conditions whose reason matches one of ``reasons`` (shell globs) go to ``namespace``."""
     patterns = tuple(reasons)
 
-    def select(condition: Condition) -> str | None:
+    def select(condition: Condition, _owner: Provenance | None) -> str | None:
         return namespace if any(fnmatchcase(condition.reason, p) for p in patterns) else None
 
     return select
@@ -197,7 +197,7 @@ class CloudWatchSink(SinkWorker):
         for cond in snapshot.conditions:
             if cond.status is not Status.TRUE or not cond.reason:
                 continue
-            namespace = self._select(cond)
+            namespace = self._select(cond, snapshot.provenance.get(cond.type))
             if namespace:
                 out.add((namespace, cond.reason))
         return out

@@ -26,7 +26,8 @@ from agent.kube import KubeClient, KubeError
 from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.log import iso
 from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
-from agent.types import Condition, Snapshot
+from agent.state import AGGREGATE_TYPE
+from agent.types import Condition, Snapshot, reserved_condition
 
 MAX_MESSAGE = 1024
 
@@ -43,11 +44,22 @@ def condition_dict(cond: Condition, *, heartbeat: str) -> dict[str, str]:
     }
 
 
-def patch_body(snapshot: Snapshot, *, now: float, delete_types: Sequence[str] = ()) -> dict:
-    """The status patch for ``snapshot``'s conditions, stamped with heartbeat time ``now`` (wall)."""
+def writable(type_: str, *, aggregate: bool) -> bool:
+    """Whether the sink may write (or delete) condition type ``type_``: never a type others own, except
+    AcceleratedHardwareReady when it is the agent's own aggregate."""
+    return reserved_condition(type_) is None or (aggregate and type_ == AGGREGATE_TYPE)
+
+
+def patch_body(snapshot: Snapshot, *, now: float, delete_types: Sequence[str] = (), aggregate: bool = False) -> dict:
+    """The status patch for ``snapshot``'s conditions, stamped with heartbeat time ``now`` (wall).
+
+    A condition of a type others own (kubelet's ``Ready``, ...) is left out whatever the state holds:
+    configuration refuses such types, and this is the last line of that defence."""
     heartbeat = iso(now)
-    conditions: list[dict] = [condition_dict(c, heartbeat=heartbeat) for c in snapshot.conditions]
-    conditions.extend({"type": t, "$patch": "delete"} for t in delete_types)
+    conditions: list[dict] = [
+        condition_dict(c, heartbeat=heartbeat) for c in snapshot.conditions if writable(c.type, aggregate=aggregate)
+    ]
+    conditions.extend({"type": t, "$patch": "delete"} for t in delete_types if writable(t, aggregate=False))
     return {"status": {"conditions": conditions}}
 
 
@@ -72,6 +84,7 @@ class ConditionSink(SinkWorker):
         resync: float = RESYNC,
         max_backoff: float = MAX_BACKOFF,
         delete_types: Sequence[str] = (),
+        aggregate: bool = False,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         wait: Callable[[float], bool] | None = None,
@@ -95,6 +108,7 @@ class ConditionSink(SinkWorker):
         self._coalesce = coalesce
         self._rng = rng
         self._pending_deletes = tuple(delete_types)
+        self._aggregate = aggregate  # AcceleratedHardwareReady is ours (the aggregate) and may be written
         self._latest: Snapshot | None = None  # newest seeded snapshot
         self._written: tuple | None = None  # key of the snapshot the Node has
         self._handled: tuple | None = None  # key of the snapshot last written or dropped
@@ -130,7 +144,7 @@ class ConditionSink(SinkWorker):
 
     def _write(self, snapshot: Snapshot, now: float) -> None:
         key = _key(snapshot)
-        body = patch_body(snapshot, now=self._clock(), delete_types=self._pending_deletes)
+        body = patch_body(snapshot, now=self._clock(), delete_types=self._pending_deletes, aggregate=self._aggregate)
         self._last_attempt = now
         self.beat()
         try:
