@@ -14,10 +14,11 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +74,16 @@ class ClientInfo:
 
 
 class KubeClient:
-    """Narrow access to the API calls the agent makes, with dict bodies."""
+    """Narrow access to the API calls the agent makes, with dict bodies.
+
+    Requests go through the client's ``ApiClient`` (credentials, TLS, token refresh, the REST layer)
+    with paths of our own: the generated ``CoreV1Api`` and ``CoordinationV1Api`` classes cost about
+    20 MiB of memory (pydantic validators for every one of their hundreds of methods) for the dozen
+    calls below, whose bodies the agent reads as dicts anyway."""
 
     def __init__(self, *, api_client: Any, info: ClientInfo, timeout: float = REQUEST_TIMEOUT) -> None:
         """``timeout``: seconds each call may take in all (connecting, sending, the answer)."""
-        from kubernetes.client import CoreV1Api
-
         self._api_client = api_client
-        self._core = CoreV1Api(api_client)
-        self._coordination: Any = None  # CoordinationV1Api, built on first use (recovery only)
         self._timeout = timeout
         self.info = info
 
@@ -130,12 +132,38 @@ class KubeClient:
         except Exception:  # closing must never fail shutdown
             log.debug("error closing the API client", exc_info=True)
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, object] | None = None,
+        body: dict[str, Any] | None = None,
+        patch: bool = False,
+    ) -> dict[str, Any]:
+        """One request: ``path`` with ``{name}``-style parts already filled in (quoted), ``query`` as
+        parameters (None values left out), ``body`` as JSON (a strategic merge patch when ``patch``)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/strategic-merge-patch+json" if patch else "application/json"
+        params = [(k, v) for k, v in (query or {}).items() if v is not None and v != ""]
         try:
-            response = fn(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
+            request = self._api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api_client.call_api(*request, _request_timeout=self._timeout)
+            response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiException.from_response(http_resp=response, body=None, data=None)
             data = response.data
             return json.loads(data) if data else {}
         except ApiException as exc:
@@ -146,56 +174,43 @@ class KubeClient:
             raise KubeError(f"{what}: unreadable answer: {exc}", status=None) from None
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self._call(f"get node {name}", self._core.read_node, name)
+        return self._call(f"get node {name}", "GET", f"/api/v1/nodes/{_seg(name)}")
 
     def patch_node_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic merge patch of ``nodes/{name}/status`` (conditions merge by ``type``)."""
         return self._call(
-            f"patch node {name} status",
-            self._core.patch_node_status,
-            name,
-            body,
-            _content_type="application/strategic-merge-patch+json",
+            f"patch node {name} status", "PATCH", f"/api/v1/nodes/{_seg(name)}/status", body=body, patch=True
         )
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST an Event; a name already taken fails with ``KubeError.already_exists``."""
-        return self._call(f"create event in {namespace}", self._core.create_namespaced_event, namespace, body)
+        return self._call(
+            f"create event in {namespace}", "POST", f"/api/v1/namespaces/{_seg(namespace)}/events", body=body
+        )
 
     def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(
             f"patch event {namespace}/{name}",
-            self._core.patch_namespaced_event,
-            name,
-            namespace,
-            body,
-            _content_type="application/strategic-merge-patch+json",
+            "PATCH",
+            f"/api/v1/namespaces/{_seg(namespace)}/events/{_seg(name)}",
+            body=body,
+            patch=True,
         )
 
     # ---- recovery: nodes, pods, evictions, Leases -------------------------------------------------
 
     def list_nodes(self, *, label_selector: str = "") -> list[dict[str, Any]]:
         """Every Node matching ``label_selector`` (pages followed)."""
-        return self._list_all(f"list nodes {label_selector!r}", self._core.list_node, label_selector=label_selector)
+        return self._list_all(f"list nodes {label_selector!r}", "/api/v1/nodes", labelSelector=label_selector)
 
     def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic merge patch of the Node (spec, metadata). Include ``metadata.resourceVersion`` in
         ``body`` to make it conditional (409 Conflict when the Node changed since it was read)."""
-        return self._call(
-            f"patch node {name}",
-            self._core.patch_node,
-            name,
-            body,
-            _content_type="application/strategic-merge-patch+json",
-        )
+        return self._call(f"patch node {name}", "PATCH", f"/api/v1/nodes/{_seg(name)}", body=body, patch=True)
 
     def list_pods_on_node(self, node_name: str) -> list[dict[str, Any]]:
         """Every pod bound to ``node_name``, in all namespaces (pages followed)."""
-        return self._list_all(
-            f"list pods on {node_name}",
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node_name}",
-        )
+        return self._list_all(f"list pods on {node_name}", "/api/v1/pods", fieldSelector=f"spec.nodeName={node_name}")
 
     def evict_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> dict[str, Any]:
         """POST a policy/v1 Eviction; a PodDisruptionBudget that forbids it answers 429 (transient)."""
@@ -207,45 +222,53 @@ class KubeClient:
         if grace_period is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
         return self._call(
-            f"evict pod {namespace}/{name}", self._core.create_namespaced_pod_eviction, name, namespace, body
+            f"evict pod {namespace}/{name}",
+            "POST",
+            f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}/eviction",
+            body=body,
         )
 
     def delete_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> dict[str, Any]:
         """DELETE the pod (no PodDisruptionBudget check: only when a drain's policy says so)."""
-        kwargs: dict[str, Any] = {} if grace_period is None else {"grace_period_seconds": grace_period}
-        return self._call(f"delete pod {namespace}/{name}", self._core.delete_namespaced_pod, name, namespace, **kwargs)
-
-    def _leases(self) -> Any:
-        if self._coordination is None:
-            from kubernetes.client import CoordinationV1Api
-
-            self._coordination = CoordinationV1Api(self._api_client)
-        return self._coordination
+        return self._call(
+            f"delete pod {namespace}/{name}",
+            "DELETE",
+            f"/api/v1/namespaces/{_seg(namespace)}/pods/{_seg(name)}",
+            query={"gracePeriodSeconds": grace_period},
+        )
 
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         """The Lease; a missing one is ``KubeError`` with status 404."""
-        return self._call(f"get lease {namespace}/{name}", self._leases().read_namespaced_lease, name, namespace)
+        return self._call(f"get lease {namespace}/{name}", "GET", _lease_path(namespace, name))
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create; a Lease of that name already there is ``KubeError.already_exists``."""
-        return self._call(f"create lease in {namespace}", self._leases().create_namespaced_lease, namespace, body)
+        return self._call(f"create lease in {namespace}", "POST", _lease_path(namespace), body=body)
 
     def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """PUT the Lease; ``body.metadata.resourceVersion`` makes it conditional: 409 Conflict when
         another agent wrote it since it was read (read again and redo)."""
-        return self._call(
-            f"replace lease {namespace}/{name}", self._leases().replace_namespaced_lease, name, namespace, body
-        )
+        return self._call(f"replace lease {namespace}/{name}", "PUT", _lease_path(namespace, name), body=body)
 
-    def _list_all(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
+    def _list_all(self, what: str, path: str, **query: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token = None
         while True:
-            page = self._call(what, fn, limit=500, **({"_continue": token} if token else {}), **kwargs)
+            page = self._call(what, "GET", path, query={**query, "limit": 500, "continue": token})
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+
+def _seg(value: str) -> str:
+    """One path segment: every character that is not unreserved is %-escaped (a name is never a path)."""
+    return quote(value, safe="")
+
+
+def _lease_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{_seg(namespace)}/leases"
+    return base if name is None else f"{base}/{_seg(name)}"
 
 
 def parse_retry_after(value: object) -> float | None:

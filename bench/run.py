@@ -216,7 +216,7 @@ def bench_kubernetes() -> list[Figure]:
         client.close()
         server.stop()
     figures.append(Figure(name="writes_per_node_hour", value=_steady_state_writes(), target="<= 12"))
-    figures.append(Figure(name="rss_mib", value=_agent_rss_mib(deployed=True), target="<= 80", unit="MiB"))
+    figures.append(Figure(name="rss_mib", value=_agent_rss_mib(deployed=True), target="<= 72", unit="MiB"))
     figures.append(Figure(name="rss_mib_dev_venv", value=_agent_rss_mib(deployed=False), target="", unit="MiB"))
     return figures
 
