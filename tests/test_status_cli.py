@@ -176,3 +176,20 @@ def test_a_node_with_two_problems_has_a_row_for_each(api, tmp_path, capsys):
         ["NeuronDevices", "NeuronDeviceMissing"],
     ]
     assert "would:" in " ".join(rows[0]) and "would:" not in " ".join(rows[1]), "recovery is said once per node"
+
+
+def test_without_credentials_the_hint_names_only_what_status_accepts(tmp_path, capsys, monkeypatch):
+    for var in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    code = main(["status"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "--kubeconfig" in err and "KUBECONFIG" in err
+    assert "--standalone" not in err, "status has no --standalone (it rejects the flag)"
+
+
+def test_status_rejects_standalone(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--standalone"])
+    assert exited.value.code == 2
