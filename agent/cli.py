@@ -30,6 +30,7 @@ from agent.settings import (
     DEFAULT_STATE_DIR,
     Settings,
     build_settings,
+    builtin_packs,
     builtin_plugins_dir,
     env_default,
     rule_dirs,
@@ -94,7 +95,7 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="use only these built-in packs (kernel, neuron, nvidia); repeatable or comma-separated "
+        help=f"use only these built-in packs ({', '.join(builtin_packs())}); repeatable or comma-separated "
         "(env NHA_PACKS; default: all)",
     )
 
@@ -333,7 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--plugins-dir", action="append", default=None, metavar="DIR", help="directory of rule packs; repeatable"
     )
-    val.add_argument("--pack", action="append", default=None, metavar="NAME", help="built-in packs to use")
+    val.add_argument(
+        "--pack",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"built-in packs to use ({', '.join(builtin_packs())})",
+    )
     val.add_argument(
         "--recovery-policy",
         default=env_default("recovery-policy") or None,

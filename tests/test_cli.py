@@ -264,3 +264,15 @@ def test_an_empty_pattern_is_refused_saying_what_npd_would_do(tmp_path, capsys):
     assert "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "check", "plugins", "validate-config"])
+def test_pack_help_names_every_built_in_pack(command, capsys):
+    from agent.settings import builtin_packs
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert set(builtin_packs()) >= {"kernel", "neuron", "nvidia", "rdma"}
+    for pack in builtin_packs():
+        assert pack in out.split("--pack NAME", 1)[1], f"{command} --help omits pack {pack}"
