@@ -79,9 +79,10 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         "--config",
         action="append",
         default=None,
-        metavar="FILE",
+        metavar="FILE|DIR",
         help="extra configuration file applied after the plugins: a rule pack (node-problem-detector "
-        "system-log-monitor JSON/YAML, with extensions), a 'checks:' file or an NPD plugin file; repeatable",
+        "system-log-monitor JSON/YAML, with extensions), a 'checks:' file or an NPD plugin file; or a directory: "
+        "every *.json, *.yaml and *.yml file under it, sorted by path; repeatable, applied in the order given",
     )
     parser.add_argument(
         "--plugins-dir",

@@ -196,9 +196,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
     delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
     stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
     config_files = tuple(Path(p) for p in args.config or ())
-    for path in config_files:
-        if not path.is_file():
-            bad("config", f"{path}: no such file")
+    for path in config_files:  # a file, or a directory of them (as --plugins-dir; what check and simulate take)
+        if not path.exists():
+            bad("config", f"{path}: no such file or directory")
     plugins_dirs = tuple(rule_dirs(plugins_dirs=args.plugins_dir, packs=args.pack))
     for path in plugins_dirs:
         if not path.exists():

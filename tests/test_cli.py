@@ -276,3 +276,23 @@ def test_pack_help_names_every_built_in_pack(command, capsys):
     assert set(builtin_packs()) >= {"kernel", "neuron", "nvidia", "rdma"}
     for pack in builtin_packs():
         assert pack in out.split("--pack NAME", 1)[1], f"{command} --help omits pack {pack}"
+
+
+def test_run_takes_a_config_directory_as_check_and_simulate_do(tmp_path):
+    from agent.agentconfig import load_agent_config
+    from agent.cli import build_parser
+    from agent.errors import ConfigError
+    from agent.settings import build_settings
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "mine.yaml").write_text(
+        "source: mine\nrules:\n  - {name: mine/x, type: temporary, reason: MineSeen, pattern: 'mine happened'}\n"
+    )
+    args = build_parser().parse_args(["run", "--standalone", "--pack", "kernel", "--config", str(extra)])
+    settings = build_settings(args)
+    config = load_agent_config(list(settings.rule_paths))
+    assert "mine/x" in {r.name for r in config.rule_set.rules}
+    args = build_parser().parse_args(["run", "--standalone", "--config", str(tmp_path / "missing")])
+    with pytest.raises(ConfigError, match="no such file or directory"):
+        build_settings(args)
