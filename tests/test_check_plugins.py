@@ -111,6 +111,40 @@ def test_check_names_that_do_not_exist_exit_2(tmp_path, capsys):
     assert "no check named 'no-such-check'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("exit_code", "expected"),
+    [
+        pytest.param(0, [("OK", None, None), ("OK", "NTPProblem", "NTPIsUp")], id="ok-shows-no-problem-reason"),
+        pytest.param(1, [("PROBLEM", None, "NTPIsDown"), ("PROBLEM", "NTPProblem", "NTPIsDown")], id="problem"),
+    ],
+)
+def test_check_shows_a_problem_reason_only_on_a_problem_row(tmp_path, capsys, exit_code, expected):
+    """node-problem-detector's temporary rule has no healthy reason: an OK run showed the problem's."""
+    script = tmp_path / "check_ntp.sh"
+    script.write_text(f"#!/bin/sh\necho ntp says {exit_code}\nexit {exit_code}\n")
+    script.chmod(0o755)
+    plugin = tmp_path / "custom-plugin-monitor.json"
+    rule = {"reason": "NTPIsDown", "path": str(script), "timeout": "3s"}
+    plugin.write_text(
+        json.dumps(
+            {
+                "plugin": "custom",
+                "source": "ntp-custom-plugin-monitor",
+                "conditions": [{"type": "NTPProblem", "reason": "NTPIsUp", "message": "ntp service is up"}],
+                "rules": [{"type": "temporary", **rule}, {"type": "permanent", "condition": "NTPProblem", **rule}],
+            }
+        )
+    )
+    argv = ["check", "--pack", "kernel", "--state-dir", str(tmp_path), "--config", str(plugin)]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["status"], r["condition"], r["reason"]) for r in rows] == expected
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()[1:]
+    for line in table:
+        assert ("NTPIsDown" in line) == line.split()[1].startswith("PROBLEM"), line
+
+
 def test_a_system_stats_config_is_refused_in_one_line(tmp_path, capsys):
     stats = tmp_path / "system-stats-monitor.json"
     stats.write_text('{"cpu": {"metricsConfigs": {}}, "invokeInterval": "60s"}')

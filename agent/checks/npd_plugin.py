@@ -472,7 +472,7 @@ def _verdict(rule: _Rule, *, by_type: Mapping[str, ConditionSpec]) -> Verdict:
     return Verdict(
         condition=None,
         problem_reason=rule.reason,
-        ok_reason=rule.reason,
+        ok_reason="",  # a temporary rule has no healthy reason: an OK run must not show the problem's
         severity=Severity.WARNING,
         repeat_event=True,  # NPD: an Event on every failing run of a temporary rule
     )
