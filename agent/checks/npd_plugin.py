@@ -26,7 +26,7 @@ from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, ExecutableCheck, 
 from agent.checks.model import RunProcess, ScheduledCheck
 from agent.checks.process import DEFAULT_PATH
 from agent.detectors import schema as log_monitor_schema
-from agent.detectors.packfile import Document, Problems
+from agent.detectors.packfile import Document, Problems, windows_path_problem
 from agent.durations import parse_duration
 from agent.errors import ConfigProblem
 from agent.types import ConditionSpec, RuleType, Severity
@@ -359,6 +359,8 @@ def _rule(
     program = rule.get("path")
     if not _non_empty(program):
         col.add((*path, "path"), f"required: the plugin to run, got {program!r}")
+    elif windows_path_problem(program):
+        col.add((*path, "path"), windows_path_problem(program))
     args = rule.get("args", [])
     if args is None:
         args = []
