@@ -98,6 +98,28 @@ def test_the_example_packages_own_tests_pass_against_this_agent(example_site):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    ("cwd", "args"),
+    [
+        pytest.param(ROOT, [str(EXAMPLE.relative_to(ROOT))], id="from-the-repository-root"),
+        pytest.param(EXAMPLE, [], id="in-the-example-directory"),
+    ],
+)
+def test_the_example_packages_tests_pass_without_installing_it(cwd, args):
+    """As a fresh clone runs them (README of the example): the package is not installed anywhere."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout
+
+
 def test_bad_options_of_a_configured_check_exit_2_naming_file_field_and_line(example_site, tmp_path):
     config = tmp_path / "checks.yaml"
     config.write_text("checks:\n  - name: kernel-tainted\n    options: {problemBits: [Q]}\n")
