@@ -397,10 +397,11 @@ def _rule(
 def resolve_plugin_path(raw: str, *, cwd: Path, config_dir: Path) -> Path:
     """Where a rule's ``path`` points.
 
-    An absolute path is kept. A relative one is resolved against ``cwd`` (as NPD does: its working
-    directory is ``/`` in its image, so ``./config/plugin/x.sh`` is ``/config/plugin/x.sh``); when
-    that does not exist but the same path beside the config file does, that one is taken. Symlinks
-    are never resolved (a mounted ConfigMap swaps them on update).
+    An absolute path is kept. A relative one is resolved against ``cwd``, the agent's working directory
+    (as NPD resolves it against its own: ``/`` in its image, so ``./config/plugin/x.sh`` is
+    ``/config/plugin/x.sh``; in a checkout of NPD, the checkout); when that does not exist but the same
+    path beside the config file does, that one is taken. Symlinks are never resolved (a mounted
+    ConfigMap swaps them on update).
     """
     given = Path(raw)
     if given.is_absolute():
