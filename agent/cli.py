@@ -439,6 +439,14 @@ def validate(args: argparse.Namespace) -> int:
     slow = [r.name for r in rule_set.rules if r.literals is None]
     if slow:
         print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
+    replaced: dict[str, list[str]] = {}
+    for name, by in rule_set.replaced:
+        replaced.setdefault(by, []).append(name)
+    for by, names in replaced.items():
+        print(
+            f"  note: {by} replaces {len(names)} earlier rule(s) of the same type, condition and reason "
+            f"(its rules have no name; name a rule to add it instead): {', '.join(names)}"
+        )
     for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
     from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary

@@ -106,3 +106,110 @@ def test_relative_plugin_paths_resolve_against_the_working_directory_as_in_npd(t
     rows = json.loads(capsys.readouterr().out)
     assert [(r["status"], r["condition"]) for r in rows] == [("OK", None), ("OK", "NTPProblem")], rows
     assert rows[0]["message"] == "runs where NPD would"
+
+
+# --- NPD's kernel-monitor.json / readonly-monitor.json replace the built-in rules of the same reasons ----------
+
+# (type, condition, reason, pattern) of NPD's config/kernel-monitor.json, then its readonly-monitor.json
+NPD_KERNEL_RULES = [
+    ("temporary", None, "OOMKilling", r"Killed process \d+ (.+) total-vm:\d+kB, anon-rss:\d+kB, file-rss:\d+kB.*"),
+    ("temporary", None, "TaskHung", r"task [\S ]+:\w+ blocked for more than \w+ seconds\."),
+    (
+        "temporary",
+        None,
+        "UnregisterNetDevice",
+        r"unregister_netdevice: waiting for \w+ to become free. Usage count = \d+",
+    ),
+    ("temporary", None, "KernelOops", r"BUG: unable to handle kernel NULL pointer dereference at .*"),
+    ("temporary", None, "KernelOops", r"divide error: 0000 \[#\d+\] SMP"),
+    ("temporary", None, "Ext4Error", r"EXT4-fs error .*"),
+    ("temporary", None, "Ext4Warning", r"EXT4-fs warning .*"),
+    ("temporary", None, "IOError", r"Buffer I/O error .*"),
+    ("permanent", "XfsShutdown", "XfsHasShutdown", r"XFS .* Shutting down filesystem.?"),
+    ("temporary", None, "MemoryReadError", r"CE memory read error .*"),
+    ("temporary", None, "CperHardwareErrorCorrected", r".*\[Hardware Error\]: event severity: corrected$"),
+    ("temporary", None, "CperHardwareErrorRecoverable", r".*\[Hardware Error\]: event severity: recoverable$"),
+    ("permanent", "CperHardwareErrorFatal", "CperHardwareErrorFatal", r".*\[Hardware Error\]: event severity: fatal$"),
+    ("permanent", "KernelDeadlock", "DockerHung", r"task docker:\w+ blocked for more than \w+ seconds\."),
+]
+NPD_READONLY_RULE = ("permanent", "ReadonlyFilesystem", "FilesystemIsReadOnly", "Remounting filesystem read-only")
+
+
+def npd_monitor(source: str, rules: list[tuple], conditions: list[tuple[str, str, str]]) -> dict:
+    return {
+        "plugin": "kmsg",
+        "logPath": "/dev/kmsg",
+        "lookback": "5m",
+        "bufferSize": 10,
+        "source": source,
+        "metricsReporting": True,
+        "conditions": [{"type": t, "reason": r, "message": m} for t, r, m in conditions],
+        "rules": [{"type": t, **({"condition": c} if c else {}), "reason": r, "pattern": p} for t, c, r, p in rules],
+    }
+
+
+@pytest.fixture
+def npd_kernel_configs(tmp_path) -> list[Path]:
+    kernel = tmp_path / "kernel-monitor.json"
+    conditions = [
+        ("KernelDeadlock", "KernelHasNoDeadlock", "kernel has no deadlock"),
+        ("XfsShutdown", "XfsHasNotShutDown", "XFS has not shutdown"),
+        ("CperHardwareErrorFatal", "CperHardwareHasNoFatalError", "UEFI CPER has no fatal error"),
+    ]
+    kernel.write_text(json.dumps(npd_monitor("kernel-monitor", NPD_KERNEL_RULES, conditions), indent=2))
+    readonly = tmp_path / "readonly-monitor.json"
+    ro_condition = [("ReadonlyFilesystem", "FilesystemIsNotReadOnly", "Filesystem is not read-only")]
+    readonly.write_text(json.dumps(npd_monitor("readonly-monitor", [NPD_READONLY_RULE], ro_condition), indent=2))
+    return [kernel, readonly]
+
+
+LINES = [
+    ("Killed process 4242 (python3) total-vm:1024kB, anon-rss:512kB, file-rss:0kB", "OOMKilling"),
+    ("INFO: task docker:1234 blocked for more than 120 seconds.", "DockerHung"),
+    ("XFS (nvme1n1): Corruption of in-memory data detected.  Shutting down filesystem", "XfsHasShutdown"),
+    ("EXT4-fs (nvme0n1p1): Remounting filesystem read-only", "FilesystemIsReadOnly"),
+    ("BUG: unable to handle kernel NULL pointer dereference at 0000000000000008", "KernelOops"),
+]
+
+
+def test_npd_kernel_configs_take_the_place_of_the_built_in_rules_instead_of_doubling(npd_kernel_configs, capsys):
+    config_args = [a for path in npd_kernel_configs for a in ("--config", str(path))]
+    logfile = npd_kernel_configs[0].parent / "lines.log"
+    logfile.write_text("".join(f"{line}\n" for line, _ in LINES))
+    assert main(["simulate", "--pack", "kernel", *config_args, str(logfile)]) == 0
+    findings = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_line: dict[int, list[dict]] = {}
+    for f in findings:
+        by_line.setdefault(f["line"], []).append(f)
+    for number, (line, reason) in enumerate(LINES, start=1):
+        got = [(f["rule"], f["reason"]) for f in by_line.get(number, [])]
+        reasons = [r for _, r in got]
+        assert len(reasons) == len(set(reasons)), f"{line!r} raised a reason twice: {got}"
+        (rule,) = [rule for rule, r in got if r == reason]
+        assert rule.split(":")[0] in ("kernel-monitor", "readonly-monitor"), f"NPD's own rule answers: {got}"
+
+
+def test_built_in_rules_of_other_reasons_stay_and_validate_config_names_the_replaced_ones(npd_kernel_configs, capsys):
+    assert main(["validate-config", "--pack", "kernel", *map(str, npd_kernel_configs)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {npd_kernel_configs[0]} replaces " in out and "kernel/oom-killing" in out
+    assert f"note: {npd_kernel_configs[1]} replaces 1 earlier rule(s)" in out and "kernel/readonly-filesystem" in out
+    from agent.detectors.rulepack import load_rule_set
+    from agent.settings import builtin_plugins_dir
+
+    rule_set = load_rule_set([builtin_plugins_dir() / "kernel", *npd_kernel_configs])
+    names = {r.name for r in rule_set.rules}
+    assert "kernel/hard-lockup" in names or any(r.reason == "HardLockup" for r in rule_set.rules), "not NPD's: kept"
+    assert "kernel/oom-killing" not in names
+
+
+def test_a_named_rule_of_a_built_in_reason_is_added_beside_it(tmp_path, capsys):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "rules:\n  - {name: site/oom, type: temporary, reason: OOMKilling, pattern: 'site oom: killed \\d+'}\n"
+    )
+    from agent.detectors.rulepack import load_rule_set
+    from agent.settings import builtin_plugins_dir
+
+    names = {r.name for r in load_rule_set([builtin_plugins_dir() / "kernel", mine]).rules}
+    assert {"site/oom", "kernel/oom-killing"} <= names
