@@ -195,7 +195,10 @@ def build_settings(args: argparse.Namespace) -> Settings:
         )
     delete = tuple(t.strip() for item in args.delete_condition or () for t in item.split(",") if t.strip())
     stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
-    config_files = tuple(Path(p) for p in args.config or ())
+    # NHA_CONFIG adds to the flags instead of yielding to them: a DaemonSet's args carry its own --config
+    # files, and a kustomize component or a Helm value adds more through the environment (merged by name).
+    extra = [p.strip() for p in (env_default("config") or "").split(",") if p.strip()]
+    config_files = tuple(Path(p) for p in [*(args.config or ()), *extra])
     for path in config_files:  # a file, or a directory of them (as --plugins-dir; what check and simulate take)
         if not path.exists():
             bad("config", f"{path}: no such file or directory")

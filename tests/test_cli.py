@@ -296,3 +296,16 @@ def test_run_takes_a_config_directory_as_check_and_simulate_do(tmp_path):
     args = build_parser().parse_args(["run", "--standalone", "--config", str(tmp_path / "missing")])
     with pytest.raises(ConfigError, match="no such file or directory"):
         build_settings(args)
+
+
+def test_nha_config_adds_files_after_the_config_flags(tmp_path, monkeypatch):
+    from agent.cli import build_parser
+    from agent.settings import build_settings
+
+    a, b, c = (tmp_path / n for n in ("a.yaml", "b", "c.json"))
+    for path in (a, c):
+        path.write_text("rules: []\n")
+    b.mkdir()
+    monkeypatch.setenv("NHA_CONFIG", f"{b}, {c}")
+    settings = build_settings(build_parser().parse_args(["run", "--standalone", "--config", str(a)]))
+    assert settings.config_files == (a, b, c)
