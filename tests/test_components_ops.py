@@ -14,11 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.agentconfig import load_agent_config
+from agent.settings import builtin_plugins_dir
+
 REPO = Path(__file__).resolve().parents[1]
 COMPONENTS = REPO / "daemonset" / "components"
 OVERLAY = REPO / "daemonset" / "overlays" / "nvidia"
 KUBECTL = shutil.which("kubectl")
 K8S_VERSIONS = ("1.29.0", "1.35.0")
+PLUGIN_DIR = "/etc/node-health-agent/exec-plugins"
 
 
 def render(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
@@ -79,3 +83,34 @@ def test_journald_component_mounts_the_host_journal_read_only_into_the_agent_alo
         security = agent["securityContext"]
         assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
         assert security["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_exec_plugin_component_mounts_its_configmap_executable_and_adds_it_to_the_config(tmp_path):
+    docs = render(tmp_path, "exec-plugin-example")
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap" and "exec-plugins" in d["metadata"]["name"]]
+    assert set(configmap["data"]) == {"check_clock_sync.py", "clock-sync-monitor.json"}
+    for ds in daemonsets(docs):
+        pod = ds["spec"]["template"]["spec"]
+        assert configmap["metadata"]["namespace"] == ds["metadata"]["namespace"]
+        (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == configmap["metadata"]["name"]]
+        assert volume["configMap"]["defaultMode"] == 0o755
+        agent = container(pod, "agent")
+        (mount,) = [m for m in agent["volumeMounts"] if m["name"] == volume["name"]]
+        assert (mount["mountPath"], mount["readOnly"]) == (PLUGIN_DIR, True)
+        assert {"name": "NHA_CONFIG", "value": PLUGIN_DIR} in agent["env"]
+        assert "--config" in agent["args"], "the overlay's own --config files stay"
+
+
+def test_the_example_exec_plugin_loads_and_speaks_the_protocol(tmp_path):
+    component = COMPONENTS / "exec-plugin-example" / "plugins"
+    config = load_agent_config([builtin_plugins_dir() / "kernel", component])
+    (monitor,) = config.custom_plugins
+    (check,) = monitor.checks
+    assert check.name == "clock-sync/clock-not-synchronized"
+    assert check.check.argv == (f"{PLUGIN_DIR}/check_clock_sync.py",)
+    assert [c.type for c in monitor.conditions] == ["ClockUnsynchronized"]
+    script = component / "check_clock_sync.py"
+    assert os.access(script, os.X_OK)
+    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=30)
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # synchronised or not: either is an answer
+    assert "the kernel clock is" in done.stdout
