@@ -213,3 +213,32 @@ def test_a_named_rule_of_a_built_in_reason_is_added_beside_it(tmp_path, capsys):
 
     names = {r.name for r in load_rule_set([builtin_plugins_dir() / "kernel", mine]).rules}
     assert {"site/oom", "kernel/oom-killing"} <= names
+
+
+# --- NPD's helper binaries: refused with what to use instead ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "says"),
+    [
+        ("/home/kubernetes/bin/health-checker", ["--component=kubelet"], "the Node's Ready condition"),
+        ("/home/kubernetes/bin/health-checker", ["--component=cri", "--enable-repair=true"], "container runtime"),
+        ("/home/kubernetes/bin/health-checker", ["--component=kube-proxy"], "/livez"),
+        ("/home/kubernetes/bin/log-counter", ["--journald-source=kernel", "--count=3"], "threshold {count:"),
+    ],
+)
+def test_npd_helper_binaries_are_refused_saying_what_to_use_instead(tmp_path, capsys, program, args, says):
+    doc = {
+        "plugin": "custom",
+        "source": "health-checker",
+        "conditions": [{"type": "KubeletUnhealthy", "reason": "KubeletIsHealthy", "message": "ok"}],
+        "rules": [
+            {"type": "permanent", "condition": "KubeletUnhealthy", "reason": "Bad", "path": program, "args": args}
+        ],
+    }
+    config = tmp_path / "helper.json"
+    config.write_text(json.dumps(doc, indent=2))
+    assert main(["validate-config", "--pack", "kernel", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "rules[0].path: node-problem-detector's" in err and "is not shipped with node-health-agent" in err
+    assert says in err and "docs/migrating-from-npd.md#" in err

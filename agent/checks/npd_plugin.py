@@ -361,6 +361,8 @@ def _rule(
         col.add((*path, "path"), f"required: the plugin to run, got {program!r}")
     elif windows_path_problem(program):
         col.add((*path, "path"), windows_path_problem(program))
+    elif npd_helper_problem(program, rule.get("args")):
+        col.add((*path, "path"), npd_helper_problem(program, rule.get("args")))
     args = rule.get("args", [])
     if args is None:
         args = []
@@ -389,6 +391,47 @@ def _rule(
         timeout=timeout,
         interval=interval,
     )
+
+
+# --- NPD's own helper binaries ---------------------------------------------------------------------
+
+MIGRATING = "docs/migrating-from-npd.md"
+_HEALTH_CHECKER_INSTEAD = {
+    "kubelet": "the Node's Ready condition (the node lifecycle controller sets it Unknown when the kubelet stops "
+    "posting status) and an alert on it",
+    "cri": "the Node's Ready condition (the kubelet sets it False, 'container runtime is down' or 'PLEG is not "
+    "healthy', when the runtime stops answering)",
+    "docker": "the Node's Ready condition (the kubelet sets it False when the runtime stops answering)",
+    "kube-proxy": "kube-proxy's own /livez (port 10256) scraped by your monitoring",
+}
+
+
+def npd_helper_problem(program: object, args: object) -> str | None:
+    """Why a rule that runs NPD's health-checker or log-counter binary is refused, and what to use instead.
+
+    Those binaries ship only in NPD's image, and the health-checker also restarts the kubelet or runtime
+    through the host's systemd, which an unprivileged pod cannot do: a rule calling them would be UNKNOWN
+    ('no such file') forever."""
+    if not isinstance(program, str):
+        return None
+    name = Path(program).name
+    given = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
+    if name == "log-counter":
+        return (
+            "node-problem-detector's log-counter is not shipped with node-health-agent; count in a rule instead: "
+            "a journald monitor (or, for kernel lines, a rule pack) with a permanent rule carrying "
+            "threshold {count: <--count>, window: <--lookback>} and its condition's clearAfter: <--lookback> "
+            f"({MIGRATING}#log-counter has each NPD counter file translated)"
+        )
+    if name == "health-checker":
+        component = next((a.split("=", 1)[1] for a in given if a.startswith("--component=")), "kubelet")
+        instead = _HEALTH_CHECKER_INSTEAD.get(component, "the Node's Ready condition")
+        return (
+            f"node-problem-detector's health-checker (--component={component}) is not shipped with node-health-agent "
+            "and its repair (restarting the service through the host's systemd) cannot run from the unprivileged "
+            f"agent; use {instead} ({MIGRATING}#health-checker)"
+        )
+    return None
 
 
 # --- plugin paths -------------------------------------------------------------------------------
