@@ -242,3 +242,63 @@ def test_npd_helper_binaries_are_refused_saying_what_to_use_instead(tmp_path, ca
     err = capsys.readouterr().err
     assert "rules[0].path: node-problem-detector's" in err and "is not shipped with node-health-agent" in err
     assert says in err and "docs/migrating-from-npd.md#" in err
+
+
+# --- docs/migrating-from-npd.md ----------------------------------------------------------------------------
+
+MIGRATING = Path(__file__).resolve().parents[1] / "docs" / "migrating-from-npd.md"
+# The JSON files of NPD's config/ directory (kubernetes/node-problem-detector, v1.37.0-alpha.1).
+NPD_CONFIGS = {
+    "abrt-adaptor.json",
+    "custom-plugin-monitor.json",
+    "disk-log-message-filelog.json",
+    "docker-monitor-counter.json",
+    "docker-monitor-filelog.json",
+    "docker-monitor.json",
+    "exporter/stackdriver-exporter.json",
+    "guestosconfig/known-modules.json",
+    "health-checker-containerd.json",
+    "health-checker-docker.json",
+    "health-checker-kubelet.json",
+    "iptables-mode-monitor.json",
+    "kernel-monitor-counter.json",
+    "kernel-monitor-filelog.json",
+    "kernel-monitor.json",
+    "net-cgroup-system-stats-monitor.json",
+    "network-problem-monitor.json",
+    "readonly-monitor.json",
+    "system-stats-monitor.json",
+    "systemd-monitor-counter.json",
+    "systemd-monitor.json",
+    "windows-containerd-monitor-filelog.json",
+    "windows-defender-monitor.json",
+    "windows-health-checker-containerd.json",
+    "windows-health-checker-docker.json",
+    "windows-health-checker-kubelet.json",
+    "windows-health-checker-kubeproxy.json",
+    "windows-system-stats-monitor.json",
+}
+
+
+def test_the_migration_table_names_each_of_npds_28_configs_once():
+    assert len(NPD_CONFIGS) == 28
+    rows = [line for line in MIGRATING.read_text().splitlines() if line.startswith("| `")]
+    named = [row.split("`")[1] for row in rows if row.split("`")[1].endswith(".json")]
+    assert sorted(named) == sorted(NPD_CONFIGS)
+
+
+def test_every_translation_on_the_migration_page_loads(tmp_path):
+    import re
+
+    from agent.agentconfig import load_agent_config
+    from agent.settings import builtin_plugins_dir
+
+    blocks = re.findall(r"```yaml\n(.*?)```", MIGRATING.read_text(), flags=re.S)
+    assert len(blocks) == 3
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"translation-{i}.yaml"
+        path.write_text(block)
+        config = load_agent_config([builtin_plugins_dir() / "kernel", path])
+        rules = [*config.rule_set.rules, *(r for m in config.log_monitors for r in m.rule_set.rules)]
+        counting = [r for r in rules if r.name.startswith("npd/")]
+        assert counting and all(r.threshold is not None for r in counting), block
