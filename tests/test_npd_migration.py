@@ -9,6 +9,8 @@ import pytest
 
 from agent.cli import main
 
+from test_rulepack import NPD_KERNEL_MONITOR
+
 # --- Windows paths: every config kind refuses them the same way -----------------------------------------
 
 WINDOWS_MESSAGE = "is a Windows path: node-health-agent runs on Linux nodes only"
@@ -110,28 +112,7 @@ def test_relative_plugin_paths_resolve_against_the_working_directory_as_in_npd(t
 
 # --- NPD's kernel-monitor.json / readonly-monitor.json replace the built-in rules of the same reasons ----------
 
-# (type, condition, reason, pattern) of NPD's config/kernel-monitor.json, then its readonly-monitor.json
-NPD_KERNEL_RULES = [
-    ("temporary", None, "OOMKilling", r"Killed process \d+ (.+) total-vm:\d+kB, anon-rss:\d+kB, file-rss:\d+kB.*"),
-    ("temporary", None, "TaskHung", r"task [\S ]+:\w+ blocked for more than \w+ seconds\."),
-    (
-        "temporary",
-        None,
-        "UnregisterNetDevice",
-        r"unregister_netdevice: waiting for \w+ to become free. Usage count = \d+",
-    ),
-    ("temporary", None, "KernelOops", r"BUG: unable to handle kernel NULL pointer dereference at .*"),
-    ("temporary", None, "KernelOops", r"divide error: 0000 \[#\d+\] SMP"),
-    ("temporary", None, "Ext4Error", r"EXT4-fs error .*"),
-    ("temporary", None, "Ext4Warning", r"EXT4-fs warning .*"),
-    ("temporary", None, "IOError", r"Buffer I/O error .*"),
-    ("permanent", "XfsShutdown", "XfsHasShutdown", r"XFS .* Shutting down filesystem.?"),
-    ("temporary", None, "MemoryReadError", r"CE memory read error .*"),
-    ("temporary", None, "CperHardwareErrorCorrected", r".*\[Hardware Error\]: event severity: corrected$"),
-    ("temporary", None, "CperHardwareErrorRecoverable", r".*\[Hardware Error\]: event severity: recoverable$"),
-    ("permanent", "CperHardwareErrorFatal", "CperHardwareErrorFatal", r".*\[Hardware Error\]: event severity: fatal$"),
-    ("permanent", "KernelDeadlock", "DockerHung", r"task docker:\w+ blocked for more than \w+ seconds\."),
-]
+# (type, condition, reason, pattern) of NPD's readonly-monitor.json; its kernel-monitor.json: NPD_KERNEL_MONITOR
 NPD_READONLY_RULE = ("permanent", "ReadonlyFilesystem", "FilesystemIsReadOnly", "Remounting filesystem read-only")
 
 
@@ -156,7 +137,7 @@ def npd_kernel_configs(tmp_path) -> list[Path]:
         ("XfsShutdown", "XfsHasNotShutDown", "XFS has not shutdown"),
         ("CperHardwareErrorFatal", "CperHardwareHasNoFatalError", "UEFI CPER has no fatal error"),
     ]
-    kernel.write_text(json.dumps(npd_monitor("kernel-monitor", NPD_KERNEL_RULES, conditions), indent=2))
+    kernel.write_text(json.dumps(npd_monitor("kernel-monitor", NPD_KERNEL_MONITOR, conditions), indent=2))
     readonly = tmp_path / "readonly-monitor.json"
     ro_condition = [("ReadonlyFilesystem", "FilesystemIsNotReadOnly", "Filesystem is not read-only")]
     readonly.write_text(json.dumps(npd_monitor("readonly-monitor", [NPD_READONLY_RULE], ro_condition), indent=2))
