@@ -121,9 +121,12 @@ def load_agent_config(
     if custom:
         from agent.checks.npd_plugin import load_custom_plugin_monitor
 
+        # Relative plugin paths mean what they mean to node-problem-detector: relative to the process's working
+        # directory (``/`` in both images), where the plugins also run.
+        cwd = Path.cwd()
         for f in custom:
             col = Problems(file=str(f.path), doc=f.doc)
-            monitor = load_custom_plugin_monitor(doc=f.doc, col=col, path=f.path, run_process=run_process)
+            monitor = load_custom_plugin_monitor(doc=f.doc, col=col, path=f.path, cwd=cwd, run_process=run_process)
             problems.extend(col.problems)
             if monitor is not None:
                 plugins.append(monitor)

@@ -74,7 +74,7 @@ def check(args: argparse.Namespace, *, stream: TextIO | None = None) -> int:
             "check": report.check,
             "status": result.status.value,
             "condition": result.condition,
-            "reason": result.reason,
+            "reason": result.reason or None,  # an OK warning (NPD temporary rule) has none
             "message": result.message,
         }
         for report in scheduler.run_once()

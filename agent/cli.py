@@ -30,6 +30,7 @@ from agent.settings import (
     DEFAULT_STATE_DIR,
     Settings,
     build_settings,
+    builtin_packs,
     builtin_plugins_dir,
     env_default,
     rule_dirs,
@@ -78,9 +79,10 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         "--config",
         action="append",
         default=None,
-        metavar="FILE",
+        metavar="FILE|DIR",
         help="extra configuration file applied after the plugins: a rule pack (node-problem-detector "
-        "system-log-monitor JSON/YAML, with extensions), a 'checks:' file or an NPD plugin file; repeatable",
+        "system-log-monitor JSON/YAML, with extensions), a 'checks:' file or an NPD plugin file; or a directory: "
+        "every *.json, *.yaml and *.yml file under it, sorted by path; repeatable, applied in the order given",
     )
     parser.add_argument(
         "--plugins-dir",
@@ -94,7 +96,7 @@ def _add_rule_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="use only these built-in packs (kernel, neuron, nvidia); repeatable or comma-separated "
+        help=f"use only these built-in packs ({', '.join(builtin_packs())}); repeatable or comma-separated "
         "(env NHA_PACKS; default: all)",
     )
 
@@ -333,7 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--plugins-dir", action="append", default=None, metavar="DIR", help="directory of rule packs; repeatable"
     )
-    val.add_argument("--pack", action="append", default=None, metavar="NAME", help="built-in packs to use")
+    val.add_argument(
+        "--pack",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"built-in packs to use ({', '.join(builtin_packs())})",
+    )
     val.add_argument(
         "--recovery-policy",
         default=env_default("recovery-policy") or None,
@@ -431,6 +439,14 @@ def validate(args: argparse.Namespace) -> int:
     slow = [r.name for r in rule_set.rules if r.literals is None]
     if slow:
         print(f"  note: these rules have no required literal and run on every line: {', '.join(slow)}")
+    replaced: dict[str, list[str]] = {}
+    for name, by in rule_set.replaced:
+        replaced.setdefault(by, []).append(name)
+    for by, names in replaced.items():
+        print(
+            f"  note: {by} replaces {len(names)} earlier rule(s) of the same type, condition and reason "
+            f"(its rules have no name; name a rule to add it instead): {', '.join(names)}"
+        )
     for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
     from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary

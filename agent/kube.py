@@ -114,7 +114,7 @@ class KubeClient:
             else:
                 raise KubeConfigError(
                     "no in-cluster service account (KUBERNETES_SERVICE_HOST unset) and no kubeconfig: pass "
-                    "--kubeconfig, set KUBECONFIG, or run with --standalone"
+                    "--kubeconfig or set KUBECONFIG"
                 )
         except (ConfigException, OSError, ValueError, TypeError) as exc:
             where = kubeconfig or "the environment"

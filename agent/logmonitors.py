@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.configfiles import ConfigFile, Kind
-from agent.detectors.packfile import Problems
+from agent.detectors.packfile import Problems, windows_path_problem
 from agent.durations import parse_duration
 from agent.sources.filelog import FileLogConfig, FileLogConfigError, compile_line_parser
 from agent.sources.journald import JournalConfig
@@ -47,7 +47,9 @@ def monitor_settings(file: ConfigFile, col: Problems, *, taken: set[str]) -> Mon
     source: FileLogConfig | JournalConfig
     if file.kind is Kind.LOG_FILE:
         path = data.get("logPath")
-        if not isinstance(path, str) or not path.startswith("/"):
+        if windows_path_problem(path):
+            col.add(("logPath",), windows_path_problem(path))
+        elif not isinstance(path, str) or not path.startswith("/"):
             col.add(("logPath",), f"required for plugin filelog: the absolute path of the log file, got {path!r}")
         skip = data.get("skipList", [])
         if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
@@ -81,8 +83,10 @@ def monitor_settings(file: ConfigFile, col: Problems, *, taken: set[str]) -> Mon
             )
             ident = ""
         directory: Any = data.get("logPath")
-        if directory is not None and not isinstance(directory, str):
-            col.add(("logPath",), "must be the path of a journal directory")
+        if windows_path_problem(directory):
+            col.add(("logPath",), windows_path_problem(directory))
+        elif directory is not None and (not isinstance(directory, str) or not directory.startswith("/")):
+            col.add(("logPath",), f"must be the absolute path of a journal directory, got {directory!r}")
             directory = None
         source = JournalConfig(source=ident, directory=directory or None, lookback=lookback)
     return MonitorSettings(name=name, source=source) if len(col) == before else None

@@ -199,10 +199,13 @@ def build_settings(args: argparse.Namespace) -> Settings:
         if (why := reserved_condition(type_)) is not None:
             bad("delete-condition", why, "NHA_DELETE_CONDITIONS")
     stall = duration("stall-timeout", args.stall_timeout, default=60.0, at_least=0.1, why="must be at least 0.1s")
-    config_files = tuple(Path(p) for p in args.config or ())
-    for path in config_files:
-        if not path.is_file():
-            bad("config", f"{path}: no such file")
+    # NHA_CONFIG adds to the flags instead of yielding to them: a DaemonSet's args carry its own --config
+    # files, and a kustomize component or a Helm value adds more through the environment (merged by name).
+    extra = [p.strip() for p in (env_default("config") or "").split(",") if p.strip()]
+    config_files = tuple(Path(p) for p in [*(args.config or ()), *extra])
+    for path in config_files:  # a file, or a directory of them (as --plugins-dir; what check and simulate take)
+        if not path.exists():
+            bad("config", f"{path}: no such file or directory")
     plugins_dirs = tuple(rule_dirs(plugins_dirs=args.plugins_dir, packs=args.pack))
     for path in plugins_dirs:
         if not path.exists():

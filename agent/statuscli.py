@@ -193,7 +193,7 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
     if rows:
         table = [("NODE", "CONDITION", "REASON", "SINCE", "RECOVERY")]
         for row in rows:
-            first = row["problems"][0] if row["problems"] else {"condition": "-", "reason": "(healed)", "since": None}
+            problems = row["problems"] or [{"condition": "-", "reason": "(healed)", "since": None}]
             if "recovery" in row:
                 rec = row["recovery"]
                 what = ", ".join(rec["done"]) or "nothing yet"
@@ -204,10 +204,23 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
                 what = "would: " + (", ".join(row["wouldDo"]) or "nothing")
                 if row.get("blocked"):
                     what += f" ({row['blocked']})"
-            table.append((row["node"], first["condition"], first["reason"], _ago(first["since"], now), what))
+            # One row per problem: recovery acts once per node, so only the node's first row says what it did.
+            for i, problem in enumerate(problems):
+                table.append(
+                    (
+                        row["node"],
+                        problem["condition"],
+                        problem["reason"],
+                        _ago(problem["since"], now),
+                        what if i == 0 else "",
+                    )
+                )
         widths = [max(len(str(r[i])) for r in table) for i in range(4)]
         for r in table:
-            print("  ".join(str(c).ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4], file=out)
+            print(
+                ("  ".join(str(c).ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]).rstrip(),
+                file=out,
+            )
     budget = view["budget"]
     print(f"\nbudget (Lease {budget['lease']}):", file=out)
     if "state" in budget:

@@ -549,7 +549,7 @@ def connect_kubernetes(settings: Settings, *, stop: threading.Event) -> KubeSetu
     try:
         client = KubeClient.load(kubeconfig=settings.kubeconfig)
     except KubeConfigError as exc:
-        log.error("%s", exc)
+        log.error("%s (or run with --standalone: no cluster)", exc)
         return EXIT_CONFIG
     log.info("node %s, API server %s (%s)", node_name, client.info.host, client.info.source)
     deadline = time.monotonic() + settings.api_wait_timeout

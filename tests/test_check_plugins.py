@@ -98,6 +98,28 @@ def test_the_example_packages_own_tests_pass_against_this_agent(example_site):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    ("cwd", "args"),
+    [
+        pytest.param(ROOT, [str(EXAMPLE.relative_to(ROOT))], id="from-the-repository-root"),
+        pytest.param(EXAMPLE, [], id="in-the-example-directory"),
+    ],
+)
+def test_the_example_packages_tests_pass_without_installing_it(cwd, args):
+    """As a fresh clone runs them (README of the example): the package is not installed anywhere."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout
+
+
 def test_bad_options_of_a_configured_check_exit_2_naming_file_field_and_line(example_site, tmp_path):
     config = tmp_path / "checks.yaml"
     config.write_text("checks:\n  - name: kernel-tainted\n    options: {problemBits: [Q]}\n")
@@ -109,6 +131,40 @@ def test_bad_options_of_a_configured_check_exit_2_naming_file_field_and_line(exa
 def test_check_names_that_do_not_exist_exit_2(tmp_path, capsys):
     assert main(["check", "--pack", "kernel", "--state-dir", str(tmp_path), "no-such-check"]) == 2
     assert "no check named 'no-such-check'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "expected"),
+    [
+        pytest.param(0, [("OK", None, None), ("OK", "NTPProblem", "NTPIsUp")], id="ok-shows-no-problem-reason"),
+        pytest.param(1, [("PROBLEM", None, "NTPIsDown"), ("PROBLEM", "NTPProblem", "NTPIsDown")], id="problem"),
+    ],
+)
+def test_check_shows_a_problem_reason_only_on_a_problem_row(tmp_path, capsys, exit_code, expected):
+    """node-problem-detector's temporary rule has no healthy reason: an OK run showed the problem's."""
+    script = tmp_path / "check_ntp.sh"
+    script.write_text(f"#!/bin/sh\necho ntp says {exit_code}\nexit {exit_code}\n")
+    script.chmod(0o755)
+    plugin = tmp_path / "custom-plugin-monitor.json"
+    rule = {"reason": "NTPIsDown", "path": str(script), "timeout": "3s"}
+    plugin.write_text(
+        json.dumps(
+            {
+                "plugin": "custom",
+                "source": "ntp-custom-plugin-monitor",
+                "conditions": [{"type": "NTPProblem", "reason": "NTPIsUp", "message": "ntp service is up"}],
+                "rules": [{"type": "temporary", **rule}, {"type": "permanent", "condition": "NTPProblem", **rule}],
+            }
+        )
+    )
+    argv = ["check", "--pack", "kernel", "--state-dir", str(tmp_path), "--config", str(plugin)]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["status"], r["condition"], r["reason"]) for r in rows] == expected
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()[1:]
+    for line in table:
+        assert ("NTPIsDown" in line) == line.split()[1].startswith("PROBLEM"), line
 
 
 def test_a_system_stats_config_is_refused_in_one_line(tmp_path, capsys):

@@ -264,3 +264,48 @@ def test_an_empty_pattern_is_refused_saying_what_npd_would_do(tmp_path, capsys):
     assert "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "check", "plugins", "validate-config"])
+def test_pack_help_names_every_built_in_pack(command, capsys):
+    from agent.settings import builtin_packs
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert set(builtin_packs()) >= {"kernel", "neuron", "nvidia", "rdma"}
+    for pack in builtin_packs():
+        assert pack in out.split("--pack NAME", 1)[1], f"{command} --help omits pack {pack}"
+
+
+def test_run_takes_a_config_directory_as_check_and_simulate_do(tmp_path):
+    from agent.agentconfig import load_agent_config
+    from agent.cli import build_parser
+    from agent.errors import ConfigError
+    from agent.settings import build_settings
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "mine.yaml").write_text(
+        "source: mine\nrules:\n  - {name: mine/x, type: temporary, reason: MineSeen, pattern: 'mine happened'}\n"
+    )
+    args = build_parser().parse_args(["run", "--standalone", "--pack", "kernel", "--config", str(extra)])
+    settings = build_settings(args)
+    config = load_agent_config(list(settings.rule_paths))
+    assert "mine/x" in {r.name for r in config.rule_set.rules}
+    args = build_parser().parse_args(["run", "--standalone", "--config", str(tmp_path / "missing")])
+    with pytest.raises(ConfigError, match="no such file or directory"):
+        build_settings(args)
+
+
+def test_nha_config_adds_files_after_the_config_flags(tmp_path, monkeypatch):
+    from agent.cli import build_parser
+    from agent.settings import build_settings
+
+    a, b, c = (tmp_path / n for n in ("a.yaml", "b", "c.json"))
+    for path in (a, c):
+        path.write_text("rules: []\n")
+    b.mkdir()
+    monkeypatch.setenv("NHA_CONFIG", f"{b}, {c}")
+    settings = build_settings(build_parser().parse_args(["run", "--standalone", "--config", str(a)]))
+    assert settings.config_files == (a, b, c)

@@ -94,3 +94,18 @@ def test_the_event_reasons_table_names_only_reasons_rules_give():
             assert any(p.fullmatch(token) for p in known), (
                 f"{token} in the Event reasons table: no built-in rule gives it"
             )
+
+
+def test_the_quick_starts_try_it_line_flags_nothing_that_outlives_it():
+    """The line the README has users write to a real /dev/kmsg raises an Event only: no condition that a
+    permanent rule would keep True until reboot (or AcceleratedHardwareReady False on a cluster node)."""
+    from agent.cli import simulate_lines
+
+    text = README.read_text(encoding="utf-8")
+    try_it = text[text.index("Try it:") : text.index("\n## ", text.index("Try it:"))]
+    written = re.findall(r"`echo '([^']+)' > /dev/kmsg`", try_it)
+    assert written, "the Try it paragraph writes a line to /dev/kmsg"
+    for line in written:
+        findings = list(simulate_lines(rule_set=RULE_SET, lines=iter([line])))
+        assert findings, f"{line!r} matches no built-in rule: the try-it shows nothing"
+        assert {f["type"] for f in findings} == {RuleType.TEMPORARY.value}, findings

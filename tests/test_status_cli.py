@@ -156,3 +156,40 @@ def test_kubectl_plugin_shim(api, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert {r["node"] for r in json.loads(proc.stdout)["nodes"]} == {"a", "b"}
+
+
+def test_a_node_with_two_problems_has_a_row_for_each(api, tmp_path, capsys):
+    api.put_object(
+        node(
+            "d",
+            conditions=[
+                cond("NeuronHealth", "True", "NeuronHasError_DMA_ERROR"),
+                cond("NeuronDevices", "True", "NeuronDeviceMissing"),
+            ],
+        )
+    )
+    code, out, _ = run_status(api, tmp_path, capsys)
+    assert code == 0
+    rows = [line.split() for line in out.splitlines() if line.startswith("d ")]
+    assert [r[1:3] for r in rows] == [
+        ["NeuronHealth", "NeuronHasError_DMA_ERROR"],
+        ["NeuronDevices", "NeuronDeviceMissing"],
+    ]
+    assert "would:" in " ".join(rows[0]) and "would:" not in " ".join(rows[1]), "recovery is said once per node"
+
+
+def test_without_credentials_the_hint_names_only_what_status_accepts(tmp_path, capsys, monkeypatch):
+    for var in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    code = main(["status"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "--kubeconfig" in err and "KUBECONFIG" in err
+    assert "--standalone" not in err, "status has no --standalone (it rejects the flag)"
+
+
+def test_status_rejects_standalone(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--standalone"])
+    assert exited.value.code == 2

@@ -26,7 +26,7 @@ from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, ExecutableCheck, 
 from agent.checks.model import RunProcess, ScheduledCheck
 from agent.checks.process import DEFAULT_PATH
 from agent.detectors import schema as log_monitor_schema
-from agent.detectors.packfile import Document, Problems
+from agent.detectors.packfile import Document, Problems, windows_path_problem
 from agent.durations import parse_duration
 from agent.errors import ConfigProblem
 from agent.types import ConditionSpec, RuleType, Severity, reserved_condition
@@ -371,6 +371,10 @@ def _rule(
     program = rule.get("path")
     if not _non_empty(program):
         col.add((*path, "path"), f"required: the plugin to run, got {program!r}")
+    elif windows_path_problem(program):
+        col.add((*path, "path"), windows_path_problem(program))
+    elif npd_helper_problem(program, rule.get("args")):
+        col.add((*path, "path"), npd_helper_problem(program, rule.get("args")))
     args = rule.get("args", [])
     if args is None:
         args = []
@@ -401,16 +405,58 @@ def _rule(
     )
 
 
+# --- NPD's own helper binaries ---------------------------------------------------------------------
+
+MIGRATING = "docs/migrating-from-npd.md"
+_HEALTH_CHECKER_INSTEAD = {
+    "kubelet": "the Node's Ready condition (the node lifecycle controller sets it Unknown when the kubelet stops "
+    "posting status) and an alert on it",
+    "cri": "the Node's Ready condition (the kubelet sets it False, 'container runtime is down' or 'PLEG is not "
+    "healthy', when the runtime stops answering)",
+    "docker": "the Node's Ready condition (the kubelet sets it False when the runtime stops answering)",
+    "kube-proxy": "kube-proxy's own /livez (port 10256) scraped by your monitoring",
+}
+
+
+def npd_helper_problem(program: object, args: object) -> str | None:
+    """Why a rule that runs NPD's health-checker or log-counter binary is refused, and what to use instead.
+
+    Those binaries ship only in NPD's image, and the health-checker also restarts the kubelet or runtime
+    through the host's systemd, which an unprivileged pod cannot do: a rule calling them would be UNKNOWN
+    ('no such file') forever."""
+    if not isinstance(program, str):
+        return None
+    name = Path(program).name
+    given = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
+    if name == "log-counter":
+        return (
+            "node-problem-detector's log-counter is not shipped with node-health-agent; count in a rule instead: "
+            "a journald monitor (or, for kernel lines, a rule pack) with a permanent rule carrying "
+            "threshold {count: <--count>, window: <--lookback>} and its condition's clearAfter: <--lookback> "
+            f"({MIGRATING}#log-counter has each NPD counter file translated)"
+        )
+    if name == "health-checker":
+        component = next((a.split("=", 1)[1] for a in given if a.startswith("--component=")), "kubelet")
+        instead = _HEALTH_CHECKER_INSTEAD.get(component, "the Node's Ready condition")
+        return (
+            f"node-problem-detector's health-checker (--component={component}) is not shipped with node-health-agent "
+            "and its repair (restarting the service through the host's systemd) cannot run from the unprivileged "
+            f"agent; use {instead} ({MIGRATING}#health-checker)"
+        )
+    return None
+
+
 # --- plugin paths -------------------------------------------------------------------------------
 
 
 def resolve_plugin_path(raw: str, *, cwd: Path, config_dir: Path) -> Path:
     """Where a rule's ``path`` points.
 
-    An absolute path is kept. A relative one is resolved against ``cwd`` (as NPD does: its working
-    directory is ``/`` in its image, so ``./config/plugin/x.sh`` is ``/config/plugin/x.sh``); when
-    that does not exist but the same path beside the config file does, that one is taken. Symlinks
-    are never resolved (a mounted ConfigMap swaps them on update).
+    An absolute path is kept. A relative one is resolved against ``cwd``, the agent's working directory
+    (as NPD resolves it against its own: ``/`` in its image, so ``./config/plugin/x.sh`` is
+    ``/config/plugin/x.sh``; in a checkout of NPD, the checkout); when that does not exist but the same
+    path beside the config file does, that one is taken. Symlinks are never resolved (a mounted
+    ConfigMap swaps them on update).
     """
     given = Path(raw)
     if given.is_absolute():
@@ -484,7 +530,7 @@ def _verdict(rule: _Rule, *, by_type: Mapping[str, ConditionSpec]) -> Verdict:
     return Verdict(
         condition=None,
         problem_reason=rule.reason,
-        ok_reason=rule.reason,
+        ok_reason="",  # a temporary rule has no healthy reason: an OK run must not show the problem's
         severity=Severity.WARNING,
         repeat_event=True,  # NPD: an Event on every failing run of a temporary rule
     )

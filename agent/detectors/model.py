@@ -57,6 +57,8 @@ class RuleSet:
     conditions: tuple[ConditionSpec, ...]
     files: tuple[str, ...]
     max_window: int
+    # (replaced rule, the file whose unnamed rule of the same type, condition and reason took its place)
+    replaced: tuple[tuple[str, str], ...] = ()
 
     def condition_spec(self, type_: str) -> ConditionSpec | None:
         for c in self.conditions:

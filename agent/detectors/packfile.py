@@ -4,6 +4,7 @@ and collecting problems that name the file, the field path and the line."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,19 @@ from agent.errors import ConfigProblem
 
 PACK_SUFFIXES = (".json", ".yaml", ".yml")
 _SUFFIXES_TEXT = ", ".join(f"*{s}" for s in PACK_SUFFIXES)
+
+
+_WINDOWS_PATH = re.compile(r"[A-Za-z]:[\\/]|\\\\")  # C:\x, C:/x, \\server\share
+
+
+def windows_path_problem(value: object) -> str | None:
+    """Why ``value`` cannot be used when it is a Windows path (every config kind says it the same way)."""
+    if not isinstance(value, str) or not _WINDOWS_PATH.match(value):
+        return None
+    return (
+        f"{value!r} is a Windows path: node-health-agent runs on Linux nodes only (node-problem-detector's "
+        "windows-*.json configs have no equivalent here)"
+    )
 
 
 def list_directory(path: Path) -> list[Path]:

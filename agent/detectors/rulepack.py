@@ -70,14 +70,27 @@ def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequ
 
     # Conditions and lists of every file are known before any rule refers to them.
     ordered: dict[str, CompiledRule | None] = {}
+    replaced: list[tuple[str, str]] = []
     for col, pack in checked:
+        claimed: set[tuple] = set()  # (type, condition, reason) of this file's unnamed rules
         for spec in pack.rules:
             if not spec.enabled:
                 ordered[spec.name] = None
                 continue
-            if not spec.explicit_name and spec.name in ordered:
-                # Only explicit names override: an unnamed rule never replaces another file's rule.
-                spec = dataclasses.replace(spec, name=f"{spec.file}:{spec.index}")
+            if not spec.explicit_name:
+                if spec.name in ordered:
+                    # An unnamed rule never replaces another file's rule by name...
+                    spec = dataclasses.replace(spec, name=f"{spec.file}:{spec.index}")
+                key = (spec.type, spec.condition, spec.reason)
+                if key not in claimed:
+                    # ...but by reason: node-problem-detector's files (no names) given after the built-in packs
+                    # take the place of the earlier rules of the same type, condition and reason, so one kernel
+                    # line never raises the same problem twice (docs/rule-packs.md).
+                    claimed.add(key)
+                    for name, rule in ordered.items():
+                        if rule is not None and rule.file != spec.file and _key(rule) == key:
+                            ordered[name] = None
+                            replaced.append((name, spec.file))
             compiled = compile_rule(spec, col=col, lists=lists, conditions=conditions)
             if compiled is not None:
                 ordered[spec.name] = compiled
@@ -90,4 +103,9 @@ def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequ
         conditions=tuple(conditions.values()),
         files=tuple(str(path) for path, _ in packs),
         max_window=max((r.window for r in rules), default=1),
+        replaced=tuple(replaced),
     )
+
+
+def _key(rule: CompiledRule) -> tuple:
+    return (rule.type, rule.condition, rule.reason)
