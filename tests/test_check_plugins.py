@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks.model import CheckResult, CheckStatus, ScheduledCheck
+from agent.checks.model import CheckResult, CheckStatus, ScheduledCheck, Value
 from agent.cli import main
 from agent.detectors.rulepack import load_rule_set
 from agent.settings import Settings, builtin_plugins_dir
 from agent.sources.kmsg import KmsgStats
 from agent.types import ConditionSpec, Status
 from agent.wiring import build_runtime
+
+import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "plugins" / "examples" / "kernel-tainted"
@@ -238,3 +240,60 @@ def test_validate_config_refuses_bad_check_options_as_run_does(tmp_path, capsys)
     assert main(["validate-config", "--pack", "kernel,rdma", str(checks)]) == 2
     err = capsys.readouterr().err
     assert f"{checks}:3: checks[0].options.expectedPorts:" in err
+
+
+# ---- plugins that misbehave -------------------------------------------------------------------------------
+
+
+class Garbage:
+    """A check whose results are malformed in a way that used to stop the scheduler or the main loop."""
+
+    interval = 0.01
+    timeout = 5.0
+
+    def __init__(self, name: str, **fields: object) -> None:
+        self.name = name
+        self.conditions = (ConditionSpec(type="Junk", reason="JunkOk", message="ok", source=name),)
+        self.fields = fields
+        self.runs = 0
+
+    def run(self):
+        self.runs += 1
+        good = {"status": CheckStatus.PROBLEM, "condition": "Junk", "reason": "JunkBad", "message": "m"}
+        return [CheckResult(**{**good, **self.fields})]
+
+
+def test_malformed_results_are_unknown_and_the_agent_stays_healthy(tmp_path):
+    s = settings(tmp_path)
+    none_message = Garbage("none-message", message=None)  # killed the scheduler (len(None))
+    loud = Garbage("loud", severity="loud")  # killed the main loop (the judge ranks severities)
+    nan = Garbage("nan", values=(Value(name="x", value=float("nan")),))
+    scripted = Scripted([CheckStatus.PROBLEM])
+    runtime = build_runtime(
+        settings=s,
+        rule_set=load_rule_set(list(s.rule_paths)),
+        source=Idle(),
+        stream=io.StringIO(),
+        checks=[
+            ScheduledCheck(check=c, interval=0.01, timeout=5, kind="python", origin="test", jitter=0)
+            for c in (none_message, loud, nan, scripted)
+        ],
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(runtime.feed, lambda snap: snap.condition("GpuEcc").status is Status.TRUE)
+        helpers.wait_for(lambda: min(c.runs for c in (none_message, loud, nan)) >= 3 and scripted.runs >= 3)
+        ok, doc = runtime.health_document()
+        assert ok and all(doc["components"].values()), doc
+        for name in ("none-message", "loud", "nan"):
+            invalid = runtime.registry.get_sample_value(
+                "node_health_agent_check_errors_total", {"check": name, "error": "invalid"}
+            )
+            assert invalid >= 1, name
+        snap = runtime.feed.latest().snapshot
+        assert snap.condition("Junk").status is Status.FALSE  # UNKNOWN changed nothing
+    finally:
+        stop.set()
+        thread.join(10)

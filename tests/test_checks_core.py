@@ -407,8 +407,11 @@ def test_concurrency_and_group_limits_hold():
         (Gate("x", raises=RuntimeError("nvml exploded")), "check x: raised RuntimeError: nvml exploded"),
         (Gate("x", returns="fine"), "check x: run() returned str, not a list of CheckResult"),
         (Gate("x", returns=[1, 2]), "check x: run() returned a list with int items, not CheckResult"),
+        (Gate("x", raises=SystemExit(7)), "check x: raised SystemExit: 7"),
+        (Gate("x", raises=KeyboardInterrupt()), "check x: raised KeyboardInterrupt"),
+        (Gate("x", raises=GeneratorExit()), "check x: raised GeneratorExit"),
     ],
-    ids=["raises", "returns-str", "returns-ints"],
+    ids=["raises", "returns-str", "returns-ints", "sys-exit", "keyboard-interrupt", "generator-exit"],
 )
 def test_a_check_that_raises_or_returns_garbage_is_unknown(check, error):
     s, manual = scheduler(check)
@@ -418,6 +421,73 @@ def test_a_check_that_raises_or_returns_garbage_is_unknown(check, error):
     assert [(r.status, r.condition, r.message) for r in rep.results] == [(UNKNOWN, "Thing", error)]
     stats = s.stats["x"]
     assert stats.last_status is UNKNOWN and sum(stats.errors.values()) == 1
+
+
+def bad(**fields) -> CheckResult:
+    """A CheckResult with wrong field types (a plugin can build one: dataclasses do not check types)."""
+    good = {"status": PROBLEM, "condition": "Thing", "reason": "Bad", "message": "what was seen"}
+    return CheckResult(**{**good, **fields})
+
+
+@pytest.mark.parametrize(
+    ("results", "error"),
+    [
+        ([bad(message=None)], "result[0].message must be a str, not None"),
+        ([bad(status="PROBLEM")], "result[0].status must be a CheckStatus, not 'PROBLEM'"),
+        ([bad(status=None)], "result[0].status must be a CheckStatus, not None"),
+        ([bad(reason=7)], "result[0].reason must be a non-empty str, not 7"),
+        ([bad(reason="")], "result[0].reason must be a non-empty str, not ''"),
+        ([bad(condition=b"Thing")], "result[0].condition must be a non-empty str, not a bytes"),
+        ([bad(severity="critical")], "result[0].severity must be a Severity, not 'critical'"),
+        ([bad(repeat_event="yes")], "result[0].repeat_event must be a bool, not 'yes'"),
+        ([bad(values="12")], "result[0].values must be a tuple of at most 1024 Value"),
+        ([bad(values=(3,))], "result[0].values[0] must be a Value, not 3"),
+        ([bad(values=(Value(name="x", value=float("nan")),))], "result[0].values[0].value must be a finite number"),
+        ([bad(values=(Value(name="x", value=float("inf")),))], "result[0].values[0].value must be a finite number"),
+        ([bad(values=(Value(name="x", value="3"),))], "result[0].values[0].value must be a finite number, not '3'"),
+        ([bad(values=(Value(name="Bad-Name", value=1),))], "result[0].values[0].name must match [a-z_][a-z0-9_]*"),
+        (
+            [bad(values=(Value(name="x", value=1, labels={"gpu": 0}),))],
+            "result[0].values[0].labels['gpu'] must be a str, not 0",
+        ),
+        (
+            [bad(values=(Value(name="x", value=1, labels={"check": "y"}),))],
+            "label name 'check' is not a Prometheus label name (or is 'check')",
+        ),
+        ([result(OK, condition="Thing", reason="ThingOk"), bad(message=None)], "result[1].message must be a str"),
+        ([result(OK, condition="Thing", reason="ThingOk")] * 257, "run() returned 257 results (at most 256)"),
+    ],
+    ids=lambda v: None if isinstance(v, list) else v[:40],
+)
+def test_a_malformed_result_is_unknown_naming_the_field_and_the_other_checks_go_on(results, error):
+    s, manual = scheduler(Gate("x", returns=results), Gate("other"))
+    s.step(0.0)
+    manual.finish_all()
+    reports = {r.check: r for r in s.step(1.0)[0]}  # on the old code: TypeError here, the scheduler thread dies
+    [r] = reports["x"].results
+    assert (r.status, r.condition, r.reason) == (UNKNOWN, "Thing", "CheckFailed")
+    assert r.message.startswith("check x: run() returned ") and error in r.message
+    assert s.stats["x"].errors["invalid"] == 1 and s.stats["x"].values == ()
+    assert reports["other"].results[0].status is OK
+
+
+def test_results_are_copied_into_plain_values():
+    class Shouty(str):
+        def __str__(self):
+            return "SHOUT"
+
+    labels = {"gpu": "0"}
+    c = Gate(
+        "x", returns=[bad(status=OK, reason=Shouty("Fine"), values=(Value(name="v", value=True + 1, labels=labels),))]
+    )
+    s, manual = scheduler(c)
+    s.step(0.0)
+    manual.finish_all()
+    [rep] = s.step(1.0)[0]
+    [r] = rep.results
+    assert type(r.reason) is str and r.reason == "Fine"
+    labels["gpu"] = "changed later by the plugin"
+    assert r.values[0].labels == {"gpu": "0"} and type(r.values[0].value) is float
 
 
 def test_a_hung_check_is_unknown_at_its_timeout_frees_its_slot_and_is_not_started_twice():
