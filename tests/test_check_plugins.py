@@ -9,13 +9,17 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from agent.checks.model import CheckResult, CheckStatus, ScheduledCheck, Value
+from agent.checks.declared import CheckDecl
+from agent.checks.loader import build_checks
+from agent.checks.model import ENTRY_POINT_GROUP, CheckContext, CheckResult, CheckStatus, ScheduledCheck, Value
 from agent.cli import main
 from agent.detectors.rulepack import load_rule_set
 from agent.settings import Settings, builtin_plugins_dir
@@ -297,3 +301,100 @@ def test_malformed_results_are_unknown_and_the_agent_stays_healthy(tmp_path):
     finally:
         stop.set()
         thread.join(10)
+
+
+def fake_distribution(site: Path, *, module: str, source: str) -> None:
+    """A plugin package as pip leaves it: the module and its ``.dist-info`` with the entry point."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[node_health_agent.checks]\n{module} = {module}:Check\n")
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_reported_and_the_agent_runs(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    fake_distribution(site, module="exits_at_import", source="import sys\nsys.exit(7)\n")
+    config = tmp_path / "empty.yaml"
+    config.write_text("checks: []\n")
+    named = "check exits_at_import (entry point exits_at_import = exits_at_import:Check (exits_at_import 1.0))"
+
+    validated = agent_cli(site, "validate-config", "--pack", "kernel", str(config))
+    assert validated.returncode == 0, validated.stderr  # it was 7, with no log line
+    assert f"{named} cannot be loaded: SystemExit: 7" in validated.stderr
+
+    checked = agent_cli(site, "check", "--json", "--pack", "kernel", "exits_at_import")
+    assert checked.returncode == 0, checked.stderr
+    [row] = json.loads(checked.stdout)
+    assert (row["status"], row["reason"]) == ("UNKNOWN", "CheckLoadFailed")
+    assert row["message"] == "cannot load check exits_at_import: SystemExit: 7"
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "pack.yaml").write_text("rules: []\n")
+    proc, base = helpers.start_standalone_agent(tmp_path, plugins=plugins)
+    try:
+        helpers.wait_for(lambda: helpers.http_get(f"{base}/healthz")[0] == 200, timeout=60)  # old code: exit 7
+        helpers.wait_for(
+            lambda: (
+                'node_health_agent_check_status{check="exits_at_import",status="UNKNOWN"} 1.0'
+                in helpers.http_get(f"{base}/metrics")[1]
+            ),
+            timeout=30,
+        )
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert f"{named} cannot be loaded: SystemExit: 7" in err
+
+
+def test_an_import_that_hangs_is_abandoned_and_other_plugins_still_load(tmp_path, monkeypatch):
+    """The import lock: a thread stuck importing ``hangs_at_import`` holds that module's lock. A second
+    check from the same module is not tried again (it would wait on the lock); other modules import."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "nha_gate.py").write_text("import threading\nOPEN = threading.Event()\n")
+    check_class = """
+        from agent.checks.model import CheckResult, CheckStatus
+
+        class Check:
+            interval, timeout, conditions = 60.0, 5.0, ()
+
+            def __init__(self, *, name, context, options):
+                self.name = name
+
+            def run(self):
+                return [CheckResult(status=CheckStatus.OK, condition=None, reason="Fine", message="fine")]
+        """
+    (site / "hangs_at_import.py").write_text("import nha_gate\nnha_gate.OPEN.wait(60)\n" + textwrap.dedent(check_class))
+    (site / "imports_fine.py").write_text(textwrap.dedent(check_class))
+    monkeypatch.syspath_prepend(str(site))
+    import nha_gate
+
+    def ep(name: str, value: str) -> metadata.EntryPoint:
+        return metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+
+    eps = [
+        ep("first", "hangs_at_import:Check"),
+        ep("second", "hangs_at_import:Check"),
+        ep("fine", "imports_fine:Check"),
+    ]
+    decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
+    try:
+        checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps, load_timeout=2.0)
+        assert problems == []
+        messages = {c.name: c.check.run()[0].message for c in checks}
+        assert messages == {
+            "first": "cannot load check first: importing hangs_at_import did not finish within 2s "
+            "(abandoned; it may still hang)",
+            "second": "cannot load check second: the import of hangs_at_import hung (loading check first); "
+            "not tried again",
+            "fine": "fine",
+        }
+        assert any(t.name == "load:first" and t.daemon for t in threading.enumerate())  # abandoned, not waited for
+    finally:
+        nha_gate.OPEN.set()
+        for name in ("nha_gate", "hangs_at_import", "imports_fine"):
+            sys.modules.pop(name, None)

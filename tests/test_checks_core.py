@@ -169,11 +169,11 @@ class FakeEntryPoint:
 
     name: str
     value: str
-    target: Callable[..., object] | Exception
+    target: Callable[..., object] | BaseException
     dist: object = None
 
     def load(self):
-        if isinstance(self.target, Exception):
+        if isinstance(self.target, BaseException):
             raise self.target
         return self.target
 
@@ -205,7 +205,7 @@ def test_entry_points_are_loaded_and_broken_ones_run_as_unknown(tmp_path):
     decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
     checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps)
     assert problems == []
-    assert [(c.name, type(c.check).__name__, c.interval, c.kind) for c in checks] == [
+    assert [(c.name, type(getattr(c.check, "plugin", c.check)).__name__, c.interval, c.kind) for c in checks] == [
         ("good", "Static", 10.0, "entry-point"),
         ("missing-module", "BrokenCheck", 60.0, "entry-point"),
         ("crashing", "BrokenCheck", 60.0, "entry-point"),
@@ -215,6 +215,116 @@ def test_entry_points_are_loaded_and_broken_ones_run_as_unknown(tmp_path):
     assert result.status is UNKNOWN and "No module named 'gone'" in result.message
     assert "ZeroDivisionError" in checks[2].check.run()[0].message
     assert "no run() method" in checks[3].check.run()[0].message
+
+
+class Hostile:
+    """A check built to misbehave: ``conditions`` raises on the read given by ``raise_on`` (1 = the first)."""
+
+    interval = 10.0
+    timeout = 2.0
+
+    def __init__(self, *, name, context, options):
+        self.name = name
+        self.raise_on = options.get("raise_on", 1)
+        self.error = options.get("error", RuntimeError("conditions exploded"))
+        self.reads = 0
+
+    @property
+    def conditions(self):
+        self.reads += 1
+        if self.reads >= self.raise_on:
+            raise self.error
+        return (ConditionSpec(type="Thing", reason="ThingOk", message="fine", source=self.name),)
+
+    def run(self):
+        return [CheckResult(status=OK, condition="Thing", reason="ThingOk", message="fine")]
+
+
+def _exits(**_):
+    raise SystemExit(7)
+
+
+def _interrupts(**_):
+    raise KeyboardInterrupt
+
+
+def _hangs_until(gate: threading.Event) -> Callable[..., object]:
+    def factory(**_):
+        gate.wait(60)
+        return Static(name="late", context=None, options={})
+
+    return factory
+
+
+def _not_a_number(**kw):
+    check = Static(**kw)
+    check.interval = float("nan")
+    check.timeout = "soon"
+    return check
+
+
+def test_a_plugin_that_exits_raises_anything_or_hangs_loading_is_a_broken_check_naming_it():
+    gate = threading.Event()
+    eps = [
+        FakeEntryPoint("exits-on-import", "pkg.a:X", SystemExit(7)),
+        FakeEntryPoint("interrupts-on-import", "pkg.b:X", KeyboardInterrupt()),
+        FakeEntryPoint("generator-exit", "pkg.c:X", GeneratorExit()),
+        FakeEntryPoint("factory-exits", "pkg.d:X", _exits),
+        FakeEntryPoint("factory-interrupts", "pkg.e:X", _interrupts),
+        FakeEntryPoint("factory-hangs", "pkg.f:X", _hangs_until(gate)),
+        FakeEntryPoint("conditions-raise", "pkg.g:X", Hostile),
+        FakeEntryPoint(
+            "conditions-exit", "pkg.h:X", lambda **kw: Hostile(**{**kw, "options": {"error": SystemExit(3)}})
+        ),
+        FakeEntryPoint("not-callable", "pkg.i:X", "a string"),
+        FakeEntryPoint("good", "pkg.j:X", Static),
+    ]
+    decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
+    try:
+        checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps, load_timeout=0.5)
+    finally:
+        gate.set()
+    assert problems == []
+    messages = {c.name: c.check.run()[0].message for c in checks if isinstance(c.check, BrokenCheck)}
+    assert messages == {
+        "exits-on-import": "cannot load check exits-on-import: SystemExit: 7",
+        "interrupts-on-import": "cannot load check interrupts-on-import: KeyboardInterrupt",
+        "generator-exit": "cannot load check generator-exit: GeneratorExit",
+        "factory-exits": "cannot load check factory-exits: SystemExit: 7",
+        "factory-interrupts": "cannot load check factory-interrupts: KeyboardInterrupt",
+        "factory-hangs": "cannot load check factory-hangs: its factory did not return within 0.5s "
+        "(abandoned; it may still hang)",
+        "conditions-raise": "cannot load check conditions-raise: reading its 'conditions' raised "
+        "RuntimeError: conditions exploded",
+        "conditions-exit": "cannot load check conditions-exit: reading its 'conditions' raised SystemExit: 3",
+        "not-callable": "cannot load check not-callable: its factory is a str, which cannot be called",
+    }
+    assert [c.name for c in checks if not isinstance(c.check, BrokenCheck)] == ["good"]
+
+
+def test_what_a_check_says_about_itself_is_read_once_at_load():
+    """A ``conditions`` property that works once and raises afterwards (or an interval that is not a
+    number) never reaches the scheduler, the judge or the watcher: they use what was read at load."""
+    ep = FakeEntryPoint("flaky", "pkg:Hostile", lambda **kw: Hostile(**{**kw, "options": {"raise_on": 2}}))
+    nan = FakeEntryPoint("nan", "pkg:Static", _not_a_number)
+    checks, problems = build_checks(
+        [CheckDecl(name="flaky", entry_point="flaky"), CheckDecl(name="nan", entry_point="nan")],
+        context=CheckContext(),
+        entry_points=lambda: [ep, nan],
+    )
+    assert problems == []
+    [flaky, odd] = checks
+    assert [c.type for c in flaky.check.conditions] == ["Thing"] and flaky.check.plugin.reads == 1
+    assert (odd.interval, odd.timeout) == (60.0, 30.0)  # the defaults: NaN and "soon" are no durations
+    s, manual = scheduler_of(checks)
+    s.step(0.0)
+    manual.finish_all()
+    reports = s.step(1.0)[0]
+    assert [(r.check, [x.status for x in r.results]) for r in reports] == [("flaky", [OK]), ("nan", [])]
+    from agent.agentconfig import check_conditions
+
+    assert [c.type for c in check_conditions(checks)] == ["Thing"]
+    assert flaky.check.plugin.reads == 1
 
 
 def test_bad_options_are_configuration_errors_with_file_field_and_line(tmp_path):
@@ -374,6 +484,12 @@ def scheduler(*checks, concurrency=4, **kw) -> tuple[CheckScheduler, Manual]:
         monotonic=lambda: 0.0,
         start_thread=manual,
     )
+    return s, manual
+
+
+def scheduler_of(specs) -> tuple[CheckScheduler, Manual]:
+    manual = Manual()
+    s = CheckScheduler(checks=specs, inbox=Inbox(), clock=lambda: 1000.0, monotonic=lambda: 0.0, start_thread=manual)
     return s, manual
 
 
