@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks.executable import READ_LIMIT, UNKNOWN_REASON, ExecutableCheck, Verdict, cut_output
+from agent.checks.executable import (
+    MAX_OUTPUT_LENGTH,
+    READ_LIMIT,
+    UNKNOWN_REASON,
+    ExecutableCheck,
+    Verdict,
+    cut_output,
+)
 from agent.checks.model import CheckResult, CheckStatus, ProcessResult
-from agent.checks.process import DEFAULT_PATH
+from agent.checks.process import DEFAULT_PATH, OUTPUT_MAX, run_process
 from agent.types import Severity
 
 from helpers import process_gone, wait_for
@@ -159,6 +166,19 @@ def test_ten_megabytes_of_output(tmp_path: Path) -> None:
     assert execution.message == "x" * 80
     assert execution.process.stdout_truncated
     assert len(execution.process.stdout) <= READ_LIMIT  # the rest was read and dropped
+
+
+def test_the_runner_keeps_at_most_one_mebibyte_whatever_it_is_asked(tmp_path: Path) -> None:
+    path = script(tmp_path, "head -c 20971520 /dev/zero | tr '\\0' x")
+    result = run_process([str(path)], timeout=60.0, max_output=100 * 1024 * 1024)
+    assert result.exit_code == 0 and result.stdout_truncated
+    assert len(result.stdout) == OUTPUT_MAX  # on the old code: all 20 MiB were kept
+
+
+@pytest.mark.parametrize("length", [0, MAX_OUTPUT_LENGTH + 1, 100_000_000])
+def test_max_output_length_is_bounded_by_what_is_kept(length: int) -> None:
+    with pytest.raises(ValueError, match=f"max_output_length must be from 1 to {MAX_OUTPUT_LENGTH} bytes"):
+        make_check(["/bin/true"], max_output_length=length)
 
 
 def test_binary_garbage_output_is_replaced(tmp_path: Path) -> None:

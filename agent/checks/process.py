@@ -5,8 +5,10 @@
 - It gets a new session, so it and everything it starts share one process group; at the timeout
   the whole group is killed with SIGKILL. When the program exits, what it left behind is killed
   too (a plugin's background child must not outlive it or hold its output open).
-- Output is read as it comes and kept up to ``max_output`` bytes (stderr up to 4 KiB); the rest is
-  read and dropped, so a program printing 10 MB neither blocks nor costs memory.
+- Output is read as it comes and kept up to ``max_output`` bytes (at most ``OUTPUT_MAX``, 1 MiB,
+  whatever the caller asks; stderr up to 4 KiB); the rest is read, one ``READ_SIZE`` chunk at a
+  time, and dropped, so a program printing 100 MB neither blocks nor costs more than what is kept
+  plus one chunk.
 - Nothing here raises for the program's sake: a missing or non-executable program, or one the
   kernel refuses to start, comes back as :class:`ProcessResult` with ``error`` set.
 """
@@ -28,7 +30,8 @@ from agent.checks.model import ProcessResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STDERR_MAX = 4096
-READ_SIZE = 65536
+OUTPUT_MAX = 1 << 20  # bytes of stdout kept, at most, whatever ``max_output`` asks
+READ_SIZE = 65536  # bytes read at once: the most held beyond what is kept
 EXIT_GRACE = 0.2  # after the program exits, how long its output may still drain
 
 
@@ -85,6 +88,7 @@ def run_process(
     if program is None:
         return ProcessResult(argv=args, exit_code=None, error=why)
     environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}
+    max_output = min(max(0, max_output), OUTPUT_MAX)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
