@@ -1,10 +1,14 @@
 """Running an external program for a check: no shell, scrubbed environment, own process group.
 
 - The program is looked up in ``path`` (never in the agent's own ``PATH``) unless given with a
-  ``/``; it runs with only ``PATH``, ``LANG`` and ``LC_ALL`` set (plus what the caller adds).
+  ``/``; it runs with only ``PATH``, ``LANG`` and ``LC_ALL`` set (plus what the caller adds, and
+  ``NODE_HEALTH_AGENT_RUN``, the mark of this run).
 - It gets a new session, so it and everything it starts share one process group; at the timeout
   the whole group is killed with SIGKILL. When the program exits, what it left behind is killed
-  too (a plugin's background child must not outlive it or hold its output open).
+  too (a plugin's background child must not outlive it or hold its output open), including what
+  left the group with ``setsid``: see :mod:`agent.checks.proctree` (the agent is the child
+  subreaper of its runs; their leftovers are found by ancestry and by the run's mark, killed,
+  and reaped).
 - Output is read as it comes and kept up to ``max_output`` bytes (at most ``OUTPUT_MAX``, 1 MiB,
   whatever the caller asks; stderr up to 4 KiB); the rest is read, one ``READ_SIZE`` chunk at a
   time, and dropped, so a program printing 100 MB neither blocks nor costs more than what is kept
@@ -21,11 +25,11 @@ import os
 import selectors
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from agent.checks import proctree
 from agent.checks.model import ProcessResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -89,18 +93,11 @@ def run_process(
         return ProcessResult(argv=args, exit_code=None, error=why)
     environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}
     max_output = min(max(0, max_output), OUTPUT_MAX)
+    proctree.become_subreaper()
+    mark = proctree.new_mark()
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [program, *args[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=environment,
-            cwd=cwd,
-            start_new_session=True,
-            close_fds=True,
-        )
+        proc = proctree.start([program, *args[1:]], env=environment, cwd=cwd, mark=mark)
     except OSError as exc:
         reason = "exec format error (a script without #! line?)" if exc.errno == errno.ENOEXEC else exc.strerror
         return ProcessResult(argv=args, exit_code=None, error=f"cannot start: {reason or exc}")
@@ -149,8 +146,11 @@ def run_process(
                     timed_out = True
                     break
                 time.sleep(0.01)
-    _kill_group(proc.pid)  # on timeout: everything; otherwise: whatever the program left behind
-    code = proc.wait()
+    # On timeout: everything; otherwise: whatever the program left behind, in its group or not.
+    killed = proctree.kill_leftovers(proc.pid, mark)
+    _kill_group(proc.pid)
+    code = proctree.wait(proc)
+    proctree.settle(killed)  # reap the leftovers the agent adopted (and any other orphan that exited)
     for pipe in (proc.stdout, proc.stderr):
         pipe.close()
     return ProcessResult(

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.backoff import Backoff
+from agent.checks import proctree
 from agent.checks.process import DEFAULT_PATH, resolve
 from agent.sources.kmsg import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
@@ -185,7 +186,7 @@ class _Process:
             time.sleep(0.01)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
-        code = self.proc.wait()
+        code = proctree.wait(self.proc)
         proc = self.proc
         self.read_stderr()
         self.selector.close()
@@ -352,15 +353,7 @@ class JournalSource:
         argv = self.command(binary)
         env = {"PATH": self._path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = proctree.start(argv, env=env)  # known to the agent's reaper: never taken for an orphan
         except OSError as exc:
             return self._failed(f"cannot start {binary}: {exc.strerror or exc}")
         self._process = _Process(proc)
