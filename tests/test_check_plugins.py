@@ -398,3 +398,57 @@ def test_an_import_that_hangs_is_abandoned_and_other_plugins_still_load(tmp_path
         nha_gate.OPEN.set()
         for name in ("nha_gate", "hangs_at_import", "imports_fine"):
             sys.modules.pop(name, None)
+
+
+def test_a_missing_plugin_executable_is_logged_once_and_shown_in_healthz_until_it_appears(tmp_path, caplog):
+    from agent.checks.executable import ExecutableCheck, Verdict
+
+    s = settings(tmp_path)
+    plugin = tmp_path / "check_gpu.sh"
+    check = ExecutableCheck(
+        name="gpu-plugin",
+        argv=[str(plugin)],
+        interval=0.01,
+        timeout=5.0,
+        verdicts=[Verdict(condition=None, problem_reason="GpuBad", ok_reason="GpuGood")],
+    )
+    runtime = build_runtime(
+        settings=s,
+        rule_set=load_rule_set(list(s.rule_paths)),
+        source=Idle(),
+        stream=io.StringIO(),
+        checks=[ScheduledCheck(check=check, interval=0.01, timeout=5, kind="executable", origin="test", jitter=0)],
+    )
+
+    def runs(outcome: str) -> float:
+        return runtime.registry.get_sample_value(
+            "node_health_agent_check_runs_total", {"check": "gpu-plugin", "outcome": outcome}
+        )
+
+    def cannot_run() -> float:
+        return runtime.registry.get_sample_value("node_health_agent_check_cannot_run", {"check": "gpu-plugin"})
+
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,))
+    caplog.set_level("INFO", logger="agent.checks.scheduler")
+    thread.start()
+    try:
+        helpers.wait_for(lambda: runs("UNKNOWN") >= 5)
+        ok, doc = runtime.health_document()
+        assert ok  # the agent is fine; it says which plugin cannot run
+        assert doc["details"]["check_scheduler"] == "1 check cannot run: gpu-plugin: check_gpu.sh: no such file"
+        assert cannot_run() == 1.0
+        said = [r.getMessage() for r in caplog.records if "cannot run" in r.getMessage()]
+        assert said == [
+            "check gpu-plugin cannot run: check_gpu.sh: no such file (logged once; /healthz details show it until "
+            "it runs)"
+        ]
+        plugin.write_text("#!/bin/sh\necho fine\n")
+        plugin.chmod(0o755)
+        helpers.wait_for(lambda: runs("OK") >= 1)
+        assert "check_scheduler" not in runtime.health_document()[1].get("details", {})
+        assert cannot_run() == 0.0
+        assert "check gpu-plugin runs again" in [r.getMessage() for r in caplog.records]
+    finally:
+        stop.set()
+        thread.join(10)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checks.model import CheckResult, CheckStatus, ProcessResult, RunProcess
+from agent.checks.model import CANNOT_START, CheckResult, CheckStatus, ProcessResult, RunProcess
 from agent.checks.process import DEFAULT_PATH, run_process
 from agent.types import ConditionSpec, Severity
 
@@ -29,6 +29,7 @@ DEFAULT_MAX_OUTPUT_LENGTH = 80  # bytes of trimmed stdout kept as the message (N
 READ_LIMIT = 4096  # bytes of stdout kept before trimming (NPD reads 4 KiB too); the rest is read and dropped
 MAX_OUTPUT_LENGTH = READ_LIMIT  # the largest max_output_length: no more than what is kept can be the message
 UNKNOWN_REASON = "CheckUnknown"  # reason of an UNKNOWN result: the check could not tell
+# (CANNOT_START instead when the program could not be started at all: missing, not executable)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +65,8 @@ class Verdict:
             reason = self.problem_reason
             message = execution.message or f"{label}: exit code 1 (a problem, without a message)"
         else:
-            reason, message = UNKNOWN_REASON, execution.message
+            reason = CANNOT_START if execution.process.cannot_start else UNKNOWN_REASON
+            message = execution.message
         return CheckResult(
             status=status,
             condition=self.condition,

@@ -28,6 +28,7 @@ from agent.checks.declared import CheckDecl
 from agent.checks.guard import Outcome, call_guarded, describe
 from agent.checks.model import (
     ENTRY_POINT_GROUP,
+    LOAD_FAILED,
     Check,
     CheckConfigError,
     CheckContext,
@@ -57,7 +58,7 @@ class BrokenCheck:
     conditions: Sequence[ConditionSpec] = ()
 
     def run(self) -> list[CheckResult]:
-        return [CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason="CheckLoadFailed", message=self.error)]
+        return [CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason=LOAD_FAILED, message=self.error)]
 
 
 def entry_point_decls(*, entry_points: Callable[[], Sequence[Any]] | None = None) -> list[CheckDecl]:

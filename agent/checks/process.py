@@ -157,6 +157,7 @@ def run_process(
         argv=args,
         exit_code=None if timed_out or cancelled else code,
         error="cancelled: the agent is stopping (process group killed)" if cancelled else None,
+        cancelled=cancelled,
         stdout=out.decode("utf-8", errors="replace"),
         stderr=err.decode("utf-8", errors="replace"),
         timed_out=timed_out,

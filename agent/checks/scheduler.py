@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from agent.checks.guard import describe
 from agent.checks.model import (
+    CANNOT_RUN_REASONS,
+    LOAD_FAILED,
     CheckReport,
     CheckResult,
     CheckStatus,
@@ -48,6 +50,7 @@ MESSAGE_MAX = 1024  # characters of a result's message
 MAX_RESULTS = 256  # results of one run
 MAX_VALUES = 1024  # values of one result
 MAX_LABELS = 16  # labels of one value
+DETAIL_CHECKS = 10  # checks named in /healthz details
 _METRIC_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 STOP_WAIT = 1.0  # at shutdown, how long running checks get to end (tools are killed at once)
@@ -66,6 +69,7 @@ class CheckStats:
     runs: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in CheckStatus})
     errors: dict[str, int] = field(default_factory=lambda: {"timeout": 0, "exception": 0, "invalid": 0})
     values: tuple = ()  # the last run's Values
+    cannot_run: str | None = None  # why the check cannot run at all (plugin missing, not loadable), else None
 
 
 @dataclass(slots=True)
@@ -438,8 +442,10 @@ class CheckScheduler:
         stats.runs[status.value] += 1
         stats.last_message = "; ".join(r.message for r in results if r.status is status)[:300]
         if error is None:
-            stats.last_success = now
+            if status is not CheckStatus.UNKNOWN:
+                stats.last_success = now
             stats.values = tuple(v for r in results for v in r.values)
+        self._note_cannot_run(spec.name, stats, results)
         return CheckReport(
             check=spec.name,
             results=results,
@@ -448,6 +454,29 @@ class CheckScheduler:
             failure_threshold=spec.failure_threshold,
             success_threshold=spec.success_threshold,
         )
+
+    @staticmethod
+    def _note_cannot_run(name: str, stats: CheckStats, results: Sequence[CheckResult]) -> None:
+        """Track whether the check can run at all; log when that changes, not on every run."""
+        why = None
+        if results and all(r.status is CheckStatus.UNKNOWN and r.reason in CANNOT_RUN_REASONS for r in results):
+            why = results[0].message[:300]
+        if why == stats.cannot_run:
+            return
+        if why is None:
+            log.info("check %s runs again", name)
+        elif results[0].reason != LOAD_FAILED:  # a plugin that failed to load was logged by the loader
+            log.warning("check %s cannot run: %s (logged once; /healthz details show it until it runs)", name, why)
+        stats.cannot_run = why
+
+    def detail(self) -> str | None:
+        """For ``/healthz`` details: the checks that cannot run at all (a missing plugin, a broken import)."""
+        broken = sorted((name, s.cannot_run) for name, s in self.stats.items() if s.cannot_run)
+        if not broken:
+            return None
+        shown = "; ".join(f"{name}: {why}" for name, why in broken[:DETAIL_CHECKS])
+        more = f"; and {len(broken) - DETAIL_CHECKS} more" if len(broken) > DETAIL_CHECKS else ""
+        return f"{len(broken)} check{'s' if len(broken) != 1 else ''} cannot run: {shown}{more}"
 
     # ---- once, for the CLI -------------------------------------------------------------------------
 
