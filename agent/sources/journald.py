@@ -4,7 +4,13 @@ node-problem-detector links libsystemd; this source runs ``journalctl`` instead 
 load) and reads its JSON output::
 
     journalctl --follow --output=json --no-pager --all --lines=all --since=@<start - lookback>
-               [--directory=<logPath>] SYSLOG_IDENTIFIER=<pluginConfig.source>
+               [--directory=<logPath>] SYSLOG_IDENTIFIER=<pluginConfig.source> [_TRANSPORT=kernel]
+
+``SYSLOG_IDENTIFIER`` is whatever the sender says: any local user can write ``logger -t kernel
+"NVRM: Xid ..."``. So for ``source: kernel`` the entries must also have ``_TRANSPORT=kernel``, a
+trusted field (journald sets the fields starting with ``_`` itself; a client cannot), which only
+messages read from the kernel's own log carry. Other identifiers (``dockerd``, ``kubelet``) can be
+written by any user; see plugins/README.md, "Who can write to a log source".
 
 ``--all`` keeps fields over 4096 bytes (journalctl prints them as ``null`` otherwise); ``--lines=all``
 because with ``--after-cursor`` and ``--follow`` journalctl 252 prints only the first 10 entries of the
@@ -49,6 +55,7 @@ MAX_JSON_LINE = 1 << 20  # bytes: a longer output line (entry) is dropped
 READ_SIZE = 64 * 1024
 STDERR_KEEP = 4096  # bytes of journalctl's stderr kept for the error message
 EXIT_GRACE = 0.5  # seconds journalctl may take to exit after closing its output
+KERNEL_SOURCE = "kernel"  # the identifier journald gives kernel messages; any user can log under it too
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +106,8 @@ def build_command(
     if config.directory:
         argv.append(f"--directory={config.directory}")
     argv.append(f"SYSLOG_IDENTIFIER={config.source}")
+    if config.source == KERNEL_SOURCE:
+        argv.append("_TRANSPORT=kernel")  # ANDed with the identifier: only what the kernel itself logged
     return argv
 
 
