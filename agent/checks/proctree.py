@@ -238,6 +238,8 @@ def settle(killed: Iterable[int], *, proc_root: Path = Path("/proc"), timeout: f
     deadline = time.monotonic() + timeout
     while True:
         reap_adopted(proc_root=proc_root)
+        if not pending:
+            return
         table = processes(proc_root)
         pending = {
             pid
