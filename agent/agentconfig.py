@@ -10,6 +10,7 @@ every file is collected and raised together as one ConfigError.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,13 @@ def build_scheduled_checks(
     context: CheckContext,
     entry_points: Callable[[], Sequence[Any]] | None = None,
     names: Sequence[str] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[ScheduledCheck]:
-    """Every check to schedule (declared ones, then custom plugins); ConfigError for bad options."""
+    """Every check to schedule (declared ones, then custom plugins); ConfigError for bad options.
+
+    ``stop`` set abandons plugin loads still running (see :func:`agent.checks.loader.build_checks`)."""
     decls = [d for d in config.check_decls if names is None or d.name in names]
-    checks, problems = build_checks(decls, context=context, entry_points=entry_points)
+    checks, problems = build_checks(decls, context=context, entry_points=entry_points, stop=stop)
     if problems:
         raise ConfigError(problems)
     for plugin in config.custom_plugins:

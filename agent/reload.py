@@ -146,7 +146,7 @@ class ConfigWatcher:
         """Load and validate everything again; swap it in if valid. True when swapped."""
         try:
             config = load_agent_config(self._paths, entry_points=self._entry_points)
-            fresh = self._rebuild(config)
+            fresh = self._rebuild(config, stop=stop)
             conditions = owned_conditions(config, fresh)  # one owner per type across every source
         except ConfigError as exc:
             self.failures += 1
@@ -160,6 +160,8 @@ class ConfigWatcher:
             self.last_error = f"configuration reload failed: {type(exc).__name__}: {exc}"
             log.exception("configuration reload failed")
             return False
+        if stop is not None and stop.is_set():
+            return False  # stopping: plugin loads were abandoned, nothing is swapped in
         if [m.file.path for m in config.log_monitors] != self._monitor_files:
             log.warning("log monitor (filelog/journald) changes take effect at the next restart")
         removed = [name for name in self._checks if name not in {c.name for c in fresh}]
@@ -183,8 +185,10 @@ class ConfigWatcher:
         )
         return True
 
-    def _rebuild(self, config: AgentConfig) -> list[ScheduledCheck]:
-        """The new checks; a declaration that did not change keeps its running check object."""
+    def _rebuild(self, config: AgentConfig, *, stop: threading.Event | None = None) -> list[ScheduledCheck]:
+        """The new checks; a declaration that did not change keeps its running check object. Plugins load
+        as at start: a hung import or factory, or one calling ``sys.exit``, becomes a BrokenCheck after its
+        timeout (the watcher goes on), and ``stop`` abandons the wait (shutdown is not held up)."""
         kept: dict[str, ScheduledCheck] = {}
         changed: list[CheckDecl] = []
         for decl in config.check_decls:
@@ -202,7 +206,9 @@ class ConfigWatcher:
         )
         built = {
             c.name: c
-            for c in build_scheduled_checks(fresh_config, context=self._context, entry_points=self._entry_points)
+            for c in build_scheduled_checks(
+                fresh_config, context=self._context, entry_points=self._entry_points, stop=stop
+            )
         }
         order = [d.name for d in config.check_decls if d.enabled] + [
             c.name for p in config.custom_plugins for c in p.checks

@@ -279,6 +279,7 @@ def build_runtime(
             cancel=cancel,
         )
         components.append(scheduler)
+        details["check_scheduler"] = scheduler.detail
     consumers: list[Component] = []
     acks: list[Callable[[], int]] = []
     if kube is None:

@@ -129,10 +129,10 @@ class FakeEntryPoint:
 
     name: str
     value: str
-    target: Callable[..., object] | Exception
+    target: Callable[..., object] | BaseException
     dist: object = None
 
     def load(self) -> object:
-        if isinstance(self.target, Exception):
+        if isinstance(self.target, BaseException):
             raise self.target
         return self.target

@@ -6,14 +6,25 @@ the scripts themselves do (a hang is cut at 0.3 s).
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from agent.checks.executable import READ_LIMIT, UNKNOWN_REASON, ExecutableCheck, Verdict, cut_output
+from agent.checks import proctree
+from agent.checks.executable import (
+    MAX_OUTPUT_LENGTH,
+    READ_LIMIT,
+    UNKNOWN_REASON,
+    ExecutableCheck,
+    Verdict,
+    cut_output,
+)
 from agent.checks.model import CheckResult, CheckStatus, ProcessResult
-from agent.checks.process import DEFAULT_PATH
+from agent.checks.process import DEFAULT_PATH, OUTPUT_MAX, run_process
 from agent.types import Severity
 
 from helpers import process_gone, wait_for
@@ -152,6 +163,70 @@ def test_background_child_left_behind_on_exit_is_killed(tmp_path: Path) -> None:
     wait_for(lambda: process_gone(child), timeout=5.0)
 
 
+# A child that leaves the run's process group with setsid (a daemonizing double fork): the intermediate
+# shell exits at once, so the grandchild is an orphan in a session of its own.
+ESCAPE = 'setsid sh -c \'sleep 300 & echo $! > "$1"\' sh "$1"'
+
+
+def gone_and_reaped(pid: int) -> bool:
+    """Dead, and not left a zombie: the agent (the subreaper of its runs) waited for it."""
+    return not Path(f"/proc/{pid}").exists() if proctree.become_subreaper() else process_gone(pid)
+
+
+@pytest.mark.parametrize(
+    ("body", "timeout", "status"),
+    [
+        pytest.param(f"{ESCAPE}\necho fine\nexit 0", 10.0, OK, id="after-exit"),
+        pytest.param(f"{ESCAPE}\nsleep 60", 0.5, UNKNOWN, id="at-timeout"),
+        pytest.param(f"env -i {ESCAPE}\nexit 1", 10.0, PROBLEM, id="environment-cleared"),
+    ],
+)
+def test_a_setsid_grandchild_is_killed_with_the_run(tmp_path: Path, body: str, timeout: float, status) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    result = run_one(make_check([str(script(tmp_path, body)), str(pid_file)], timeout=timeout))
+    assert result.status is status
+    grandchild = int(pid_file.read_text())
+    wait_for(lambda: gone_and_reaped(grandchild), timeout=5.0)  # on the old code it lives on (300 s)
+
+
+def test_a_run_ending_leaves_a_helper_of_another_run_in_flight_alone(tmp_path: Path) -> None:
+    helper_file, done = tmp_path / "helper.pid", tmp_path / "other-run-done"
+    waits_for_the_other_run = f"""{ESCAPE}
+for i in $(seq 200); do [ -e "$2" ] && break; sleep 0.05; done
+kill -0 "$(cat "$1")" && echo "helper alive" && exit 0
+echo "helper killed"; exit 1"""
+    long = script(tmp_path, waits_for_the_other_run, name="long.sh")
+    results: list[ProcessResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(run_process([str(long), str(helper_file), str(done)], timeout=30))
+    )
+    thread.start()
+    try:
+        wait_for(lambda: helper_file.exists() and helper_file.read_text().strip())
+        helper = int(helper_file.read_text())
+        other = run_process(
+            [str(script(tmp_path, f"{ESCAPE}\nexit 0", name="short.sh")), str(tmp_path / "x.pid")], timeout=10
+        )
+        assert other.exit_code == 0  # this run's own grandchild was killed at its end; not the long run's helper
+        wait_for(lambda: gone_and_reaped(int((tmp_path / "x.pid").read_text())), timeout=5.0)
+        done.touch()
+    finally:
+        thread.join(30)
+    assert (results[0].exit_code, results[0].stdout) == (0, "helper alive\n")
+    wait_for(lambda: gone_and_reaped(helper), timeout=5.0)  # killed when its own run ended
+
+
+def test_the_reaper_never_takes_a_child_someone_else_waits_for(tmp_path: Path) -> None:
+    """A child in the agent's own session (started by someone else), and one started through proctree.start
+    (waited for by its owner), keep their exit status for their owner: only adopted orphans are reaped."""
+    proctree.become_subreaper()
+    own_session = subprocess.Popen(["sh", "-c", "exit 3"])
+    started = proctree.start(["sh", "-c", "exit 4"], env={"PATH": DEFAULT_PATH})
+    wait_for(lambda: all(proctree.processes()[p.pid].zombie for p in (own_session, started)))
+    proctree.reap_adopted()
+    assert own_session.wait() == 3 and proctree.wait(started) == 4
+
+
 def test_ten_megabytes_of_output(tmp_path: Path) -> None:
     path = script(tmp_path, "head -c 10485760 /dev/zero | tr '\\0' x\nexit 1")
     execution = make_check([str(path)], timeout=60.0).execute()
@@ -159,6 +234,19 @@ def test_ten_megabytes_of_output(tmp_path: Path) -> None:
     assert execution.message == "x" * 80
     assert execution.process.stdout_truncated
     assert len(execution.process.stdout) <= READ_LIMIT  # the rest was read and dropped
+
+
+def test_the_runner_keeps_at_most_one_mebibyte_whatever_it_is_asked(tmp_path: Path) -> None:
+    path = script(tmp_path, "head -c 20971520 /dev/zero | tr '\\0' x")
+    result = run_process([str(path)], timeout=60.0, max_output=100 * 1024 * 1024)
+    assert result.exit_code == 0 and result.stdout_truncated
+    assert len(result.stdout) == OUTPUT_MAX  # on the old code: all 20 MiB were kept
+
+
+@pytest.mark.parametrize("length", [0, MAX_OUTPUT_LENGTH + 1, 100_000_000])
+def test_max_output_length_is_bounded_by_what_is_kept(length: int) -> None:
+    with pytest.raises(ValueError, match=f"max_output_length must be from 1 to {MAX_OUTPUT_LENGTH} bytes"):
+        make_check(["/bin/true"], max_output_length=length)
 
 
 def test_binary_garbage_output_is_replaced(tmp_path: Path) -> None:
@@ -191,6 +279,8 @@ def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     path = script(tmp_path, "exec env")
     check = make_check([str(path)], cwd=tmp_path, tool_path="/usr/bin:/bin")
     env = dict(line.split("=", 1) for line in check.execute().process.stdout.splitlines())
+    # The run's mark, which finds what it leaves behind (see agent.checks.proctree): this agent's pid, a number.
+    assert re.fullmatch(rf"{os.getpid()}-\d+", env.pop("NODE_HEALTH_AGENT_RUN"))
     # The shell itself exports PWD (the working directory it was started in); nothing else is added.
     assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": str(tmp_path.resolve())}
 

@@ -9,19 +9,25 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from agent.checks.model import CheckResult, CheckStatus, ScheduledCheck
+from agent.checks.declared import CheckDecl
+from agent.checks.loader import build_checks
+from agent.checks.model import ENTRY_POINT_GROUP, CheckContext, CheckResult, CheckStatus, ScheduledCheck, Value
 from agent.cli import main
 from agent.detectors.rulepack import load_rule_set
 from agent.settings import Settings, builtin_plugins_dir
 from agent.sources.kmsg import KmsgStats
 from agent.types import ConditionSpec, Status
 from agent.wiring import build_runtime
+
+import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "plugins" / "examples" / "kernel-tainted"
@@ -294,3 +300,211 @@ def test_validate_config_refuses_bad_check_options_as_run_does(tmp_path, capsys)
     assert main(["validate-config", "--pack", "kernel,rdma", str(checks)]) == 2
     err = capsys.readouterr().err
     assert f"{checks}:3: checks[0].options.expectedPorts:" in err
+
+
+# ---- plugins that misbehave -------------------------------------------------------------------------------
+
+
+class Garbage:
+    """A check whose results are malformed in a way that used to stop the scheduler or the main loop."""
+
+    interval = 0.01
+    timeout = 5.0
+
+    def __init__(self, name: str, **fields: object) -> None:
+        self.name = name
+        self.conditions = (ConditionSpec(type="Junk", reason="JunkOk", message="ok", source=name),)
+        self.fields = fields
+        self.runs = 0
+
+    def run(self):
+        self.runs += 1
+        good = {"status": CheckStatus.PROBLEM, "condition": "Junk", "reason": "JunkBad", "message": "m"}
+        return [CheckResult(**{**good, **self.fields})]
+
+
+def test_malformed_results_are_unknown_and_the_agent_stays_healthy(tmp_path):
+    s = settings(tmp_path)
+    none_message = Garbage("none-message", message=None)  # killed the scheduler (len(None))
+    loud = Garbage("loud", severity="loud")  # killed the main loop (the judge ranks severities)
+    nan = Garbage("nan", values=(Value(name="x", value=float("nan")),))
+    scripted = Scripted([CheckStatus.PROBLEM])
+    runtime = build_runtime(
+        settings=s,
+        rule_set=load_rule_set(list(s.rule_paths)),
+        source=Idle(),
+        stream=io.StringIO(),
+        checks=[
+            ScheduledCheck(check=c, interval=0.01, timeout=5, kind="python", origin="test", jitter=0)
+            for c in (none_message, loud, nan, scripted)
+        ],
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(runtime.feed, lambda snap: snap.condition("GpuEcc").status is Status.TRUE)
+        helpers.wait_for(lambda: min(c.runs for c in (none_message, loud, nan)) >= 3 and scripted.runs >= 3)
+        ok, doc = runtime.health_document()
+        assert ok and all(doc["components"].values()), doc
+        for name in ("none-message", "loud", "nan"):
+            invalid = runtime.registry.get_sample_value(
+                "node_health_agent_check_errors_total", {"check": name, "error": "invalid"}
+            )
+            assert invalid >= 1, name
+        snap = runtime.feed.latest().snapshot
+        assert snap.condition("Junk").status is Status.FALSE  # UNKNOWN changed nothing
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def fake_distribution(site: Path, *, module: str, source: str) -> None:
+    """A plugin package as pip leaves it: the module and its ``.dist-info`` with the entry point."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[node_health_agent.checks]\n{module} = {module}:Check\n")
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_reported_and_the_agent_runs(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    fake_distribution(site, module="exits_at_import", source="import sys\nsys.exit(7)\n")
+    config = tmp_path / "empty.yaml"
+    config.write_text("checks: []\n")
+    named = "check exits_at_import (entry point exits_at_import = exits_at_import:Check (exits_at_import 1.0))"
+
+    validated = agent_cli(site, "validate-config", "--pack", "kernel", str(config))
+    assert validated.returncode == 0, validated.stderr  # it was 7, with no log line
+    assert f"{named} cannot be loaded: SystemExit: 7" in validated.stderr
+
+    checked = agent_cli(site, "check", "--json", "--pack", "kernel", "exits_at_import")
+    assert checked.returncode == 0, checked.stderr
+    [row] = json.loads(checked.stdout)
+    assert (row["status"], row["reason"]) == ("UNKNOWN", "CheckLoadFailed")
+    assert row["message"] == "cannot load check exits_at_import: SystemExit: 7"
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "pack.yaml").write_text("rules: []\n")
+    proc, base = helpers.start_standalone_agent(tmp_path, plugins=plugins)
+    try:
+        helpers.wait_for(lambda: helpers.http_get(f"{base}/healthz")[0] == 200, timeout=60)  # old code: exit 7
+        helpers.wait_for(
+            lambda: (
+                'node_health_agent_check_status{check="exits_at_import",status="UNKNOWN"} 1.0'
+                in helpers.http_get(f"{base}/metrics")[1]
+            ),
+            timeout=30,
+        )
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert f"{named} cannot be loaded: SystemExit: 7" in err
+
+
+def test_an_import_that_hangs_is_abandoned_and_other_plugins_still_load(tmp_path, monkeypatch):
+    """The import lock: a thread stuck importing ``hangs_at_import`` holds that module's lock. A second
+    check from the same module is not tried again (it would wait on the lock); other modules import."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "nha_gate.py").write_text("import threading\nOPEN = threading.Event()\n")
+    check_class = """
+        from agent.checks.model import CheckResult, CheckStatus
+
+        class Check:
+            interval, timeout, conditions = 60.0, 5.0, ()
+
+            def __init__(self, *, name, context, options):
+                self.name = name
+
+            def run(self):
+                return [CheckResult(status=CheckStatus.OK, condition=None, reason="Fine", message="fine")]
+        """
+    (site / "hangs_at_import.py").write_text("import nha_gate\nnha_gate.OPEN.wait(60)\n" + textwrap.dedent(check_class))
+    (site / "imports_fine.py").write_text(textwrap.dedent(check_class))
+    monkeypatch.syspath_prepend(str(site))
+    import nha_gate
+
+    def ep(name: str, value: str) -> metadata.EntryPoint:
+        return metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+
+    eps = [
+        ep("first", "hangs_at_import:Check"),
+        ep("second", "hangs_at_import:Check"),
+        ep("fine", "imports_fine:Check"),
+    ]
+    decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
+    try:
+        checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps, load_timeout=2.0)
+        assert problems == []
+        messages = {c.name: c.check.run()[0].message for c in checks}
+        assert messages == {
+            "first": "cannot load check first: importing hangs_at_import did not finish within 2s "
+            "(abandoned; it may still hang)",
+            "second": "cannot load check second: the import of hangs_at_import hung (loading check first); "
+            "not tried again",
+            "fine": "fine",
+        }
+        assert any(t.name == "load:first" and t.daemon for t in threading.enumerate())  # abandoned, not waited for
+    finally:
+        nha_gate.OPEN.set()
+        for name in ("nha_gate", "hangs_at_import", "imports_fine"):
+            sys.modules.pop(name, None)
+
+
+def test_a_missing_plugin_executable_is_logged_once_and_shown_in_healthz_until_it_appears(tmp_path, caplog):
+    from agent.checks.executable import ExecutableCheck, Verdict
+
+    s = settings(tmp_path)
+    plugin = tmp_path / "check_gpu.sh"
+    check = ExecutableCheck(
+        name="gpu-plugin",
+        argv=[str(plugin)],
+        interval=0.01,
+        timeout=5.0,
+        verdicts=[Verdict(condition=None, problem_reason="GpuBad", ok_reason="GpuGood")],
+    )
+    runtime = build_runtime(
+        settings=s,
+        rule_set=load_rule_set(list(s.rule_paths)),
+        source=Idle(),
+        stream=io.StringIO(),
+        checks=[ScheduledCheck(check=check, interval=0.01, timeout=5, kind="executable", origin="test", jitter=0)],
+    )
+
+    def runs(outcome: str) -> float:
+        return runtime.registry.get_sample_value(
+            "node_health_agent_check_runs_total", {"check": "gpu-plugin", "outcome": outcome}
+        )
+
+    def cannot_run() -> float:
+        return runtime.registry.get_sample_value("node_health_agent_check_cannot_run", {"check": "gpu-plugin"})
+
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.run, args=(stop,))
+    caplog.set_level("INFO", logger="agent.checks.scheduler")
+    thread.start()
+    try:
+        helpers.wait_for(lambda: runs("UNKNOWN") >= 5)
+        ok, doc = runtime.health_document()
+        assert ok  # the agent is fine; it says which plugin cannot run
+        assert doc["details"]["check_scheduler"] == "1 check cannot run: gpu-plugin: check_gpu.sh: no such file"
+        assert cannot_run() == 1.0
+        said = [r.getMessage() for r in caplog.records if "cannot run" in r.getMessage()]
+        assert said == [
+            "check gpu-plugin cannot run: check_gpu.sh: no such file (logged once; /healthz details show it until "
+            "it runs)"
+        ]
+        plugin.write_text("#!/bin/sh\necho fine\n")
+        plugin.chmod(0o755)
+        helpers.wait_for(lambda: runs("OK") >= 1)
+        assert "check_scheduler" not in runtime.health_document()[1].get("details", {})
+        assert cannot_run() == 0.0
+        assert "check gpu-plugin runs again" in [r.getMessage() for r in caplog.records]
+    finally:
+        stop.set()
+        thread.join(10)

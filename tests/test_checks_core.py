@@ -189,7 +189,7 @@ def test_entry_points_are_loaded_and_broken_ones_run_as_unknown(tmp_path):
     decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
     checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps)
     assert problems == []
-    assert [(c.name, type(c.check).__name__, c.interval, c.kind) for c in checks] == [
+    assert [(c.name, type(getattr(c.check, "plugin", c.check)).__name__, c.interval, c.kind) for c in checks] == [
         ("good", "Static", 10.0, "entry-point"),
         ("missing-module", "BrokenCheck", 60.0, "entry-point"),
         ("crashing", "BrokenCheck", 60.0, "entry-point"),
@@ -199,6 +199,114 @@ def test_entry_points_are_loaded_and_broken_ones_run_as_unknown(tmp_path):
     assert result.status is UNKNOWN and "No module named 'gone'" in result.message
     assert "ZeroDivisionError" in checks[2].check.run()[0].message
     assert "no run() method" in checks[3].check.run()[0].message
+
+
+class Hostile:
+    """A check built to misbehave: ``conditions`` raises on the read given by ``raise_on`` (1 = the first)."""
+
+    interval = 10.0
+    timeout = 2.0
+
+    def __init__(self, *, name, context, options):
+        self.name = name
+        self.raise_on = options.get("raise_on", 1)
+        self.error = options.get("error", RuntimeError("conditions exploded"))
+        self.reads = 0
+
+    @property
+    def conditions(self):
+        self.reads += 1
+        if self.reads >= self.raise_on:
+            raise self.error
+        return (ConditionSpec(type="Thing", reason="ThingOk", message="fine", source=self.name),)
+
+    def run(self):
+        return [CheckResult(status=OK, condition="Thing", reason="ThingOk", message="fine")]
+
+
+def _exits(**_):
+    raise SystemExit(7)
+
+
+def _interrupts(**_):
+    raise KeyboardInterrupt
+
+
+def _hangs_until(gate: threading.Event) -> Callable[..., object]:
+    def factory(**_):
+        gate.wait(60)
+        return Static(name="late", context=None, options={})
+
+    return factory
+
+
+def _not_a_number(**kw):
+    check = Static(**kw)
+    check.interval = float("nan")
+    check.timeout = "soon"
+    return check
+
+
+def test_a_plugin_that_exits_raises_anything_or_hangs_loading_is_a_broken_check_naming_it():
+    gate = threading.Event()
+    eps = [
+        FakeEntryPoint("exits-on-import", "pkg.a:X", SystemExit(7)),
+        FakeEntryPoint("interrupts-on-import", "pkg.b:X", KeyboardInterrupt()),
+        FakeEntryPoint("generator-exit", "pkg.c:X", GeneratorExit()),
+        FakeEntryPoint("factory-exits", "pkg.d:X", _exits),
+        FakeEntryPoint("factory-interrupts", "pkg.e:X", _interrupts),
+        FakeEntryPoint("factory-hangs", "pkg.f:X", _hangs_until(gate)),
+        FakeEntryPoint("conditions-raise", "pkg.g:X", Hostile),
+        FakeEntryPoint(
+            "conditions-exit", "pkg.h:X", lambda **kw: Hostile(**{**kw, "options": {"error": SystemExit(3)}})
+        ),
+        FakeEntryPoint("not-callable", "pkg.i:X", "a string"),
+        FakeEntryPoint("good", "pkg.j:X", Static),
+    ]
+    decls = [CheckDecl(name=e.name, entry_point=e.name, origin=f"entry point {e.name}") for e in eps]
+    try:
+        checks, problems = build_checks(decls, context=CheckContext(), entry_points=lambda: eps, load_timeout=0.5)
+    finally:
+        gate.set()
+    assert problems == []
+    messages = {c.name: c.check.run()[0].message for c in checks if isinstance(c.check, BrokenCheck)}
+    assert messages == {
+        "exits-on-import": "cannot load check exits-on-import: SystemExit: 7",
+        "interrupts-on-import": "cannot load check interrupts-on-import: KeyboardInterrupt",
+        "generator-exit": "cannot load check generator-exit: GeneratorExit",
+        "factory-exits": "cannot load check factory-exits: SystemExit: 7",
+        "factory-interrupts": "cannot load check factory-interrupts: KeyboardInterrupt",
+        "factory-hangs": "cannot load check factory-hangs: its factory did not return within 0.5s "
+        "(abandoned; it may still hang)",
+        "conditions-raise": "cannot load check conditions-raise: reading its 'conditions' raised "
+        "RuntimeError: conditions exploded",
+        "conditions-exit": "cannot load check conditions-exit: reading its 'conditions' raised SystemExit: 3",
+        "not-callable": "cannot load check not-callable: its factory is a str, which cannot be called",
+    }
+    assert [c.name for c in checks if not isinstance(c.check, BrokenCheck)] == ["good"]
+
+
+def test_what_a_check_says_about_itself_is_read_once_at_load():
+    """A ``conditions`` property that works once and raises afterwards (or an interval that is not a
+    number) never reaches the scheduler, the judge or the watcher: they use what was read at load."""
+    ep = FakeEntryPoint("flaky", "pkg:Hostile", lambda **kw: Hostile(**{**kw, "options": {"raise_on": 2}}))
+    nan = FakeEntryPoint("nan", "pkg:Static", _not_a_number)
+    checks, problems = build_checks(
+        [CheckDecl(name="flaky", entry_point="flaky"), CheckDecl(name="nan", entry_point="nan")],
+        context=CheckContext(),
+        entry_points=lambda: [ep, nan],
+    )
+    assert problems == []
+    [flaky, odd] = checks
+    assert [c.type for c in flaky.check.conditions] == ["Thing"] and flaky.check.plugin.reads == 1
+    assert (odd.interval, odd.timeout) == (60.0, 30.0)  # the defaults: NaN and "soon" are no durations
+    s, manual = scheduler_of(checks)
+    s.step(0.0)
+    manual.finish_all()
+    reports = s.step(1.0)[0]
+    assert [(r.check, [x.status for x in r.results]) for r in reports] == [("flaky", [OK]), ("nan", [])]
+    assert {spec.type for c in checks for spec in c.check.conditions} == {"Thing"}  # as the assembly reads them
+    assert flaky.check.plugin.reads == 1
 
 
 def test_bad_options_are_configuration_errors_with_file_field_and_line(tmp_path):
@@ -361,6 +469,12 @@ def scheduler(*checks, concurrency=4, **kw) -> tuple[CheckScheduler, Manual]:
     return s, manual
 
 
+def scheduler_of(specs) -> tuple[CheckScheduler, Manual]:
+    manual = Manual()
+    s = CheckScheduler(checks=specs, inbox=Inbox(), clock=lambda: 1000.0, monotonic=lambda: 0.0, start_thread=manual)
+    return s, manual
+
+
 def test_every_check_runs_at_start_then_on_its_interval_never_overlapping():
     a = Gate("a")
     s, manual = scheduler(a)
@@ -391,8 +505,11 @@ def test_concurrency_and_group_limits_hold():
         (Gate("x", raises=RuntimeError("nvml exploded")), "check x: raised RuntimeError: nvml exploded"),
         (Gate("x", returns="fine"), "check x: run() returned str, not a list of CheckResult"),
         (Gate("x", returns=[1, 2]), "check x: run() returned a list with int items, not CheckResult"),
+        (Gate("x", raises=SystemExit(7)), "check x: raised SystemExit: 7"),
+        (Gate("x", raises=KeyboardInterrupt()), "check x: raised KeyboardInterrupt"),
+        (Gate("x", raises=GeneratorExit()), "check x: raised GeneratorExit"),
     ],
-    ids=["raises", "returns-str", "returns-ints"],
+    ids=["raises", "returns-str", "returns-ints", "sys-exit", "keyboard-interrupt", "generator-exit"],
 )
 def test_a_check_that_raises_or_returns_garbage_is_unknown(check, error):
     s, manual = scheduler(check)
@@ -402,6 +519,73 @@ def test_a_check_that_raises_or_returns_garbage_is_unknown(check, error):
     assert [(r.status, r.condition, r.message) for r in rep.results] == [(UNKNOWN, "Thing", error)]
     stats = s.stats["x"]
     assert stats.last_status is UNKNOWN and sum(stats.errors.values()) == 1
+
+
+def bad(**fields) -> CheckResult:
+    """A CheckResult with wrong field types (a plugin can build one: dataclasses do not check types)."""
+    good = {"status": PROBLEM, "condition": "Thing", "reason": "Bad", "message": "what was seen"}
+    return CheckResult(**{**good, **fields})
+
+
+@pytest.mark.parametrize(
+    ("results", "error"),
+    [
+        ([bad(message=None)], "result[0].message must be a str, not None"),
+        ([bad(status="PROBLEM")], "result[0].status must be a CheckStatus, not 'PROBLEM'"),
+        ([bad(status=None)], "result[0].status must be a CheckStatus, not None"),
+        ([bad(reason=7)], "result[0].reason must be a non-empty str, not 7"),
+        ([bad(reason="")], "result[0].reason must be a non-empty str, not ''"),
+        ([bad(condition=b"Thing")], "result[0].condition must be a non-empty str, not a bytes"),
+        ([bad(severity="critical")], "result[0].severity must be a Severity, not 'critical'"),
+        ([bad(repeat_event="yes")], "result[0].repeat_event must be a bool, not 'yes'"),
+        ([bad(values="12")], "result[0].values must be a tuple of at most 1024 Value"),
+        ([bad(values=(3,))], "result[0].values[0] must be a Value, not 3"),
+        ([bad(values=(Value(name="x", value=float("nan")),))], "result[0].values[0].value must be a finite number"),
+        ([bad(values=(Value(name="x", value=float("inf")),))], "result[0].values[0].value must be a finite number"),
+        ([bad(values=(Value(name="x", value="3"),))], "result[0].values[0].value must be a finite number, not '3'"),
+        ([bad(values=(Value(name="Bad-Name", value=1),))], "result[0].values[0].name must match [a-z_][a-z0-9_]*"),
+        (
+            [bad(values=(Value(name="x", value=1, labels={"gpu": 0}),))],
+            "result[0].values[0].labels['gpu'] must be a str, not 0",
+        ),
+        (
+            [bad(values=(Value(name="x", value=1, labels={"check": "y"}),))],
+            "label name 'check' is not a Prometheus label name (or is 'check')",
+        ),
+        ([result(OK, condition="Thing", reason="ThingOk"), bad(message=None)], "result[1].message must be a str"),
+        ([result(OK, condition="Thing", reason="ThingOk")] * 257, "run() returned 257 results (at most 256)"),
+    ],
+    ids=lambda v: None if isinstance(v, list) else v[:40],
+)
+def test_a_malformed_result_is_unknown_naming_the_field_and_the_other_checks_go_on(results, error):
+    s, manual = scheduler(Gate("x", returns=results), Gate("other"))
+    s.step(0.0)
+    manual.finish_all()
+    reports = {r.check: r for r in s.step(1.0)[0]}  # on the old code: TypeError here, the scheduler thread dies
+    [r] = reports["x"].results
+    assert (r.status, r.condition, r.reason) == (UNKNOWN, "Thing", "CheckFailed")
+    assert r.message.startswith("check x: run() returned ") and error in r.message
+    assert s.stats["x"].errors["invalid"] == 1 and s.stats["x"].values == ()
+    assert reports["other"].results[0].status is OK
+
+
+def test_results_are_copied_into_plain_values():
+    class Shouty(str):
+        def __str__(self):
+            return "SHOUT"
+
+    labels = {"gpu": "0"}
+    c = Gate(
+        "x", returns=[bad(status=OK, reason=Shouty("Fine"), values=(Value(name="v", value=True + 1, labels=labels),))]
+    )
+    s, manual = scheduler(c)
+    s.step(0.0)
+    manual.finish_all()
+    [rep] = s.step(1.0)[0]
+    [r] = rep.results
+    assert type(r.reason) is str and r.reason == "Fine"
+    labels["gpu"] = "changed later by the plugin"
+    assert r.values[0].labels == {"gpu": "0"} and type(r.values[0].value) is float
 
 
 def test_a_hung_check_is_unknown_at_its_timeout_frees_its_slot_and_is_not_started_twice():

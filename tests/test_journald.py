@@ -7,7 +7,7 @@ recorded from the real ``journalctl --output=json`` (systemd 252.38, Debian 12) 
 a plain MESSAGE, a MESSAGE with escape and non-UTF-8 bytes (printed as an array of byte values), a
 MESSAGE given twice (an array of strings), and one over 4096 bytes without ``--all`` (``null``), as
 journalctl(1) "json" output and systemd.io/JOURNAL_EXPORT_FORMATS ("Journal JSON Format") describe.
-The last test runs the real tools when they are installed.
+The last two tests run the real tools when they are installed.
 """
 
 from __future__ import annotations
@@ -202,6 +202,12 @@ def poll_until(source: JournalSource, done: Callable[[list[LogRecord]], bool], *
             {"since": NOW + 0.9},
             ["--since=@1735689600", "SYSLOG_IDENTIFIER=systemd"],
             id="system-journal-no-lookback",
+        ),
+        pytest.param(
+            JournalConfig(source="kernel"),
+            {"since": NOW},
+            ["--since=@1735689600", "SYSLOG_IDENTIFIER=kernel", "_TRANSPORT=kernel"],
+            id="kernel-only-from-the-kernel",
         ),
         pytest.param(
             JournalConfig(source="kubelet", directory="/run/log/journal"),
@@ -458,7 +464,9 @@ def _export_entry(fields: list[tuple[str, str | bytes]]) -> bytes:
     return out + b"\n"
 
 
-def test_real_journalctl_on_a_journal_directory(tmp_path: Path) -> None:
+def real_journal(tmp_path: Path, entries: list[list[tuple[str, str | bytes]]], *, source: str) -> JournalSource:
+    """A journal directory holding ``entries`` (fields; the timestamps and boot id are added: one entry a
+    second from NOW), written by systemd-journal-remote, read by the real journalctl as monitor ``source``."""
     journalctl = shutil.which("journalctl")
     remote = next(
         (
@@ -473,18 +481,14 @@ def test_real_journalctl_on_a_journal_directory(tmp_path: Path) -> None:
     directory = tmp_path / "journal"
     directory.mkdir()
     stream = b""
-    for n, (ident, message) in enumerate(
-        [("dockerd", "readlink /var/lib/docker/overlay2/l/X: invalid argument"), ("systemd", "Started x."),
-         ("dockerd", b"bytes \xff\x07"), ("dockerd", "z" * 5000)]
-    ):  # fmt: skip
+    for n, fields in enumerate(entries):
         usec = int((NOW + n) * 1e6)
         stream += _export_entry(
             [
                 ("__REALTIME_TIMESTAMP", str(usec)),
                 ("__MONOTONIC_TIMESTAMP", str(usec - 1_700_000_000_000_000)),
                 ("_BOOT_ID", "0f5a1c2e9d8b4a7f8e6d5c4b3a291807"),
-                ("SYSLOG_IDENTIFIER", ident),
-                ("MESSAGE", message),
+                *fields,
             ]
         )
     (tmp_path / "in.export").write_bytes(stream)
@@ -492,8 +496,24 @@ def test_real_journalctl_on_a_journal_directory(tmp_path: Path) -> None:
         subprocess.run(
             [remote, "-o", str(directory / "remote.journal"), "-"], stdin=stdin, check=True, capture_output=True
         )
-    source = make_source(
-        os.path.dirname(journalctl), JournalConfig(source="dockerd", directory=str(directory), lookback=10.0)
+    return make_source(
+        os.path.dirname(journalctl), JournalConfig(source=source, directory=str(directory), lookback=10.0)
+    )
+
+
+def test_real_journalctl_on_a_journal_directory(tmp_path: Path) -> None:
+    source = real_journal(
+        tmp_path,
+        [
+            [("SYSLOG_IDENTIFIER", ident), ("MESSAGE", message)]
+            for ident, message in [
+                ("dockerd", "readlink /var/lib/docker/overlay2/l/X: invalid argument"),
+                ("systemd", "Started x."),
+                ("dockerd", b"bytes \xff\x07"),
+                ("dockerd", "z" * 5000),
+            ]
+        ],
+        source="dockerd",
     )
     try:
         records = poll_until(source, lambda r: len(r) == 3)
@@ -507,3 +527,29 @@ def test_real_journalctl_on_a_journal_directory(tmp_path: Path) -> None:
     ]
     assert len(records[2].message) == 5000  # --all: a field over 4096 bytes is printed, not null
     assert isinstance(source.stats, JournalStats)
+
+
+def test_real_journalctl_reads_as_kernel_only_what_the_kernel_logged(tmp_path: Path) -> None:
+    """``logger -t kernel`` (any user) gives SYSLOG_IDENTIFIER=kernel with _TRANSPORT=syslog; the kernel's
+    own lines have _TRANSPORT=kernel, a field journald sets and no client can."""
+    source = real_journal(
+        tmp_path,
+        [
+            [("_TRANSPORT", transport), ("SYSLOG_IDENTIFIER", "kernel"), ("MESSAGE", message)]
+            for transport, message in [
+                ("kernel", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."),
+                ("syslog", "NVRM: Xid (PCI:0000:3b:00): 79, forged by logger -t kernel"),
+                ("journal", "NVRM: Xid (PCI:0000:3b:00): 79, forged by systemd-cat -t kernel"),
+                ("kernel", "the last entry"),
+            ]
+        ],
+        source="kernel",
+    )
+    try:
+        records = poll_until(source, lambda r: any(x.message == "the last entry" for x in r))  # read in order
+    finally:
+        source.close()
+    assert [r.message for r in records] == [
+        "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        "the last entry",
+    ]

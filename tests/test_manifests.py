@@ -93,6 +93,7 @@ AGENT_METRICS = {
     "node_health_agent_last_record_timestamp_seconds",
     "node_health_agent_config_generation",
     "node_health_agent_component_healthy",
+    "node_health_agent_check_cannot_run",
 }
 EXTERNAL_METRICS = {"up", "kube_daemonset_status_number_unavailable"}
 

@@ -370,6 +370,13 @@ INVALID = [
         id="max-output-length",
     ),
     pytest.param(
+        edit("  timeout: 5s", "  timeout: 5s\n  max_output_length: 100000000"),
+        "pluginConfig.max_output_length",
+        5,
+        "must be at most 4096, got 100000000",
+        id="max-output-length-above-what-is-kept",
+    ),
+    pytest.param(
         edit("  timeout: 5s", "  timeout: 5s\n  concurrency: '3'"),
         "pluginConfig.concurrency",
         5,

@@ -7,6 +7,7 @@ import json
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.agentconfig import build_scheduled_checks, load_agent_config
@@ -52,7 +53,8 @@ def entry_points():
     return [EP("one"), EP("two")]
 
 
-def setup(tmp_path: Path):
+def setup(tmp_path: Path, *, installed: Callable[[], list] = entry_points):
+    """A plugin directory, and a watcher on it; ``installed`` lists the entry points at each reload."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "pack.yaml").write_text(textwrap.dedent(PACK))
@@ -69,7 +71,7 @@ def setup(tmp_path: Path):
         context=context,
         scheduler=scheduler,
         inbox=inbox,
-        entry_points=entry_points,
+        entry_points=installed,
         settle=0.05,
     )
     return plugins, watcher, scheduler, inbox
@@ -84,7 +86,7 @@ def test_a_valid_change_is_swapped_in_and_unchanged_checks_keep_their_object(tmp
     )
     assert watcher.reload() is True
     after = {c.name: c.check for c in scheduler.checks}
-    assert after["one"] is not before["one"] and after["one"].options == {"n": 2}
+    assert after["one"] is not before["one"] and after["one"].plugin.options == {"n": 2}
     assert after["two"] is before["two"]  # its declaration did not change: its memory survives
     item = inbox.get(timeout=0)
     assert isinstance(item, Reconfigure) and item.generation == 2
@@ -170,3 +172,102 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
     finally:
         proc.terminate()
         proc.communicate(timeout=15)
+
+
+# ---- plugins that misbehave while loading during a reload ------------------------------------------------
+
+
+class Misbehaving:
+    """An entry point whose import (``load``) exits the interpreter or hangs until ``gate`` opens."""
+
+    def __init__(self, name: str, *, exits: bool = False) -> None:
+        self.name, self.value, self.dist = name, f"nha_{name.replace('-', '_')}:Check", None
+        self.exits = exits
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def load(self):
+        self.entered.set()
+        if self.exits:
+            raise SystemExit(7)  # what `import plugin` raises when the plugin calls sys.exit(7) at import
+        self.gate.wait(60)
+        return Counter
+
+
+def watched(
+    tmp_path: Path, extra: list
+) -> tuple[Path, ConfigWatcher, CheckScheduler, threading.Event, threading.Thread]:
+    """A watcher running in its own thread; the ``extra`` entry points are installed after the agent started."""
+    plugins, watcher, scheduler, _ = setup(tmp_path, installed=lambda: [*entry_points(), *extra])
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), name="config_watcher")
+    thread.start()
+    wait_for(lambda: watcher.watching)
+    return plugins, watcher, scheduler, stop, thread
+
+
+def test_a_plugin_calling_sys_exit_during_a_reload_is_a_broken_check_and_the_watcher_goes_on(tmp_path):
+    exiting = Misbehaving("exits", exits=True)
+    plugins, watcher, scheduler, stop, thread = watched(tmp_path, [exiting])
+    try:
+        (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 2}\n")
+        wait_for(lambda: watcher.generation == 2, timeout=20)  # on the old code: the watcher thread is gone
+        broken = {c.name: c.check for c in scheduler.checks}["exits"]
+        assert broken.run()[0].message == "cannot load check exits: SystemExit: 7"
+        assert thread.is_alive() and watcher.failures == 0
+        (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 3}\n")
+        wait_for(lambda: watcher.generation == 3, timeout=20)  # it still reloads
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+class Fickle:
+    """A check whose ``conditions`` property answers once, then raises (it used to kill the watcher,
+    which read it again after loading, and the scheduler, which read it on every run)."""
+
+    interval, timeout = 60.0, 5.0
+
+    def __init__(self, *, name, context, options):
+        self.name, self.reads = name, 0
+
+    @property
+    def conditions(self):
+        self.reads += 1
+        if self.reads > 1:
+            raise RuntimeError("asked twice")
+        return (ConditionSpec(type="Fickle", reason="FickleOk", message="ok", source=self.name),)
+
+    def run(self):
+        return [CheckResult(status=CheckStatus.OK, condition="Fickle", reason="FickleOk", message="ok")]
+
+
+def test_a_check_whose_conditions_raise_after_loading_does_not_stop_the_watcher(tmp_path):
+    fickle = EP("fickle")
+    fickle.load = lambda: Fickle
+    plugins, watcher, scheduler, stop, thread = watched(tmp_path, [fickle])
+    try:
+        (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 2}\n")
+        wait_for(lambda: watcher.generation == 2, timeout=20)  # on the old code: the watcher thread died here
+        assert [c.type for c in {c.name: c.check for c in scheduler.checks}["fickle"].conditions] == ["Fickle"]
+        assert thread.is_alive() and watcher.last_error is None
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_an_import_that_hangs_during_a_reload_does_not_hold_up_shutdown(tmp_path):
+    hanging = Misbehaving("hangs")
+    plugins, watcher, scheduler, stop, thread = watched(tmp_path, [hanging])
+    try:
+        (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 2}\n")
+        assert hanging.entered.wait(20)  # the reload is waiting on the hung import
+        stop.set()
+        thread.join(10)  # on the old code: stuck in the import until the gate opens
+        assert not thread.is_alive()
+        assert watcher.generation == 1  # nothing half-loaded was swapped in
+    finally:
+        hanging.gate.set()
+        stop.set()
+        thread.join(10)

@@ -2,8 +2,9 @@
 
 Exit code ``0`` is OK, ``1`` is PROBLEM; anything else (``2``, ``137``, a signal, a program that
 could not start or ran past its timeout) is UNKNOWN: the agent could not tell, which is the
-agent's trouble, never the node's. The trimmed stdout, cut to ``max_output_length`` bytes, is the
-message. The program runs through :func:`agent.checks.process.run_process`: no shell, a scrubbed
+agent's trouble, never the node's. The trimmed stdout, cut to ``max_output_length`` bytes (at most
+``MAX_OUTPUT_LENGTH``, 4 KiB: only the first 4 KiB of stdout are kept, whatever the program prints), is
+the message. The program runs through :func:`agent.checks.process.run_process`: no shell, a scrubbed
 environment, its own process group killed at the timeout, output read with a bound.
 
 One execution can feed several verdicts (:class:`Verdict`): an NPD plugin file often has a
@@ -20,13 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.checks.model import CheckResult, CheckStatus, ProcessResult, RunProcess
+from agent.checks.model import CANNOT_START, CheckResult, CheckStatus, ProcessResult, RunProcess
 from agent.checks.process import DEFAULT_PATH, run_process
 from agent.types import ConditionSpec, Severity
 
 DEFAULT_MAX_OUTPUT_LENGTH = 80  # bytes of trimmed stdout kept as the message (NPD's default)
-READ_LIMIT = 4096  # bytes of stdout read before trimming (NPD reads 4 KiB too); the rest is dropped unread
+READ_LIMIT = 4096  # bytes of stdout kept before trimming (NPD reads 4 KiB too); the rest is read and dropped
+MAX_OUTPUT_LENGTH = READ_LIMIT  # the largest max_output_length: no more than what is kept can be the message
 UNKNOWN_REASON = "CheckUnknown"  # reason of an UNKNOWN result: the check could not tell
+# (CANNOT_START instead when the program could not be started at all: missing, not executable)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +65,8 @@ class Verdict:
             reason = self.problem_reason
             message = execution.message or f"{label}: exit code 1 (a problem, without a message)"
         else:
-            reason, message = UNKNOWN_REASON, execution.message
+            reason = CANNOT_START if execution.process.cannot_start else UNKNOWN_REASON
+            message = execution.message
         return CheckResult(
             status=status,
             condition=self.condition,
@@ -142,6 +146,10 @@ class ExecutableCheck:
             raise ValueError("argv must name a program")
         if not verdicts:
             raise ValueError("an executable check needs at least one verdict")
+        if isinstance(max_output_length, bool) or not 1 <= max_output_length <= MAX_OUTPUT_LENGTH:
+            raise ValueError(
+                f"max_output_length must be from 1 to {MAX_OUTPUT_LENGTH} bytes, got {max_output_length!r}"
+            )
         self.name = name
         self.argv = tuple(str(a) for a in argv)
         self.interval = interval
@@ -161,7 +169,7 @@ class ExecutableCheck:
         result = runner(
             self.argv,
             timeout=self.timeout,
-            max_output=max(READ_LIMIT, self.max_output_length),
+            max_output=READ_LIMIT,
             path=self.tool_path,
             **kwargs,
         )

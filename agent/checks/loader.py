@@ -4,19 +4,32 @@ Bad options of a configured check are configuration errors (exit 2, naming file,
 line). A plugin that cannot be imported or whose factory fails is the plugin's trouble, not the
 configuration's and not the node's: it becomes a :class:`BrokenCheck`, which reports UNKNOWN with
 the error on every run (and the self-health metrics count it), while everything else runs.
+
+Loading is plugin code running in the agent, so it is contained (:mod:`agent.checks.guard`): each
+import and each factory call runs in a thread of its own with a timeout (``LOAD_TIMEOUT``); whatever
+it raises, ``SystemExit`` from a ``sys.exit()`` included, and a hang past the timeout make a
+BrokenCheck naming the plugin, logged once. What the factory returns is read once (``name``,
+``interval``, ``timeout``, ``conditions``, ``run``) and kept as a :class:`PluginCheck`, so a property
+that raises later cannot reach the scheduler or the watcher.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from agent.checks.declared import CheckDecl
+from agent.checks.guard import Outcome, call_guarded, describe
 from agent.checks.model import (
     ENTRY_POINT_GROUP,
+    LOAD_FAILED,
+    Check,
     CheckConfigError,
     CheckContext,
     CheckResult,
@@ -31,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 60.0
 DEFAULT_TIMEOUT = 30.0
+LOAD_TIMEOUT = 20.0  # seconds an import, or a factory call, may take before the check is a BrokenCheck
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +58,7 @@ class BrokenCheck:
     conditions: Sequence[ConditionSpec] = ()
 
     def run(self) -> list[CheckResult]:
-        return [CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason="CheckLoadFailed", message=self.error)]
+        return [CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason=LOAD_FAILED, message=self.error)]
 
 
 def entry_point_decls(*, entry_points: Callable[[], Sequence[Any]] | None = None) -> list[CheckDecl]:
@@ -60,34 +74,203 @@ def entry_point_decls(*, entry_points: Callable[[], Sequence[Any]] | None = None
     return decls
 
 
-def _load_factory(decl: CheckDecl, *, entry_points: Mapping[str, Any]) -> Callable[..., Any]:
-    if decl.use is not None:
-        from agent.checks.builtin import import_builtin
-
-        module, _, attr = decl.use.partition(":")
-        return getattr(import_builtin(module), attr)
-    ep = entry_points.get(decl.entry_point or "")
-    if ep is None:
-        raise LookupError(f"no entry point named {decl.entry_point!r} in group {ENTRY_POINT_GROUP} is installed")
-    return ep.load()
+class _NoSuchBuiltin(LookupError):
+    """A ``use:`` that names no built-in module or factory: the configuration's mistake (exit 2)."""
 
 
-def _missing_builtin(use: str) -> str | None:
-    """Why ``use`` names no built-in factory (a typo in the configuration), or None."""
+class _NotACheck(Exception):
+    """What the factory returned cannot be run as a check (the message says why)."""
+
+
+_MISSING = object()
+
+
+def _attr(obj: object, name: str, default: object = _MISSING) -> object:
+    """``obj.name`` read once; a property that raises (anything) makes the plugin broken, naming it."""
+    try:
+        return getattr(obj, name) if default is _MISSING else getattr(obj, name, default)
+    except BaseException as exc:  # noqa: BLE001 - runs in the load thread: whatever the plugin raises is its own
+        raise _NotACheck(f"reading its {name!r} raised {describe(exc)}") from None
+
+
+def _seconds(value: object) -> float | None:
+    """A finite number of seconds above 0, else None (the declaration's or the default applies)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
+
+
+def _condition(spec: object, index: int) -> ConditionSpec:
+    """A plugin's ConditionSpec, checked field by field and copied (nothing of the plugin's object is kept)."""
+    where = f"its conditions[{index}]"
+    if not isinstance(spec, ConditionSpec):
+        raise _NotACheck("its 'conditions' must be a list of agent.types.ConditionSpec")
+    texts = {key: _attr(spec, key) for key in ("type", "reason", "message", "source")}
+    for key, value in texts.items():
+        if not isinstance(value, str) or (key == "type" and not value):
+            raise _NotACheck(f"{where}.{key} must be a string{' (not empty)' if key == 'type' else ''}")
+    clear_after, accelerator, namespace = (
+        _attr(spec, "clear_after"),
+        _attr(spec, "accelerator"),
+        _attr(spec, "cloudwatch_namespace"),
+    )
+    if clear_after is not None and _seconds(clear_after) is None:
+        raise _NotACheck(f"{where}.clear_after must be None or a number of seconds above 0")
+    if not isinstance(accelerator, bool) or not (namespace is None or isinstance(namespace, str)):
+        raise _NotACheck(f"{where}: accelerator must be a bool and cloudwatch_namespace None or a string")
+    return ConditionSpec(
+        **{key: str.__str__(value) for key, value in texts.items()},  # type: ignore[arg-type]
+        clear_after=_seconds(clear_after),
+        accelerator=bool(accelerator),
+        cloudwatch_namespace=None if namespace is None else str.__str__(namespace),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PluginCheck:
+    """A Python check as the agent holds it. ``name``, ``interval``, ``timeout`` and ``conditions`` were
+    read once, when it was loaded, and checked: a property that raises, hangs or changes its answer
+    later never reaches the scheduler, the main loop or the watcher. :meth:`run` calls the plugin's
+    ``run`` (from a worker thread; the scheduler validates what it returns). ``plugin`` is the object
+    the factory returned."""
+
+    name: str
+    interval: float | None  # None: the plugin gave no usable default (the declaration's, or 60 s)
+    timeout: float | None
+    conditions: tuple[ConditionSpec, ...]
+    plugin: object = field(repr=False)
+    run_plugin: Callable[[], object] = field(repr=False)
+
+    def run(self) -> object:
+        return self.run_plugin()
+
+
+def _adopt(obj: object) -> PluginCheck:
+    """Read and check what a factory returned, once (in the load thread); _NotACheck says what is wrong."""
+    run = _attr(obj, "run", None)
+    if not callable(run):
+        raise _NotACheck(f"the factory returned {type(obj).__name__}, which has no run() method")
+    name = _attr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise _NotACheck(f"the factory returned {type(obj).__name__} without a 'name'")
+    conditions = _attr(obj, "conditions", ())
+    if not isinstance(conditions, list | tuple):
+        raise _NotACheck("its 'conditions' must be a list of agent.types.ConditionSpec")
+    return PluginCheck(
+        name=str.__str__(name),
+        interval=_seconds(_attr(obj, "interval", None)),
+        timeout=_seconds(_attr(obj, "timeout", None)),
+        conditions=tuple(_condition(c, i) for i, c in enumerate(conditions)),
+        plugin=obj,
+        run_plugin=run,
+    )
+
+
+def _builtin_factory(module: str, attr: str) -> object:
+    """Import ``plugins/<module>.py`` and return its factory ``attr`` (runs in the load thread)."""
     from agent.checks.builtin import PACKAGE, import_builtin
 
-    module, _, attr = use.partition(":")
+    full = f"{PACKAGE}.{module}"
     try:
         found = import_builtin(module)
     except ModuleNotFoundError as exc:
-        if exc.name and (exc.name == f"{PACKAGE}.{module}" or f"{PACKAGE}.{module}".startswith(exc.name + ".")):
-            return f"no built-in check module {module!r} (plugins/{module.replace('.', '/')}.py)"
-        return None  # the module exists but fails to import: the plugin's trouble, reported at run time
-    except Exception:
-        return None
+        if exc.name and (exc.name == full or full.startswith(exc.name + ".")):
+            raise _NoSuchBuiltin(
+                f"no built-in check module {module!r} (plugins/{module.replace('.', '/')}.py)"
+            ) from None
+        raise  # the module exists but imports something missing: the plugin's trouble
     if not hasattr(found, attr):
-        return f"built-in module {module!r} has no factory {attr!r}"
+        raise _NoSuchBuiltin(f"built-in module {module!r} has no factory {attr!r}")
+    return getattr(found, attr)
+
+
+def _make(factory: object, decl: CheckDecl, context: CheckContext) -> PluginCheck:
+    """Call the factory and adopt its check (runs in the load thread)."""
+    if not callable(factory):
+        raise _NotACheck(f"its factory is a {type(factory).__name__}, which cannot be called")
+    try:
+        made = factory(name=decl.name, context=context, options=dict(decl.options))
+    except CheckConfigError as exc:  # copied: only plain strings leave the load thread
+        field_, message = getattr(exc, "field", ""), getattr(exc, "message", "")
+        raise CheckConfigError(
+            str.__str__(field_) if isinstance(field_, str) else "",
+            str.__str__(message) if isinstance(message, str) else "invalid options",
+        ) from None
+    return _adopt(made)
+
+
+def _broken(decl: CheckDecl, why: str) -> BrokenCheck:
+    log.error("check %s (%s) cannot be loaded: %s", decl.name, decl.origin, why)
+    return BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {why}")
+
+
+def _hung_import(module: str, hung: Mapping[str, str]) -> str | None:
+    """The module (``module`` or a package above it) whose import hung earlier in this build, if any."""
+    for stuck in hung:
+        if module == stuck or module.startswith(stuck + "."):
+            return stuck
     return None
+
+
+def _load(
+    decl: CheckDecl,
+    *,
+    context: CheckContext,
+    entry_points: Mapping[str, Any],
+    timeout: float,
+    stop: threading.Event | None,
+    hung: dict[str, str],
+) -> Check | ConfigProblem:
+    """Import a declaration's factory, then build and adopt its check: each step in a thread of its own,
+    given ``timeout`` seconds (see :mod:`agent.checks.guard`). A configuration mistake is a ConfigProblem;
+    anything the plugin does wrong (raises anything, hangs, returns no check) is a BrokenCheck naming it.
+    ``hung`` collects the modules whose import timed out: a second import would wait on its lock."""
+    if decl.use is not None:
+        from agent.checks.builtin import PACKAGE
+
+        module, _, attr = decl.use.partition(":")
+        target = f"{PACKAGE}.{module}"
+        load: Callable[[], object] = functools.partial(_builtin_factory, module, attr)
+    else:
+        ep = entry_points.get(decl.entry_point or "")
+        if ep is None:
+            return _broken(decl, f"no entry point named {decl.entry_point!r} in group {ENTRY_POINT_GROUP} is installed")
+        target = str(ep.value).partition(":")[0].strip()
+        load = ep.load
+    stuck = _hung_import(target, hung)
+    if stuck is not None:
+        return _broken(decl, f"the import of {stuck} hung (loading check {hung[stuck]}); not tried again")
+    imported = call_guarded(load, timeout=timeout, name=f"load:{decl.name}", stop=stop)
+    if imported.timed_out:
+        hung[target] = decl.name
+        return _broken(decl, f"importing {target} did not finish within {timeout:g}s (abandoned; it may still hang)")
+    if isinstance(imported.error, _NoSuchBuiltin):
+        return ConfigProblem(
+            file=decl.file or decl.origin,
+            field=f"{field_path(decl.path)}.use" if decl.path else "use",
+            message=str(imported.error),
+            line=decl.line,
+        )
+    if not imported.ok:
+        return _broken(decl, _failure(imported, step="import", timeout=timeout))
+    factory = imported.value
+    built = call_guarded(lambda: _make(factory, decl, context), timeout=timeout, name=f"load:{decl.name}", stop=stop)
+    if isinstance(built.error, CheckConfigError):
+        return _problem(decl, built.error)
+    if isinstance(built.error, _NotACheck):
+        return _broken(decl, str(built.error))
+    if not built.ok or built.value is None:
+        return _broken(decl, _failure(built, step="factory", timeout=timeout))
+    return built.value
+
+
+def _failure(outcome: Outcome[Any], *, step: str, timeout: float) -> str:
+    if outcome.cancelled:
+        return f"interrupted: the agent is stopping (during its {step})"
+    if outcome.timed_out:
+        return f"its {step} did not return within {timeout:g}s (abandoned; it may still hang)"
+    assert outcome.error is not None
+    return describe(outcome.error)
 
 
 def _problem(decl: CheckDecl, exc: CheckConfigError) -> ConfigProblem:
@@ -109,53 +292,39 @@ def build_checks(
     *,
     context: CheckContext,
     entry_points: Callable[[], Sequence[Any]] | None = None,
+    load_timeout: float = LOAD_TIMEOUT,
+    stop: threading.Event | None = None,
 ) -> tuple[list[ScheduledCheck], list[ConfigProblem]]:
-    """Instantiate every enabled declaration; (checks, configuration problems)."""
+    """Instantiate every enabled declaration; (checks, configuration problems).
+
+    Each import and each factory call gets ``load_timeout`` seconds (a hung one becomes a BrokenCheck);
+    ``stop`` set abandons a load at once (a reload while the agent shuts down)."""
     found = entry_points() if entry_points is not None else metadata.entry_points(group=ENTRY_POINT_GROUP)
     by_name = {ep.name: ep for ep in found}
     checks: list[ScheduledCheck] = []
     problems: list[ConfigProblem] = []
+    hung: dict[str, str] = {}
     for decl in decls:
         if not decl.enabled:
             continue
         kind = "python" if decl.use is not None else "entry-point"
-        if decl.use is not None:
-            missing = _missing_builtin(decl.use)
-            if missing is not None:
-                problems.append(
-                    ConfigProblem(
-                        file=decl.file or decl.origin,
-                        field=f"{field_path(decl.path)}.use" if decl.path else "use",
-                        message=missing,
-                        line=decl.line,
-                    )
-                )
-                continue
-        try:
-            factory = _load_factory(decl, entry_points=by_name)
-            check = factory(name=decl.name, context=context, options=dict(decl.options))
-        except CheckConfigError as exc:
-            problems.append(_problem(decl, exc))
+        loaded = _load(decl, context=context, entry_points=by_name, timeout=load_timeout, stop=stop, hung=hung)
+        if isinstance(loaded, ConfigProblem):
+            problems.append(loaded)
             continue
-        except Exception as exc:  # the plugin's own failure: report it, run everything else
-            log.error("check %s (%s) cannot be loaded: %s: %s", decl.name, decl.origin, type(exc).__name__, exc)
-            check = BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {type(exc).__name__}: {exc}")
-        else:
-            why = _not_a_check(check)
-            if why is not None:
-                log.error("check %s (%s): %s", decl.name, decl.origin, why)
-                check = BrokenCheck(name=decl.name, error=f"cannot load check {decl.name}: {why}")
-            elif reserved := _reserved_conditions(check):
-                problems.extend(
-                    ConfigProblem(
-                        file=decl.file or decl.origin,
-                        field=f"{field_path(decl.path)}.use" if decl.path else "use",
-                        message=f"check {decl.name} ({decl.origin}) declares a condition it may not own: {why}",
-                        line=decl.line,
-                    )
-                    for why in reserved
+        check = loaded
+        reserved = [why for spec in check.conditions if (why := reserved_condition(spec.type)) is not None]
+        if reserved:
+            problems.extend(
+                ConfigProblem(
+                    file=decl.file or decl.origin,
+                    field=f"{field_path(decl.path)}.use" if decl.path else "use",
+                    message=f"check {decl.name} ({decl.origin}) declares a condition it may not own: {why}",
+                    line=decl.line,
                 )
-                continue
+                for why in reserved
+            )
+            continue
         checks.append(
             ScheduledCheck(
                 check=check,
@@ -174,20 +343,3 @@ def _number(value: object, default: float) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
     return default
-
-
-def _reserved_conditions(check: object) -> list[str]:
-    """Why each condition type the check declares may not be declared (types others own)."""
-    specs: Sequence[ConditionSpec] = getattr(check, "conditions", ())
-    return [why for spec in specs if (why := reserved_condition(spec.type)) is not None]
-
-
-def _not_a_check(obj: object) -> str | None:
-    if not callable(getattr(obj, "run", None)):
-        return f"the factory returned {type(obj).__name__}, which has no run() method"
-    if not isinstance(getattr(obj, "name", None), str):
-        return f"the factory returned {type(obj).__name__} without a 'name'"
-    conditions = getattr(obj, "conditions", ())
-    if not isinstance(conditions, list | tuple) or not all(isinstance(c, ConditionSpec) for c in conditions):
-        return "its 'conditions' must be a list of agent.types.ConditionSpec"
-    return None

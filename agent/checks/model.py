@@ -27,6 +27,10 @@ from typing import Any, Protocol, runtime_checkable
 from agent.types import ConditionSpec, Severity
 
 ENTRY_POINT_GROUP = "node_health_agent.checks"
+# Reasons of an UNKNOWN that says the check itself cannot run (not that it could not tell this time):
+LOAD_FAILED = "CheckLoadFailed"  # a Python plugin that cannot be imported or built (a BrokenCheck)
+CANNOT_START = "CheckCannotStart"  # an executable that is missing, not executable, or that the kernel refuses
+CANNOT_RUN_REASONS = frozenset({LOAD_FAILED, CANNOT_START})
 
 
 class CheckStatus(enum.StrEnum):
@@ -93,8 +97,9 @@ class CheckConfigError(ValueError):
 class ProcessResult:
     """How one run of an external program went (see :func:`agent.checks.process.run_process`).
 
-    ``error`` is set when it could not start (``no such file``, ``permission denied``);
-    ``timed_out`` when it was killed (with its whole process group) at the timeout. ``exit_code``
+    ``error`` is set when it could not start (``no such file``, ``permission denied``), or when it was
+    ``cancelled`` (the agent is stopping); ``timed_out`` when it was killed (with everything it
+    started) at the timeout. ``exit_code``
     is the exit status, or ``-N`` when a signal N ended it, or None when it never started.
     ``stdout``/``stderr`` are decoded (UTF-8, bad bytes replaced) and cut to the requested size.
     """
@@ -107,6 +112,12 @@ class ProcessResult:
     error: str | None = None
     stdout_truncated: bool = False
     duration: float = 0.0
+    cancelled: bool = False
+
+    @property
+    def cannot_start(self) -> bool:
+        """The program could not be started at all (missing, not executable, refused by the kernel)."""
+        return self.error is not None and not self.cancelled
 
     @property
     def ok(self) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
+from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
 from agent.checks.model import RunProcess, ScheduledCheck
 from agent.checks.process import DEFAULT_PATH
 from agent.detectors import schema as log_monitor_schema
@@ -195,10 +195,15 @@ def _flag(data: Mapping[str, Any], key: str, *, default: bool, path: tuple, col:
     return value
 
 
-def _count(data: Mapping[str, Any], key: str, *, default: int, path: tuple, col: Problems) -> int:
+def _count(
+    data: Mapping[str, Any], key: str, *, default: int, path: tuple, col: Problems, maximum: int | None = None
+) -> int:
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         col.add((*path, key), f"must be a whole number of at least 1, got {value!r}")
+        return default
+    if maximum is not None and value > maximum:
+        col.add((*path, key), f"must be at most {maximum}, got {value!r}")
         return default
     return value
 
@@ -232,7 +237,9 @@ def _plugin_config(raw: Any, *, col: Problems) -> _Settings:
         invoke_interval=_duration(raw, "invoke_interval", default=DEFAULT_INVOKE_INTERVAL, path=path, col=col),
         timeout=_duration(raw, "timeout", default=DEFAULT_TIMEOUT, path=path, col=col),
         timeout_text=str(raw.get("timeout", f"{DEFAULT_TIMEOUT:g}s (default)")),
-        max_output_length=_count(raw, "max_output_length", default=DEFAULT_MAX_OUTPUT_LENGTH, path=path, col=col),
+        max_output_length=_count(
+            raw, "max_output_length", default=DEFAULT_MAX_OUTPUT_LENGTH, maximum=MAX_OUTPUT_LENGTH, path=path, col=col
+        ),
         concurrency=_count(raw, "concurrency", default=DEFAULT_CONCURRENCY, path=path, col=col),
         message_change=_flag(raw, "enable_message_change_based_condition_update", default=False, path=path, col=col),
         skip_initial_status=_flag(raw, "skip_initial_status", default=False, path=path, col=col),

@@ -1,12 +1,18 @@
 """Running an external program for a check: no shell, scrubbed environment, own process group.
 
 - The program is looked up in ``path`` (never in the agent's own ``PATH``) unless given with a
-  ``/``; it runs with only ``PATH``, ``LANG`` and ``LC_ALL`` set (plus what the caller adds).
+  ``/``; it runs with only ``PATH``, ``LANG`` and ``LC_ALL`` set (plus what the caller adds, and
+  ``NODE_HEALTH_AGENT_RUN``, the mark of this run).
 - It gets a new session, so it and everything it starts share one process group; at the timeout
   the whole group is killed with SIGKILL. When the program exits, what it left behind is killed
-  too (a plugin's background child must not outlive it or hold its output open).
-- Output is read as it comes and kept up to ``max_output`` bytes (stderr up to 4 KiB); the rest is
-  read and dropped, so a program printing 10 MB neither blocks nor costs memory.
+  too (a plugin's background child must not outlive it or hold its output open), including what
+  left the group with ``setsid``: see :mod:`agent.checks.proctree` (the agent is the child
+  subreaper of its runs; their leftovers are found by ancestry and by the run's mark, killed,
+  and reaped).
+- Output is read as it comes and kept up to ``max_output`` bytes (at most ``OUTPUT_MAX``, 1 MiB,
+  whatever the caller asks; stderr up to 4 KiB); the rest is read, one ``READ_SIZE`` chunk at a
+  time, and dropped, so a program printing 100 MB neither blocks nor costs more than what is kept
+  plus one chunk.
 - Nothing here raises for the program's sake: a missing or non-executable program, or one the
   kernel refuses to start, comes back as :class:`ProcessResult` with ``error`` set.
 """
@@ -19,16 +25,17 @@ import os
 import selectors
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from agent.checks import proctree
 from agent.checks.model import ProcessResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STDERR_MAX = 4096
-READ_SIZE = 65536
+OUTPUT_MAX = 1 << 20  # bytes of stdout kept, at most, whatever ``max_output`` asks
+READ_SIZE = 65536  # bytes read at once: the most held beyond what is kept
 EXIT_GRACE = 0.2  # after the program exits, how long its output may still drain
 
 
@@ -85,18 +92,12 @@ def run_process(
     if program is None:
         return ProcessResult(argv=args, exit_code=None, error=why)
     environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}
+    max_output = min(max(0, max_output), OUTPUT_MAX)
+    proctree.become_subreaper()
+    mark = proctree.new_mark()
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [program, *args[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=environment,
-            cwd=cwd,
-            start_new_session=True,
-            close_fds=True,
-        )
+        proc = proctree.start([program, *args[1:]], env=environment, cwd=cwd, mark=mark)
     except OSError as exc:
         reason = "exec format error (a script without #! line?)" if exc.errno == errno.ENOEXEC else exc.strerror
         return ProcessResult(argv=args, exit_code=None, error=f"cannot start: {reason or exc}")
@@ -145,14 +146,18 @@ def run_process(
                     timed_out = True
                     break
                 time.sleep(0.01)
-    _kill_group(proc.pid)  # on timeout: everything; otherwise: whatever the program left behind
-    code = proc.wait()
+    # On timeout: everything; otherwise: whatever the program left behind, in its group or not.
+    killed = proctree.kill_leftovers(proc.pid, mark)
+    _kill_group(proc.pid)
+    code = proctree.wait(proc)
+    proctree.settle(killed)  # reap the leftovers the agent adopted (and any other orphan that exited)
     for pipe in (proc.stdout, proc.stderr):
         pipe.close()
     return ProcessResult(
         argv=args,
         exit_code=None if timed_out or cancelled else code,
         error="cancelled: the agent is stopping (process group killed)" if cancelled else None,
+        cancelled=cancelled,
         stdout=out.decode("utf-8", errors="replace"),
         stderr=err.decode("utf-8", errors="replace"),
         timed_out=timed_out,

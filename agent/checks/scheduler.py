@@ -6,8 +6,11 @@
 - A run that passes its timeout is reported at once as UNKNOWN ("timed out") and its slot is
   freed; the check itself is not started again until the stuck call returns (a Python thread
   cannot be killed; executables are, with their process group, by the process runner).
-- A check that raises, or returns something that is not a list of results, is UNKNOWN with the
-  error: never a crash, never a PROBLEM.
+- A check that raises (anything: ``sys.exit()`` in ``run()`` is a SystemExit in a worker thread),
+  or returns something that is not a list of well-formed results (:func:`validate_results`: every
+  field of every result is checked and copied), is UNKNOWN with the error: never a crash, never a
+  PROBLEM. Nothing a plugin returns or raises reaches the scheduler thread, the main loop or a sink;
+  the scheduler reads a check's ``conditions`` once, when it is given the check.
 - Reports go into the inbox; the main loop judges them (:mod:`agent.checks.judge`). The scheduler
   decides nothing about the node. Its figures (:class:`CheckStats`) feed the metrics.
 - :meth:`replace` swaps the whole set atomically (hot reload): checks that stay keep their
@@ -18,20 +21,38 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import random
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.checks.model import CheckReport, CheckResult, CheckStatus, ScheduledCheck
+from agent.checks.guard import describe
+from agent.checks.model import (
+    CANNOT_RUN_REASONS,
+    LOAD_FAILED,
+    CheckReport,
+    CheckResult,
+    CheckStatus,
+    ScheduledCheck,
+    Value,
+)
 from agent.runtime import Inbox
+from agent.types import ConditionSpec, Severity
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 4
 MESSAGE_MAX = 1024  # characters of a result's message
+MAX_RESULTS = 256  # results of one run
+MAX_VALUES = 1024  # values of one result
+MAX_LABELS = 16  # labels of one value
+DETAIL_CHECKS = 10  # checks named in /healthz details
+_METRIC_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 STOP_WAIT = 1.0  # at shutdown, how long running checks get to end (tools are killed at once)
 
 
@@ -48,30 +69,30 @@ class CheckStats:
     runs: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in CheckStatus})
     errors: dict[str, int] = field(default_factory=lambda: {"timeout": 0, "exception": 0, "invalid": 0})
     values: tuple = ()  # the last run's Values
+    cannot_run: str | None = None  # why the check cannot run at all (plugin missing, not loadable), else None
 
 
 @dataclass(slots=True)
 class _Slot:
     spec: ScheduledCheck
     due: float  # monotonic
+    declared: tuple[str, ...] = ()  # the condition types the check declares, read once
     running_since: float | None = None
     abandoned: bool = False  # timed out: reported, slot freed, waiting for the call to return
     outcome: tuple[Sequence[CheckResult] | None, str | None] | None = None  # (results, error) when done
 
 
-def _unknown(spec: ScheduledCheck, message: str) -> tuple[CheckResult, ...]:
-    conditions = [c.type for c in getattr(spec.check, "conditions", ()) or ()]
-    if not conditions:
+def _unknown(declared: Sequence[str], message: str) -> tuple[CheckResult, ...]:
+    if not declared:
         return (CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason="CheckFailed", message=message),)
     return tuple(
-        CheckResult(status=CheckStatus.UNKNOWN, condition=c, reason="CheckFailed", message=message) for c in conditions
+        CheckResult(status=CheckStatus.UNKNOWN, condition=c, reason="CheckFailed", message=message) for c in declared
     )
 
 
-def _declared_only(spec: ScheduledCheck, results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
+def _declared_only(name: str, declared: Sequence[str], results: tuple[CheckResult, ...]) -> tuple[CheckResult, ...]:
     """Messages cut to ``MESSAGE_MAX``; a result for a condition the check does not own (the state would
     drop it) becomes UNKNOWN saying so."""
-    declared = {c.type for c in getattr(spec.check, "conditions", ()) or ()}
     out = []
     for r in results:
         if len(r.message) > MESSAGE_MAX:  # it becomes a condition message and an Event: keep them small
@@ -84,33 +105,113 @@ def _declared_only(spec: ScheduledCheck, results: tuple[CheckResult, ...]) -> tu
                     status=CheckStatus.UNKNOWN,
                     condition=None,
                     reason="CheckResultInvalid",
-                    message=f"check {spec.name} reported condition {r.condition!r}, which it does not declare "
+                    message=f"check {name} reported condition {r.condition!r}, which it does not declare "
                     f"(declared: {', '.join(sorted(declared)) or 'none'})",
                 )
             )
     return tuple(out)
 
 
+def declared_conditions(check: object) -> tuple[str, ...]:
+    """The condition types ``check`` declares, read once (the loader already checked a plugin's; this
+    guards checks built elsewhere): an attribute that raises or holds garbage declares nothing."""
+    try:
+        conditions = getattr(check, "conditions", ()) or ()
+        return tuple(c.type for c in conditions if isinstance(c, ConditionSpec) and isinstance(c.type, str))
+    except Exception as exc:  # never let a check's attribute take the scheduler down (no plugin code in the message)
+        log.error("a %s's conditions cannot be read (%s); it declares none", type(check).__name__, type(exc).__name__)
+        return ()
+
+
+def _show(value: object) -> str:
+    """A short description of a value a plugin returned, without calling the plugin's own code."""
+    if value is None or type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) is str:
+        return repr(value[:40]) + ("…" if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
+def _text(value: object, what: str, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise ValueError(f"{what} must be a {'non-empty ' if not empty else ''}str, not {_show(value)}")
+    return str.__str__(value)
+
+
+def _value(v: object, where: str) -> Value:
+    if not isinstance(v, Value):
+        raise ValueError(f"{where} must be a Value, not {_show(v)}")
+    name, number, labels = v.name, v.value, v.labels
+    if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
+        raise ValueError(f"{where}.name must match [a-z_][a-z0-9_]*, not {_show(name)}")
+    if not isinstance(number, int | float) or isinstance(number, bool) or not math.isfinite(number):
+        raise ValueError(f"{where}.value must be a finite number, not {_show(number)}")
+    if not isinstance(labels, Mapping) or len(labels) > MAX_LABELS:
+        raise ValueError(f"{where}.labels must be a mapping of at most {MAX_LABELS} labels")
+    clean: dict[str, str] = {}
+    for key, text in labels.items():
+        if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key) or key == "check":
+            raise ValueError(f"{where}.labels: label name {_show(key)} is not a Prometheus label name (or is 'check')")
+        clean[str.__str__(key)] = _text(text, f"{where}.labels[{key!r}]")
+    return Value(name=str.__str__(name), value=float(number), labels=clean)
+
+
+def _result(r: CheckResult, where: str) -> CheckResult:
+    """A copy of ``r`` made of checked plain values (ValueError naming the bad field)."""
+    status, condition, severity, values, repeat = r.status, r.condition, r.severity, r.values, r.repeat_event
+    if not isinstance(status, CheckStatus):
+        raise ValueError(f"{where}.status must be a CheckStatus, not {_show(status)}")
+    if not isinstance(severity, Severity):
+        raise ValueError(f"{where}.severity must be a Severity, not {_show(severity)}")
+    if not isinstance(repeat, bool):
+        raise ValueError(f"{where}.repeat_event must be a bool, not {_show(repeat)}")
+    if not isinstance(values, list | tuple) or len(values) > MAX_VALUES:
+        raise ValueError(f"{where}.values must be a tuple of at most {MAX_VALUES} Value")
+    return CheckResult(
+        status=status,
+        condition=None if condition is None else _text(condition, f"{where}.condition", empty=False),
+        # An OK warning may have no reason (an NPD temporary rule has no healthy reason); anything else needs one.
+        reason=_text(r.reason, f"{where}.reason", empty=status is CheckStatus.OK and condition is None),
+        message=_text(r.message, f"{where}.message"),
+        severity=severity,
+        values=tuple(_value(v, f"{where}.values[{i}]") for i, v in enumerate(values)),
+        repeat_event=repeat,
+    )
+
+
 def validate_results(value: object) -> tuple[tuple[CheckResult, ...] | None, str | None]:
-    """(results, None) when ``value`` is a sequence of CheckResult, else (None, what is wrong)."""
+    """(results, None) when ``value`` is a sequence of well-formed CheckResults, else (None, what is wrong).
+
+    Every field is checked and the results copied, so only plain values of the right types reach the
+    main loop and the sinks: ``message=None``, a status that is not a CheckStatus, a NaN value or a
+    label that is not a string make the whole run UNKNOWN ("invalid"), naming the field."""
     if isinstance(value, CheckResult):
-        return (value,), None
+        value = (value,)
     if not isinstance(value, list | tuple):
         return None, f"run() returned {type(value).__name__}, not a list of CheckResult"
+    if len(value) > MAX_RESULTS:
+        return None, f"run() returned {len(value)} results (at most {MAX_RESULTS})"
     bad = [type(r).__name__ for r in value if not isinstance(r, CheckResult)]
     if bad:
         return None, f"run() returned a list with {bad[0]} items, not CheckResult"
-    return tuple(value), None
+    try:
+        return tuple(_result(r, f"result[{i}]") for i, r in enumerate(value)), None
+    except ValueError as exc:
+        return None, f"run() returned an invalid result: {exc}"
 
 
 def call_check(spec: ScheduledCheck) -> tuple[tuple[CheckResult, ...] | None, str | None]:
-    """Run one check in the current thread; (results, None) or (None, the error)."""
+    """Run one check in the current (worker) thread; (results, None) or (None, the error).
+
+    Whatever the plugin raises is caught, ``BaseException`` included: a ``sys.exit()`` in ``run()``
+    raises SystemExit in this worker thread, which would otherwise end the thread silently and leave
+    the check "running" for ever."""
     try:
-        value = spec.check.run()
-    except Exception as exc:  # a plugin's bug must never reach the agent
-        log.warning("check %s raised %s: %s", spec.name, type(exc).__name__, exc, exc_info=True)
-        return None, f"raised {type(exc).__name__}: {exc}"
-    return validate_results(value)
+        return validate_results(spec.check.run())
+    except BaseException as exc:  # noqa: BLE001 - a plugin's bug (SystemExit included) must never reach the agent
+        error = describe(exc)
+        log.warning("check %s raised %s", spec.name, error, exc_info=isinstance(exc, Exception))
+        return None, f"raised {error}"
 
 
 class CheckScheduler:
@@ -157,9 +258,10 @@ class CheckScheduler:
                 old = self._slots.get(spec.name)
                 if old is not None:
                     old.spec = spec
+                    old.declared = declared_conditions(spec.check)
                     slots[spec.name] = old
                 else:
-                    slots[spec.name] = _Slot(spec=spec, due=now)
+                    slots[spec.name] = _Slot(spec=spec, due=now, declared=declared_conditions(spec.check))
             self._slots = slots
             self.stats = {s.name: self.stats.get(s.name) or CheckStats(kind=s.kind, origin=s.origin) for s in checks}
             for s in checks:
@@ -301,10 +403,13 @@ class CheckScheduler:
         spec = slot.spec
 
         def work() -> None:
-            outcome = call_check(spec)
-            with self._wake:
-                slot.outcome = outcome
-                self._wake.notify_all()
+            outcome: tuple[Sequence[CheckResult] | None, str | None] = (None, "the run ended without an outcome")
+            try:
+                outcome = call_check(spec)
+            finally:  # whatever happens, the slot hears of it: a run is never "running" for ever
+                with self._wake:
+                    slot.outcome = outcome
+                    self._wake.notify_all()
 
         return work
 
@@ -322,8 +427,8 @@ class CheckScheduler:
         if results is None:
             if counted:
                 stats.errors["invalid" if error and error.startswith("run() returned") else "exception"] += 1
-            results = _unknown(spec, f"check {spec.name}: {error}")
-        results = _declared_only(spec, tuple(results))
+            results = _unknown(slot.declared, f"check {spec.name}: {error}")
+        results = _declared_only(spec.name, slot.declared, tuple(results))
         statuses = {r.status for r in results}
         status = (
             CheckStatus.PROBLEM
@@ -338,8 +443,10 @@ class CheckScheduler:
         stats.runs[status.value] += 1
         stats.last_message = "; ".join(r.message for r in results if r.status is status)[:300]
         if error is None:
-            stats.last_success = now
+            if status is not CheckStatus.UNKNOWN:
+                stats.last_success = now
             stats.values = tuple(v for r in results for v in r.values)
+        self._note_cannot_run(spec.name, stats, results)
         return CheckReport(
             check=spec.name,
             results=results,
@@ -348,6 +455,29 @@ class CheckScheduler:
             failure_threshold=spec.failure_threshold,
             success_threshold=spec.success_threshold,
         )
+
+    @staticmethod
+    def _note_cannot_run(name: str, stats: CheckStats, results: Sequence[CheckResult]) -> None:
+        """Track whether the check can run at all; log when that changes, not on every run."""
+        why = None
+        if results and all(r.status is CheckStatus.UNKNOWN and r.reason in CANNOT_RUN_REASONS for r in results):
+            why = results[0].message[:300]
+        if why == stats.cannot_run:
+            return
+        if why is None:
+            log.info("check %s runs again", name)
+        elif results[0].reason != LOAD_FAILED:  # a plugin that failed to load was logged by the loader
+            log.warning("check %s cannot run: %s (logged once; /healthz details show it until it runs)", name, why)
+        stats.cannot_run = why
+
+    def detail(self) -> str | None:
+        """For ``/healthz`` details: the checks that cannot run at all (a missing plugin, a broken import)."""
+        broken = sorted((name, s.cannot_run) for name, s in self.stats.items() if s.cannot_run)
+        if not broken:
+            return None
+        shown = "; ".join(f"{name}: {why}" for name, why in broken[:DETAIL_CHECKS])
+        more = f"; and {len(broken) - DETAIL_CHECKS} more" if len(broken) > DETAIL_CHECKS else ""
+        return f"{len(broken)} check{'s' if len(broken) != 1 else ''} cannot run: {shown}{more}"
 
     # ---- once, for the CLI -------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@
 - ``node_health_agent_check_runs_total{check,outcome}``: runs by outcome.
 - ``node_health_agent_check_errors_total{check,error}``: the agent's own trouble running it
   (``timeout``, ``exception``, ``invalid`` result): the self-health signal, never the node's.
+- ``node_health_agent_check_cannot_run{check}``: 1 while the check cannot run at all (its executable
+  is missing or not executable, its Python plugin cannot be loaded), else 0.
 - ``node_health_agent_check_<value>{check,...}``: the labelled values the checks report
   (ECC counts, link states, allocatable devices, ...).
 """
@@ -48,6 +50,11 @@ class CheckCollector:
             "The agent's own trouble running the check (timeout, exception, invalid result).",
             labels=["check", "error"],
         )
+        cannot_run = GaugeMetricFamily(
+            PREFIX + "cannot_run",
+            "1 while the check cannot run at all (plugin missing, not executable, or not loadable).",
+            labels=["check"],
+        )
         values: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
         for name, s in sorted(stats.items()):
             for st in CheckStatus:
@@ -60,10 +67,11 @@ class CheckCollector:
                 runs.add_metric([name, outcome], n)
             for error, n in s.errors.items():
                 errors.add_metric([name, error], n)
+            cannot_run.add_metric([name], 1.0 if s.cannot_run else 0.0)
             for v in s.values:
                 if _NAME_RE.match(v.name) and all(_LABEL_RE.match(k) and k != "check" for k in v.labels):
                     values.setdefault(v.name, []).append((name, v.labels, float(v.value)))
-        yield from (status, duration, success, runs, errors)
+        yield from (status, duration, success, runs, errors, cannot_run)
         for value_name, samples in sorted(values.items()):
             keys = sorted({k for _, labels, _ in samples for k in labels})
             family = GaugeMetricFamily(PREFIX + value_name, f"Check value {value_name}.", labels=["check", *keys])

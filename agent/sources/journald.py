@@ -4,7 +4,13 @@ node-problem-detector links libsystemd; this source runs ``journalctl`` instead 
 load) and reads its JSON output::
 
     journalctl --follow --output=json --no-pager --all --lines=all --since=@<start - lookback>
-               [--directory=<logPath>] SYSLOG_IDENTIFIER=<pluginConfig.source>
+               [--directory=<logPath>] SYSLOG_IDENTIFIER=<pluginConfig.source> [_TRANSPORT=kernel]
+
+``SYSLOG_IDENTIFIER`` is whatever the sender says: any local user can write ``logger -t kernel
+"NVRM: Xid ..."``. So for ``source: kernel`` the entries must also have ``_TRANSPORT=kernel``, a
+trusted field (journald sets the fields starting with ``_`` itself; a client cannot), which only
+messages read from the kernel's own log carry. Other identifiers (``dockerd``, ``kubelet``) can be
+written by any user; see plugins/README.md, "Who can write to a log source".
 
 ``--all`` keeps fields over 4096 bytes (journalctl prints them as ``null`` otherwise); ``--lines=all``
 because with ``--after-cursor`` and ``--follow`` journalctl 252 prints only the first 10 entries of the
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.backoff import Backoff
+from agent.checks import proctree
 from agent.checks.process import DEFAULT_PATH, resolve
 from agent.sources.kmsg import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
@@ -48,6 +55,7 @@ MAX_JSON_LINE = 1 << 20  # bytes: a longer output line (entry) is dropped
 READ_SIZE = 64 * 1024
 STDERR_KEEP = 4096  # bytes of journalctl's stderr kept for the error message
 EXIT_GRACE = 0.5  # seconds journalctl may take to exit after closing its output
+KERNEL_SOURCE = "kernel"  # the identifier journald gives kernel messages; any user can log under it too
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +106,8 @@ def build_command(
     if config.directory:
         argv.append(f"--directory={config.directory}")
     argv.append(f"SYSLOG_IDENTIFIER={config.source}")
+    if config.source == KERNEL_SOURCE:
+        argv.append("_TRANSPORT=kernel")  # ANDed with the identifier: only what the kernel itself logged
     return argv
 
 
@@ -185,7 +195,7 @@ class _Process:
             time.sleep(0.01)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the group id is its pid
-        code = self.proc.wait()
+        code = proctree.wait(self.proc)
         proc = self.proc
         self.read_stderr()
         self.selector.close()
@@ -352,15 +362,7 @@ class JournalSource:
         argv = self.command(binary)
         env = {"PATH": self._path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = proctree.start(argv, env=env)  # known to the agent's reaper: never taken for an orphan
         except OSError as exc:
             return self._failed(f"cannot start {binary}: {exc.strerror or exc}")
         self._process = _Process(proc)
