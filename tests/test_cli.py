@@ -264,3 +264,31 @@ def test_an_empty_pattern_is_refused_saying_what_npd_would_do(tmp_path, capsys):
     assert "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "served"),
+    [
+        (["run"], {}, False),  # Kubernetes mode: kernel-log text stays off the pod network unless asked for
+        (["run", "--standalone"], {}, True),
+        (["run"], {"NHA_SERVE_CONDITIONS": "true"}, True),
+        (["run", "--serve-conditions", "true"], {}, True),
+        (["run", "--standalone", "--serve-conditions", "false"], {}, False),
+        (["run", "--standalone"], {"NHA_SERVE_CONDITIONS": "false"}, False),
+    ],
+)
+def test_conditions_endpoint_default_follows_the_mode(monkeypatch, argv, env, served):
+    from agent.cli import build_parser
+    from agent.settings import build_settings
+
+    for name in ("NHA_SERVE_CONDITIONS", "NHA_STANDALONE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert build_settings(build_parser().parse_args(argv)).serve_conditions is served
+
+
+def test_a_bad_serve_conditions_value_exits_2():
+    proc = run_cli("run", "--standalone", "--serve-conditions", "perhaps")
+    assert proc.returncode == 2
+    assert "--serve-conditions / NHA_SERVE_CONDITIONS" in proc.stderr
