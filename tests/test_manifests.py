@@ -25,14 +25,14 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-from k8stools import kube_tools  # noqa: E402
-
 from agent.agentconfig import build_scheduled_checks, load_agent_config  # noqa: E402
 from agent.checks.loader import BrokenCheck  # noqa: E402
 from agent.checks.model import CheckContext  # noqa: E402
 from agent.configfiles import Kind  # noqa: E402
 from agent.detectors.rulepack import load_rule_set  # noqa: E402
 from agent.settings import rule_dirs  # noqa: E402
+
+from k8stools import kube_tools  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET_DIR = REPO / "daemonset"

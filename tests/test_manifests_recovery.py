@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from k8stools import kube_tools
 
 from agent.settings import parse_enable_recovery
+
+from k8stools import kube_tools
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO / "daemonset"
