@@ -136,6 +136,20 @@ def test_helm_and_kustomize_render_the_same_objects(pairs, overlay: str, values:
 # ---- lint, render, validate every documented example -----------------------------------------------------------
 
 
+OVERLAYS = sorted(p.name for p in (DAEMONSET / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+
+
+def test_every_overlay_has_a_helm_equivalent() -> None:
+    assert OVERLAYS == sorted(overlay for overlay, _, _ in PAIRS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_renders_valid_objects(pairs, overlay: str) -> None:
+    kustomized, _ = pairs[overlay]
+    for doc in kustomized:
+        validate(doc)
+
+
 def test_every_example_is_documented() -> None:
     docs = (REPO / "docs" / "deploy.md").read_text()
     missing = [p.name for p in EXAMPLE_FILES if f"examples/{p.name}" not in docs]

@@ -1,8 +1,8 @@
 """The kustomize manifests under daemonset/: render every overlay and check the deployment contract.
 
 Each overlay is rendered once with ``kubectl kustomize`` (kubectl 1.33 from tests/k8stools.py).
-Built-in kinds are schema-validated with ``kubernetes_validate`` (strict: unknown fields fail);
-Prometheus Operator objects are checked structurally. The assertions encode the privilege split:
+Built-in kinds are schema-validated with ``kubernetes_validate`` (strict: unknown fields fail) and
+Prometheus Operator objects checked structurally, by tests/k8srender.py. The assertions encode the privilege split:
 only the kmsg relay is privileged, only the chown init container also runs as root, and the API
 token reaches the unprivileged agent container alone, with exactly the RBAC it needs. The host's
 /sys and /dev reach the agent read-only, and only in the overlays whose checks read them; each
@@ -11,7 +11,6 @@ overlay's rules.yaml and checks.yaml load, with its packs, into checks that buil
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -23,8 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-
 from agent.agentconfig import build_scheduled_checks, load_agent_config  # noqa: E402
 from agent.checks.loader import BrokenCheck  # noqa: E402
 from agent.checks.model import CheckContext  # noqa: E402
@@ -32,7 +29,8 @@ from agent.configfiles import Kind  # noqa: E402
 from agent.detectors.rulepack import load_rule_set  # noqa: E402
 from agent.settings import rule_dirs  # noqa: E402
 
-from k8stools import kube_tools  # noqa: E402
+from k8srender import validate
+from k8stools import kube_tools
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET_DIR = REPO / "daemonset"
@@ -40,8 +38,6 @@ COMPONENT = DAEMONSET_DIR / "components" / "prometheus-operator"
 
 NAMESPACE = "node-health-agent"
 NAME = "node-health-agent"
-# The oldest Kubernetes minor the docs claim, one in the middle, and a recent one.
-K8S_VERSIONS = ("1.29.0", "1.32.0", "1.35.0")
 
 RELAY = "kmsg-relay"
 AGENT = "agent"
@@ -79,7 +75,6 @@ EXPECTED_RBAC = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
-
 
 
 Term = tuple[tuple[str, str, tuple[str, ...]], ...]
@@ -278,52 +273,11 @@ byvariant = pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VA
 # --------------------------------------------------------------------------- schema and inventory
 
 
-def _check_prometheus_object(obj: dict[str, Any]) -> None:
-    """Structural check of the two Prometheus Operator CRDs we ship (no CRD schema available offline)."""
-    assert obj["apiVersion"] == "monitoring.coreos.com/v1"
-    assert obj["metadata"]["namespace"] == NAMESPACE
-    spec = obj["spec"]
-    if obj["kind"] == "PodMonitor":
-        assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"}
-        assert isinstance(spec["selector"]["matchLabels"], dict)
-        for ep in spec["podMetricsEndpoints"]:
-            assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings"}
-            for r in ep.get("relabelings", []):
-                assert set(r) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement", "separator"}
-    elif obj["kind"] == "PrometheusRule":
-        assert set(spec) == {"groups"}
-        for group in spec["groups"]:
-            assert set(group) <= {"name", "interval", "rules"} and group["rules"]
-            for rule in group["rules"]:
-                assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
-                assert isinstance(rule["alert"], str) and isinstance(rule["expr"], str)
-                assert rule["labels"]["severity"] in {"warning", "critical"}
-                assert rule["annotations"]["summary"]
-                if "for" in rule:
-                    assert re.fullmatch(r"\d+[smh]", rule["for"])
-    else:
-        raise AssertionError(f"unexpected kind {obj['kind']}")
-
-
-_validated: set[str] = set()
-
-
 @byvariant
 def test_renders_valid_objects(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
-    docs = rendered[variant.name]
-    for obj in docs:
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            _check_prometheus_object(obj)
-            continue
-        key = json.dumps(obj, sort_keys=True)
-        if key in _validated:  # the same object from another variant: already validated
-            continue
-        _validated.add(key)
-        for version in K8S_VERSIONS:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {exc}")
+    """Built-in kinds against the Kubernetes schemas; the Prometheus Operator objects structurally (k8srender)."""
+    for obj in rendered[variant.name]:
+        validate(obj)
 
 
 @byvariant
