@@ -140,7 +140,7 @@ OVERLAYS = sorted(p.name for p in (DAEMONSET / "overlays").iterdir() if (p / "ku
 
 
 def test_every_overlay_has_a_helm_equivalent() -> None:
-    assert OVERLAYS == sorted(overlay for overlay, _, _ in PAIRS)
+    assert sorted(overlay for overlay, _, _ in PAIRS) == OVERLAYS
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
