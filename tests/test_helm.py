@@ -23,6 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.agentconfig import build_scheduled_checks, load_agent_config
+from agent.checks.model import CheckContext
+from agent.recovery.policyfile import load_policy
+from agent.settings import rule_dirs
+
 from k8srender import CHART, DAEMONSET, EXAMPLES, NAMESPACE, REPO, Obj, helm, helm_template, kustomize, one, validate
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -172,6 +177,33 @@ def test_every_example_renders_valid_objects(values: Path | None) -> None:
     assert any(d["kind"] == "DaemonSet" for d in docs)
     for doc in docs:
         validate(doc)
+
+
+@pytest.mark.parametrize("values", EXAMPLE_FILES, ids=[p.stem for p in EXAMPLE_FILES])
+def test_every_examples_configuration_loads_in_the_agent(values: Path, tmp_path: Path) -> None:
+    """What each agent would load: its ConfigMap's files after its packs (rules, checks, recovery policy)."""
+    docs = helm_template(values)
+    config_maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+        env = {e["name"]: e.get("value") for e in agent["env"]}
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "rules"]
+        where = tmp_path / ds["metadata"]["name"]
+        where.mkdir()
+        for name, text in config_maps[volume["configMap"]["name"]].items():
+            (where / name).write_text(text)
+        files = [
+            where / Path(a).name
+            for a, flag in zip(agent["args"][1:], agent["args"], strict=False)
+            if flag == "--config"
+        ]
+        config = load_agent_config(
+            [*rule_dirs(plugins_dirs=None, packs=[env["NHA_PACKS"]]), *files], entry_points=lambda: ()
+        )
+        build_scheduled_checks(config, context=CheckContext(state_dir=tmp_path), entry_points=lambda: ())
+        if "NHA_RECOVERY_POLICY" in env:
+            load_policy(where / Path(env["NHA_RECOVERY_POLICY"]).name)
 
 
 def test_mixed_install_has_no_colliding_objects() -> None:
