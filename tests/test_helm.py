@@ -220,6 +220,28 @@ def test_mixed_install_has_no_colliding_objects() -> None:
     assert len(set(selectors)) == 3, "each DaemonSet selects only its own pods"
 
 
+def test_extra_volumes_reach_the_agent_only() -> None:
+    """extraVolumes / extraVolumeMounts (e.g. exec check plugins from a ConfigMap) go to the agent container alone."""
+    sets = (
+        "extraVolumes[0].name=plugins",
+        "extraVolumes[0].configMap.name=my-checks",
+        "extraVolumes[0].configMap.defaultMode=493",  # 0755
+        "extraVolumeMounts[0].name=plugins",
+        "extraVolumeMounts[0].mountPath=/etc/node-health-agent/plugins",
+        "extraVolumeMounts[0].readOnly=true",
+    )
+    for ds in (d for d in helm_template(EXAMPLES / "mixed.yaml", sets=sets) if d["kind"] == "DaemonSet"):
+        validate(ds)
+        pod = ds["spec"]["template"]["spec"]
+        assert {"name": "plugins", "configMap": {"name": "my-checks", "defaultMode": 493}} in pod["volumes"]
+        holders = {
+            c["name"]
+            for c in [*pod["initContainers"], *pod["containers"]]
+            if any(m["name"] == "plugins" for m in c.get("volumeMounts", []))
+        }
+        assert holders == {"agent"}
+
+
 def test_image_follows_the_release() -> None:
     """The chart's appVersion, the kustomize images: tag and the package version are one version."""
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

@@ -119,6 +119,36 @@ def test_chart_runs_at_most_one_agent_per_node_and_one_everywhere_with_generic(e
             assert [n for n, ds in by_name.items() if schedules(ds, labels)] == [f"node-health-agent-{accelerator}"]
 
 
+def test_mixed_agents_are_the_single_kind_agents_but_for_their_nodes() -> None:
+    """The mixed overlay changes only node affinity: each DaemonSet and ConfigMap is otherwise the one of the
+    single-kind overlay (whose privilege split, mounts and RBAC tests/test_manifests.py checks)."""
+    mixed = kustomize(DAEMONSET / "overlays" / "mixed")
+    for kind in ("neuron", "nvidia", "generic"):
+        single = kustomize(DAEMONSET / "overlays" / kind)
+        for obj_kind in ("DaemonSet", "ConfigMap"):
+            (a,) = [
+                d
+                for d in mixed
+                if d["kind"] == obj_kind
+                and d["metadata"]["name"].startswith(
+                    f"node-health-agent-{'rules-' if obj_kind == 'ConfigMap' else ''}{kind}"
+                )
+            ]
+            (b,) = [d for d in single if d["kind"] == obj_kind]
+            if obj_kind == "DaemonSet":
+                for obj in (a, b):
+                    del obj["spec"]["template"]["spec"]["affinity"]
+            assert a == b, f"{obj_kind} {kind}"
+    assert {d["kind"] for d in mixed} == {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+    }
+
+
 def test_the_node_evaluator_sees_an_overlap() -> None:
     """Two DaemonSets selecting the same nodes are caught (the tests above are not vacuous)."""
     docs = kustomize(DAEMONSET / "overlays" / "neuron") + kustomize(DAEMONSET / "overlays" / "generic")
