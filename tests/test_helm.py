@@ -242,6 +242,24 @@ def test_extra_volumes_reach_the_agent_only() -> None:
         assert holders == {"agent"}
 
 
+def test_a_configuration_change_rolls_only_the_agents_it_changes() -> None:
+    """Each pod template carries its own ConfigMap's checksum (kustomize: the hashed ConfigMap name)."""
+
+    def checksums(*sets: str) -> dict[str, str]:
+        docs = helm_template(EXAMPLES / "mixed.yaml", sets=sets)
+        return {
+            d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for d in docs
+            if d["kind"] == "DaemonSet"
+        }
+
+    before = checksums()
+    nvidia = checksums("accelerators.nvidia.checks.checks[0].name=gpu-count")
+    assert [n for n in before if before[n] != nvidia[n]] == ["node-health-agent-nvidia"]
+    everyone = checksums("recovery.policy.startupDelay=2m")
+    assert all(before[n] != everyone[n] for n in before)
+
+
 def test_image_follows_the_release() -> None:
     """The chart's appVersion, the kustomize images: tag and the package version are one version."""
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

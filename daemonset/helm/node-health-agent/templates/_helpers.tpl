@@ -72,3 +72,31 @@ accelerators before it in nha.order that are enabled; generic is one term with a
 {{- range $name := keys .Values.extraConfigFiles | sortAlpha }}{{ $files = append $files $name }}{{ end }}
 {{- join "," $files }}
 {{- end }}
+
+
+{{/* The data of one agent's ConfigMap ({"root": $, "name": <accelerator>}); its checksum rolls that agent's pods. */}}
+{{- define "nha.configData" -}}
+{{- $ := .root }}
+{{- $acc := index $.Values.accelerators .name -}}
+rules.yaml: |
+  {{- if $acc.rules }}
+  {{- toYaml $acc.rules | nindent 2 }}
+  {{- else }}
+  {{- $.Files.Get (printf "files/variants/%s/rules.yaml" .name) | nindent 2 }}
+  {{- end }}
+checks.yaml: |
+  {{- if $acc.checks }}
+  {{- toYaml $acc.checks | nindent 2 }}
+  {{- else }}
+  {{- $.Files.Get (printf "files/variants/%s/checks.yaml" .name) | nindent 2 }}
+  {{- end }}
+{{- if $.Values.recovery.policy }}
+recovery-policy.yaml: |
+  {{- toYaml $.Values.recovery.policy | nindent 2 }}
+{{- end }}
+{{- range $file := keys $.Values.extraConfigFiles | sortAlpha }}
+{{ $file }}: |
+  {{- $doc := index $.Values.extraConfigFiles $file }}
+  {{- if kindIs "string" $doc }}{{ $doc | nindent 2 }}{{ else }}{{ toYaml $doc | nindent 2 }}{{ end }}
+{{- end }}
+{{- end }}
