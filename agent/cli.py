@@ -161,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"HTTP address for /metrics, /healthz, /conditions; 0 disables (default {DEFAULT_LISTEN})",
     )
     run.add_argument(
+        "--serve-conditions",
+        default=env_default("serve-conditions"),
+        metavar="BOOL",
+        help="serve /conditions (the current conditions as JSON, with kernel-log text in their messages); default "
+        "true with --standalone, false in Kubernetes mode, where `kubectl get node` shows the same (env "
+        "NHA_SERVE_CONDITIONS)",
+    )
+    run.add_argument(
         "--state-dir",
         default=env_default("state-dir", str(DEFAULT_STATE_DIR)),
         help=f"where the kmsg cursor survives restarts (default {DEFAULT_STATE_DIR})",

@@ -62,7 +62,7 @@ class AgentHTTPServer:
     """Serves the agent's endpoints from one thread; see the module docstring.
 
     ``health()`` returns ``(ok, body)``: 200 when ok else 503, with ``body`` as JSON.
-    ``conditions()`` returns the JSON-able ``/conditions`` document.
+    ``conditions()`` returns the JSON-able ``/conditions`` document; ``None`` turns ``/conditions`` off (404).
     """
 
     def __init__(
@@ -72,7 +72,7 @@ class AgentHTTPServer:
         port: int,
         registry: CollectorRegistry,
         health: Callable[[], tuple[bool, Any]],
-        conditions: Callable[[], Any],
+        conditions: Callable[[], Any] | None,
         request_timeout: float = 5.0,
         max_connections: int = 1024,
         backlog: int = 1024,
@@ -278,8 +278,11 @@ class AgentHTTPServer:
             ok, body = self._health()
             return (HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE), _json(body), JSON
         if path == "/conditions":
+            if self._conditions is None:
+                return HTTPStatus.NOT_FOUND, b"/conditions is off: run with --serve-conditions true\n", TEXT
             return HTTPStatus.OK, _json(self._conditions(), indent=2), JSON
-        return HTTPStatus.NOT_FOUND, f"not found: try {', '.join(ENDPOINTS)}\n".encode(), TEXT
+        endpoints = [e for e in ENDPOINTS if e != "/conditions" or self._conditions is not None]
+        return HTTPStatus.NOT_FOUND, f"not found: try {', '.join(endpoints)}\n".encode(), TEXT
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class Settings:
     kmsg_path: Path
     kmsg_relay: Path | None
     listen: Listen | None  # None = HTTP server disabled
+    serve_conditions: bool = False  # /conditions: on by default only with --standalone (kernel-log text)
     state_dir: Path
     lookback: float
     stall_timeout: float
@@ -188,6 +189,12 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
     aggregate = boolean("aggregate-condition", args.aggregate_condition)
     standalone = boolean("standalone", args.standalone)
+    # Off in Kubernetes mode unless asked for: the messages carry kernel-log text, and the port is on the pod network.
+    serve_conditions = (
+        standalone
+        if getattr(args, "serve_conditions", None) is None
+        else boolean("serve-conditions", args.serve_conditions)
+    )
     if args.event_namespace != EVENT_NAMESPACE:
         bad(
             "event-namespace",
@@ -224,6 +231,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         kmsg_path=Path(args.kmsg_path),
         kmsg_relay=Path(relay) if relay else None,
         listen=listen,
+        serve_conditions=serve_conditions,
         state_dir=Path(args.state_dir),
         lookback=lookback,
         stall_timeout=stall,

@@ -520,11 +520,12 @@ def serve(runtime: Runtime, settings: Settings) -> Component | None:
         port=settings.listen.port,
         registry=runtime.registry,
         health=runtime.health_document,
-        conditions=runtime.conditions_document,
+        conditions=runtime.conditions_document if settings.serve_conditions else None,
         max_connections=http_connection_limit(),
     )
     server.start()
-    log.info("serving /metrics, /healthz and /conditions on %s:%d", settings.listen.host, server.port)
+    served = "/metrics, /healthz and /conditions" if settings.serve_conditions else "/metrics and /healthz"
+    log.info("serving %s on %s:%d", served, settings.listen.host, server.port)
     return HttpComponent(server)
 
 

@@ -11,6 +11,7 @@ AWS::CloudWatch::Alarm nor the transform).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ NO_VALUE = object()
 class Renderer:
     def __init__(self, template: dict[str, Any], parameters: dict[str, str]) -> None:
         self.params: dict[str, Any] = {}
+        self.params.update({k: v for k, v in parameters.items() if k.startswith("AWS::")})  # pseudo parameters
         for name, spec in template["Parameters"].items():
             raw = parameters.get(name, spec.get("Default"))
             assert raw is not None, f"parameter {name} has no default: pass it"
@@ -119,11 +121,23 @@ class Renderer:
         return {k: v for k, v in ((k, self.value(v)) for k, v in node.items()) if v is not NO_VALUE}
 
 
-def alarms(**parameters: str) -> dict[str, dict[str, Any]]:
+PSEUDO = {"AWS::Region": "us-west-2", "AWS::Partition": "aws", "AWS::AccountId": "123456789012"}
+
+
+def resources(**parameters: str) -> dict[str, dict[str, Any]]:
     template = load()
-    rendered = Renderer(template, parameters).resources(template)
+    return Renderer(template, {**PSEUDO, **parameters}).resources(template)
+
+
+def alarms(**parameters: str) -> dict[str, dict[str, Any]]:
+    rendered = {k: r for k, r in resources(**parameters).items() if r["Type"] != "AWS::CloudWatch::Dashboard"}
     assert all(r["Type"] == "AWS::CloudWatch::Alarm" for r in rendered.values())
     return {logical_id: r["Properties"] for logical_id, r in rendered.items()}
+
+
+def dashboard(**parameters: str) -> dict[str, Any]:
+    (props,) = [r["Properties"] for r in resources(**parameters).values() if r["Type"] == "AWS::CloudWatch::Dashboard"]
+    return props
 
 
 # ---- agreement with the sink -------------------------------------------------------------------
@@ -184,3 +198,37 @@ def test_the_rendered_alarms_are_accepted_by_put_metric_alarm(aws):
     for alarm in stored.values():
         assert alarm["Metrics"][0]["Expression"].startswith("SELECT MAX(NeuronHasError_")
         assert alarm["AlarmActions"] == [TOPIC] and alarm["TreatMissingData"] == "notBreaching"
+
+
+# ---- the dashboard -----------------------------------------------------------------------------
+
+
+SEARCH = re.compile(r"SEARCH\('\{(?P<schema>[^}]*)\} (?P<dimension>\w+)=\"(?P<value>[^\"]*)\"', 'Maximum', \d+\)")
+
+
+def test_the_dashboard_searches_exactly_what_the_sink_publishes():
+    props = dashboard(ClusterName="trn-prod")
+    assert props["DashboardName"] == "node-health-agent-trn-prod"
+    body = json.loads(props["DashboardBody"])
+    expressions = [
+        item["expression"]
+        for widget in body["widgets"]
+        for line in widget["properties"].get("metrics", [])
+        for item in line
+        if "expression" in item
+    ]
+    searches = [SEARCH.fullmatch(e) for e in expressions if "SEARCH" in e]
+    assert len(searches) >= 3 and all(searches), expressions
+    schemas = {tuple(m["schema"].split(",")) for m in searches}
+    # The namespace with every dimension set the sink publishes: ClusterName always, InstanceId where known.
+    assert schemas == {(DEFAULT_NAMESPACE, *DIMENSIONS), (DEFAULT_NAMESPACE, CLUSTER_DIMENSION)}
+    assert {(m["dimension"], m["value"]) for m in searches} == {(CLUSTER_DIMENSION, "trn-prod")}
+    assert all(w["properties"].get("region", "us-west-2") == "us-west-2" for w in body["widgets"])
+
+
+def test_the_dashboard_is_accepted_by_put_dashboard(aws):
+    cloudwatch = aws.client("cloudwatch")
+    props = dashboard(ClusterName="trn-prod")
+    cloudwatch.put_dashboard(**props)
+    stored = cloudwatch.get_dashboard(DashboardName="node-health-agent-trn-prod")
+    assert json.loads(stored["DashboardBody"]) == json.loads(props["DashboardBody"])

@@ -309,3 +309,31 @@ def test_nha_config_adds_files_after_the_config_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("NHA_CONFIG", f"{b}, {c}")
     settings = build_settings(build_parser().parse_args(["run", "--standalone", "--config", str(a)]))
     assert settings.config_files == (a, b, c)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "served"),
+    [
+        (["run"], {}, False),  # Kubernetes mode: kernel-log text stays off the pod network unless asked for
+        (["run", "--standalone"], {}, True),
+        (["run"], {"NHA_SERVE_CONDITIONS": "true"}, True),
+        (["run", "--serve-conditions", "true"], {}, True),
+        (["run", "--standalone", "--serve-conditions", "false"], {}, False),
+        (["run", "--standalone"], {"NHA_SERVE_CONDITIONS": "false"}, False),
+    ],
+)
+def test_conditions_endpoint_default_follows_the_mode(monkeypatch, argv, env, served):
+    from agent.cli import build_parser
+    from agent.settings import build_settings
+
+    for name in ("NHA_SERVE_CONDITIONS", "NHA_STANDALONE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert build_settings(build_parser().parse_args(argv)).serve_conditions is served
+
+
+def test_a_bad_serve_conditions_value_exits_2():
+    proc = run_cli("run", "--standalone", "--serve-conditions", "perhaps")
+    assert proc.returncode == 2
+    assert "--serve-conditions / NHA_SERVE_CONDITIONS" in proc.stderr

@@ -1,12 +1,11 @@
 """The operational kustomize components: journald (host journal mounts) and exec-plugin-example (ship an
 executable check from a ConfigMap). Each is layered onto an overlay, as docs/deploy.md says to, rendered
-with ``kubectl kustomize`` (skipped when kubectl is not on PATH, as tests/test_manifests.py) and checked.
+with ``kubectl kustomize`` (kubectl 1.33 from tests/k8stools.py, as tests/test_manifests.py) and checked.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,17 +16,17 @@ import yaml
 from agent.agentconfig import load_agent_config
 from agent.settings import builtin_plugins_dir
 
+from k8stools import kube_tools
+
 REPO = Path(__file__).resolve().parents[1]
 COMPONENTS = REPO / "daemonset" / "components"
 OVERLAY = REPO / "daemonset" / "overlays" / "nvidia"
-KUBECTL = shutil.which("kubectl")
 K8S_VERSIONS = ("1.29.0", "1.35.0")
 PLUGIN_DIR = "/etc/node-health-agent/exec-plugins"
 
 
 def render(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
-    if KUBECTL is None:
-        pytest.skip("kubectl (with built-in kustomize) is not on PATH: cannot render the components")
+    kubectl = kube_tools().kubectl
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
@@ -38,7 +37,7 @@ def render(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
             }
         )
     )
-    done = subprocess.run([KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(kubectl), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
     validate = pytest.importorskip("kubernetes_validate")

@@ -223,6 +223,27 @@ def test_endpoints(server: AgentHTTPServer, request_text: str, status: int, cont
     assert check(response), response.body
 
 
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/conditions", 404, b"--serve-conditions true"),
+        ("/", 404, b"not found: try /metrics, /healthz, /livez, /readyz\n"),
+        ("/metrics", 200, b"test_scrapes_total"),
+        ("/healthz", 200, b"ok"),
+    ],
+)
+def test_conditions_can_be_off(fake: Fake, path: str, status: int, says: bytes) -> None:
+    """Without a conditions callback (Kubernetes mode's default) /conditions answers 404 and is not offered."""
+    server = AgentHTTPServer(host=HOST, port=0, registry=make_registry(), health=fake.health, conditions=None)
+    server.start()
+    try:
+        response = get(server.port, path)
+    finally:
+        server.stop()
+    assert response.status == status
+    assert says in response.body, response.body
+
+
 @pytest.mark.parametrize("path", ["/healthz", "/livez", "/readyz"])
 def test_unhealthy_is_503_with_the_body(server: AgentHTTPServer, fake: Fake, path: str) -> None:
     fake.ok = False

@@ -135,7 +135,9 @@ def test_the_readme_substitutes_every_placeholder_and_names_the_service_account(
     assert set(re.findall(r"\$\{[A-Z_]+\}", raw)) == set(PLACEHOLDERS)
     for placeholder in PLACEHOLDERS:
         assert placeholder.strip("${}") in text
-    assert "system:serviceaccount:node-health-agent:node-health-agent" in text
+    # The namespace is a variable (tests/test_install_fleet.py checks it follows the install), by default ours.
+    assert "system:serviceaccount:${NAMESPACE}:node-health-agent" in text
+    assert "export NAMESPACE=node-health-agent" in text
     assert "pods.eks.amazonaws.com" in text
     assert "aws eks create-pod-identity-association" in text
 

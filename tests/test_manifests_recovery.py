@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,10 @@ import yaml
 
 from agent.settings import parse_enable_recovery
 
+from k8stools import kube_tools
+
 REPO = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO / "daemonset"
-KUBECTL = shutil.which("kubectl")
 NAMESPACE = "node-health-agent"
 
 # KubeClient method -> the (apiGroup, resource, verb) it needs. Every method the recovery package calls.
@@ -41,8 +41,6 @@ NOT_GRANTED = {"delete_pod"}
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if KUBECTL is None:
-        pytest.skip("kubectl (with built-in kustomize) is not on PATH")
     root = tmp_path_factory.mktemp("recovery")
     (root / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -57,7 +55,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
             }
         )
     )
-    proc = subprocess.run([KUBECTL, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([kube_tools().kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 

@@ -26,7 +26,7 @@ from agent.relay import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, _Re
 
 from test_relay import WAIT, Consumer, Relay, client, raw_connect, record, wait_for, write_records
 
-AGENT_UID = 65532  # the agent container's runAsUser in daemonset/base/daemonset.yaml
+AGENT_UID = 65532  # the agent container's runAsUser in daemonset/agent/daemonset.yaml
 NOBODY = 65534
 OTHER_GID = 65533
 

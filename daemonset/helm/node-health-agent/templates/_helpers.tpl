@@ -1,0 +1,102 @@
+{{/*
+Object names are fixed (node-health-agent, node-health-agent-<accelerator>): the kustomize tree under
+daemonset/ renders the same objects (tests/test_helm.py compares them), and alerts and dashboards
+find the agents by these names.
+*/}}
+{{- define "nha.name" -}}node-health-agent{{- end }}
+
+{{- define "nha.labels" -}}
+app.kubernetes.io/name: node-health-agent
+app.kubernetes.io/part-of: node-health-agent
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "nha.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{/* The accelerators in the order their node selectors take precedence, then the generic agent. */}}
+{{- define "nha.order" -}}neuron,nvidia,generic{{- end }}
+
+{{/* The enabled agents, comma-separated, in order. */}}
+{{- define "nha.enabled" -}}
+{{- $out := list }}
+{{- range $name := splitList "," (include "nha.order" .) }}
+{{- if (index $.Values.accelerators $name).enabled }}{{ $out = append $out $name }}{{ end }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/*
+nodeSelectorTerms of one agent ({"root": $, "name": <accelerator>}): one term per matchNodes entry
+(terms are ORed), each with kubernetes.io/os=linux and the negation of every matchNodes entry of the
+accelerators before it in nha.order that are enabled; generic is one term with all those negations.
+*/}}
+{{- define "nha.nodeSelectorTerms" -}}
+{{- $root := .root }}
+{{- $negate := dict "In" "NotIn" "NotIn" "In" "Exists" "DoesNotExist" "DoesNotExist" "Exists" }}
+{{- $exclude := list }}
+{{- range $other := splitList "," (include "nha.order" $root) }}
+{{- if eq $other $.name }}{{ break }}{{ end }}
+{{- $acc := index $root.Values.accelerators $other }}
+{{- if and $acc.enabled (ne $other "generic") }}
+{{- range $e := $acc.matchNodes }}
+{{- $n := dict "key" $e.key "operator" (index $negate $e.operator) }}
+{{- if $e.values }}{{ $_ := set $n "values" $e.values }}{{ end }}
+{{- $exclude = append $exclude $n }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $os := dict "key" "kubernetes.io/os" "operator" "In" "values" (list "linux") }}
+{{- $terms := list }}
+{{- if eq .name "generic" }}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $os) $exclude)) }}
+{{- else }}
+{{- range $e := (index $root.Values.accelerators .name).matchNodes }}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $os $e) $exclude)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $terms }}
+{{- end }}
+
+{{/* The extra --config files of every agent, sorted by name. */}}
+{{- define "nha.configFiles" -}}
+{{- $files := list "rules.yaml" "checks.yaml" }}
+{{- range $name := keys .Values.extraConfigFiles | sortAlpha }}{{ $files = append $files $name }}{{ end }}
+{{- join "," $files }}
+{{- end }}
+
+
+{{/* The data of one agent's ConfigMap ({"root": $, "name": <accelerator>}); its checksum rolls that agent's pods. */}}
+{{- define "nha.configData" -}}
+{{- $ := .root }}
+{{- $acc := index $.Values.accelerators .name -}}
+rules.yaml: |
+  {{- if $acc.rules }}
+  {{- toYaml $acc.rules | nindent 2 }}
+  {{- else }}
+  {{- $.Files.Get (printf "files/variants/%s/rules.yaml" .name) | nindent 2 }}
+  {{- end }}
+checks.yaml: |
+  {{- if $acc.checks }}
+  {{- toYaml $acc.checks | nindent 2 }}
+  {{- else }}
+  {{- $.Files.Get (printf "files/variants/%s/checks.yaml" .name) | nindent 2 }}
+  {{- end }}
+{{- if $.Values.recovery.policy }}
+recovery-policy.yaml: |
+  {{- toYaml $.Values.recovery.policy | nindent 2 }}
+{{- end }}
+{{- range $file := keys $.Values.extraConfigFiles | sortAlpha }}
+{{ $file }}: |
+  {{- $doc := index $.Values.extraConfigFiles $file }}
+  {{- if kindIs "string" $doc }}{{ $doc | nindent 2 }}{{ else }}{{ toYaml $doc | nindent 2 }}{{ end }}
+{{- end }}
+{{- end }}
