@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from agent.bounds import ProblemCounts
 from agent.durations import format_duration
 from agent.types import (
     Condition,
@@ -91,8 +91,8 @@ class NodeState:
                 last_transition=now,
                 last_update=now,
             )
-        self._counts: Counter[str] = Counter({r: 0 for r in reasons})
-        self._pairs: dict[tuple[str, str], None] = dict.fromkeys(problem_pairs)
+        # problem_counter / problem_gauge figures, at most MAX_REASONS undeclared reasons per owner
+        self._problems = ProblemCounts(reasons=reasons, pairs=problem_pairs)
         self._generation = 0
 
     @property
@@ -154,7 +154,7 @@ class NodeState:
             if cond.type in self._conditions and cond.type not in self._touched:
                 self._conditions[cond.type] = cond
                 if cond.status is Status.TRUE and cond.type in self._specs:
-                    self._pairs.setdefault((cond.type, cond.reason), None)
+                    self._problems.pair(cond.type, cond.reason)
                 self._generation += 1
         return self._update_aggregate(self._clock())
 
@@ -168,7 +168,7 @@ class NodeState:
     def _apply(self, finding: Finding) -> list[Event]:
         now = self._clock()
         if finding.type is RuleType.TEMPORARY:
-            self._counts[finding.reason] += 1
+            self._problems.count(finding.rule, finding.reason)
             return [
                 Event(
                     type=event_type(finding.severity),
@@ -214,8 +214,8 @@ class NodeState:
             if same or weaker:
                 self._conditions[current.type] = _replace(current, last_update=now)
                 return []
-        self._counts[finding.reason] += 1
-        self._pairs.setdefault((current.type, finding.reason), None)
+        self._problems.count(current.type, finding.reason)
+        self._problems.pair(current.type, finding.reason)
         return [
             self._transition(
                 current,
@@ -351,8 +351,9 @@ class NodeState:
         return Snapshot(
             conditions=tuple(self._conditions.values()),
             generated_at=self._clock(),
-            problem_counts=dict(self._counts),
-            problem_pairs=tuple(self._pairs),
+            problem_counts=self._problems.counts,
+            problem_pairs=self._problems.pairs,
+            reasons_overflowed=self._problems.overflowed,
             generation=self._generation,
             seeded=self._seeded,
             node_uid=self._node_uid,

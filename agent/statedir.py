@@ -17,11 +17,13 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from agent.bounds import bounded_reason
 from agent.types import Condition, Severity, Status
 
 log = logging.getLogger(__name__)
 
 CONDITIONS_FILE = "conditions.json"
+MAX_CONDITIONS_FILE = 4 * 1024 * 1024  # bytes: far above what our conditions take; a bigger file is not ours
 _FORMAT = 1
 
 
@@ -119,7 +121,10 @@ def condition_to_json(cond: Condition) -> dict:
 
 
 def condition_from_json(raw: object) -> Condition:
-    """Raises ValueError/KeyError/TypeError for anything but a condition we wrote."""
+    """Raises ValueError/KeyError/TypeError for anything but a condition we wrote.
+
+    The reason is cut as every rule and sink cuts it (:func:`~agent.bounds.bounded_reason`): a file an
+    older version wrote with a reason of any length restores the reason the same line gives now."""
     if not isinstance(raw, dict):
         raise TypeError(f"not an object: {raw!r}")
     for key in ("lastTransition", "lastUpdate"):
@@ -130,7 +135,7 @@ def condition_from_json(raw: object) -> Condition:
     return Condition(
         type=raw["type"],
         status=Status(raw["status"]),
-        reason=str(raw["reason"]),
+        reason=bounded_reason(str(raw["reason"])),
         message=str(raw["message"]),
         last_transition=float(raw["lastTransition"]),
         last_update=float(raw["lastUpdate"]),
@@ -148,11 +153,25 @@ class ConditionStore:
 
     def load(self) -> list[Condition] | None:
         """The kept conditions; None when there are none or they cannot be read (reported, never raised)."""
+        if self.path.exists() and not self.path.is_file():
+            self._health.report("conditions", f"{self.path} is not a regular file")
+            return None
         try:
-            text = self.path.read_text(encoding="utf-8")
+            with self.path.open("rb") as f:
+                blob = f.read(MAX_CONDITIONS_FILE + 1)
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
+            self._health.report("conditions", f"cannot read {self.path}: {exc}")
+            return None
+        if len(blob) > MAX_CONDITIONS_FILE:
+            log.warning(
+                "ignoring %s (over %d bytes: not ours); the Node's copy is read instead", self.path, MAX_CONDITIONS_FILE
+            )
+            return None
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
             self._health.report("conditions", f"cannot read {self.path}: {exc}")
             return None
         try:

@@ -170,6 +170,7 @@ class Snapshot:
     generated_at: float
     problem_counts: Mapping[str, int] = field(default_factory=dict)  # reason -> occurrences (NPD problem_counter)
     problem_pairs: tuple[tuple[str, str], ...] = ()  # (condition type, reason) seen, for problem_gauge zeros
+    reasons_overflowed: Mapping[str, int] = field(default_factory=dict)  # owner -> problems counted as "Other"
     generation: int = 0  # increases whenever a condition changes
     seeded: bool = True  # the Node's (or the state directory's) conditions were adopted: safe to write
     node_uid: str | None = None  # the Node's uid once read (for Events' involvedObject)

@@ -288,6 +288,7 @@ def build_runtime(
         stdout = StdoutSink(feed=feed, stream=stream)
         consumers.append(stdout)
         acks.append(stdout.acked)
+        details["stdout"] = stdout.detail
     else:
         from agent.sinks.conditions import ConditionSink
         from agent.sinks.events import EventSink
@@ -310,8 +311,8 @@ def build_runtime(
         consumers.extend([conditions, events])
         acks.append(events.acked)
         state_dir.watch("outbox", lambda: events.last_persist_error)
-        details["condition_sink"] = lambda: conditions.last_error
-        details["event_sink"] = lambda: events.last_error
+        details["condition_sink"] = conditions.detail
+        details["event_sink"] = events.detail
         if kube.node is None:
             from agent.nodeseed import NodeSeeder
 
@@ -427,7 +428,7 @@ def recovery_components(
             clock=clock,
         )
         components.append(sink)
-        details["cloudwatch"] = lambda: sink.last_error
+        details["cloudwatch"] = sink.detail
         collectors.append(CloudWatchCollector(stats=sink.stats))
     if kube is not None:
         from agent.recovery.loop import RecoveryLoop

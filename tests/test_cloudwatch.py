@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.aws import AwsClients, AwsError, CloudWatchPublisher, MetricDatum
+from agent.bounds import bounded_reason
 from agent.runtime import SnapshotFeed
 from agent.sinks.cloudwatch import (
     DEFAULT_NAMESPACE,
@@ -342,6 +343,53 @@ def test_collector_before_any_success():
     text = generate_latest(registry).decode()
     assert "last_success_timestamp_seconds" not in text
     assert "node_health_agent_cloudwatch_failing 0.0" in text.splitlines()
+
+
+# ---- any value ------------------------------------------------------------------------------------
+
+LONG = "NeuronHasError_" + "E" * 300
+
+
+def valid_name(name: str) -> bool:
+    """CloudWatch's rules for a metric name: 1 to 255 ASCII characters, no control characters, not blank."""
+    return 1 <= len(name) <= 255 and name.isascii() and name.isprintable() and bool(name.strip())
+
+
+def test_a_reason_cloudwatch_cannot_take_is_made_valid_and_the_sink_goes_on(caplog):
+    """Before: a reason over 255 characters raised out of the round and the component died (/healthz 503)."""
+    with sink_running(select=lambda _cond, _owner: DEFAULT_NAMESPACE) as s:
+        s.publish(
+            problem(LONG, "NeuronHealth"),
+            problem("GpuXid\u00fcber\x07bell", "GpuXid"),
+            problem("   ", "Blank"),
+            problem(DMA, "Other"),
+        )
+        s.at(0)
+        assert s.sink.healthy(s.sim.now)
+        s.at(60)
+        assert s.sink.healthy(s.sim.now) and s.sink.last_error is None and s.sink.bugs == 0
+    names = [name for _, _, values in s.publisher.sent() for name in values]
+    assert names and all(valid_name(n) for n in names), names
+    assert set(names) == {bounded_reason(LONG), "GpuXid_ber_bell", DMA}
+    assert len(s.publisher.sent()) == 2, "published at once and again after the interval"
+    assert s.sink.stats().skipped == {"name": 1}  # the blank reason, in the one publication taken
+    assert sum("not published" in r.getMessage() for r in caplog.records) == 1, "logged once"
+
+
+def test_a_storm_of_distinct_reasons_between_rounds_publishes_the_current_ones_and_a_bounded_rest():
+    with sink_running(max_flagged=8, select=lambda _cond, _owner: DEFAULT_NAMESPACE) as s:
+        s.publish(problem(DMA))
+        s.at(1)  # the first round: at once
+        for i in range(40):  # each taken by the sink (it wakes on every publication)
+            s.publish(problem(f"NeuronHasError_T{i:02}"))
+            s.sim.run()
+        s.at(60)
+    (_, _, first), (_, _, second) = s.publisher.sent()[:2]  # (then the zeros at shutdown)
+    assert first == {DMA: 1.0}
+    ones = {n for n, v in second.items() if v == 1.0}
+    assert "NeuronHasError_T39" in ones, "the current reason is always published"
+    assert len(ones) == 8 + 1 and second[DMA] == 0.0
+    assert s.sink.stats().skipped == {"flagged": 40 - 8}
 
 
 # ---- end to end ----------------------------------------------------------------------------------

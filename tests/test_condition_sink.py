@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from agent.bounds import MAX_MESSAGE
 from agent.runtime import SnapshotFeed
-from agent.sinks.conditions import MAX_MESSAGE, ConditionSink, condition_dict
+from agent.sinks.conditions import ConditionSink, condition_dict
 from agent.types import Status
 
 from helpers import kube_client

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.bounds import bounded_reason
 from agent.runtime import SnapshotFeed
-from agent.sinks.events import EventSink, event_name
+from agent.sinks.events import EventSink, ReasonBuckets, event_name
 from agent.sinks.outbox import OUTBOX_FILE, Outbox, Series
+from agent.types import Event, Severity, Status
 
 from helpers import kube_client
 from test_sink_worker import NODE, Recorder, SimTime, event, node_api, publish, running, snapshot
@@ -284,3 +286,94 @@ def test_event_names_are_deterministic_dns_subdomains(node):
     assert name(T0) == name(T0)
     assert len({name(T0), name(T0 + 0.001), name(T0, "other")}) == 3
     assert len(name(T0)) <= 253 and DNS_SUBDOMAIN.match(name(T0))
+
+
+# ---- any value, any number of distinct values ----------------------------------------------------
+
+
+def transition(reason: str, *, at: float, condition: str = "NeuronHealth") -> Event:
+    return Event(
+        type="Warning",
+        reason=reason,
+        message=f"Node condition {condition} is now: True, reason: {reason}",
+        timestamp=at,
+        source="neuron-monitor",
+        severity=Severity.CRITICAL,
+        condition=condition,
+        status=Status.TRUE,
+        rule="neuron/hw-error",
+    )
+
+
+def test_distinct_reasons_of_a_condition_are_bounded_and_the_rest_counted_in_one_summary(setup):
+    """Before: 5,000 distinct NEURON_HW_ERR types gave 1,608 Events with distinct reasons."""
+    s = setup(max_reasons=10, aggregate_window=600.0)
+    with running(s.sink, s.sim):
+        storm = [transition(f"NeuronHasError_T{i:04}", at=T0 + i / 100) for i in range(5_000)]
+        publish(s.feed, events=[*storm, transition("GpuXid79", at=T0, condition="GpuXid")])
+        s.sim.advance(60)
+        assert s.sink.detail() is None
+        # a window later, a condition has room for new reasons again
+        publish(s.feed, events=[transition("NeuronHasError_LATER", at=T0 + 700)])
+        s.sim.advance(60)
+    stored = s.server.list_objects("events", "default")
+    by_reason = {e["reason"]: e for e in stored}
+    assert len(stored) == 10 + 1 + 1 + 1
+    assert sorted(r for r in by_reason if r.startswith("NeuronHasError_T")) == [
+        f"NeuronHasError_T{i:04}" for i in range(10)
+    ]
+    summary = by_reason["TooManyReasons"]
+    assert summary["count"] == 4_990 and summary["type"] == "Warning"
+    assert summary["message"].startswith("NeuronHealth: more Events with reasons other than the 10 shown within 10m")
+    assert "GpuXid79" in by_reason and "NeuronHasError_LATER" in by_reason, "other conditions, later windows"
+    assert s.sink.summarized == 4_990 and len(s.sink.outbox) == 13
+
+
+def test_reasons_and_messages_are_cut_to_the_api_limits(setup):
+    s = setup()
+    reason = "NeuronHasError_" + "E" * 300
+    with running(s.sink, s.sim):
+        publish(s.feed, events=[event(reason, "\u20ac" * 5_000, at=T0)])
+        s.sim.run()
+    (stored,) = s.server.list_objects("events", "default")
+    assert stored["reason"] == bounded_reason(reason) and len(stored["reason"]) == 128
+    assert len(stored["message"].encode()) <= 1024 and stored["message"].endswith("...")
+
+
+class BrokenFor:
+    """The real client, but creating an Event with ``reason`` raises what no client should (a bug)."""
+
+    def __init__(self, client: object, reason: str) -> None:
+        self._client = client
+        self._reason = reason
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def create_event(self, namespace: str, body: dict) -> dict:
+        if body["reason"] == self._reason:
+            raise TypeError("Object of type Oddity is not JSON serializable")
+        return self._client.create_event(namespace, body)
+
+
+def test_an_event_that_raises_anything_but_an_api_error_is_dropped_and_the_others_go_out(setup, caplog):
+    s = setup()
+    s.sink._client = BrokenFor(s.sink._client, "Poison")
+    with running(s.sink, s.sim):
+        publish(s.feed, events=[event("Poison", "p", at=T0), event("OOMKilling", OOM, at=T0)])
+        s.sim.advance(30)
+        assert s.sink.healthy(s.sim.now)
+        publish(s.feed, events=[event("Later", "l", at=T0 + 30)])
+        s.sim.advance(30)
+    assert set(s.stored()) == {"OOMKilling", "Later"}
+    assert s.sink.bugs == 1 and s.sink.pending() == 0
+    assert "TypeError: Object of type Oddity is not JSON serializable" in (s.sink.detail() or "")
+    assert len([r for r in caplog.records if r.exc_info]) == 1
+
+
+def test_reason_buckets_forget_the_refilled_ones_past_their_bound():
+    buckets = ReasonBuckets(burst=2, refill=10.0, max_buckets=100)
+    for i in range(10_000):
+        buckets.take(f"R{i}", now=float(i))  # one token each: refilled 10 s later
+    assert len(buckets) <= 100
+    assert buckets.take("R9999", now=9_999.0) and not buckets.take("R9999", now=9_999.0), "recent ones are kept"

@@ -641,6 +641,28 @@ BAD_PACKS = [
         [("rules[0].reason", 3, "CamelCase")],
     ),
     (
+        "reason-over-128-characters",
+        "p.yaml",
+        f"""
+        rules:
+          - type: temporary
+            reason: {"R" * 129}
+            pattern: 'x'
+        """,
+        [("rules[0].reason", 3, "129 characters; a reason is at most 128")],
+    ),
+    (
+        "template-over-128-characters",
+        "p.yaml",
+        f"""
+        rules:
+          - type: temporary
+            reason: '{"R" * 125}{{xid}}'
+            pattern: 'Xid (?P<xid>\\d+)'
+        """,
+        [("rules[0].reason", 3, "130 characters; a reason is at most 128")],
+    ),
+    (
         "disable-without-name",
         "p.yaml",
         """

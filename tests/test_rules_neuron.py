@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.bounds import bounded_reason
 from agent.detectors.rulepack import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 from agent.settings import builtin_plugins_dir
@@ -317,3 +318,20 @@ def test_every_neuron_rule_has_generated_lines_and_names_its_source():
             assert rule.provenance and all(p.startswith("aws-neuron/") for p in rule.provenance), rule.name
             assert rule.literals, f"{rule.name} has no required literal for the prefilter"
             assert not rule.multiline, f"{rule.name} can match across lines"
+
+
+@ENGINES
+@pytest.mark.parametrize("length", [104, 113, 241, 300, 4000], ids=lambda n: f"type-{n}")
+def test_a_type_of_any_length_still_fires_with_a_reason_of_at_most_128_characters(engine_cls, length):
+    """The reason is the Kubernetes Event limit at most; a longer one ends in a digest of the whole (the same
+    type always gives the same reason, two long types two reasons); the full type stays in the fields."""
+    error = "E" * length
+    line = render(HW_ERR, error, "i-0592464924bd45322", "ip-172-31-61-252", 0, 0, "19fcda00f5ff6eb9", "NONE")
+    (finding,) = engine_cls(rule_set=RULE_SET).feed([line])
+    full = f"NeuronHasError_{error}"
+    assert finding.rule == "neuron/hw-error" and finding.fields["error"] == error
+    assert finding.reason == bounded_reason(full)
+    assert len(finding.reason) == min(len(full), 128)
+    assert finding.reason.startswith("NeuronHasError_EEEE")
+    (other,) = engine_cls(rule_set=RULE_SET).feed([line.replace(error, error + "F")])
+    assert other.reason != finding.reason

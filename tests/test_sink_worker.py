@@ -377,13 +377,33 @@ def test_a_wedged_write_turns_unhealthy_after_the_stall_bound():
         worker.release.set()
 
 
-def test_a_crashed_worker_is_unhealthy():
+def test_an_unexpected_error_is_counted_reported_and_backed_off_never_the_end_of_the_sink(caplog):
+    """A bug (here: a write that divides by zero twice) costs a loop turn, not the component: the loop
+    backs off like after a failure, says so in /healthz details, logs the traceback once, and goes on."""
     sim = SimTime()
-    worker = probe([None], sim)
-    worker.work = lambda now: 1 / 0  # type: ignore[method-assign]
-    with pytest.raises(ZeroDivisionError):
-        worker.run(sim.stop)
-    assert not worker.healthy(sim.now)
+    worker = probe([None], sim, resync=10.0)
+    real_work = worker.work
+    crashes = [ZeroDivisionError("division by zero")] * 2
+
+    def work(now: float) -> float:
+        if crashes:
+            worker.attempts.append(now)
+            raise crashes.pop()
+        return real_work(now)
+
+    worker.work = work  # type: ignore[method-assign]
+    with running(worker, sim):
+        sim.advance(120)
+        assert worker.healthy(sim.now), "the loop still beats"
+        assert worker.writes == 1, "the write after the bug went out"
+    gaps = [b - a for a, b in zip(worker.attempts, worker.attempts[1:], strict=False)]
+    assert len(worker.attempts) == 3 and all(gap >= 10.0 for gap in gaps), "backed off, no busy loop"
+    assert worker.bugs == 2
+    assert (
+        worker.detail() == "2 unexpected error(s), a bug (latest: the sink loop: ZeroDivisionError: division by zero)"
+    )
+    tracebacks = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
+    assert len(tracebacks) == 1, "the traceback is logged once per exception type and place"
 
 
 def test_default_wait_ends_early_on_a_new_publication_and_on_stop():

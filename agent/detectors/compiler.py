@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from agent.bounds import MAX_REASON
 from agent.detectors.model import CompiledRule, FieldFilter
 from agent.detectors.packfile import Problems
 from agent.detectors.patterns import compile_anchored
@@ -26,6 +27,12 @@ def compile_rule(
     """The compiled rule, or None when it (or its shape, ``spec.ok``) has a problem, reported to ``col``."""
     before = len(col)
     path = spec.path
+    if spec.reason is not None and len(spec.reason) > MAX_REASON:
+        col.add(
+            (*path, "reason"),
+            f"{len(spec.reason)} characters; a reason is at most {MAX_REASON} "
+            "(the Kubernetes limit on an Event's reason)",
+        )
     if spec.type is RuleType.PERMANENT and spec.condition is not None and spec.condition not in conditions:
         col.add(
             (*path, "condition"),

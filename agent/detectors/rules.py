@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from agent.bounds import bounded_reason
 from agent.detectors.model import CompiledRule, RuleSet
 from agent.detectors.patterns import PatternMatch
 from agent.detectors.prefilter import Prefilter
@@ -75,7 +76,7 @@ class FindingBuilder:
                 return None
         if rule.threshold is not None and not self._count(rule, fields, timestamp):
             return None
-        reason = rule.reason.format_map(_Fields(fields)) if "{" in rule.reason else rule.reason
+        reason = bounded_reason(rule.reason.format_map(_Fields(fields))) if "{" in rule.reason else rule.reason
         if rule.suffix:
             message = f"{message}; {rule.suffix}"
         return Finding(

@@ -18,6 +18,12 @@ dimensions ``ClusterName`` (always) and ``InstanceId`` (when known).
   next interval, later on repeated failure (jittered exponential backoff up to ``max_backoff``),
   counted by kind (``transient``/``permanent``) in ``failures``, logged (a refused request once per
   error code) and shown in ``last_error`` (for /healthz details and the metrics below).
+- **Any value**: a metric name is the reason made valid for CloudWatch (:func:`metric_name`: ASCII
+  without control characters, at most 128 characters, cut as :func:`agent.bounds.bounded_reason`
+  cuts it everywhere); a reason that leaves nothing to name is not published. A round sends the conditions that
+  are True now plus at most ``max_flagged`` problems seen in between (a storm of distinct reasons
+  does not become a round of thousands of metrics). Each skipped value is counted in ``skipped``
+  and logged once; a datum CloudWatch's shape refuses is dropped alone, never the round.
 - **Health**: the component is healthy while its loop runs, however AWS answers, *unless* every
   round has failed for ``unhealthy_after`` seconds (default 1 h; None = never): then the alarms
   have been blind that long and ``/healthz`` says so. Liveness then restarts the agent about once
@@ -41,6 +47,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.aws import AwsError, MetricDatum
+from agent.bounds import MAX_REASON, bounded_reason
 from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.worker import IDLE, STALL, Failure, SinkWorker
 from agent.types import Condition, Provenance, Snapshot, Status
@@ -64,6 +71,8 @@ NEURON_ERRORS = (
 INTERVAL = 60.0
 MAX_BACKOFF = 900.0
 UNHEALTHY_AFTER = 3600.0
+MAX_DIMENSION_VALUE = 1024
+MAX_FLAGGED = 64  # problems seen between two rounds that are published besides the current ones
 PUBLISH_TIME = 90.0  # the longest one round may take (timeouts and the publisher's retries): the loop's stall bound
 
 Select = Callable[[Condition, Provenance | None], str | None]  # (condition, its owner) -> namespace or None
@@ -72,6 +81,18 @@ Select = Callable[[Condition, Provenance | None], str | None]  # (condition, its
 class Publisher(Protocol):
     def put_metrics(self, namespace: str, datums: Sequence[MetricDatum]) -> int:
         """Publish; the number of requests made. Raises :class:`~agent.aws.AwsError`."""
+
+
+def metric_name(text: str, *, limit: int = MAX_REASON) -> str | None:
+    """``text`` as a CloudWatch name or dimension value: characters other than printable ASCII become ``_``,
+    cut to ``limit`` as :func:`~agent.bounds.bounded_reason` cuts; None when nothing but blanks is left.
+
+    Names are cut at 128 (CloudWatch takes 255) so that a reason has the same name here as on the Node,
+    in its Events and in Prometheus."""
+    if not (text.isascii() and text.isprintable()):
+        text = "".join(c if " " <= c <= "~" else "_" for c in text)
+    text = bounded_reason(text, limit)
+    return text if text.strip() else None
 
 
 def select_reasons(reasons: Iterable[str] = NEURON_ERRORS, *, namespace: str = DEFAULT_NAMESPACE) -> Select:
@@ -93,6 +114,8 @@ class CloudWatchStats:
     last_error: str | None = None  # the latest failure; None again after a success
     last_success: float | None = None  # wall time of the latest successful round
     problems: int = 0  # metrics currently published as 1
+    skipped: Mapping[str, int] = field(default_factory=dict)  # values not published, by why (name, flagged)
+    bugs: int = 0  # unexpected errors caught (each skipped a value or a round)
 
 
 _Key = tuple[str, str, tuple[tuple[str, str], ...]]  # namespace, metric name, dimensions
@@ -119,10 +142,14 @@ class CloudWatchSink(SinkWorker):
         wait: Callable[[float], bool] | None = None,
         rng: Callable[[], float] = random.random,
         stall: float = STALL,
+        max_flagged: int = MAX_FLAGGED,
     ) -> None:
         """``select`` None = :func:`select_reasons` (the Neuron errors, in ``NeuronHealthCheck``)."""
-        if not cluster_name:
-            raise ValueError("the CloudWatch sink needs the cluster's name (the ClusterName dimension of every metric)")
+        if not cluster_name or metric_name(cluster_name, limit=MAX_DIMENSION_VALUE) != cluster_name:
+            raise ValueError(
+                f"the CloudWatch sink needs the cluster's name (the ClusterName dimension of every metric: printable "
+                f"ASCII, at most {MAX_DIMENSION_VALUE} characters), not {cluster_name!r}"
+            )
         if interval <= 0:
             raise ValueError(f"interval must be positive, not {interval}")
         super().__init__(
@@ -149,13 +176,21 @@ class CloudWatchSink(SinkWorker):
         self._requests = 0
         self._datums = 0
         self._last_success: float | None = None
+        self._max_flagged = max_flagged
+        self.skipped: collections.Counter[str] = collections.Counter()  # values not published, by why
+        self._skip_logged: set[str] = set()
 
     # ---- SinkWorker --------------------------------------------------------------------------
 
     def take(self, pub: Publication) -> None:
         if pub.snapshot.seeded:
             self._current = self._selected(pub.snapshot)
-            self._flagged |= self._current
+            new = self._current - self._flagged
+            room = max(0, self._max_flagged - len(self._flagged))
+            if len(new) > room:  # a storm of distinct reasons: the current ones are still published
+                self._skip("flagged", len(new) - room, f"more than {self._max_flagged} problems between two rounds")
+                new = set(sorted(new)[:room])
+            self._flagged |= new
 
     def work(self, now: float) -> float:
         if not (self._current or self._flagged or self._active):
@@ -188,6 +223,8 @@ class CloudWatchSink(SinkWorker):
             last_error=self.last_error,
             last_success=self._last_success,
             problems=len(self._active),
+            skipped=dict(self.skipped),
+            bugs=self.bugs,
         )
 
     # ---- internals ---------------------------------------------------------------------------
@@ -198,17 +235,29 @@ class CloudWatchSink(SinkWorker):
             if cond.status is not Status.TRUE or not cond.reason:
                 continue
             namespace = self._select(cond, snapshot.provenance.get(cond.type))
-            if namespace:
-                out.add((namespace, cond.reason))
+            if not namespace:
+                continue
+            name = metric_name(cond.reason)
+            if name is None:
+                self._skip("name", 1, f"condition {cond.type}: reason {cond.reason[:80]!r} leaves no metric name")
+            else:
+                out.add((namespace, name))
         return out
+
+    def _skip(self, why: str, n: int, text: str) -> None:
+        """``n`` values not published because of ``why``: counted, logged once per why."""
+        self.skipped[why] += n
+        if why not in self._skip_logged:
+            self._skip_logged.add(why)
+            log.warning("CloudWatch: not published: %s (logged once; counted in the sink's skipped figures)", text)
 
     def _due(self) -> tuple[set[_Key], set[_Key]]:
         """(metrics to publish as 1, metrics to publish as 0) in the next round."""
         problems = self._current | self._flagged
         dims: list[tuple[str, str]] = [(CLUSTER_DIMENSION, self._cluster)]
         instance = self._instance_id() if problems else None
-        if instance:
-            dims.append((INSTANCE_DIMENSION, instance))
+        if instance and (value := metric_name(instance, limit=MAX_DIMENSION_VALUE)):
+            dims.append((INSTANCE_DIMENSION, value))
         ones = {(namespace, name, tuple(dims)) for namespace, name in problems}
         return ones, self._active - ones
 
@@ -217,7 +266,11 @@ class CloudWatchSink(SinkWorker):
         by_namespace: dict[str, list[MetricDatum]] = collections.defaultdict(list)
         for value, keys in ((1.0, ones), (0.0, zeros)):
             for namespace, name, dims in sorted(keys):
-                datum = MetricDatum(name=name, value=value, dimensions=dims, timestamp=timestamp, unit=UNIT)
+                try:
+                    datum = MetricDatum(name=name, value=value, dimensions=dims, timestamp=timestamp, unit=UNIT)
+                except ValueError as exc:  # our names are made valid: a refusal here is a bug, not a round lost
+                    self.unexpected(exc, what=f"metric {name[:80]!r}")
+                    continue
                 by_namespace[namespace].append(datum)
         self.beat(PUBLISH_TIME)
         requests = 0
@@ -267,7 +320,10 @@ class CloudWatchCollector:
       ``permanent`` (refused: access denied, invalid);
     - ``last_success_timestamp_seconds``: when a round last succeeded;
     - ``failing``: 1 while the latest round failed;
-    - ``problem_metrics``: metrics currently published as 1.
+    - ``problem_metrics``: metrics currently published as 1;
+    - ``skipped_total{why}``: problems not published: ``name`` (a reason that leaves no valid metric
+      name), ``flagged`` (past ``max_flagged`` problems between two rounds);
+    - ``errors_total``: unexpected errors caught (a bug: see ``/healthz`` details).
     """
 
     def __init__(self, *, stats: Callable[[], CloudWatchStats]) -> None:
@@ -296,3 +352,14 @@ class CloudWatchCollector:
             PREFIX + "failing", "1 while the latest publishing round failed.", value=float(bool(s.last_error))
         )
         yield GaugeMetricFamily(PREFIX + "problem_metrics", "Metrics currently published as 1.", value=s.problems)
+        skipped = CounterMetricFamily(
+            PREFIX + "skipped",
+            "Problems not published: name (the reason leaves no valid metric name), flagged (too many between rounds).",
+            labels=["why"],
+        )
+        for why in ("name", "flagged"):
+            skipped.add_metric([why], s.skipped.get(why, 0))
+        yield skipped
+        yield CounterMetricFamily(
+            PREFIX + "errors", "Unexpected errors caught in the CloudWatch sink (a bug).", value=s.bugs
+        )

@@ -12,6 +12,8 @@
 - Failures are handled by :class:`~agent.sinks.worker.SinkWorker`: transient ones are retried with
   backoff (never sooner than ``resync`` nor the server's ``Retry-After``); a permanent one drops
   that write until the next change or heartbeat.
+- Reasons and messages are cut to the limits of :mod:`agent.bounds` (128 and 1024 bytes), as every
+  sink cuts them.
 - Condition types in ``delete_types`` (removed from the configuration) are deleted from the Node
   with ``$patch: delete`` in the first successful write; nothing else is ever deleted.
 """
@@ -22,6 +24,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from agent.bounds import bounded_message, bounded_reason
 from agent.kube import KubeClient, KubeError
 from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.log import iso
@@ -29,16 +32,14 @@ from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWo
 from agent.state import AGGREGATE_TYPE
 from agent.types import Condition, Snapshot, reserved_condition
 
-MAX_MESSAGE = 1024
-
 
 def condition_dict(cond: Condition, *, heartbeat: str) -> dict[str, str]:
-    message = cond.message if len(cond.message) <= MAX_MESSAGE else cond.message[: MAX_MESSAGE - 3] + "..."
+    """A condition as the Node keeps it: reason and message cut as every sink cuts them (:mod:`agent.bounds`)."""
     return {
         "type": cond.type,
         "status": cond.status.value,
-        "reason": cond.reason,
-        "message": message,
+        "reason": bounded_reason(cond.reason),
+        "message": bounded_message(cond.message),
         "lastTransitionTime": iso(cond.last_transition),
         "lastHeartbeatTime": heartbeat,
     }

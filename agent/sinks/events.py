@@ -10,6 +10,15 @@ keeps accumulating in between). A per-reason token bucket (``burst`` new series,
 ``refill`` seconds) limits how many distinct Events a reason can create. So an error storm of 100k
 lines yields a handful of API writes.
 
+Bounded by value too: a reason is cut to 128 bytes and a message to 1 KiB (:mod:`agent.bounds`, the
+API's limits for Events). Each *owner* (the condition of a transition, else the temporary rule,
+else the source) starts series for at most ``max_reasons`` distinct reasons within
+``aggregate_window``; every further event of that owner in the window is counted in one summary
+series per owner and type (reason ``TooManyReasons``, its ``count`` says how many), so a storm of
+thousands of distinct reasons is a handful of Events too. An event the sink cannot fold (a bug) is
+skipped, counted and reported (:meth:`~agent.sinks.worker.SinkWorker.detail`); so is a series whose
+write raises anything but an API error: it is dropped, and the others are still written.
+
 Delivery: events taken from the feed are folded into the :class:`~agent.sinks.outbox.Outbox`,
 which is saved at most every ``persist_interval`` seconds (and at shutdown); only then is the
 publication acknowledged (:meth:`EventSink.acked`), so the kmsg cursor never passes an Event that
@@ -29,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.bounds import bounded_message, bounded_reason
+from agent.durations import format_duration
 from agent.kube import KubeClient, KubeError
 from agent.runtime import Publication, SnapshotFeed
 from agent.sinks.log import iso
@@ -39,8 +50,10 @@ from agent.types import Event
 log = logging.getLogger(__name__)
 
 COMPONENT = "node-health-agent"
-MAX_MESSAGE = 1024
 MAX_NAME = 253  # a DNS subdomain
+MAX_REASONS = 10  # distinct reasons an owner starts series for within the aggregation window
+SUMMARY_REASON = "TooManyReasons"
+MAX_BUCKETS = 1024  # reason buckets kept before the full ones are forgotten
 PERSIST_INTERVAL = 0.5
 WRITES_PER_ROUND = 32  # then the loop takes new events and saves before writing on
 FINAL_FLUSH = 2.0  # seconds the last flush at shutdown may start writes in
@@ -55,21 +68,57 @@ def event_name(node: str, *, type_: str, reason: str, message: str, first: float
 
 
 class ReasonBuckets:
-    """One token bucket per reason: ``burst`` tokens, refilled one per ``refill`` seconds."""
+    """One token bucket per reason: ``burst`` tokens, refilled one per ``refill`` seconds.
 
-    def __init__(self, *, burst: int, refill: float) -> None:
+    Bounded: past ``max_buckets`` reasons, the buckets that have refilled (the same as none) are forgotten."""
+
+    def __init__(self, *, burst: int, refill: float, max_buckets: int = MAX_BUCKETS) -> None:
         self._burst = float(burst)
         self._refill = refill
+        self._max = max_buckets
         self._tokens: dict[str, tuple[float, float]] = {}  # reason -> (tokens, at)
 
-    def take(self, reason: str, now: float) -> bool:
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def _level(self, reason: str, now: float) -> float:
         tokens, since = self._tokens.get(reason, (self._burst, now))
-        tokens = min(self._burst, tokens + max(0.0, now - since) / self._refill)
+        return min(self._burst, tokens + max(0.0, now - since) / self._refill)
+
+    def take(self, reason: str, now: float) -> bool:
+        tokens = self._level(reason, now)
+        if reason not in self._tokens and len(self._tokens) >= self._max:
+            self._tokens = {r: v for r, v in self._tokens.items() if self._level(r, now) < self._burst}
         if tokens < 1:
             self._tokens[reason] = (tokens, now)
             return False
         self._tokens[reason] = (tokens - 1, now)
         return True
+
+
+class ReasonWindow:
+    """Which reasons each owner may start series for: at most ``limit`` distinct ones seen within ``window``
+    seconds (by the events' own timestamps). Memory: ``limit`` reasons per owner."""
+
+    def __init__(self, *, limit: int, window: float) -> None:
+        self._limit = limit
+        self._window = window
+        self._seen: dict[str, dict[str, float]] = {}  # owner -> reason -> last seen
+
+    def admit(self, owner: str, reason: str, at: float) -> bool:
+        seen = self._seen.setdefault(owner, {})
+        if reason not in seen and len(seen) >= self._limit:
+            for old in [r for r, last in seen.items() if last < at - self._window]:
+                del seen[old]
+            if len(seen) >= self._limit:
+                return False
+        seen[reason] = max(at, seen.get(reason, at))
+        return True
+
+
+def owner_of(event: Event) -> str:
+    """Whose reasons an event's reason counts among: its condition's, else its rule's, else its source's."""
+    return event.condition or event.rule or event.source
 
 
 class EventSink(SinkWorker):
@@ -89,6 +138,7 @@ class EventSink(SinkWorker):
         min_interval: float = 30.0,
         burst: int = 10,
         refill: float = 300.0,
+        max_reasons: int = MAX_REASONS,
         persist_interval: float = PERSIST_INTERVAL,
         max_series: int = MAX_SERIES,
         resync: float = RESYNC,
@@ -117,6 +167,8 @@ class EventSink(SinkWorker):
         self._min_interval = min_interval
         self._persist_interval = persist_interval
         self._buckets = ReasonBuckets(burst=burst, refill=refill)
+        self._reasons = ReasonWindow(limit=max_reasons, window=aggregate_window)
+        self._max_reasons = max_reasons
         self.outbox = Outbox(path=None if state_dir is None else Path(state_dir) / OUTBOX_FILE, max_series=max_series)
         self._node_uid: str | None = None
         self._index = 0  # the feed's index after the last event taken
@@ -126,6 +178,7 @@ class EventSink(SinkWorker):
         self._unsaved_events = False  # ... by events taken from the feed (the ack waits for the save)
         self._next_save = float("-inf")  # monotonic
         self.throttled = 0  # events that would have started a series, refused by the reason's bucket
+        self.summarized = 0  # events counted in their owner's TooManyReasons summary
         self.lost = 0  # events the feed's backlog lost before we took them
         self.last_persist_error: str | None = None
 
@@ -157,7 +210,10 @@ class EventSink(SinkWorker):
             log.warning("the Event sink fell behind: %d events lost from the feed's backlog", lost)
         now = self._clock()
         for event in events:
-            self._fold(event, now)
+            try:
+                self._fold(event, now)
+            except Exception as exc:  # one bad event must not stop the others (nor be taken again forever)
+                self.unexpected(exc, what=f"folding an Event {event.reason[:80]!r}")
         self._node_uid = pub.snapshot.node_uid or self._node_uid
         self._folded = pub.number
         if events:
@@ -185,22 +241,41 @@ class EventSink(SinkWorker):
     # ---- folding and saving --------------------------------------------------------------------
 
     def _fold(self, event: Event, now: float) -> None:
-        message = event.message[:MAX_MESSAGE]
-        series = self.outbox.current((event.type, event.reason, message))
+        reason, message = bounded_reason(event.reason), bounded_message(event.message)
+        owner = owner_of(event)
+        if not self._reasons.admit(owner, reason, event.timestamp):
+            self.summarized += 1
+            if self.summarized == 1 or self.summarized % 1000 == 0:
+                log.warning(
+                    "%s: more than %d distinct Event reasons within %s; the rest are counted in one %s Event "
+                    "(%d so far, latest %s)",
+                    owner,
+                    self._max_reasons,
+                    format_duration(self._window),
+                    SUMMARY_REASON,
+                    self.summarized,
+                    reason,
+                )
+            reason = SUMMARY_REASON
+            message = bounded_message(
+                f"{owner}: more Events with reasons other than the {self._max_reasons} shown within "
+                f"{format_duration(self._window)}; this Event's count says how many"
+            )
+        series = self.outbox.current((event.type, reason, message))
         if series is not None and event.timestamp - series.last <= self._window:
             series.count += 1
             series.last = max(series.last, event.timestamp)
             self.outbox.touch(series)
             return
-        if not self._buckets.take(event.reason, now):
+        if not self._buckets.take(reason, now):
             self.throttled += 1
             return
-        name = event_name(self._node, type_=event.type, reason=event.reason, message=message, first=event.timestamp)
+        name = event_name(self._node, type_=event.type, reason=reason, message=message, first=event.timestamp)
         self.outbox.add(
             Series(
                 name=name,
                 type=event.type,
-                reason=event.reason,
+                reason=reason,
                 message=message,
                 first=event.timestamp,
                 last=event.timestamp,
@@ -263,6 +338,8 @@ class EventSink(SinkWorker):
             what = f"Event {series.reason} for node {self._node} ({self._namespace}/{series.name})"
             if self.failed(exc, what=what, now=now) is Failure.TRANSIENT:
                 return False
+        except Exception as exc:  # dropped like a refused write: the series behind it must still go out
+            self.unexpected(exc, what=f"writing Event {series.reason!r} ({series.name})")
         else:
             self.succeeded()
             series.created = True

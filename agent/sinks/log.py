@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from agent.bounds import bounded_reason
 from agent.runtime import SnapshotFeed
 from agent.types import Condition, Event, Snapshot
 
@@ -30,7 +31,7 @@ def event_json(event: Event) -> dict[str, Any]:
         "time": iso(event.timestamp),
         "kind": "condition" if event.condition else "event",
         "type": event.type,
-        "reason": event.reason,
+        "reason": bounded_reason(event.reason),
         "severity": event.severity.value,
         "source": event.source,
         "message": event.message,
@@ -49,7 +50,7 @@ def condition_json(cond: Condition) -> dict[str, Any]:
     return {
         "type": cond.type,
         "status": cond.status.value,
-        "reason": cond.reason,
+        "reason": bounded_reason(cond.reason),
         "message": cond.message,
         "lastTransitionTime": iso(cond.last_transition),
         "severity": cond.severity.value,
@@ -70,7 +71,9 @@ class StdoutSink:
 
     Acknowledges a publication once its events are written, so the kmsg cursor never passes an
     event that was not printed. A closed or failing stream is logged once and then skipped (it
-    must not freeze the cursor or the agent).
+    must not freeze the cursor or the agent). Any value prints (a field JSON cannot encode is
+    printed as its ``str``); an event that still cannot be printed (a bug) is skipped, counted in
+    ``bugs`` and shown in :meth:`detail`.
     """
 
     name = "stdout"
@@ -83,6 +86,12 @@ class StdoutSink:
         self._index = 0
         self._acked = 0
         self._broken = False
+        self.bugs = 0
+        self.last_bug: str | None = None
+
+    def detail(self) -> str | None:
+        """For /healthz details: events that could not be printed (a bug)."""
+        return f"{self.bugs} event(s) could not be printed, a bug (latest: {self.last_bug})" if self.bugs else None
 
     def acked(self) -> int:
         return self._acked
@@ -106,8 +115,20 @@ class StdoutSink:
             return
         try:
             for event in events:
-                self._stream.write(json.dumps(event_json(event), sort_keys=True) + "\n")
+                line = self._line(event)
+                if line is not None:
+                    self._stream.write(line)
             self._stream.flush()
         except (OSError, ValueError) as exc:  # EPIPE, or a closed stream
             self._broken = True
             log.error("cannot write events to standard output any more: %s", exc)
+
+    def _line(self, event: Event) -> str | None:
+        try:
+            return json.dumps(event_json(event), sort_keys=True, default=str) + "\n"
+        except Exception as exc:  # one event that cannot be printed must not stop the others
+            self.bugs += 1
+            self.last_bug = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if self.bugs == 1:
+                log.exception("cannot print an event (a bug; skipped, logged once)")
+            return None

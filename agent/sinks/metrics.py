@@ -8,6 +8,12 @@ node-problem-detector compatible series (so existing dashboards and alerts keep 
 - ``problem_gauge{type,reason}``: 1 while condition ``type`` is True with ``reason``, else 0;
   unlike NPD it returns to 0 when the condition clears.
 
+Label values are bounded (:mod:`agent.bounds`): a reason is at most 128 bytes, and a condition or
+temporary rule counts at most 64 distinct reasons beyond the configuration's literal ones; further
+reasons are counted under ``reason="Other"`` and in
+``node_health_agent_problems_overflowed_total{owner}``, so a storm of distinct values cannot grow
+the number of series.
+
 The agent's own health: ``node_health_agent_*`` (records read/lost, reader restarts, rule
 matches, last record time, config generation, component health, condition status).
 """
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from agent.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
 from agent.types import Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
@@ -75,15 +82,25 @@ class AgentCollector:
             "1 for the current status of each owned node condition (True = problem present).",
             labels=["condition", "status", "reason"],
         )
-        current = {c.type: c for c in snap.conditions}
-        for type_, reason in sorted(set(snap.problem_pairs)):
-            cond = current.get(type_)
-            active = cond is not None and cond.status is Status.TRUE and cond.reason == reason
-            gauge.add_metric([type_, reason], 1.0 if active else 0.0)
+        pairs = set(snap.problem_pairs)
+        active = {
+            (c.type, counted_reason(c.type, c.reason, pairs=pairs)) for c in snap.conditions if c.status is Status.TRUE
+        }
+        for type_, reason in sorted(pairs):
+            gauge.add_metric([type_, reason], 1.0 if (type_, reason) in active else 0.0)
         for cond in snap.conditions:
-            status.add_metric([cond.type, cond.status.value, cond.reason], 1.0)
+            status.add_metric([cond.type, cond.status.value, bounded_reason(cond.reason)], 1.0)
         yield gauge
         yield status
+        overflowed = CounterMetricFamily(
+            "node_health_agent_problems_overflowed",
+            f"Problems counted under reason {OVERFLOW_REASON!r} because their condition type or temporary rule "
+            f"(owner) already had {MAX_REASONS} distinct reasons besides the configured ones.",
+            labels=["owner"],
+        )
+        for owner, n in sorted(snap.reasons_overflowed.items()):
+            overflowed.add_metric([owner], n)
+        yield overflowed
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             family = CounterMetricFamily(f"node_health_agent_{name}", doc)

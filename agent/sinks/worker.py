@@ -11,6 +11,11 @@ A failed write is one of (:func:`classify`):
 
 A failing API is not a health problem of the sink: ``healthy`` only says the loop still beats
 (a dead or wedged thread is unhealthy); ``last_error`` says what the API answered, for /healthz.
+
+An unexpected exception (a bug, or a value no sink should have met) never ends the loop: it is
+counted in ``bugs``, logged with its traceback once per exception type and place, shown in
+:meth:`SinkWorker.detail` (for /healthz details), and the loop goes on after a backoff. Sinks also
+catch it per item (an Event, a metric), so one bad value is skipped and the others still go out.
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ class SinkWorker:
         self.failures: collections.Counter[str] = collections.Counter()  # failed writes by Failure kind
         self.dropped: collections.Counter[int] = collections.Counter()  # writes given up, by HTTP status
         self.last_error: str | None = None  # the latest failure, None again after a success
+        self.bugs = 0  # unexpected exceptions caught (each skipped an item or a loop turn)
+        self.last_bug: str | None = None
+        self._bug_places: set[tuple[str, str]] = set()
 
     # ---- for subclasses ------------------------------------------------------------------------
 
@@ -143,6 +151,23 @@ class SinkWorker:
             log.info("%s: the object is gone, creating it anew: %s", what, exc)
         return kind
 
+    def unexpected(self, exc: Exception, *, what: str) -> None:
+        """An exception no sink code expects while doing ``what``: count it, log it once per type and
+        place (with the traceback), keep it for :meth:`detail`. The caller skips the item."""
+        self.bugs += 1
+        self.last_bug = f"{what}: {type(exc).__name__}: {str(exc)[:300]}"
+        place = (type(exc).__name__, what)
+        if place in self._bug_places:
+            log.debug("%s: unexpected %s again (%d so far): %s", self.name, type(exc).__name__, self.bugs, exc)
+        else:
+            self._bug_places.add(place)
+            log.exception("%s: unexpected error (a bug; skipped, the sink goes on): %s", self.name, what)
+
+    def detail(self) -> str | None:
+        """What /healthz details say about this sink: the API's latest failure and any bug met."""
+        bug = f"{self.bugs} unexpected error(s), a bug (latest: {self.last_bug})" if self.bugs else None
+        return "; ".join(p for p in (self.last_error, bug) if p) or None
+
     # ---- the component -------------------------------------------------------------------------
 
     def healthy(self, now: float) -> bool:
@@ -153,13 +178,21 @@ class SinkWorker:
         wait = self._wait or (lambda seconds: self._default_wait(stop, seconds))
         try:
             while not stop.is_set():
-                self._take_newest()
-                pause = min(max(0.0, self.work(self._monotonic())), IDLE)
+                try:
+                    self._take_newest()
+                    pause = min(max(0.0, self.work(self._monotonic())), IDLE)
+                except Exception as exc:  # a bug must not end the sink: count, report, back off, go on
+                    self.unexpected(exc, what="the sink loop")
+                    pause = self._backoff.next_delay(at_least=self._resync)
+                    self._retry_at = self._monotonic() + pause
                 self.beat(pause)
                 if wait(pause):
                     break
-            self._take_newest()
-            self.finish(self._monotonic())
+            try:
+                self._take_newest()
+                self.finish(self._monotonic())
+            except Exception as exc:
+                self.unexpected(exc, what="the last flush")
         finally:
             self._exited = True
 
