@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.detectors.docreader import MAX_TOTAL_BYTES, MAX_TOTAL_NODES
 from agent.detectors.packfile import Document, discover, read_pack
 from agent.errors import ConfigProblem
 
@@ -83,14 +84,31 @@ def classify(path: Path, doc: Document) -> Kind | ConfigProblem:
 
 
 def read_config_files(paths: Iterable[Path]) -> tuple[list[ConfigFile], list[ConfigProblem]]:
-    """Every file under ``paths`` (directories recursively, in path order), read and classified."""
+    """Every file under ``paths`` (directories recursively, in path order), read and classified.
+
+    Each file within the bounds of :mod:`agent.detectors.docreader`, and all of them together within
+    ``MAX_TOTAL_BYTES`` and ``MAX_TOTAL_NODES``: the file that crosses either is a problem, and the
+    files after it are not read."""
     found, problems = discover(list(paths))
     files: list[ConfigFile] = []
+    total_bytes = total_nodes = 0
     for path in found:
         doc, read_problems = read_pack(path)
         problems.extend(read_problems)
         if doc is None:
             continue
+        total_bytes += doc.size
+        total_nodes += doc.nodes
+        if total_bytes > MAX_TOTAL_BYTES or total_nodes > MAX_TOTAL_NODES:
+            problems.append(
+                ConfigProblem(
+                    file=str(path),
+                    field="",
+                    message=f"the configuration files together pass {MAX_TOTAL_BYTES / (1 << 20):g} MiB or "
+                    f"{MAX_TOTAL_NODES:,} nodes with this one: it and those after it are not read",
+                )
+            )
+            break
         kind = classify(path, doc)
         if isinstance(kind, ConfigProblem):
             problems.append(kind)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -13,6 +14,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration like '5m', got {value!r}")
     if isinstance(value, int | float):
+        if not math.isfinite(value):  # .nan or .inf in YAML: a NaN interval never comes due, yet never waits
+            raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
         if value < 0:
             raise ValueError(f"duration must not be negative, got {value!r}")
         return float(value)
@@ -29,6 +32,8 @@ def parse_duration(value: object) -> float:
         pos = m.end()
     if pos != len(text) or pos == 0:
         raise ValueError(f"invalid duration {value!r} (use e.g. '30s', '5m', '1h30m')")
+    if not math.isfinite(total):  # hundreds of digits
+        raise ValueError(f"duration {value!r} is too long")
     return total
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.detectors.docreader import not_a_regular_file
 from agent.durations import parse_duration
 from agent.errors import ConfigError, ConfigProblem
 from agent.types import reserved_condition
@@ -213,6 +214,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
     for path in config_files:  # a file, or a directory of them (as --plugins-dir; what check and simulate take)
         if not path.exists():
             bad("config", f"{path}: no such file or directory")
+        elif not path.is_dir() and (why := not_a_regular_file(path)) is not None:
+            bad("config", f"{path}: {why}")
     plugins_dirs = tuple(rule_dirs(plugins_dirs=args.plugins_dir, packs=args.pack))
     for path in plugins_dirs:
         if not path.exists():
@@ -294,8 +297,8 @@ def recovery_args(args: argparse.Namespace, bad: Callable[..., None], *, standal
     policy = getattr(args, "recovery_policy", None)
     if policy:
         out["recovery_policy"] = Path(policy)
-        if not Path(policy).is_file():
-            bad("recovery-policy", f"{policy}: no such file")
+        if (why := not_a_regular_file(Path(policy))) is not None:
+            bad("recovery-policy", f"{policy}: {why}")
     try:
         out["cloudwatch"] = parse_bool(getattr(args, "cloudwatch", "false") or "false")
     except ValueError as exc:

@@ -120,7 +120,6 @@ class Runtime:
     main_loop: MainLoop
     producer: SourceProducer
     state_dir: StateDirHealth
-    rule_set: RuleSet
     details: dict[str, Callable[[], str | None]]
     registry: Any = None
     config_generation: int = 1
@@ -164,7 +163,7 @@ class Runtime:
             lines_matched=pipeline.lines_matched,
             rule_matches=dict(pipeline.rule_matches),
             config_generation=self.watcher.generation if self.watcher is not None else self.config_generation,
-            rules_loaded=len(self.rule_set.rules),
+            rules_loaded=len(pipeline.rule_set.rules),  # in effect: a reload replaces the pipeline
             components=self.supervisor.health(),
             state_dir_ok=self.state_dir.ok,
             records_processed=self.main_loop.records_processed,
@@ -367,7 +366,6 @@ def build_runtime(
         main_loop=main_loop,
         producer=producer,
         state_dir=state_dir,
-        rule_set=rule_set,
         details=details,
         scheduler=scheduler,
         inbox=inbox,
@@ -672,6 +670,7 @@ def run(
                 scheduler=runtime.scheduler,
                 inbox=runtime.inbox,  # type: ignore[arg-type]
                 loaded=loaded,
+                ignore=[settings.state_dir],  # never react to the agent's own writes
             )
             runtime.watcher = watcher
             runtime.details["config_watcher"] = lambda: watcher.last_error

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -107,9 +108,21 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def start_standalone_agent(tmp: Path, *, plugins: Path) -> tuple[subprocess.Popen[str], str]:
+def memory_limit(limit: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that caps the child's address space: a test of hostile input never eats the machine."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return apply
+
+
+def start_standalone_agent(
+    tmp: Path, *, plugins: Path, max_memory: int | None = None
+) -> tuple[subprocess.Popen[str], str]:
     """A real standalone agent on an empty kmsg file with ``plugins`` as its only plugin directory:
-    the process and its base URL (stop it with ``terminate()`` and ``communicate()``)."""
+    the process and its base URL (stop it with ``terminate()`` and ``communicate()``).
+    ``max_memory``: its address space limit in bytes (see :func:`memory_limit`)."""
     kmsg = tmp / "kmsg"
     kmsg.touch()
     port = free_port()
@@ -119,6 +132,7 @@ def start_standalone_agent(tmp: Path, *, plugins: Path) -> tuple[subprocess.Pope
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=memory_limit(max_memory) if max_memory is not None else None,
     )
     return proc, f"http://127.0.0.1:{port}"
 

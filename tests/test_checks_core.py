@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import textwrap
 import threading
 from collections.abc import Callable
@@ -128,6 +129,20 @@ def test_later_declarations_change_only_what_they_give(tmp_path):
         ("checks:\n  - name: x\n    use: a:b\n    interval: 0s\n", [("checks[0].interval", 4, "must be more than 0")]),
         ("checks:\n  - name: x\n    use: a:b\n    interval: soon\n", [("checks[0].interval", 4, "invalid duration")]),
         (
+            "checks:\n  - name: x\n    use: a:b\n    interval: 1ns\n",
+            [("checks[0].interval", 4, "at least 1s, got '1ns'")],
+        ),
+        (
+            "checks:\n  - name: x\n    use: a:b\n    interval: 0.5\n",
+            [("checks[0].interval", 4, "at least 1s, got 0.5")],
+        ),
+        ("checks:\n  - name: x\n    use: a:b\n    interval: .nan\n", [("checks[0].interval", 4, "must be a finite")]),
+        (
+            "checks:\n  - name: x\n    use: a:b\n    timeout: 10ms\n",
+            [("checks[0].timeout", 4, "at least 0.1s, got '10ms'")],
+        ),
+        ("checks:\n  - name: x\n    use: a:b\n    timeout: .inf\n", [("checks[0].timeout", 4, "must be a finite")]),
+        (
             "checks:\n  - name: x\n    use: a:b\n    failureThreshold: 0\n",
             [("checks[0].failureThreshold", 4, "must be an integer from 1 to 1000")],
         ),
@@ -145,6 +160,11 @@ def test_later_declarations_change_only_what_they_give(tmp_path):
         "bad-use",
         "zero-interval",
         "bad-duration",
+        "interval-below-floor",
+        "interval-number-below-floor",
+        "interval-nan",
+        "timeout-below-floor",
+        "timeout-infinite",
         "zero-threshold",
         "unknown-key",
         "nothing-to-change",
@@ -307,6 +327,34 @@ def test_what_a_check_says_about_itself_is_read_once_at_load():
     assert [(r.check, [x.status for x in r.results]) for r in reports] == [("flaky", [OK]), ("nan", [])]
     assert {spec.type for c in checks for spec in c.check.conditions} == {"Thing"}  # as the assembly reads them
     assert flaky.check.plugin.reads == 1
+
+
+def own_timing(interval: object, timeout: object) -> type:
+    """A Static check class that asks for its own interval and timeout."""
+    return type("OwnTiming", (Static,), {"interval": interval, "timeout": timeout})
+
+
+@pytest.mark.parametrize(
+    ("interval", "timeout", "given", "expected", "warned"),
+    [
+        (1e-9, 1e-9, {}, (1.0, 0.1), ["interval 1e-09s, less than 1s", "timeout 1e-09s, less than 0.1s"]),
+        (0.5, 0.05, {}, (1.0, 0.1), ["interval 0.5s, less than 1s", "timeout 0.05s, less than 0.1s"]),
+        (float("nan"), float("inf"), {}, (60.0, 30.0), []),  # not a usable number: the defaults
+        (1.0, 0.1, {}, (1.0, 0.1), []),  # at the floor
+        (1e-9, 1e-9, {"interval": 30.0, "timeout": 5.0}, (30.0, 5.0), []),  # a declaration overrides the class
+    ],
+    ids=["nanoseconds", "below-floor", "not-finite", "at-floor", "declared"],
+)
+def test_a_check_class_cannot_ask_for_less_than_the_floor(caplog, interval, timeout, given, expected, warned):
+    """Issue 13 #12: a plugin's ``interval = 1e-9`` ran 85,000 times in 15 s; it is raised to the floor."""
+    ep = FakeEntryPoint("fast", "pkg:OwnTiming", own_timing(interval, timeout))
+    decl = CheckDecl(name="fast", entry_point="fast", origin="entry point fast", **given)
+    with caplog.at_level(logging.WARNING, logger="agent.checks.loader"):
+        [check], problems = build_checks([decl], context=CheckContext(), entry_points=lambda: [ep])
+    assert problems == [] and (check.interval, check.timeout) == expected
+    assert [r.getMessage() for r in caplog.records] == [
+        f"check fast asks for {w}: it runs with {w.split()[-1]}" for w in warned
+    ]
 
 
 def test_bad_options_are_configuration_errors_with_file_field_and_line(tmp_path):

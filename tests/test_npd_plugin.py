@@ -7,6 +7,8 @@ plugins in ``config/plugin/``, as in the AKS GPU DaemonSet.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -356,6 +358,27 @@ INVALID = [
         id="interval-not-go-syntax",
     ),
     pytest.param(
+        edit("  invoke_interval: 30s", "  invoke_interval: 1ns"),
+        "pluginConfig.invoke_interval",
+        3,
+        "must be at least 1s, got '1ns'",
+        id="interval-below-floor",
+    ),
+    pytest.param(
+        BASE + "    invoke_interval: 500ms\n",
+        "rules[0].invoke_interval",
+        15,
+        "must be at least 1s, got '500ms'",
+        id="rule-interval-below-floor",
+    ),
+    pytest.param(
+        edit("  timeout: 5s", "  timeout: 1ms"),
+        "pluginConfig.timeout",
+        4,
+        "must be at least 0.1s, got '1ms'",
+        id="timeout-below-floor",
+    ),
+    pytest.param(
         BASE + "    invoke_interval: -1s\n",
         "rules[0].invoke_interval",
         15,
@@ -517,6 +540,26 @@ def test_plugin_warnings(tmp_path: Path, plugin, field: str, line: int, message:
     (warning,) = monitor.warnings
     assert (warning.file, warning.field, warning.line) == (str(config), field, line)
     assert message.format(root=tmp_path) in warning.message, warning.message
+
+
+def test_a_fifo_as_plugin_is_a_warning_not_a_hang(tmp_path: Path) -> None:
+    """Opening a FIFO to read its '#!' line blocked validate-config, run and every reload for ever."""
+    fifo = tmp_path / "plugin" / "check.sh"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo, 0o755)
+    # A writer, so that a reader opening the FIFO is not blocked (the test cannot hang either way).
+    writer = threading.Thread(target=lambda: os.close(os.open(fifo, os.O_WRONLY)), daemon=True)
+    writer.start()
+    try:
+        config = write(tmp_path / "plugin.yaml", edit("path: /bin/true", "path: ./plugin/check.sh"))
+        monitor, problems = load(config, cwd=tmp_path)
+        assert problems == [] and monitor is not None
+        assert [w.message for w in monitor.warnings] == [
+            f"'./plugin/check.sh' -> {fifo} is not a regular file, not a program"
+        ]
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's open return
+        writer.join(10)
 
 
 def test_condition_on_a_temporary_rule_is_ignored_with_a_warning(tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from agent.agentconfig import build_scheduled_checks, load_agent_config
 from agent.checks.model import CheckContext, CheckResult, CheckStatus
 from agent.checks.scheduler import CheckScheduler
-from agent.reload import ConfigWatcher
+from agent.reload import ConfigWatcher, Relevant
 from agent.runtime import Inbox, Reconfigure
+from agent.statedir import atomic_write
 from agent.types import ConditionSpec
 
 from helpers import http_get, start_standalone_agent, wait_for
@@ -150,6 +153,7 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
     proc, base = start_standalone_agent(tmp_path, plugins=plugins)
     try:
         wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 1.0, timeout=30)
+        assert _metric(base, "node_health_agent_rules_loaded") == 1.0
         pack.write_text(
             textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}")
             + "  - {type: permanent, condition: New, reason: NewSeen, pattern: 'delta .*'}\n"
@@ -162,8 +166,12 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
         status, body = http_get(f"{base}/healthz")
         assert status == 200 and "conditions_extra" in json.loads(body)["details"]["config_watcher"]
         assert _metric(base, "node_health_agent_config_reload_failures_total") == 1.0
-        pack.write_text(textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}"))
+        pack.write_text(
+            textwrap.dedent(PACK).replace("pattern: 'alpha .*'}", "pattern: 'gamma .*'}")
+            + "  - {type: temporary, reason: EpsilonSeen, pattern: 'epsilon .*'}\n"
+        )
         wait_for(lambda: _metric(base, "node_health_agent_config_generation") == 2.0, timeout=30)
+        wait_for(lambda: _metric(base, "node_health_agent_rules_loaded") == 2.0)  # the rules now in effect
         usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
         with (tmp_path / "kmsg").open("a") as f:  # the agent's kernel log (see start_standalone_agent)
             f.write(f"3,1,{usec},-;gamma ray burst\n")
@@ -172,6 +180,183 @@ def test_the_running_agent_takes_a_changed_rule_pack_and_rejects_a_broken_one(tm
     finally:
         proc.terminate()
         proc.communicate(timeout=15)
+
+
+# ---- what the watcher reacts to (issue 13 #10) -----------------------------------------------------------
+
+
+def configmap(directory: Path, files: dict[str, str], *, stamp: str) -> None:
+    """Lay out ``directory`` as the kubelet mounts a ConfigMap, or update it as the kubelet does: the
+    files in a new ``..<stamp>`` directory, ``..data`` swapped to it by a rename, visible symlinks."""
+    directory.mkdir(exist_ok=True)
+    stamped = directory / f"..{stamp}"
+    stamped.mkdir()
+    for name, text in files.items():
+        (stamped / name).write_text(text)
+    old = (directory / "..data").readlink() if (directory / "..data").is_symlink() else None
+    (directory / "..data_tmp").symlink_to(stamped.name)
+    (directory / "..data_tmp").rename(directory / "..data")
+    for name in files:
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+    if old is not None:
+        for child in (directory / old).iterdir():
+            child.unlink()
+        (directory / old).rmdir()
+
+
+RELEVANT = [
+    # (changed path relative to tmp, is a directory, counts)
+    ("etc/agent.yaml", False, True),  # the --config file itself
+    ("etc/..data", False, True),  # a ConfigMap update beside it
+    ("etc/..data_tmp", False, True),
+    ("etc/conditions.json", False, False),  # the agent's state written beside its --config file
+    ("etc/agent.log", False, False),
+    ("etc/other.yaml", False, False),  # another file beside it: not configuration
+    ("etc/sub/agent.yaml", False, False),  # --config's directory is not watched recursively
+    ("plugins/pack.yaml", False, True),
+    ("plugins/neuron/checks.yml", False, True),
+    ("plugins/rules.json", False, True),
+    ("plugins/neuron", True, True),  # a directory of packs moved in or out
+    ("plugins/README.md", False, False),
+    ("plugins/plugin.sh", False, False),
+    ("plugins/.pack.yaml.swp", False, False),  # hidden: loading skips it
+    ("plugins/.git/config.yaml", False, False),
+    ("plugins/..2026_01_01/pack.yaml", False, True),  # a ConfigMap mounted as a plugin directory
+    ("plugins/state/conditions.json", False, False),  # under --state-dir
+    ("plugins", True, False),  # the directory itself (its own metadata)
+    ("elsewhere/pack.yaml", False, False),
+]
+
+
+@pytest.mark.parametrize(("changed", "is_directory", "counts"), RELEVANT, ids=[r[0] for r in RELEVANT])
+def test_only_changes_that_can_touch_the_configuration_count(tmp_path, changed, is_directory, counts):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "plugins").mkdir()
+    relevant = Relevant.of([tmp_path / "plugins", tmp_path / "etc" / "agent.yaml"], ignore=[tmp_path / "plugins/state"])
+    assert relevant(str(tmp_path / changed), is_directory=is_directory) is counts
+    assert relevant.watches() == [(tmp_path / "etc", False), (tmp_path / "plugins", True)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_of_changes_is_checked_once_after_it_settles(tmp_path):
+    plugins, _, _, _ = setup(tmp_path)
+    clock = Clock()
+    watcher = ConfigWatcher(
+        paths=[plugins],
+        config=load_agent_config([plugins], entry_points=entry_points),
+        checks=[],
+        context=CheckContext(state_dir=tmp_path),
+        scheduler=None,
+        inbox=Inbox(),
+        entry_points=entry_points,
+        settle=1.0,
+        monotonic=clock,
+    )
+    pack = str(plugins / "pack.yaml")
+    checked = []
+    for step in range(42):  # a change every 0.5 s for 20.5 s: never settles
+        clock.now = step * 0.5
+        watcher.seen(pack)
+        checked += [clock.now] if watcher.poll() else []
+    assert checked == [10.0, 20.5]  # one check per MAX_WAIT (10 s) while it goes on
+    watcher.seen(pack)
+    clock.now = 21.4
+    assert watcher.poll() is False  # 0.9 s after the last change: still settling
+    clock.now = 21.5
+    assert watcher.poll() is True and watcher.poll() is False  # settled: checked once
+    assert (watcher.unchanged, watcher.generation) == (3, 1)  # nothing really changed: no reload
+
+
+def run_watcher(watcher: ConfigWatcher):
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    thread.start()
+    wait_for(lambda: watcher.watching and watcher.unchanged == 1)  # the check at start: nothing changed
+    return stop, thread
+
+
+def watch(tmp_path: Path, paths: list[Path]) -> tuple[ConfigWatcher, Inbox]:
+    inbox = Inbox()
+    watcher = ConfigWatcher(
+        paths=paths,
+        config=load_agent_config(paths, entry_points=entry_points),
+        checks=[],
+        context=CheckContext(state_dir=tmp_path),
+        scheduler=None,
+        inbox=inbox,
+        entry_points=entry_points,
+        settle=0.05,
+        ignore=[tmp_path / "plugins" / "state"],
+    )
+    return watcher, inbox
+
+
+def test_state_writes_beside_a_config_file_and_a_touch_are_no_reload(tmp_path):
+    """Issue 13 #10: the agent's own state written beside its --config file reloaded it endlessly."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    config = etc / "agent.yaml"
+    config.write_text(textwrap.dedent(PACK))
+    watcher, inbox = watch(tmp_path, [config])
+    stop, thread = run_watcher(watcher)
+    try:
+        for n in range(5):  # as the agent writes its state (write a temporary file, rename it)
+            atomic_write(etc / "conditions.json", json.dumps({"n": n}).encode())
+            (etc / "agent.log").write_text(f"line {n}\n")
+        wait_for(lambda: watcher.ignored >= 10)
+        config.touch()
+        config.write_text(textwrap.dedent(PACK))  # the same content again
+        wait_for(lambda: watcher.unchanged == 2)
+        assert (watcher.generation, watcher.failures) == (1, 0) and inbox.get(timeout=0) is None
+        config.write_text(textwrap.dedent(PACK) + "  - {type: temporary, reason: BetaSeen, pattern: 'beta .*'}\n")
+        wait_for(lambda: watcher.generation == 2)
+        assert [r.reason for r in inbox.get(timeout=5).rule_set.rules] == ["AlphaSeen", "BetaSeen"]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_rejected_change_is_not_tried_again_until_the_content_changes(tmp_path):
+    plugins, watcher, _, _ = setup(tmp_path)
+    stop, thread = run_watcher(watcher)
+    try:
+        (plugins / "pack.yaml").write_text("rules: [\n")
+        wait_for(lambda: watcher.failures == 1)
+        (plugins / "pack.yaml").touch()
+        wait_for(lambda: watcher.unchanged == 2)
+        assert (watcher.failures, watcher.generation) == (1, 1)
+        (plugins / "pack.yaml").write_text(textwrap.dedent(PACK))
+        wait_for(lambda: watcher.generation == 2)
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("mounted", ["config-file", "plugins-dir"])
+def test_a_configmap_update_is_reloaded(tmp_path, mounted):
+    directory = tmp_path / ("etc" if mounted == "config-file" else "plugins")
+    configmap(directory, {"pack.yaml": textwrap.dedent(PACK)}, stamp="2026_01_01_00_00_00.1")
+    paths = [directory / "pack.yaml"] if mounted == "config-file" else [directory]
+    watcher, inbox = watch(tmp_path, paths)
+    stop, thread = run_watcher(watcher)
+    try:
+        updated = textwrap.dedent(PACK) + "  - {type: temporary, reason: BetaSeen, pattern: 'beta .*'}\n"
+        configmap(directory, {"pack.yaml": updated}, stamp="2026_01_01_00_01_00.2")
+        wait_for(lambda: watcher.generation == 2)
+        assert [r.reason for r in inbox.get(timeout=5).rule_set.rules] == ["AlphaSeen", "BetaSeen"]
+        assert watcher.failures == 0
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 # ---- plugins that misbehave while loading during a reload ------------------------------------------------

@@ -34,6 +34,11 @@ CHECK_KEYS = frozenset(
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*$")
 _USE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 MAX_THRESHOLD = 1000
+# The fastest a check may run, and its shortest timeout, however they are given (a ``checks:``
+# declaration, an NPD plugin file, a check class's own attributes): a check on a nanosecond
+# interval runs back to back on a core, and a timeout under 100 ms fails runs that load only slows.
+MIN_INTERVAL = 1.0
+MIN_TIMEOUT = 0.1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,7 +117,7 @@ def _check_one(item: Mapping[str, Any], *, path: tuple, col: Problems) -> dict[s
             col.add((*path, "entryPoint"), "must be the name of an entry point in group node_health_agent.checks")
         else:
             given["entry_point"] = item["entryPoint"]
-    for key, attr in (("interval", "interval"), ("timeout", "timeout")):
+    for key, floor in (("interval", MIN_INTERVAL), ("timeout", MIN_TIMEOUT)):
         if key in item:
             try:
                 seconds = parse_duration(item[key])
@@ -122,7 +127,10 @@ def _check_one(item: Mapping[str, Any], *, path: tuple, col: Problems) -> dict[s
             if seconds <= 0:
                 col.add((*path, key), f"must be more than 0, got {item[key]!r}")
                 continue
-            given[attr] = seconds
+            if seconds < floor:
+                col.add((*path, key), f"must be at least {floor:g}s, got {item[key]!r}")
+                continue
+            given[key] = seconds
     for key, attr in (("failureThreshold", "failure_threshold"), ("successThreshold", "success_threshold")):
         if key in item:
             value = item[key]

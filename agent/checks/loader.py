@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from agent.checks.declared import CheckDecl
+from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT, CheckDecl
 from agent.checks.guard import Outcome, call_guarded, describe
 from agent.checks.model import (
     ENTRY_POINT_GROUP,
@@ -328,8 +328,8 @@ def build_checks(
         checks.append(
             ScheduledCheck(
                 check=check,
-                interval=decl.interval or _number(getattr(check, "interval", None), DEFAULT_INTERVAL),
-                timeout=decl.timeout or _number(getattr(check, "timeout", None), DEFAULT_TIMEOUT),
+                interval=decl.interval or _own(check, "interval", default=DEFAULT_INTERVAL, floor=MIN_INTERVAL),
+                timeout=decl.timeout or _own(check, "timeout", default=DEFAULT_TIMEOUT, floor=MIN_TIMEOUT),
                 kind=kind,
                 origin=decl.origin,
                 failure_threshold=decl.failure_threshold,
@@ -339,7 +339,18 @@ def build_checks(
     return checks, problems
 
 
-def _number(value: object, default: float) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return default
+def _own(check: object, attribute: str, *, default: float, floor: float) -> float:
+    """A check's own ``interval`` or ``timeout``: a positive finite number of seconds, else ``default``;
+    one below ``floor`` is raised to it, with a warning naming the check (the plugin's choice, not the
+    operator's: a ``checks:`` declaration of the same name overrides it)."""
+    try:
+        value = getattr(check, attribute, None)
+    except Exception:  # a property that raises: the plugin's trouble
+        value = None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        return default
+    if value < floor:
+        name = getattr(check, "name", "?")
+        log.warning("check %s asks for %s %gs, less than %gs: it runs with %gs", name, attribute, value, floor, floor)
+        return floor
+    return float(value)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT
 from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
 from agent.checks.model import RunProcess, ScheduledCheck
 from agent.checks.process import DEFAULT_PATH
@@ -209,7 +210,8 @@ def _count(
 
 
 def _duration(data: Mapping[str, Any], key: str, *, default: float | None, path: tuple, col: Problems) -> float | None:
-    """A Go duration string greater than zero ("30s", "1m30s", "500ms"); None (reported) if invalid."""
+    """A Go duration string ("30s", "1m30s", "500ms") of at least the floor of ``key`` (MIN_INTERVAL for
+    ``invoke_interval``, MIN_TIMEOUT for ``timeout``: agent.checks.declared); None (reported) if invalid."""
     if key not in data:
         return default
     value = data[key]
@@ -223,6 +225,10 @@ def _duration(data: Mapping[str, Any], key: str, *, default: float | None, path:
         return None
     if seconds <= 0:
         col.add((*path, key), f"must be greater than 0, got {value!r}")
+        return None
+    floor = MIN_INTERVAL if key == "invoke_interval" else MIN_TIMEOUT
+    if seconds < floor:
+        col.add((*path, key), f"must be at least {floor:g}s, got {value!r}")
         return None
     return seconds
 
@@ -485,6 +491,8 @@ def plugin_path_warnings(executable: Path, *, raw: str) -> list[str]:
         ]
     if executable.is_dir():
         return [f"{where} is a directory, not a program"]
+    if not executable.is_file():  # a FIFO would block the open below (and the agent's start) forever
+        return [f"{where} is not a regular file, not a program"]
     if not os.access(executable, os.X_OK):
         return [f"{where} is not executable (chmod +x, or a ConfigMap defaultMode of 0755)"]
     try:

@@ -3,7 +3,9 @@ and collecting problems that name the file, the field path and the line."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -12,6 +14,16 @@ from typing import Any
 
 import yaml
 
+from agent.detectors.docreader import (
+    MAX_DIR_DEPTH,
+    MAX_DIR_ENTRIES,
+    MAX_FILES,
+    Refused,
+    compose_yaml,
+    load_json,
+    load_yaml,
+    read_config_bytes,
+)
 from agent.errors import ConfigProblem
 
 PACK_SUFFIXES = (".json", ".yaml", ".yml")
@@ -31,9 +43,17 @@ def windows_path_problem(value: object) -> str | None:
     )
 
 
+class TooManyEntries(Exception):
+    """A directory with more entries than :data:`~agent.detectors.docreader.MAX_DIR_ENTRIES`."""
+
+
 def list_directory(path: Path) -> list[Path]:
-    """The entries of a directory, sorted. Raises OSError (e.g. permission denied)."""
-    return sorted(path.iterdir())
+    """The entries of a directory, sorted. Raises OSError (e.g. permission denied) or TooManyEntries."""
+    with os.scandir(path) as entries:
+        names = [e.name for e in itertools.islice(entries, MAX_DIR_ENTRIES + 1)]
+    if len(names) > MAX_DIR_ENTRIES:
+        raise TooManyEntries
+    return sorted(path / name for name in names)
 
 
 def _reason(exc: OSError) -> str:
@@ -41,35 +61,60 @@ def _reason(exc: OSError) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _walk(directory: Path, *, found: list[Path], problems: list[ConfigProblem], seen: set[Path]) -> None:
+def _walk(
+    directory: Path, *, found: list[Path], problems: list[ConfigProblem], seen: set[Path], depth: int = 0
+) -> None:
     real = directory.resolve()
     if real in seen:  # a symlink loop
         return
     seen.add(real)
+    if depth > MAX_DIR_DEPTH:
+        problems.append(
+            ConfigProblem(
+                file=str(directory), field="", message=f"is nested more than {MAX_DIR_DEPTH} directories deep: not read"
+            )
+        )
+        return
     try:
         entries = list_directory(directory)
     except OSError as exc:
         problems.append(ConfigProblem(file=str(directory), field="", message=f"cannot read directory: {_reason(exc)}"))
         return
+    except TooManyEntries:
+        problems.append(
+            ConfigProblem(
+                file=str(directory),
+                field="",
+                message=f"has more than {MAX_DIR_ENTRIES:,} entries: not read (is it really a plugin directory?)",
+            )
+        )
+        return
     for entry in entries:
+        if len(found) > MAX_FILES:
+            return
         if entry.name.startswith("."):
             continue  # hidden: editor files, and the ..data copies of a mounted ConfigMap
         if entry.is_dir():
-            _walk(entry, found=found, problems=problems, seen=seen)
-        elif entry.suffix in PACK_SUFFIXES and entry.is_file():
+            _walk(entry, found=found, problems=problems, seen=seen, depth=depth + 1)
+        elif entry.suffix in PACK_SUFFIXES and entry.exists():
+            # A FIFO or a device is kept (reading it says why it is refused); a dangling symlink
+            # (a mounted ConfigMap between its two steps of an update) is not a file yet.
             found.append(entry)
 
 
 def discover(paths: Iterable[Path]) -> tuple[list[Path], list[ConfigProblem]]:
-    """Rule pack files in load order, and the problems found looking for them.
+    """Configuration files in load order, and the problems found looking for them.
 
     A directory expands (recursively, sorted by path, hidden entries skipped) into its ``*.json``,
     ``*.yaml`` and ``*.yml`` files; a directory without any, or one that cannot be listed, is a
-    problem. Other paths are kept as given (reading them reports what is wrong).
+    problem. Other paths are kept as given (reading them reports what is wrong). At most
+    :data:`~agent.detectors.docreader.MAX_FILES` files in all: past that, a problem.
     """
     found: list[Path] = []
     problems: list[ConfigProblem] = []
     for path in paths:
+        if len(found) > MAX_FILES:
+            break
         if not path.is_dir():
             found.append(path)
             continue
@@ -81,6 +126,15 @@ def discover(paths: Iterable[Path]) -> tuple[list[Path], list[ConfigProblem]]:
                     file=str(path), field="", message=f"is a directory with no rule pack files ({_SUFFIXES_TEXT})"
                 )
             )
+    if len(found) > MAX_FILES:
+        problems.append(
+            ConfigProblem(
+                file=str(found[MAX_FILES]),
+                field="",
+                message=f"more than {MAX_FILES:,} configuration files in all: this one and those after it are not read",
+            )
+        )
+        del found[MAX_FILES:]
     return found, problems
 
 
@@ -90,6 +144,8 @@ class Document:
 
     data: Any
     lines: Mapping[tuple, int]
+    nodes: int = 0  # YAML nodes, aliases expanded (see agent.detectors.docreader)
+    size: int = 0  # bytes
 
     def line(self, path: tuple) -> int | None:
         while path:
@@ -100,6 +156,7 @@ class Document:
 
 
 def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
+    """Bounded by the reader: at most MAX_DEPTH deep and MAX_NODES paths, aliases followed."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
@@ -111,45 +168,51 @@ def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
             _collect_lines(item, (*path, i), lines)
 
 
-def _line_map(text: str) -> dict[tuple, int]:
+def _line_map(root: yaml.Node | None) -> dict[tuple, int]:
     lines: dict[tuple, int] = {}
-    try:
-        # Tabs are whitespace in JSON but not YAML indentation; expanding them keeps every line.
-        node = yaml.compose(text.expandtabs(), Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return lines
-    if node is not None:
-        _collect_lines(node, (), lines)
+    if root is not None:
+        _collect_lines(root, (), lines)
     return lines
 
 
+def _parse(text: str, *, is_json: bool) -> tuple[Any, yaml.Node | None, int]:
+    """(data, composed root for line numbers, node count); raises Refused, YAMLError, JSONDecodeError."""
+    if not is_json:
+        return load_yaml(text)
+    try:
+        # JSON is (almost always) YAML too, so one composer gives line numbers for both, and its
+        # scan bounds the document before json builds anything. Tabs are whitespace in JSON but not
+        # YAML indentation; expanding them keeps every line.
+        root = compose_yaml(text.expandtabs())
+    except yaml.YAMLError:
+        root = None  # JSON that YAML 1.1 cannot read ("\/" escapes): no line numbers; load_json bounds it
+    data, nodes = load_json(text)
+    return data, root, nodes
+
+
 def read_pack(path: Path) -> tuple[Document | None, list[ConfigProblem]]:
-    """Parse a pack file (``.json`` as JSON, anything else as YAML); None and the problem if it cannot be."""
+    """Parse a pack file (``.json`` as JSON, anything else as YAML); None and the problem if it cannot be.
+
+    Within the bounds of :mod:`agent.detectors.docreader` (regular files, size, nodes, depth)."""
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_config_bytes(path)
+        text = raw.decode("utf-8")
+        data, root, nodes = _parse(text, is_json=path.suffix == ".json")
+    except Refused as exc:
+        return None, [ConfigProblem(file=name, field="", message=exc.message, line=exc.line)]
     except OSError as exc:
         return None, [ConfigProblem(file=name, field="", message=f"cannot read file: {_reason(exc)}")]
     except UnicodeDecodeError as exc:
         return None, [ConfigProblem(file=name, field="", message=f"cannot read file: not UTF-8 text ({exc.reason})")]
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return None, [ConfigProblem(file=name, field="", message=f"invalid JSON: {exc.msg}", line=exc.lineno)]
-    else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc)
-            return None, [
-                ConfigProblem(
-                    file=name, field="", message=f"invalid YAML: {problem}", line=mark.line + 1 if mark else None
-                )
-            ]
-    # JSON is (almost always) YAML too, so one composer gives line numbers for both.
-    return Document(data={} if data is None else data, lines=_line_map(text)), []
+    except json.JSONDecodeError as exc:
+        return None, [ConfigProblem(file=name, field="", message=f"invalid JSON: {exc.msg}", line=exc.lineno)]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        line = mark.line + 1 if mark else None
+        return None, [ConfigProblem(file=name, field="", message=f"invalid YAML: {problem}", line=line)]
+    return Document(data={} if data is None else data, lines=_line_map(root), nodes=nodes, size=len(raw)), []
 
 
 def field_path(path: tuple) -> str:
