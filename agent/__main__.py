@@ -1,3 +1,3 @@
-from agent.cli import entry
+from agent.app.cli import entry
 
 entry()

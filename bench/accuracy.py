@@ -36,9 +36,10 @@ class Accuracy:
 
 
 def score(path: Path) -> Accuracy:
-    from agent.cli import simulate_lines
-    from agent.detectors.rulepack import load_rule_set
-    from agent.settings import builtin_packs, builtin_plugins_dir
+    from agent.app.cli import simulate_lines
+    from agent.app.config import load_rule_set
+    from agent.app.settings import builtin_packs
+    from agent.core.paths import builtin_plugins_dir
 
     rule_set = load_rule_set([builtin_plugins_dir() / p for p in builtin_packs()])
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -104,13 +104,13 @@ def _disrupted(server: Any, marked: set[str]) -> set[str]:
 def simulate_fleet(*, nodes: int = 50, failing: int = 15, seed: int = 0, budget: Any = None) -> FleetResult:
     """Run the scenario (see the module docstring); ``budget`` (BudgetSettings) replaces the policy's."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from agent.kube import KubeClient
+    from agent.adapters.kube import KubeClient
+    from agent.core.bus import Inbox, SnapshotFeed
+    from agent.core.types import Condition, Snapshot, Status
     from agent.recovery.budget import ClusterBudget, budget_lease_name, resolve_limit
     from agent.recovery.loop import RecoveryLoop
     from agent.recovery.model import BUILTIN_CONDITIONS, Action
     from agent.recovery.policyfile import DEFAULT_POLICY
-    from agent.runtime import Inbox, SnapshotFeed
-    from agent.types import Condition, Snapshot, Status
 
     from kubeapi.server import KubeApiServer
 

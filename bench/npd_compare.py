@@ -247,7 +247,7 @@ def kmsg_record(seq: int, text: str, *, prio: int = 6, usec: int = 0) -> str:
 
 
 def _record(entry: Any, *, seq: int, where: str, saved_log: bool, kmsg_records: bool) -> Record:
-    from agent.pipeline import saved_log_line
+    from agent.detectors.pipeline import saved_log_line
     from agent.sources.kmsg_format import KmsgParseError, parse_record
 
     age = 0.0
@@ -418,8 +418,8 @@ _RULE_FIELD = re.compile(r"^rules\[(\d+)\]\.pattern$")
 
 def _load_ours(stream: Stream, config: Mapping[str, Any], tmp: Path, *, as_given: bool) -> tuple[Any, list[int], dict]:
     """Load the configuration with our rule pack loader; rules whose pattern it refuses are left out."""
-    from agent.detectors.rulepack import load_rule_set
-    from agent.errors import ConfigError
+    from agent.app.config import load_rule_set
+    from agent.core.errors import ConfigError
 
     rules = list(config.get("rules") or [])
     keep = list(range(len(rules)))
@@ -448,10 +448,10 @@ def _load_ours(stream: Stream, config: Mapping[str, Any], tmp: Path, *, as_given
 
 def run_ours(stream: Stream, *, group: bool = False, lookback: float | None = None) -> OurRun:
     """Our side: the rule pack loader, the replay policy and the detection pipeline, as the agent runs them."""
-    from agent.durations import parse_duration
-    from agent.pipeline import Batch, DetectionPipeline
+    from agent.core.durations import parse_duration
+    from agent.core.types import LogRecord
+    from agent.detectors.pipeline import Batch, DetectionPipeline
     from agent.sources.replay import ReplayPolicy
-    from agent.types import LogRecord
 
     config = _grouped(stream.config) if group else dict(stream.config)
     with tempfile.TemporaryDirectory(prefix="npd-compare-") as tmp:
@@ -520,7 +520,7 @@ def disagreements(npd: Iterable[Match], ours: Iterable[Match]) -> list[Disagreem
 
 def pattern_points(pattern: str) -> set[str]:
     """The documented points ``validate-config`` warns about for this pattern."""
-    from agent.detectors.regex import npd_differences
+    from agent.core.regex import npd_differences
 
     found = set()
     for text in npd_differences(pattern):
@@ -606,7 +606,7 @@ class StreamResult:
 
 
 def facts_for(stream: Stream, refused: Mapping[int, str]) -> StreamFacts:
-    from agent.durations import parse_duration
+    from agent.core.durations import parse_duration
 
     return StreamFacts(
         patterns=[str(r.get("pattern", "")) for r in stream.rules],
@@ -902,7 +902,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     try:
-        from agent.durations import parse_duration
+        from agent.core.durations import parse_duration
 
         parse_duration(args.lookback)
         variant = describe_harness(harness)

@@ -130,7 +130,7 @@ def _require_agreement(name: str, expected: list, actual: list) -> None:
 
 def _hostile_ms() -> float:
     """The slowest hostile pattern and line: milliseconds for the line through ``RuleEngine`` (best of ``REPEATS``)."""
-    from agent.detectors.rulepack import load_rule_set
+    from agent.app.config import load_rule_set
     from agent.detectors.rules import RuleEngine
 
     worst = 0.0
@@ -155,9 +155,9 @@ def bench_rules() -> list:
     """The rules figures (``bench.run.Figure`` objects)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from agent.detectors.rulepack import load_rule_set
+    from agent.app.config import load_rule_set
+    from agent.core.paths import builtin_plugins_dir
     from agent.detectors.rules import ReferenceEngine
-    from agent.settings import builtin_plugins_dir
     from bench.corpus import kernel_lines
     from bench.run import Figure
 

@@ -78,7 +78,7 @@ class _QueueSource:
 
 def _kube_setup(tmp: Path):
     sys.path.insert(0, str(ROOT / "tests"))
-    from agent.kube import KubeClient
+    from agent.adapters.kube import KubeClient
 
     from kubeapi.server import KubeApiServer
 
@@ -111,9 +111,10 @@ class _InProcessAgent:
     def __init__(self, client, tmp: Path, source: _QueueSource) -> None:
         import threading
 
-        from agent.detectors.rulepack import load_rule_set
-        from agent.settings import Settings, builtin_plugins_dir
-        from agent.wiring import KubeSetup, build_runtime
+        from agent.app.assembly import KubeSetup, build_runtime
+        from agent.app.config import load_rule_set
+        from agent.app.settings import Settings
+        from agent.core.paths import builtin_plugins_dir
 
         settings = Settings(
             standalone=False,
@@ -151,7 +152,7 @@ def bench_kubernetes() -> list[Figure]:
     import statistics
     import tempfile
 
-    from agent.types import LogRecord
+    from agent.core.types import LogRecord
 
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -230,11 +231,11 @@ def _steady_state_writes() -> float:
     import tempfile
     import threading
 
-    from agent.detectors.rulepack import load_rule_set
-    from agent.runtime import SnapshotFeed
-    from agent.settings import builtin_plugins_dir
+    from agent.app.config import load_rule_set
+    from agent.core.bus import SnapshotFeed
+    from agent.core.paths import builtin_plugins_dir
+    from agent.core.state import NodeState
     from agent.sinks.conditions import ConditionSink
-    from agent.state import NodeState
 
     scale = 200.0
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -261,7 +262,7 @@ def _steady_state_writes() -> float:
 # kubernetes-validate is installed too, and `import kubernetes` loads it (kubernetes/__init__ imports
 # kubernetes.dynamic, which imports kubernetes_validate and jsonschema when present): about 2.8 MiB that
 # no deployed agent carries. "deployed" keeps it out of the measured process, as in the image.
-_AS_DEPLOYED = "import sys; sys.modules['kubernetes_validate'] = None; from agent.cli import main; sys.exit(main())"
+_AS_DEPLOYED = "import sys; sys.modules['kubernetes_validate'] = None; from agent.app.cli import main; sys.exit(main())"
 
 
 def _agent_rss_mib(*, deployed: bool = True) -> float:
@@ -378,7 +379,7 @@ def _idle_cpu_percent(*, packs: str, window: float) -> tuple[float, float]:
 def bench_checks(window: float = 60.0) -> list[Figure]:
     """Idle cost of the built-in checks at their default intervals (standalone, real /sys of this machine),
     beside the same agent without checks, measured one after the other."""
-    from agent.settings import builtin_packs
+    from agent.app.settings import builtin_packs
 
     every = ",".join(builtin_packs())
     with_checks, rss = _idle_cpu_percent(packs=every, window=window)

@@ -48,7 +48,7 @@ def process_gone(pid: int) -> bool:
 def kube_clients(server: Any, tmp_path: Path, *, timeout: float = 5.0) -> Iterator[Callable[[], Any]]:
     """``make()``: a new real KubeClient for the test API server ``server`` (via a kubeconfig, as the agent
     loads it; each simulated agent gets its own), all closed at the end."""
-    from agent.kube import KubeClient
+    from agent.adapters.kube import KubeClient
 
     config = server.write_kubeconfig(tmp_path / "kubeconfig")
     with contextlib.ExitStack() as stack:

@@ -1,4 +1,4 @@
-"""agent.aws: instance identity (providerID, IMDSv2), region, Auto Scaling and CloudWatch calls.
+"""agent.adapters.aws: instance identity (providerID, IMDSv2), region, Auto Scaling and CloudWatch calls.
 
 The AWS APIs are moto's server reached through real boto3 with only the standard AWS environment
 (``awsfixtures.aws``); the instance metadata service is a strict IMDSv2 fake; throttling, server
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.aws import (
+from agent.adapters.aws import (
     MAX_DATUMS,
     MAX_PAYLOAD,
     AutoScaling,
@@ -83,7 +83,7 @@ def datum(name: str = "NeuronHasError_DMA_ERROR", value: float = 1.0, **kwargs) 
 
 def test_importing_the_aws_modules_does_not_load_boto3():
     code = (
-        "import sys, agent.aws, agent.sinks.cloudwatch; "
+        "import sys, agent.adapters.aws, agent.sinks.cloudwatch; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 's3transfer')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -293,7 +293,7 @@ def test_clients_have_timeouts_and_no_botocore_retries(aws):
 
 
 def test_a_call_outside_the_table_is_refused_before_any_request(aws):
-    with pytest.raises(ValueError, match="not in agent.aws.CALLS"):
+    with pytest.raises(ValueError, match="not in agent.adapters.aws.CALLS"):
         AwsClients().call("ec2", "TerminateInstances", InstanceIds=["i-0123456789abcdef0"])
 
 

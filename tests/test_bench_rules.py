@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.rulepack import RuleSet, load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.settings import builtin_plugins_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""agent.bounds: how a reason or message of any length is cut, and how distinct reasons are bounded."""
+"""agent.core.bounds: how a reason or message of any length is cut, and how distinct reasons are bounded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from agent.bounds import (
+from agent.core.bounds import (
     MAX_MESSAGE,
     MAX_REASON,
     OVERFLOW_REASON,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.settings import builtin_plugins_dir
 
 
 def _examples() -> dict:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks import proctree
 from agent.checks.executable import (
     MAX_OUTPUT_LENGTH,
     READ_LIMIT,
@@ -24,8 +23,9 @@ from agent.checks.executable import (
     cut_output,
 )
 from agent.checks.model import CheckResult, CheckStatus, ProcessResult
-from agent.checks.process import DEFAULT_PATH, OUTPUT_MAX, run_process
-from agent.types import Severity
+from agent.core import proctree
+from agent.core.process import DEFAULT_PATH, OUTPUT_MAX, run_process
+from agent.core.types import Severity
 
 from helpers import process_gone, wait_for
 
@@ -279,7 +279,7 @@ def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     path = script(tmp_path, "exec env")
     check = make_check([str(path)], cwd=tmp_path, tool_path="/usr/bin:/bin")
     env = dict(line.split("=", 1) for line in check.execute().process.stdout.splitlines())
-    # The run's mark, which finds what it leaves behind (see agent.checks.proctree): this agent's pid, a number.
+    # The run's mark, which finds what it leaves behind (see agent.core.proctree): this agent's pid, a number.
     assert re.fullmatch(rf"{os.getpid()}-\d+", env.pop("NODE_HEALTH_AGENT_RUN"))
     # The shell itself exports PWD (the working directory it was started in); nothing else is added.
     assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PWD": str(tmp_path.resolve())}
@@ -407,7 +407,7 @@ def test_cut_output(text: str, limit: int, expected: str) -> None:
 
 
 def test_runner_relative_program_is_looked_up_in_cwd(tmp_path: Path) -> None:
-    from agent.checks.process import run_process
+    from agent.core.process import run_process
 
     (tmp_path / "plugin").mkdir()
     script(tmp_path / "plugin", "echo ran; exit 0", name="x.sh")
@@ -416,7 +416,7 @@ def test_runner_relative_program_is_looked_up_in_cwd(tmp_path: Path) -> None:
 
 
 def test_runner_names_a_missing_working_directory(tmp_path: Path) -> None:
-    from agent.checks.process import run_process
+    from agent.core.process import run_process
 
     result = run_process(["/bin/true"], timeout=5.0, cwd=str(tmp_path / "gone"))
     assert result.error is not None and "working directory" in result.error
@@ -426,7 +426,7 @@ def test_runner_cancel_kills_the_process_group_at_once(tmp_path: Path) -> None:
     """When the agent stops, a plugin still running is killed with everything it started."""
     import threading
 
-    from agent.checks.process import run_process
+    from agent.core.process import run_process
 
     pidfile = tmp_path / "child.pid"
     prog = script(tmp_path, f"sleep 1000 & echo $! > {pidfile}; sleep 1000")

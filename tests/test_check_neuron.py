@@ -21,7 +21,7 @@ import yaml
 
 from agent.checks.builtin import import_builtin
 from agent.checks.model import Check, CheckConfigError, CheckContext, CheckResult, CheckStatus, ProcessResult
-from agent.types import Severity
+from agent.core.types import Severity
 
 from testdata import tool_output
 

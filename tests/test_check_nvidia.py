@@ -34,7 +34,7 @@ import yaml
 
 from agent.checks.builtin import import_builtin
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus
-from agent.types import ConditionSpec, Severity
+from agent.core.types import ConditionSpec, Severity
 
 from testdata import tool_output
 

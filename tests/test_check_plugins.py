@@ -17,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from agent.app.assembly import build_runtime
+from agent.app.cli import main
+from agent.app.config import load_rule_set
+from agent.app.settings import Settings
 from agent.checks.declared import CheckDecl
 from agent.checks.loader import build_checks
 from agent.checks.model import ENTRY_POINT_GROUP, CheckContext, CheckResult, CheckStatus, ScheduledCheck, Value
-from agent.cli import main
-from agent.detectors.rulepack import load_rule_set
-from agent.settings import Settings, builtin_plugins_dir
+from agent.core.paths import builtin_plugins_dir
+from agent.core.types import ConditionSpec, Status
 from agent.sources.kmsg import KmsgStats
-from agent.types import ConditionSpec, Status
-from agent.wiring import build_runtime
 
 import helpers
 

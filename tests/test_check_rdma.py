@@ -19,7 +19,7 @@ import yaml
 
 from agent.checks.builtin import import_builtin
 from agent.checks.model import Check, CheckConfigError, CheckContext, CheckResult, CheckStatus
-from agent.types import Severity
+from agent.core.types import Severity
 
 checks = import_builtin("rdma.checks")
 sysfs = import_builtin("rdma.sysfs")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.app.configfiles import Kind, classify, read_config_files
 from agent.checks.declared import CheckDecl, merge, read_checks
 from agent.checks.judge import CheckJudge
 from agent.checks.loader import BrokenCheck, build_checks
@@ -23,10 +24,9 @@ from agent.checks.model import (
     Value,
 )
 from agent.checks.scheduler import CheckScheduler
-from agent.configfiles import Kind, classify, read_config_files
-from agent.detectors.packfile import Problems, read_pack
-from agent.runtime import Inbox
-from agent.types import ConditionSpec, RuleType, Severity, Status
+from agent.core.bus import Inbox
+from agent.core.configdoc import Problems, read_pack
+from agent.core.types import ConditionSpec, RuleType, Severity, Status
 
 from helpers import FakeEntryPoint, wait_for
 

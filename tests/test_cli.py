@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.app.cli import main
 
 from helpers import free_port, kmsg_problem, wait_for
 
@@ -268,7 +268,7 @@ def test_an_empty_pattern_is_refused_saying_what_npd_would_do(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["run", "simulate", "check", "plugins", "validate-config"])
 def test_pack_help_names_every_built_in_pack(command, capsys):
-    from agent.settings import builtin_packs
+    from agent.app.settings import builtin_packs
 
     with pytest.raises(SystemExit):
         main([command, "--help"])
@@ -279,10 +279,10 @@ def test_pack_help_names_every_built_in_pack(command, capsys):
 
 
 def test_run_takes_a_config_directory_as_check_and_simulate_do(tmp_path):
-    from agent.agentconfig import load_agent_config
-    from agent.cli import build_parser
-    from agent.errors import ConfigError
-    from agent.settings import build_settings
+    from agent.app.cli import build_parser
+    from agent.app.config import load_agent_config
+    from agent.app.settings import build_settings
+    from agent.core.errors import ConfigError
 
     extra = tmp_path / "extra"
     extra.mkdir()
@@ -299,8 +299,8 @@ def test_run_takes_a_config_directory_as_check_and_simulate_do(tmp_path):
 
 
 def test_nha_config_adds_files_after_the_config_flags(tmp_path, monkeypatch):
-    from agent.cli import build_parser
-    from agent.settings import build_settings
+    from agent.app.cli import build_parser
+    from agent.app.settings import build_settings
 
     a, b, c = (tmp_path / n for n in ("a.yaml", "b", "c.json"))
     for path in (a, c):
@@ -323,8 +323,8 @@ def test_nha_config_adds_files_after_the_config_flags(tmp_path, monkeypatch):
     ],
 )
 def test_conditions_endpoint_default_follows_the_mode(monkeypatch, argv, env, served):
-    from agent.cli import build_parser
-    from agent.settings import build_settings
+    from agent.app.cli import build_parser
+    from agent.app.settings import build_settings
 
     for name in ("NHA_SERVE_CONDITIONS", "NHA_STANDALONE"):
         monkeypatch.delenv(name, raising=False)

@@ -2,7 +2,7 @@
 
 Each test publishes snapshots on a feed, lets the sink use simulated seconds (``SimTime``) and
 reads what it handed the publisher, and when. The publisher here is our own seam
-(``put_metrics(namespace, datums)``); ``agent.aws.CloudWatchPublisher``, the real one, is tested
+(``put_metrics(namespace, datums)``); ``agent.adapters.aws.CloudWatchPublisher``, the real one, is tested
 against moto in test_aws.py and here in the end-to-end test.
 """
 
@@ -16,9 +16,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.aws import AwsClients, AwsError, CloudWatchPublisher, MetricDatum
-from agent.bounds import bounded_reason
-from agent.runtime import SnapshotFeed
+from agent.adapters.aws import AwsClients, AwsError, CloudWatchPublisher, MetricDatum
+from agent.core.bounds import bounded_reason
+from agent.core.bus import SnapshotFeed
+from agent.core.types import Condition, Status
 from agent.sinks.cloudwatch import (
     DEFAULT_NAMESPACE,
     CloudWatchCollector,
@@ -26,7 +27,6 @@ from agent.sinks.cloudwatch import (
     CloudWatchStats,
     select_reasons,
 )
-from agent.types import Condition, Status
 
 from awsfixtures import aws_fixture, moto_server_fixture  # noqa: F401 (the fixtures aws and moto_server)
 from test_sink_worker import SimTime, condition, publish, running, snapshot

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.rulepack import load_rule_set
-from agent.errors import ConfigError
+from agent.app.config import load_rule_set
+from agent.core.errors import ConfigError
 
 PACK = """\
 source: my-fleet

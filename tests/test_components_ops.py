@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.agentconfig import load_agent_config
-from agent.settings import builtin_plugins_dir
+from agent.app.config import load_agent_config
+from agent.core.paths import builtin_plugins_dir
 
 from k8stools import kube_tools
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.agentconfig import build_scheduled_checks, load_agent_config, owned_conditions
+from agent.app.cli import main
+from agent.app.config import build_scheduled_checks, load_agent_config, owned_conditions
+from agent.app.settings import rule_dirs
 from agent.checks.declared import CheckDecl
 from agent.checks.loader import build_checks
 from agent.checks.model import CheckContext, CheckResult, CheckStatus
-from agent.cli import main
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
+from agent.core.types import RESERVED_CONDITION_TYPES, Condition, ConditionSpec, Provenance, Snapshot, Status
 from agent.recovery.model import BUILTIN_CONDITIONS, NodeView
 from agent.recovery.policy import decide, untrusted
 from agent.recovery.policyfile import DEFAULT_POLICY
-from agent.settings import rule_dirs
-from agent.types import RESERVED_CONDITION_TYPES, Condition, ConditionSpec, Provenance, Snapshot, Status
 
 from helpers import FakeEntryPoint
 
@@ -250,8 +250,8 @@ def test_every_owner_kind_gets_its_provenance(tmp_path):
 
 
 def test_a_reload_introducing_a_second_owner_is_rejected_and_the_last_good_configuration_kept(tmp_path):
-    from agent.reload import ConfigWatcher
-    from agent.runtime import Inbox
+    from agent.app.reload import ConfigWatcher
+    from agent.core.bus import Inbox
 
     extra = tmp_path / "extra"
     write(extra / "mine.json", custom_plugin("MyThing"))

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.bounds import MAX_MESSAGE
-from agent.runtime import SnapshotFeed
+from agent.core.bounds import MAX_MESSAGE
+from agent.core.bus import SnapshotFeed
+from agent.core.types import Status
 from agent.sinks.conditions import ConditionSink, condition_dict
-from agent.types import Status
 
 from helpers import kube_client
 from test_sink_worker import NODE, Recorder, SimTime, condition, node_api, publish, running, snapshot

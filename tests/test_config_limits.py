@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.configfiles import read_config_files
-from agent.detectors.docreader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
-from agent.detectors.packfile import read_pack
+from agent.app.configfiles import read_config_files
+from agent.core.configdoc import read_pack
+from agent.core.docreader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 from helpers import http_get, memory_limit, start_standalone_agent, wait_for
 
@@ -132,7 +132,7 @@ def test_a_symlink_to_a_regular_file_is_read(tmp_path):
 
 
 def test_too_many_files_are_a_problem_naming_the_first_not_read(tmp_path, monkeypatch):
-    monkeypatch.setattr("agent.detectors.packfile.MAX_FILES", 3)
+    monkeypatch.setattr("agent.core.configdoc.MAX_FILES", 3)
     for n in range(5):
         (tmp_path / f"p{n}.yaml").write_text("rules: []\n")
     files, problems = read_config_files([tmp_path])
@@ -143,7 +143,7 @@ def test_too_many_files_are_a_problem_naming_the_first_not_read(tmp_path, monkey
 
 
 def test_a_directory_of_too_many_entries_is_not_read(tmp_path, monkeypatch):
-    monkeypatch.setattr("agent.detectors.packfile.MAX_DIR_ENTRIES", 3)
+    monkeypatch.setattr("agent.core.configdoc.MAX_DIR_ENTRIES", 3)
     (tmp_path / "big").mkdir()
     for n in range(4):
         (tmp_path / "big" / f"junk{n}").touch()
@@ -169,7 +169,7 @@ def test_directories_nested_too_deep_are_not_read(tmp_path):
 
 @pytest.mark.parametrize(("bound", "value"), [("MAX_TOTAL_NODES", 25), ("MAX_TOTAL_BYTES", 100)])
 def test_all_files_together_are_bounded(tmp_path, monkeypatch, bound, value):
-    monkeypatch.setattr(f"agent.configfiles.{bound}", value)
+    monkeypatch.setattr(f"agent.app.configfiles.{bound}", value)
     for n in range(4):  # 10 nodes and 32 bytes each
         (tmp_path / f"p{n}.yaml").write_text("rules: [{a: 1, b: 2}, 3]\nx: 1234\n")
     files, problems = read_config_files([tmp_path])

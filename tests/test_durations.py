@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.durations import format_duration, parse_duration
+from agent.core.durations import format_duration, parse_duration
 
 PARSE_OK = [
     # (input, seconds)

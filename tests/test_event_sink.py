@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.bounds import bounded_reason
-from agent.runtime import SnapshotFeed
+from agent.core.bounds import bounded_reason
+from agent.core.bus import SnapshotFeed
+from agent.core.types import Event, Severity, Status
 from agent.sinks.events import EventSink, ReasonBuckets, event_name
 from agent.sinks.outbox import OUTBOX_FILE, Outbox, Series
-from agent.types import Event, Severity, Status
 
 from helpers import kube_client
 from test_sink_worker import NODE, Recorder, SimTime, event, node_api, publish, running, snapshot

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.errors import ConfigError
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.errors import ConfigError
 
 PACK = """
 conditions:

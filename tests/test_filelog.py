@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.types import LogRecord
 from agent.sources.filelog import (
     MAX_LINE,
     FileLogConfig,
@@ -22,7 +23,6 @@ from agent.sources.filelog import (
     FileLogSource,
     FileLogStats,
 )
-from agent.types import LogRecord
 
 NOW = datetime(2025, 1, 1, 0, 0, 5, tzinfo=UTC).timestamp()  # just after New Year: year-less times roll back
 

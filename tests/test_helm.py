@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.agentconfig import build_scheduled_checks, load_agent_config
+from agent.app.config import build_scheduled_checks, load_agent_config
+from agent.app.settings import rule_dirs
 from agent.checks.model import CheckContext
 from agent.recovery.policyfile import load_policy
-from agent.settings import rule_dirs
 
 from k8srender import CHART, DAEMONSET, EXAMPLES, NAMESPACE, REPO, Obj, helm, helm_template, kustomize, one, validate
 

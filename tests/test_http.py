@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 
-from agent.http import AgentHTTPServer
+from agent.app.http import AgentHTTPServer
 
 HOST = "127.0.0.1"
 WAIT = 15.0  # upper bound for anything that should happen "soon"; a generous one on a shared machine
@@ -518,8 +518,8 @@ def test_stop_closes_the_port_and_every_connection(fake: Fake) -> None:
 
 
 def test_healthy_follows_the_event_loop(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("agent.http.BEAT", 0.02)
-    monkeypatch.setattr("agent.http.STALL", 0.3)
+    monkeypatch.setattr("agent.app.http.BEAT", 0.02)
+    monkeypatch.setattr("agent.app.http.STALL", 0.3)
     release = threading.Event()
     fake.conditions_document = lambda: release.wait(WAIT) and CONDITIONS  # type: ignore[method-assign]
     with serving(fake) as server:

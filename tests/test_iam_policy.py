@@ -1,7 +1,7 @@
 """iam/node-health-agent-policy.json allows exactly the AWS calls the agent makes, scoped as tightly as IAM allows.
 
-Three sources must agree: the code of agent/aws.py (every boto3 call goes through ``AwsClients.call``
-with literal service and operation names), its table ``agent.aws.CALLS``, and the policy. Then the
+Three sources must agree: the code of agent/adapters/aws.py (every boto3 call goes through ``AwsClients.call``
+with literal service and operation names), its table ``agent.adapters.aws.CALLS``, and the policy. Then the
 real calls run against moto as an IAM user holding only the policy, and calls outside it are denied.
 """
 
@@ -20,13 +20,13 @@ import pytest
 from botocore import xform_name
 from botocore.exceptions import ClientError
 
-from agent.aws import ACTIONS, CALLS, AutoScaling, AwsClients, AwsError, CloudWatchPublisher, MetricDatum
+from agent.adapters.aws import ACTIONS, CALLS, AutoScaling, AwsClients, AwsError, CloudWatchPublisher, MetricDatum
 from agent.sinks.cloudwatch import DEFAULT_NAMESPACE
 
 from awsfixtures import ACCOUNT, REGION, aws_fixture, moto_server_fixture  # noqa: F401 (the fixtures aws, moto_server)
 
 ROOT = Path(__file__).resolve().parent.parent
-AWS_PY = ROOT / "agent" / "aws.py"
+AWS_PY = ROOT / "agent" / "adapters" / "aws.py"
 POLICY_FILE = ROOT / "iam" / "node-health-agent-policy.json"
 README = ROOT / "iam" / "README.md"
 PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}")
@@ -49,13 +49,13 @@ def as_list(value: str | list[str]) -> list[str]:
 
 
 def calls_in_code() -> set[tuple[str, str]]:
-    """(service, operation) of every ``<x>.call("service", "Operation", ...)`` in agent/aws.py."""
+    """(service, operation) of every ``<x>.call("service", "Operation", ...)`` in agent/adapters/aws.py."""
     found: set[tuple[str, str]] = set()
     for node in ast.walk(ast.parse(AWS_PY.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "call":
             args = node.args[:2]
             assert len(args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args), (
-                f"agent/aws.py:{node.lineno}: AWS calls name their service and operation literally"
+                f"agent/adapters/aws.py:{node.lineno}: AWS calls name their service and operation literally"
             )
             found.add((args[0].value, args[1].value))
     return found

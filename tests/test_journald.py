@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.types import LogRecord
 from agent.sources import journald
 from agent.sources.journald import JournalChunk, JournalConfig, JournalSource, JournalStats, build_command
-from agent.types import LogRecord
 
 from helpers import process_gone, wait_for
 

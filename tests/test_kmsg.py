@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgReader, KmsgStats
 from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
-from agent.types import LogRecord
 
 from helpers import ScriptedRead, wait_for
 

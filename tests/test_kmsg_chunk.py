@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.types import LogRecord
 from agent.sources import kmsg_format
 from agent.sources.kmsg_format import KmsgParseError, parse_chunk, parse_record
-from agent.types import LogRecord
 
 BOOT = 1_700_000_000.0
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.types import LogRecord
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
-from agent.types import LogRecord
 
 from helpers import ScriptedRead
 

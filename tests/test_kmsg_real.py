@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.types import LogRecord
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
 from agent.sources.kmsg_format import read_boot_id
-from agent.types import LogRecord
 
 from helpers import kmsg_problem
 

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.rulepack import load_rule_set
-from agent.kube import KubeClient
-from agent.settings import Settings, builtin_plugins_dir
+from agent.adapters.kube import KubeClient
+from agent.app.assembly import KubeSetup, build_runtime
+from agent.app.config import load_rule_set
+from agent.app.settings import Settings
+from agent.core.paths import builtin_plugins_dir
+from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgStats
-from agent.types import LogRecord
-from agent.wiring import KubeSetup, build_runtime
 
 from helpers import wait_for
 from kubeapi.server import KubeApiServer

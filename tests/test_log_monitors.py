@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.agentconfig import load_agent_config
-from agent.errors import ConfigError
+from agent.app.config import load_agent_config
+from agent.core.errors import ConfigError
 from agent.sources.filelog import FileLogConfig
 from agent.sources.journald import JournalConfig
 

@@ -22,12 +22,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.agentconfig import build_scheduled_checks, load_agent_config  # noqa: E402
+from agent.app.config import (  # noqa: E402
+    build_scheduled_checks,
+    load_agent_config,
+    load_rule_set,  # noqa: E402
+)
+from agent.app.configfiles import Kind  # noqa: E402
+from agent.app.settings import rule_dirs  # noqa: E402
 from agent.checks.loader import BrokenCheck  # noqa: E402
 from agent.checks.model import CheckContext  # noqa: E402
-from agent.configfiles import Kind  # noqa: E402
-from agent.detectors.rulepack import load_rule_set  # noqa: E402
-from agent.settings import rule_dirs  # noqa: E402
 
 from k8srender import validate
 from k8stools import kube_tools

@@ -1,7 +1,7 @@
 """The optional kustomize components: recovery (acting, with its RBAC) and CloudWatch.
 
 Rendered the way a user layers them onto an overlay (a throwaway kustomization outside the repository).
-The recovery RBAC must be exactly what the recovery code calls (agent/kube.py methods the recovery
+The recovery RBAC must be exactly what the recovery code calls (agent/adapters/kube.py methods the recovery
 package uses), and the base stays report-only without it.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.settings import parse_enable_recovery
+from agent.app.settings import parse_enable_recovery
 
 from k8stools import kube_tools
 

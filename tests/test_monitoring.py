@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.settings import builtin_plugins_dir
+from agent.core.paths import builtin_plugins_dir
 
 from awsfixtures import REGION, AwsTestEnv, aws_fixture, moto_server_fixture  # noqa: F401 (fixtures)
 from helpers import free_port, http_get, start_standalone_agent, wait_for

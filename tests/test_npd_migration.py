@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.app.cli import main
 
 from test_rulepack import NPD_KERNEL_MONITOR
 
@@ -175,8 +175,8 @@ def test_built_in_rules_of_other_reasons_stay_and_validate_config_names_the_repl
     out = capsys.readouterr().out
     assert f"note: {npd_kernel_configs[0]} replaces " in out and "kernel/oom-killing" in out
     assert f"note: {npd_kernel_configs[1]} replaces 1 earlier rule(s)" in out and "kernel/readonly-filesystem" in out
-    from agent.detectors.rulepack import load_rule_set
-    from agent.settings import builtin_plugins_dir
+    from agent.app.config import load_rule_set
+    from agent.core.paths import builtin_plugins_dir
 
     rule_set = load_rule_set([builtin_plugins_dir() / "kernel", *npd_kernel_configs])
     names = {r.name for r in rule_set.rules}
@@ -189,8 +189,8 @@ def test_a_named_rule_of_a_built_in_reason_is_added_beside_it(tmp_path, capsys):
     mine.write_text(
         "rules:\n  - {name: site/oom, type: temporary, reason: OOMKilling, pattern: 'site oom: killed \\d+'}\n"
     )
-    from agent.detectors.rulepack import load_rule_set
-    from agent.settings import builtin_plugins_dir
+    from agent.app.config import load_rule_set
+    from agent.core.paths import builtin_plugins_dir
 
     names = {r.name for r in load_rule_set([builtin_plugins_dir() / "kernel", mine]).rules}
     assert {"site/oom", "kernel/oom-killing"} <= names
@@ -271,8 +271,8 @@ def test_the_migration_table_names_each_of_npds_28_configs_once():
 def test_every_translation_on_the_migration_page_loads(tmp_path):
     import re
 
-    from agent.agentconfig import load_agent_config
-    from agent.settings import builtin_plugins_dir
+    from agent.app.config import load_agent_config
+    from agent.core.paths import builtin_plugins_dir
 
     blocks = re.findall(r"```yaml\n(.*?)```", MIGRATING.read_text(), flags=re.S)
     assert len(blocks) == 3

@@ -21,9 +21,9 @@ from agent.checks.npd_plugin import (
     load_custom_plugin_monitor,
     slug,
 )
-from agent.detectors.packfile import Problems, read_pack
-from agent.errors import ConfigProblem
-from agent.types import ConditionSpec, Severity
+from agent.core.configdoc import Problems, read_pack
+from agent.core.errors import ConfigProblem
+from agent.core.types import ConditionSpec, Severity
 
 OK, PROBLEM, UNKNOWN = CheckStatus.OK, CheckStatus.PROBLEM, CheckStatus.UNKNOWN
 
@@ -264,7 +264,7 @@ def test_defaults_when_plugin_config_is_omitted(tmp_path: Path) -> None:
 
 
 def test_classification() -> None:
-    from agent.detectors.packfile import Document
+    from agent.core.configdoc import Document
 
     assert is_custom_plugin_monitor(Document(data={"plugin": "custom"}, lines={}))
     assert not is_custom_plugin_monitor(Document(data={"plugin": "kmsg"}, lines={}))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.rulepack import load_rule_set
-from agent.settings import builtin_plugins_dir
-from agent.types import RuleType
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+from agent.core.types import RuleType
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 RULE_SET = load_rule_set([builtin_plugins_dir()])
@@ -99,7 +99,7 @@ def test_the_event_reasons_table_names_only_reasons_rules_give():
 def test_the_quick_starts_try_it_line_flags_nothing_that_outlives_it():
     """The line the README has users write to a real /dev/kmsg raises an Event only: no condition that a
     permanent rule would keep True until reboot (or AcceleratedHardwareReady False on a cluster node)."""
-    from agent.cli import simulate_lines
+    from agent.app.cli import simulate_lines
 
     text = README.read_text(encoding="utf-8")
     try_it = text[text.index("Try it:") : text.index("\n## ", text.index("Try it:"))]

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
-from agent.kube import KubeClient, KubeError
-from agent.recovery.actions import (
+from agent.adapters.kube import KubeClient, KubeError
+from agent.core.timefmt import iso
+from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
+from agent.recovery.node import (
     CONFLICT_ATTEMPTS,
     cordon,
     incident_from_json,
@@ -30,8 +32,6 @@ from agent.recovery.actions import (
     taint_value,
     uncordon,
 )
-from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
-from agent.sinks.log import iso
 
 from helpers import kube_client
 from kubeapi import KubeApiServer
@@ -435,7 +435,7 @@ FULL = Incident(
 )
 def test_read_incident(text, expected, caplog) -> None:
     annotations = {} if text is None else {INCIDENT_ANNOTATION: text}
-    with caplog.at_level(logging.WARNING, logger="agent.recovery.actions"):
+    with caplog.at_level(logging.WARNING, logger="agent.recovery.node"):
         assert read_incident({"metadata": {"name": NODE, "annotations": annotations}}) == expected
     warned = [r.getMessage() for r in caplog.records]
     if text is not None and expected is None:

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from agent.kube import KubeClient, KubeError
+from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.budget import (
     BUDGET_ANNOTATION,
     ClusterBudget,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
-from agent.kube import KubeClient, KubeError
+from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.drain import Drainer, DrainOutcome, DrainResult, SkippedPod, skip_reason
 from agent.recovery.model import MIRROR_POD_ANNOTATION, SAFE_TO_EVICT_ANNOTATION, DrainSettings, OnDeadline
 

@@ -14,14 +14,14 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from agent.kube import KubeClient
+from agent.adapters.kube import KubeClient
+from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.types import Condition, Snapshot, Status
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, budget_lease_name, decode_state
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import BUILTIN_CONDITIONS, BudgetSettings, NodeView
 from agent.recovery.policyfile import DEFAULT_POLICY
-from agent.runtime import Inbox, SnapshotFeed
-from agent.types import Condition, Snapshot, Status
 from bench.fleet import NAMESPACE, FleetResult, _disrupted, _node, simulate_fleet
 
 from kubeapi.server import KubeApiServer

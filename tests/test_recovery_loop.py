@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.aws import AwsError
-from agent.kube import KubeClient, KubeError
+from agent.adapters.aws import AwsError
+from agent.adapters.kube import KubeClient, KubeError
+from agent.core.bus import Inbox, Notice, SnapshotFeed
+from agent.core.types import Condition, Event, Provenance, Snapshot, Status
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
@@ -33,8 +35,6 @@ from agent.recovery.model import (
     RecoveryPolicy,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY
-from agent.runtime import Inbox, Notice, SnapshotFeed
-from agent.types import Condition, Event, Provenance, Snapshot, Status
 
 from helpers import kube_clients, wait_for
 from kubeapi.server import KubeApiServer

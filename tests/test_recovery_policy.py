@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from agent.core.types import Condition, Snapshot, Status
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     OPT_OUT_LABEL,
@@ -21,7 +22,6 @@ from agent.recovery.model import (
     RecoveryPolicy,
 )
 from agent.recovery.policy import decide, incident_id, matching, reason_matches, with_budget_held, with_done
-from agent.types import Condition, Snapshot, Status
 
 CORDON, TAINT, DRAIN, MARK, UNCORDON = (
     Action.CORDON,

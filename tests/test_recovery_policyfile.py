@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.detectors.docreader import LOADER
-from agent.errors import ConfigError
+from agent.core.docreader import LOADER
+from agent.core.errors import ConfigError
+from agent.core.types import Condition, Provenance, Status
 from agent.recovery.budget import parse_max_unhealthy
 from agent.recovery.model import (
     TRUSTED_FOR_BUILTIN,
@@ -23,9 +24,8 @@ from agent.recovery.model import (
     RecoveryPolicy,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary, published, selector_problem
-from agent.types import Condition, Provenance, Status
 
-# libyaml's words where PyYAML has it (agent.detectors.docreader.LOADER), the pure-Python parser's otherwise
+# libyaml's words where PyYAML has it (agent.core.docreader.LOADER), the pure-Python parser's otherwise
 NO_NODE = (
     "did not find expected node content"
     if LOADER is getattr(yaml, "CSafeLoader", None)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.detectors.patterns import _public_spans_function, compile_anchored
-from agent.detectors.regex import (
+from agent.core.patterns import _public_spans_function, compile_anchored
+from agent.core.regex import (
     PatternError,
     can_span_lines,
     required_literals,

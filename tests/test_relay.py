@@ -27,15 +27,15 @@ from pathlib import Path
 
 import pytest
 
-import agent.sources.relay as relay_source
-from agent.relay import RelayStats, _Session, run_relay
-from agent.relay_protocol import HEADER, PROTO, Hello, encode_frame
-from agent.runtime import Inbox
+import agent.sources.relay_client as relay_source
+from agent.core.bus import Inbox
+from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgStats
 from agent.sources.kmsg_format import boot_time_now, read_boot_id
 from agent.sources.producer import SourceProducer
-from agent.sources.relay import BATCH_MAX, RelayClient
-from agent.types import LogRecord
+from agent.sources.relay_client import BATCH_MAX, RelayClient
+from agent.sources.relay_protocol import HEADER, PROTO, Hello, encode_frame
+from agent.sources.relay_server import RelayStats, _Session, run_relay
 
 from helpers import kmsg_problem
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import build_parser, main
-from agent.relay import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, _RefusalLog, run_relay
+from agent.app.cli import build_parser, main
+from agent.sources.relay_server import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, _RefusalLog, run_relay
 
 from test_relay import WAIT, Consumer, Relay, client, raw_connect, record, wait_for, write_records
 
@@ -134,7 +134,7 @@ def test_with_a_client_gid_the_socket_is_0660_and_that_group_may_connect(sock_di
 
 @needs_root
 def test_a_peer_with_another_uid_is_refused_and_the_agent_keeps_streaming(sock_dir: Path, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.relay")
+    caplog.set_level(logging.WARNING, logger="agent.sources.relay_server")
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "a"), record(2, "b")])
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source, client_uid=AGENT_UID)
@@ -160,7 +160,7 @@ def test_a_peer_with_another_uid_is_refused_and_the_agent_keeps_streaming(sock_d
 
 @needs_root
 def test_a_refused_peer_spamming_reconnects_does_not_disturb_the_agent(sock_dir: Path, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.relay")
+    caplog.set_level(logging.WARNING, logger="agent.sources.relay_server")
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "before")])
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source, client_uid=AGENT_UID)
@@ -203,7 +203,7 @@ def test_the_access_policy() -> None:
 
 
 def test_refusals_are_logged_at_most_once_per_interval_with_a_count(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.relay")
+    caplog.set_level(logging.WARNING, logger="agent.sources.relay_server")
     now = [0.0]
     refusals = _RefusalLog(policy=AccessPolicy(uid=AGENT_UID), interval=REFUSAL_LOG_INTERVAL, clock=lambda: now[0])
     nobody = PeerCredentials(pid=42, uid=NOBODY, gid=NOBODY)
@@ -244,7 +244,7 @@ def test_the_relay_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
         assert exited.value.code == 2
 
     seen: dict = {}
-    monkeypatch.setattr("agent.relay.run_relay", lambda **kwargs: seen.update(kwargs) or 0)
-    monkeypatch.setattr("agent.cli._stop_on_signals", threading.Event)
+    monkeypatch.setattr("agent.sources.relay_server.run_relay", lambda **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr("agent.app.cli._stop_on_signals", threading.Event)
     assert main(["kmsg-relay", "--socket", "/run/s", "--client-uid", "65532"]) == 0
     assert (seen["socket_path"], seen["client_uid"], seen["client_gid"]) == (Path("/run/s"), 65532, None)

@@ -1,4 +1,4 @@
-"""The relay wire protocol's hello: what the client accepts (see agent/relay_protocol.py)."""
+"""The relay wire protocol's hello: what the client accepts (see agent/sources/relay_protocol.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from agent.relay_protocol import MAX_BOOT_TIME, MAX_FRAME, PROTO, Hello, ProtocolError, current_hello, encode_frame
+from agent.sources.relay_protocol import (
+    MAX_BOOT_TIME,
+    MAX_FRAME,
+    PROTO,
+    Hello,
+    ProtocolError,
+    current_hello,
+    encode_frame,
+)
 
 
 def hello_bytes(boot_time: str, *, proto: str = "1", boot_id: str = '"boot-a"') -> bytes:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.agentconfig import build_scheduled_checks, load_agent_config
+from agent.app.config import build_scheduled_checks, load_agent_config
+from agent.app.reload import ConfigWatcher, Relevant
 from agent.checks.model import CheckContext, CheckResult, CheckStatus
 from agent.checks.scheduler import CheckScheduler
-from agent.reload import ConfigWatcher, Relevant
-from agent.runtime import Inbox, Reconfigure
-from agent.statedir import atomic_write
-from agent.types import ConditionSpec
+from agent.core.bus import Inbox, Reconfigure
+from agent.core.statedir import atomic_write
+from agent.core.types import ConditionSpec
 
 from helpers import http_get, start_standalone_agent, wait_for
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli import main
-from agent.detectors import packfile
-from agent.detectors.rulepack import load_rule_set
+from agent.app.cli import main
+from agent.app.config import load_rule_set
+from agent.core import configdoc as packfile
+from agent.core.errors import ConfigError, ConfigProblem
+from agent.core.types import RuleType, Severity
 from agent.detectors.rules import RuleEngine
-from agent.errors import ConfigError, ConfigProblem
-from agent.types import RuleType, Severity
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKS = Path(__file__).resolve().parent / "fixtures" / "packs"

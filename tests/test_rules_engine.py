@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.app.config import load_rule_set
+from agent.core.types import Finding, RuleType, Severity
 from agent.detectors.prefix import strip_prefix
-from agent.detectors.rulepack import RuleSet, load_rule_set
+from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import ReferenceEngine, RuleEngine, key_values, split_lines
-from agent.types import Finding, RuleType, Severity
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_LINES = ROOT.parent / "shared" / "testdata" / "kernel-lines.jsonl"
@@ -678,7 +679,7 @@ HOSTILE_RULES = [
 HOSTILE_SCRIPT = """
 import json, sys
 from pathlib import Path
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 rules = load_rule_set([Path(sys.argv[1])])
 lines = ["a" * 10_000 + "!", "x" * 10_000, "a" * 10_000, "(" * 5_000 + "a" * 5_000 + "!"]

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.settings import builtin_plugins_dir
 
 from kprintf import kprintf
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.settings import builtin_plugins_dir
 
 from kprintf import kprintf as kformat
 
@@ -745,7 +745,7 @@ def test_corrected_errors_are_counted_per_device(engine_cls, rule):
 @ENGINES
 @pytest.mark.parametrize("rule", sorted(THRESHOLD_LINES))
 def test_corrected_errors_outside_the_window_do_not_add_up(engine_cls, rule):
-    from agent.durations import parse_duration
+    from agent.core.durations import parse_duration
 
     count, window = THRESHOLDS[rule]["count"], parse_duration(THRESHOLDS[rule]["window"])
     line = THRESHOLD_LINES[rule]("dev-a" if rule not in DEVICES else DEVICES[rule][0])

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.detectors.rulepack import load_rule_set
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
 from agent.detectors.rules import ReferenceEngine, RuleEngine
-from agent.settings import builtin_plugins_dir
 
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 PACK = yaml.safe_load((builtin_plugins_dir() / "nvidia" / "nvidia-monitor.yaml").read_text())

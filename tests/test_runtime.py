@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from agent.app.config import load_rule_set
 from agent.checks.model import CheckReport, CheckResult, CheckStatus
-from agent.detectors.rulepack import load_rule_set
-from agent.mainloop import MainLoop
-from agent.pipeline import DetectionPipeline
-from agent.runtime import Inbox, Notice, RecordBatch, SeedConditions, SnapshotFeed, Supervisor
-from agent.settings import builtin_plugins_dir
+from agent.core.bus import Inbox, Notice, RecordBatch, SeedConditions, SnapshotFeed
+from agent.core.paths import builtin_plugins_dir
+from agent.core.state import NodeState
+from agent.core.statedir import ConditionStore, StateDirHealth
+from agent.core.supervisor import Supervisor
+from agent.core.types import Condition, Event, LogRecord, Severity, Status
+from agent.detectors.pipeline import DetectionPipeline
+from agent.engine.mainloop import MainLoop
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
-from agent.state import NodeState
-from agent.statedir import ConditionStore, StateDirHealth
-from agent.types import Condition, Event, LogRecord, Severity, Status
 
 from helpers import wait_for
 
@@ -248,7 +249,7 @@ def test_live_messages_are_not_prefix_stripped(rules, tmp_path):
     lp.step()
     assert lp.loop.pipeline.lines_matched == 1
     # The same text with the prefix the kernel never prints is still found by simulate (saved logs).
-    from agent.pipeline import saved_log_line
+    from agent.detectors.pipeline import saved_log_line
 
     assert saved_log_line("kernel: [12.3] x") != "kernel: [12.3] x"
 

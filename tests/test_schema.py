@@ -7,10 +7,10 @@ import textwrap
 
 import yaml
 
+from agent.core.configdoc import Document, Problems, field_path
+from agent.core.types import ConditionSpec, RuleType, Severity
 from agent.detectors.compiler import compile_rule
-from agent.detectors.packfile import Document, Problems, field_path
 from agent.detectors.schema import check_pack
-from agent.types import ConditionSpec, RuleType, Severity
 
 PACK = textwrap.dedent(
     """

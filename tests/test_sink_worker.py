@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agent.kube import MAX_RETRY_AFTER, KubeClient, KubeError, _api_error, parse_retry_after
-from agent.runtime import Publication, SnapshotFeed, Supervisor
+from agent.adapters.kube import MAX_RETRY_AFTER, KubeClient, KubeError, _api_error, parse_retry_after
+from agent.core.bus import Publication, SnapshotFeed
+from agent.core.supervisor import Supervisor
+from agent.core.types import Condition, Event, Severity, Snapshot, Status
 from agent.sinks.conditions import ConditionSink
 from agent.sinks.events import EventSink
 from agent.sinks.worker import Failure, SinkWorker, classify
-from agent.types import Condition, Event, Severity, Snapshot, Status
 
 from helpers import kube_client, wait_for
 from kubeapi.server import KubeApiServer

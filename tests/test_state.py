@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.state import NodeState
-from agent.types import ConditionSpec, Finding, RuleType, Severity, Status
+from agent.core.state import NodeState
+from agent.core.types import ConditionSpec, Finding, RuleType, Severity, Status
 
 
 class Clock:

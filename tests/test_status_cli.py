@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.app.cli import main
 from agent.recovery.model import INCIDENT_ANNOTATION
 
 from kubeapi import KubeApiServer
@@ -148,7 +148,7 @@ def test_kubectl_plugin_shim(api, tmp_path):
     """``kubectl node-health`` runs the ``kubectl-node_health`` entry point: the status command."""
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from agent.statuscli import kubectl_plugin; sys.exit(kubectl_plugin())"]
+        [sys.executable, "-c", "import sys; from agent.app.cli import kubectl_plugin; sys.exit(kubectl_plugin())"]
         + ["--kubeconfig", str(kubeconfig), "--json"],
         capture_output=True,
         text=True,

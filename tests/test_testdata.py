@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.cli import simulate_lines
-from agent.detectors.rulepack import load_rule_set
-from agent.settings import builtin_plugins_dir
+from agent.app.cli import simulate_lines
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
 
 from testdata import kernel_lines, require_testdata, tool_output
 

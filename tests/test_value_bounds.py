@@ -26,16 +26,16 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason
-from agent.detectors.rulepack import load_rule_set
-from agent.runtime import RecordBatch, SnapshotFeed
-from agent.settings import builtin_plugins_dir
+from agent.app.config import load_rule_set
+from agent.core.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason
+from agent.core.bus import RecordBatch, SnapshotFeed
+from agent.core.paths import builtin_plugins_dir
+from agent.core.statedir import CONDITIONS_FILE, MAX_CONDITIONS_FILE, ConditionStore, StateDirHealth
+from agent.core.types import Event, Severity, Snapshot
 from agent.sinks.events import MAX_BUCKETS, EventSink
-from agent.sinks.log import StdoutSink
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
+from agent.sinks.stdout import StdoutSink
 from agent.sources.kmsg_format import parse_chunk
-from agent.statedir import CONDITIONS_FILE, MAX_CONDITIONS_FILE, ConditionStore, StateDirHealth
-from agent.types import Event, Severity, Snapshot
 
 from awsfixtures import REGION, aws_fixture, moto_server_fixture  # noqa: F401 (the fixtures aws and moto_server)
 from helpers import free_port, http_get, kube_client, wait_for

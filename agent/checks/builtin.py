@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from agent.settings import builtin_plugins_dir
+from agent.core.paths import builtin_plugins_dir
 
 PACKAGE = "agent.builtin_plugins"
 

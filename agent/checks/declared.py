@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.detectors.packfile import Problems
-from agent.durations import parse_duration
+from agent.core.configdoc import Problems
+from agent.core.durations import parse_duration
 
 CHECK_KEYS = frozenset(
     {"name", "use", "entryPoint", "interval", "timeout", "failureThreshold", "successThreshold", "enabled", "options"}

@@ -4,7 +4,7 @@ Exit code ``0`` is OK, ``1`` is PROBLEM; anything else (``2``, ``137``, a signal
 could not start or ran past its timeout) is UNKNOWN: the agent could not tell, which is the
 agent's trouble, never the node's. The trimmed stdout, cut to ``max_output_length`` bytes (at most
 ``MAX_OUTPUT_LENGTH``, 4 KiB: only the first 4 KiB of stdout are kept, whatever the program prints), is
-the message. The program runs through :func:`agent.checks.process.run_process`: no shell, a scrubbed
+the message. The program runs through :func:`agent.core.process.run_process`: no shell, a scrubbed
 environment, its own process group killed at the timeout, output read with a bound.
 
 One execution can feed several verdicts (:class:`Verdict`): an NPD plugin file often has a
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.checks.model import CANNOT_START, CheckResult, CheckStatus, ProcessResult, RunProcess
-from agent.checks.process import DEFAULT_PATH, run_process
-from agent.types import ConditionSpec, Severity
+from agent.core.process import DEFAULT_PATH, run_process
+from agent.core.types import ConditionSpec, Severity
 
 DEFAULT_MAX_OUTPUT_LENGTH = 80  # bytes of trimmed stdout kept as the message (NPD's default)
 READ_LIMIT = 4096  # bytes of stdout kept before trimming (NPD reads 4 KiB too); the rest is read and dropped

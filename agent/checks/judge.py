@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent.checks.model import CheckReport, CheckResult, CheckStatus
-from agent.types import Finding, RuleType, Severity, Status
+from agent.core.types import Finding, RuleType, Severity, Status
 
 MESSAGE_MAX = 1024
 _ORDER = {CheckStatus.OK: 0, CheckStatus.UNKNOWN: 1, CheckStatus.PROBLEM: 2}

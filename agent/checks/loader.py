@@ -36,9 +36,9 @@ from agent.checks.model import (
     CheckStatus,
     ScheduledCheck,
 )
-from agent.detectors.packfile import field_path
-from agent.errors import ConfigProblem
-from agent.types import ConditionSpec, reserved_condition
+from agent.core.configdoc import field_path
+from agent.core.errors import ConfigProblem
+from agent.core.types import ConditionSpec, reserved_condition
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _condition(spec: object, index: int) -> ConditionSpec:
     """A plugin's ConditionSpec, checked field by field and copied (nothing of the plugin's object is kept)."""
     where = f"its conditions[{index}]"
     if not isinstance(spec, ConditionSpec):
-        raise _NotACheck("its 'conditions' must be a list of agent.types.ConditionSpec")
+        raise _NotACheck("its 'conditions' must be a list of agent.core.types.ConditionSpec")
     texts = {key: _attr(spec, key) for key in ("type", "reason", "message", "source")}
     for key, value in texts.items():
         if not isinstance(value, str) or (key == "type" and not value):
@@ -155,7 +155,7 @@ def _adopt(obj: object) -> PluginCheck:
         raise _NotACheck(f"the factory returned {type(obj).__name__} without a 'name'")
     conditions = _attr(obj, "conditions", ())
     if not isinstance(conditions, list | tuple):
-        raise _NotACheck("its 'conditions' must be a list of agent.types.ConditionSpec")
+        raise _NotACheck("its 'conditions' must be a list of agent.core.types.ConditionSpec")
     return PluginCheck(
         name=str.__str__(name),
         interval=_seconds(_attr(obj, "interval", None)),

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from agent.types import ConditionSpec, Severity
+from agent.core.process import ProcessResult
+from agent.core.types import ConditionSpec, Severity
 
 ENTRY_POINT_GROUP = "node_health_agent.checks"
 # Reasons of an UNKNOWN that says the check itself cannot run (not that it could not tell this time):
@@ -93,49 +94,6 @@ class CheckConfigError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ProcessResult:
-    """How one run of an external program went (see :func:`agent.checks.process.run_process`).
-
-    ``error`` is set when it could not start (``no such file``, ``permission denied``), or when it was
-    ``cancelled`` (the agent is stopping); ``timed_out`` when it was killed (with everything it
-    started) at the timeout. ``exit_code``
-    is the exit status, or ``-N`` when a signal N ended it, or None when it never started.
-    ``stdout``/``stderr`` are decoded (UTF-8, bad bytes replaced) and cut to the requested size.
-    """
-
-    argv: tuple[str, ...]
-    exit_code: int | None
-    stdout: str = ""
-    stderr: str = ""
-    timed_out: bool = False
-    error: str | None = None
-    stdout_truncated: bool = False
-    duration: float = 0.0
-    cancelled: bool = False
-
-    @property
-    def cannot_start(self) -> bool:
-        """The program could not be started at all (missing, not executable, refused by the kernel)."""
-        return self.error is not None and not self.cancelled
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and not self.timed_out and self.exit_code == 0
-
-    def describe(self) -> str:
-        """Why it did not succeed, in a few words (for UNKNOWN messages)."""
-        name = self.argv[0] if self.argv else "?"
-        if self.error is not None:
-            return f"{name}: {self.error}"
-        if self.timed_out:
-            return f"{name}: timed out after {self.duration:.1f}s (killed)"
-        if self.exit_code is not None and self.exit_code < 0:
-            return f"{name}: killed by signal {-self.exit_code}"
-        detail = (self.stderr or self.stdout).strip().splitlines()
-        return f"{name}: exit code {self.exit_code}" + (f": {detail[-1][:200]}" if detail else "")
-
-
 RunProcess = Callable[..., ProcessResult]  # (argv, *, timeout, max_output=..., env=None) -> ProcessResult
 
 
@@ -173,7 +131,7 @@ class CheckContext:
     def run(self, argv: Sequence[str], *, timeout: float, max_output: int = 1 << 20) -> ProcessResult:
         """Run a tool (found in ``tool_path``) with the agent's process runner."""
         if self.run_process is None:
-            from agent.checks.process import run_process
+            from agent.core.process import run_process
 
             return run_process(argv, timeout=timeout, max_output=max_output, path=self.tool_path)
         return self.run_process(argv, timeout=timeout, max_output=max_output, path=self.tool_path)

@@ -25,12 +25,12 @@ from typing import Any
 from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT
 from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
 from agent.checks.model import RunProcess, ScheduledCheck
-from agent.checks.process import DEFAULT_PATH
+from agent.core.configdoc import Document, Problems, windows_path_problem
+from agent.core.durations import parse_duration
+from agent.core.errors import ConfigProblem
+from agent.core.process import DEFAULT_PATH
+from agent.core.types import ConditionSpec, RuleType, Severity, reserved_condition
 from agent.detectors import schema as log_monitor_schema
-from agent.detectors.packfile import Document, Problems, windows_path_problem
-from agent.durations import parse_duration
-from agent.errors import ConfigProblem
-from agent.types import ConditionSpec, RuleType, Severity, reserved_condition
 
 PLUGIN = "custom"
 KIND = "custom-plugin-monitor"

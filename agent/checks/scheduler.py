@@ -40,8 +40,8 @@ from agent.checks.model import (
     ScheduledCheck,
     Value,
 )
-from agent.runtime import Inbox
-from agent.types import ConditionSpec, Severity
+from agent.core.bus import Inbox
+from agent.core.types import ConditionSpec, Severity
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from agent.bounds import MAX_REASON
+from agent.core.bounds import MAX_REASON
+from agent.core.configdoc import Problems
+from agent.core.patterns import compile_anchored
+from agent.core.regex import PatternError, can_span_lines, required_literals, required_runs
+from agent.core.types import ConditionSpec, RuleType
 from agent.detectors.model import CompiledRule, FieldFilter
-from agent.detectors.packfile import Problems
-from agent.detectors.patterns import compile_anchored
-from agent.detectors.regex import PatternError, can_span_lines, required_literals, required_runs
 from agent.detectors.schema import RuleSpec, WhereSpec, as_values
-from agent.types import ConditionSpec, RuleType
 
 _LIST_NAME_RE = re.compile(r"^[A-Za-z][\w-]*(?:\.[\w-]+)+$")  # e.g. nvidia.xid.node
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.detectors.patterns import RulePattern
-from agent.types import ConditionSpec, RuleType, Severity
+from agent.core.patterns import RulePattern
+from agent.core.types import ConditionSpec, RuleType, Severity
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.detectors.patterns import literal_finder
+from agent.core.patterns import literal_finder
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

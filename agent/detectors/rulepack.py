@@ -21,12 +21,12 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent.core.configdoc import PACK_SUFFIXES, Document, Problems
+from agent.core.errors import ConfigError, ConfigProblem
+from agent.core.types import ConditionSpec
 from agent.detectors.compiler import compile_rule
 from agent.detectors.model import CompiledRule, FieldFilter, RuleSet, Threshold
-from agent.detectors.packfile import PACK_SUFFIXES, Document, Problems
 from agent.detectors.schema import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, PackSpec, check_pack
-from agent.errors import ConfigError, ConfigProblem
-from agent.types import ConditionSpec
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
@@ -37,20 +37,7 @@ __all__ = [
     "RuleSet",
     "Threshold",
     "compile_rule_packs",
-    "load_rule_set",
 ]
-
-
-def load_rule_set(paths: Sequence[Path]) -> RuleSet:
-    """Load, validate and compile the rule packs under ``paths`` in order (other kinds of file are left
-    to their own loaders). Raises ConfigError listing every problem."""
-    from agent.configfiles import Kind, of_kind, read_config_files
-
-    files, problems = read_config_files(paths)
-    if not paths:
-        problems.append(ConfigProblem(file="(none)", field="", message="no rule pack files found"))
-    packs = [(f.path, f.doc) for f in of_kind(files, Kind.RULE_PACK)]
-    return compile_rule_packs(packs, problems=problems)
 
 
 def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequence[ConfigProblem] = ()) -> RuleSet:

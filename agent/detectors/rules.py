@@ -8,7 +8,7 @@ Several rules may fire for one line; findings come out in line order, then rule 
 
 ``RuleEngine`` is the fast matcher used by the agent. ``ReferenceEngine`` follows NPD literally
 (every rule over the joined buffer, for every line); tests check that both always agree. Rule
-regexes are RE2 (``agent.detectors.patterns``): linear time, so no pattern can stall the loop.
+regexes are RE2 (``agent.core.patterns``): linear time, so no pattern can stall the loop.
 
 How the fast matcher avoids running every regex on every line: each rule's pattern is analysed
 for literal strings that must occur in any match (``regex.required_literals``). All literals go
@@ -28,11 +28,11 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agent.bounds import bounded_reason
+from agent.core.bounds import bounded_reason
+from agent.core.patterns import PatternMatch
+from agent.core.types import Finding, RuleType
 from agent.detectors.model import CompiledRule, RuleSet
-from agent.detectors.patterns import PatternMatch
 from agent.detectors.prefilter import Prefilter
-from agent.types import Finding, RuleType
 
 log = logging.getLogger(__name__)
 

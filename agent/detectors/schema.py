@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.core.configdoc import Problems
+from agent.core.durations import parse_duration
+from agent.core.types import ConditionSpec, RuleType, Severity, reserved_condition
 from agent.detectors.model import Threshold
-from agent.detectors.packfile import Problems
-from agent.durations import parse_duration
-from agent.types import ConditionSpec, RuleType, Severity, reserved_condition
 
 DEFAULT_BUFFER_SIZE = 10
 MAX_BUFFER_SIZE = 1000
@@ -137,7 +137,7 @@ def check_pack(col: Problems) -> PackSpec:
         col.add((), "expected a mapping with 'rules' (node-problem-detector system-log-monitor schema)")
         return PackSpec(source=stem, buffer_size=DEFAULT_BUFFER_SIZE, conditions=(), lists={}, rules=())
     _unknown_keys(data, known=TOP_KEYS, path=(), col=col)
-    # ``plugin`` was read by agent.configfiles.classify, which sends each kind to its own loader.
+    # ``plugin`` was read by agent.app.configfiles.classify, which sends each kind to its own loader.
     source = data.get("source", stem)
     if not isinstance(source, str) or not source:
         col.add(("source",), "must be a non-empty string")

@@ -5,7 +5,7 @@ The instance id comes from the Node's ``spec.providerID`` (``aws:///<az>/i-...``
 Unhealthy is not marked again (a restart between the call and the record on the Node never repeats
 ``SetInstanceHealth``), and an instance in no group (Karpenter, self-managed) is reported, not an
 error. A Node whose providerID names another cloud is not an EC2 instance: reported, never an IMDS
-lookup. AWS errors propagate as :class:`agent.aws.AwsError` (the loop retries transient ones).
+lookup. AWS errors propagate as :class:`agent.adapters.aws.AwsError` (the loop retries transient ones).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class MarkResult:
 
 
 class AsgMarker:
-    """``(node) -> MarkResult``; ``autoscaling`` is an :class:`agent.aws.AutoScaling`, ``imds`` an
-    :class:`agent.aws.InstanceMetadata` (None: providerID only)."""
+    """``(node) -> MarkResult``; ``autoscaling`` is an :class:`agent.adapters.aws.AutoScaling`, ``imds`` an
+    :class:`agent.adapters.aws.InstanceMetadata` (None: providerID only)."""
 
     def __init__(self, *, autoscaling: Any, imds: Any = None, respect_grace_period: bool = True) -> None:
         self._autoscaling = autoscaling
@@ -40,7 +40,7 @@ class AsgMarker:
         self._respect = respect_grace_period
 
     def __call__(self, node: NodeView) -> MarkResult:
-        from agent.aws import AwsError, instance_id_from_provider_id
+        from agent.adapters.aws import AwsError, instance_id_from_provider_id
 
         provider = node.provider_id.strip()
         instance_id = instance_id_from_provider_id(provider) if provider else None

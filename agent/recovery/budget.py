@@ -67,7 +67,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from agent.kube import KubeClient, KubeError
+from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,

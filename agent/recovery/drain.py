@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.backoff import Backoff
-from agent.kube import KubeError
+from agent.adapters.kube import KubeError
+from agent.core.backoff import Backoff
 from agent.recovery.model import MIRROR_POD_ANNOTATION, SAFE_TO_EVICT_ANNOTATION, DrainSettings, OnDeadline
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ API_RETRY = (1.0, 30.0)  # backoff (initial, maximum) while the API server does 
 
 
 class DrainClient(Protocol):
-    """The part of :class:`agent.kube.KubeClient` a drain uses."""
+    """The part of :class:`agent.adapters.kube.KubeClient` a drain uses."""
 
     def list_pods_on_node(self, node_name: str) -> list[dict[str, Any]]: ...
 

@@ -8,7 +8,7 @@ Each step (on a new publication, and at least every ``interval`` seconds):
    (:class:`~agent.recovery.budget.ClusterBudget`) and the decision taken again with its answer;
 4. the actions in order, each recorded on the Node (the incident annotation) as soon as it is
    done, so a restarted agent never repeats one (no second ``SetInstanceHealth``, no re-cordon);
-5. Events (through the main loop, as :class:`~agent.runtime.Notice`) and counters.
+5. Events (through the main loop, as :class:`~agent.core.bus.Notice`) and counters.
 
 Report-only (``ENABLE_RECOVERY`` not ``true``) decides the same way but does none of the side
 effects: no Node writes, no budget, no AWS call. It counts ``would`` actions and says "dry run" in
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.backoff import Backoff
+from agent.core.backoff import Backoff
+from agent.core.bus import Inbox, Notice, SnapshotFeed
+from agent.core.types import Event, Severity, Snapshot
 from agent.recovery.asg import MarkResult
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
-from agent.runtime import Inbox, Notice, SnapshotFeed
-from agent.types import Event, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class RecoveryLoop:
         *,
         feed: SnapshotFeed,
         inbox: Inbox,
-        client: Any,  # agent.kube.KubeClient
+        client: Any,  # agent.adapters.kube.KubeClient
         node_name: str,
         policy: RecoveryPolicy,
         enabled: bool,
@@ -159,7 +159,7 @@ class RecoveryLoop:
 
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
-        from agent.recovery.actions import read_incident, read_node_view
+        from agent.recovery.node import read_incident, read_node_view
         from agent.recovery.policy import decide, matching, with_budget_held
 
         snapshot = self._feed.latest().snapshot
@@ -249,7 +249,7 @@ class RecoveryLoop:
 
     def _act(self, decision: Decision, view: NodeView, *, stored: Incident | None) -> None:
         """Carry out ``decision``; ``stored`` is the incident as read from the Node this step."""
-        from agent.recovery import actions as node_actions
+        from agent.recovery import node as node_actions
 
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
@@ -281,7 +281,7 @@ class RecoveryLoop:
         A drain that did not finish (a pod past its deadline, the total timeout, a stop) is not
         done: the node stays cordoned, it is reported, and the next step tries the drain again;
         the instance is not marked unhealthy over pods that could not leave."""
-        from agent.recovery import actions as node_actions
+        from agent.recovery import node as node_actions
         from agent.recovery.policy import with_done
 
         now = self._clock()
@@ -412,7 +412,7 @@ class RecoveryLoop:
 
 def _expected(exc: Exception) -> bool:
     """API trouble (logged in one line) rather than a bug (logged with its traceback)."""
-    from agent.aws import AwsError  # importing agent.aws does not load boto3
-    from agent.kube import KubeError
+    from agent.adapters.aws import AwsError  # importing agent.adapters.aws does not load boto3
+    from agent.adapters.kube import KubeError
 
     return isinstance(exc, KubeError | AwsError)

@@ -2,7 +2,7 @@
 
 Everything here is a frozen value. ``policy.decide`` turns (snapshot, node view, incident, clock,
 budget view, policy) into a :class:`Decision`; ``loop`` carries it out through ``actions`` (the
-Kubernetes side), ``budget`` (the cluster-wide Lease) and ``agent.aws`` (Auto Scaling), and records
+Kubernetes side), ``budget`` (the cluster-wide Lease) and ``agent.adapters.aws`` (Auto Scaling), and records
 what was done in the :class:`Incident` annotation so a restarted agent never repeats it.
 """
 
@@ -12,7 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.types import Provenance
+from agent.core.types import Provenance
 
 # Names others rely on (annotations, taint, labels, Lease). One prefix for all of them.
 DOMAIN = "node-health-agent.io"

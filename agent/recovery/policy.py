@@ -91,7 +91,8 @@ import dataclasses
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from agent.durations import format_duration
+from agent.core.durations import format_duration
+from agent.core.types import Condition, Provenance, Snapshot, Status
 from agent.recovery.model import (
     ACTION_ORDER,
     OPT_OUT_LABEL,
@@ -104,7 +105,6 @@ from agent.recovery.model import (
     PolicyRule,
     RecoveryPolicy,
 )
-from agent.types import Condition, Provenance, Snapshot, Status
 
 __all__ = [
     "Match",

@@ -45,9 +45,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from agent.detectors.packfile import Problems, field_path, read_pack
-from agent.durations import format_duration, parse_duration
-from agent.errors import ConfigError
+from agent.core.configdoc import Problems, field_path, read_pack
+from agent.core.durations import format_duration, parse_duration
+from agent.core.errors import ConfigError
+from agent.core.types import Condition, Provenance, Status, reserved_condition
 from agent.recovery.budget import parse_max_unhealthy
 from agent.recovery.model import (
     ACTION_ORDER,
@@ -61,7 +62,6 @@ from agent.recovery.model import (
     RecoveryPolicy,
 )
 from agent.recovery.policy import rule_for
-from agent.types import Condition, Provenance, Status, reserved_condition
 
 __all__ = ["DEFAULT_POLICY", "load_policy", "policy_summary", "published"]
 

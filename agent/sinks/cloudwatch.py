@@ -12,14 +12,14 @@ dimensions ``ClusterName`` (always) and ``InstanceId`` (when known).
   changed), the sink publishes one 0 for it (so alarms return to OK without waiting for missing
   data), then nothing more. A problem seen in any publication the sink took is published at least
   once, even if it healed before the interval was up.
-- **Consumer only**: it reads the :class:`~agent.runtime.SnapshotFeed` and never writes state;
+- **Consumer only**: it reads the :class:`~agent.core.bus.SnapshotFeed` and never writes state;
   publishing runs in its own component thread, so a slow or failing AWS never delays detection.
 - **Failures**: a failed round (after the publisher's own quick retries) is retried whole at the
   next interval, later on repeated failure (jittered exponential backoff up to ``max_backoff``),
   counted by kind (``transient``/``permanent``) in ``failures``, logged (a refused request once per
   error code) and shown in ``last_error`` (for /healthz details and the metrics below).
 - **Any value**: a metric name is the reason made valid for CloudWatch (:func:`metric_name`: ASCII
-  without control characters, at most 128 characters, cut as :func:`agent.bounds.bounded_reason`
+  without control characters, at most 128 characters, cut as :func:`agent.core.bounds.bounded_reason`
   cuts it everywhere); a reason that leaves nothing to name is not published. A round sends the conditions that
   are True now plus at most ``max_flagged`` problems seen in between (a storm of distinct reasons
   does not become a round of thousands of metrics). Each skipped value is counted in ``skipped``
@@ -46,11 +46,11 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent.aws import AwsError, MetricDatum
-from agent.bounds import MAX_REASON, bounded_reason
-from agent.runtime import Publication, SnapshotFeed
+from agent.adapters.aws import AwsError, MetricDatum
+from agent.core.bounds import MAX_REASON, bounded_reason
+from agent.core.bus import Publication, SnapshotFeed
+from agent.core.types import Condition, Provenance, Snapshot, Status
 from agent.sinks.worker import IDLE, STALL, Failure, SinkWorker
-from agent.types import Condition, Provenance, Snapshot, Status
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,12 @@ Select = Callable[[Condition, Provenance | None], str | None]  # (condition, its
 
 class Publisher(Protocol):
     def put_metrics(self, namespace: str, datums: Sequence[MetricDatum]) -> int:
-        """Publish; the number of requests made. Raises :class:`~agent.aws.AwsError`."""
+        """Publish; the number of requests made. Raises :class:`~agent.adapters.aws.AwsError`."""
 
 
 def metric_name(text: str, *, limit: int = MAX_REASON) -> str | None:
     """``text`` as a CloudWatch name or dimension value: characters other than printable ASCII become ``_``,
-    cut to ``limit`` as :func:`~agent.bounds.bounded_reason` cuts; None when nothing but blanks is left.
+    cut to ``limit`` as :func:`~agent.core.bounds.bounded_reason` cuts; None when nothing but blanks is left.
 
     Names are cut at 128 (CloudWatch takes 255) so that a reason has the same name here as on the Node,
     in its Events and in Prometheus."""

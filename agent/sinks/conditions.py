@@ -12,7 +12,7 @@
 - Failures are handled by :class:`~agent.sinks.worker.SinkWorker`: transient ones are retried with
   backoff (never sooner than ``resync`` nor the server's ``Retry-After``); a permanent one drops
   that write until the next change or heartbeat.
-- Reasons and messages are cut to the limits of :mod:`agent.bounds` (128 and 1024 bytes), as every
+- Reasons and messages are cut to the limits of :mod:`agent.core.bounds` (128 and 1024 bytes), as every
   sink cuts them.
 - Condition types in ``delete_types`` (removed from the configuration) are deleted from the Node
   with ``$patch: delete`` in the first successful write; nothing else is ever deleted.
@@ -24,17 +24,17 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from agent.bounds import bounded_message, bounded_reason
-from agent.kube import KubeClient, KubeError
-from agent.runtime import Publication, SnapshotFeed
-from agent.sinks.log import iso
+from agent.adapters.kube import KubeClient, KubeError
+from agent.core.bounds import bounded_message, bounded_reason
+from agent.core.bus import Publication, SnapshotFeed
+from agent.core.state import AGGREGATE_TYPE
+from agent.core.timefmt import iso
+from agent.core.types import Condition, Snapshot, reserved_condition
 from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
-from agent.state import AGGREGATE_TYPE
-from agent.types import Condition, Snapshot, reserved_condition
 
 
 def condition_dict(cond: Condition, *, heartbeat: str) -> dict[str, str]:
-    """A condition as the Node keeps it: reason and message cut as every sink cuts them (:mod:`agent.bounds`)."""
+    """A condition as the Node keeps it: reason and message cut as every sink cuts them (:mod:`agent.core.bounds`)."""
     return {
         "type": cond.type,
         "status": cond.status.value,

@@ -10,7 +10,7 @@ keeps accumulating in between). A per-reason token bucket (``burst`` new series,
 ``refill`` seconds) limits how many distinct Events a reason can create. So an error storm of 100k
 lines yields a handful of API writes.
 
-Bounded by value too: a reason is cut to 128 bytes and a message to 1 KiB (:mod:`agent.bounds`, the
+Bounded by value too: a reason is cut to 128 bytes and a message to 1 KiB (:mod:`agent.core.bounds`, the
 API's limits for Events). Each *owner* (the condition of a transition, else the temporary rule,
 else the source) starts series for at most ``max_reasons`` distinct reasons within
 ``aggregate_window``; every further event of that owner in the window is counted in one summary
@@ -38,14 +38,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.bounds import bounded_message, bounded_reason
-from agent.durations import format_duration
-from agent.kube import KubeClient, KubeError
-from agent.runtime import Publication, SnapshotFeed
-from agent.sinks.log import iso
+from agent.adapters.kube import KubeClient, KubeError
+from agent.core.bounds import bounded_message, bounded_reason
+from agent.core.bus import Publication, SnapshotFeed
+from agent.core.durations import format_duration
+from agent.core.timefmt import iso
+from agent.core.types import Event
 from agent.sinks.outbox import MAX_SERIES, OUTBOX_FILE, Outbox, Series
 from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
-from agent.types import Event
 
 log = logging.getLogger(__name__)
 

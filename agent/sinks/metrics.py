@@ -8,7 +8,7 @@ node-problem-detector compatible series (so existing dashboards and alerts keep 
 - ``problem_gauge{type,reason}``: 1 while condition ``type`` is True with ``reason``, else 0;
   unlike NPD it returns to 0 when the condition clears.
 
-Label values are bounded (:mod:`agent.bounds`): a reason is at most 128 bytes, and a condition or
+Label values are bounded (:mod:`agent.core.bounds`): a reason is at most 128 bytes, and a condition or
 temporary rule counts at most 64 distinct reasons beyond the configuration's literal ones; further
 reasons are counted under ``reason="Other"`` and in
 ``node_health_agent_problems_overflowed_total{owner}``, so a storm of distinct values cannot grow
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from agent.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
-from agent.types import Snapshot, Status
+from agent.core.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
+from agent.core.types import Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
 NPD_GAUGE_HELP = "Whether a specific type of problem is affecting the node or not."

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.statedir import atomic_write
+from agent.core.statedir import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """What the sinks that write to the Kubernetes API share: the component loop over the snapshot
-feed, waiting, one :class:`~agent.backoff.Backoff`, and what a failed write means.
+feed, waiting, one :class:`~agent.core.backoff.Backoff`, and what a failed write means.
 
 A failed write is one of (:func:`classify`):
 
@@ -28,9 +28,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.backoff import Backoff
-from agent.kube import KubeError
-from agent.runtime import Publication, SnapshotFeed
+from agent.adapters.kube import KubeError
+from agent.core.backoff import Backoff
+from agent.core.bus import Publication, SnapshotFeed
 
 log = logging.getLogger(__name__)
 

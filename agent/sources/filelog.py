@@ -34,13 +34,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import tzinfo
 
-from agent.backoff import Backoff
-from agent.detectors.patterns import MAX_MEMORY, Spans, compile_anchored, spans_function
-from agent.detectors.regex import PatternError
+from agent.core.backoff import Backoff
+from agent.core.patterns import MAX_MEMORY, Spans, compile_anchored, spans_function
+from agent.core.regex import PatternError
+from agent.core.types import LogRecord
 from agent.sources.golayout import Layout, LayoutError, TimestampError, compile_layout
 from agent.sources.kmsg import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
-from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
 
@@ -125,13 +125,13 @@ class Search:
 def compile_search(pattern: str) -> Search:
     """Compile a filelog pattern; raises PatternError with the rule patterns' messages.
 
-    The pattern first goes through :func:`agent.detectors.patterns.compile_anchored`, so RE2/Go syntax, ``\\C``
+    The pattern first goes through :func:`agent.core.patterns.compile_anchored`, so RE2/Go syntax, ``\\C``
     and the program-size budget are checked exactly as for rule patterns; that module matches anchored at
     the end (rule semantics), so the unanchored search is compiled here with the same memory budget and
     searched with that module's fast span function.
     """
     compile_anchored(pattern)
-    import re2  # google-re2, already loaded by agent.detectors.patterns
+    import re2  # google-re2, already loaded by agent.core.patterns
 
     options = re2.Options()
     options.max_mem = MAX_MEMORY

@@ -41,12 +41,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent.backoff import Backoff
-from agent.checks import proctree
-from agent.checks.process import DEFAULT_PATH, resolve
+from agent.core import proctree
+from agent.core.backoff import Backoff
+from agent.core.process import DEFAULT_PATH, resolve
+from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
-from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The ``/dev/kmsg`` reader: read kernel log records, account for lost ones, turn them into ``LogRecord``s.
 
 The record format lives in :mod:`agent.sources.kmsg_format`, the restart cursor policy in
-:mod:`agent.sources.replay`, the retry schedule in :mod:`agent.backoff`.
+:mod:`agent.sources.replay`, the retry schedule in :mod:`agent.core.backoff`.
 
 The real device returns exactly one record per ``read()``; the reader reads on while more is ready and
 parses up to 4096 records at once. It also accepts a regular file or a FIFO holding many concatenated
@@ -26,9 +26,9 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.backoff import Backoff
+from agent.core.backoff import Backoff
+from agent.core.types import LogRecord
 from agent.sources.kmsg_format import KmsgParseError, ParsedChunk, boot_time_now, parse_chunk, parse_header
-from agent.types import LogRecord
 
 _logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.types import LogRecord
+from agent.core.types import LogRecord
 
 # How much of a bad record ends up in a log line or an error message.
 _SHOW_BYTES = 120

@@ -7,9 +7,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from agent.runtime import Inbox, RecordBatch
+from agent.core.bus import Inbox, RecordBatch
+from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgStats
-from agent.types import LogRecord
 
 
 class Source(Protocol):

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.statedir import atomic_write
-from agent.types import LogRecord
+from agent.core.statedir import atomic_write
+from agent.core.types import LogRecord
 
 _logger = logging.getLogger(__name__)
 

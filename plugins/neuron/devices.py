@@ -27,8 +27,8 @@ from types import MappingProxyType
 from typing import Any
 
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.durations import parse_duration
-from agent.types import ConditionSpec, Severity
+from agent.core.durations import parse_duration
+from agent.core.types import ConditionSpec, Severity
 
 from .neuronls import NeuronLs, NeuronLsOutcome, ToolState
 
@@ -413,7 +413,7 @@ class LearnedCount:
         self._count = count
         self._instance_type = instance_type or self._instance_type
         data = {"version": 1, "maxSeen": self._count, "instanceType": self._instance_type}
-        from agent.statedir import atomic_write
+        from agent.core.statedir import atomic_write
 
         try:
             atomic_write(self.path, (json.dumps(data) + "\n").encode())

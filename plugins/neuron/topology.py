@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.types import ConditionSpec
+from agent.core.types import ConditionSpec
 
 from .devices import (
     DEFAULT_SYSFS_GLOBS,

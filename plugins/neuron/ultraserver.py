@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.model import CheckContext, CheckResult, CheckStatus, Value
-from agent.types import ConditionSpec, Severity
+from agent.core.types import ConditionSpec, Severity
 
 from .devices import DEFAULT_SYSFS_GLOBS, NEVER_READ, DeviceScanError, discover, opt_bool, opt_strings, reject_unknown
 

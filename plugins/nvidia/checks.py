@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.durations import parse_duration
-from agent.types import ConditionSpec, Severity
+from agent.core.durations import parse_duration
+from agent.core.types import ConditionSpec, Severity
 
 from .nvml import THERMAL_SLOWDOWN, Access, Fault, GpuInfo, GpuReader, Inventory, NvmlReader, Part
 from .smi import SmiReader

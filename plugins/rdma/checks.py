@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.durations import format_duration, parse_duration
-from agent.types import ConditionSpec, Severity
+from agent.core.durations import format_duration, parse_duration
+from agent.core.types import ConditionSpec, Severity
 
 from . import sysfs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.types import ConditionSpec, Severity
+from agent.core.types import ConditionSpec, Severity
 
 CONDITION = "KernelTainted"
 # bit -> (letter, meaning), for the flags this example names in its messages

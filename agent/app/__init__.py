@@ -1,0 +1,2 @@
+"""The application: command line and commands, settings, the one configuration loader, reload,
+assembly, the HTTP server."""

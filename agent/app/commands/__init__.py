@@ -1,0 +1,1 @@
+"""One module per command that is more than a few lines (``check``, ``status``)."""

@@ -1,0 +1,207 @@
+"""The runtime: components under one supervisor, one inbox, one writer, one snapshot feed.
+
+::
+
+    producers ──► Inbox ──► MainLoop (only writer of NodeState) ──► SnapshotFeed ──► consumers
+    (kmsg reader, relay client, node seeder, ...)                   (condition/Event sinks, stdout, state store)
+
+- A **component** is a long-lived part with ``name``, ``run(stop)`` and ``healthy(now)``
+  (``now`` is ``time.monotonic()``). The :class:`Supervisor` runs each in its own thread, turns
+  a component whose thread died into an unhealthy one, feeds ``/healthz`` and the
+  ``component_healthy`` metric, and stops everything within one shared deadline.
+- **Producers** put :class:`RecordBatch`, :class:`~agent.checks.model.CheckReport` or :class:`SeedConditions` items
+  into the bounded :class:`Inbox` and decide nothing.
+- The :class:`MainLoop` is the only writer of :class:`~agent.core.state.NodeState`: it matches record
+  batches, folds findings and seeds, and publishes a :class:`Publication` (snapshot, the events
+  of that step, component health) on the :class:`SnapshotFeed`.
+- **Consumers** read the feed (the latest publication; the events since the one they saw) and
+  never write state. Consumers that keep what they were given durably (the Event outbox, the
+  stdout log) *acknowledge* publication numbers; the kmsg cursor is saved only up to what every
+  durable consumer acknowledged, so a SIGKILL can never skip an Event: the records after the
+  cursor are replayed in full after a restart.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.checks.model import CheckReport
+from agent.core.types import Condition, ConditionSpec, Event, LogRecord, Snapshot
+
+log = logging.getLogger(__name__)
+
+# Batches (each up to 4096 records): small enough that a storm cannot pile up memory (and garbage-
+# collector work) in the inbox; when full, producers wait and the kernel ring buffer absorbs the burst.
+INBOX_ITEMS = 16
+FEED_EVENTS = 100_000  # events the feed keeps for consumers that fall behind
+
+
+# ---- inputs --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordBatch:
+    """Kernel log records in read order, from one source: given, or to be decoded by the main loop.
+
+    A source whose thread should only do I/O hands over raw data and its ``decode`` (parsing and
+    sequence accounting, the source's own code); the main loop runs it. Two threads that both parse
+    and match would spend much of their time handing the interpreter lock back and forth.
+    """
+
+    records: Sequence[LogRecord] = ()
+    decode: Callable[[], Sequence[LogRecord]] | None = None
+    monitor: str | None = None  # a log monitor's records (its own rules, no kmsg replay); None = the kernel log
+
+    def resolve(self) -> Sequence[LogRecord]:
+        return self.decode() if self.decode is not None else self.records
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SeedConditions:
+    """Our conditions as read back from the Node at startup, plus the Node's uid."""
+
+    conditions: Sequence[Condition]
+    node_uid: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reconfigure:
+    """A reloaded configuration for the main loop: new kernel log rules, the conditions now declared,
+    and the checks that no longer exist (their counters are dropped)."""
+
+    rule_set: Any  # agent.detectors.model.RuleSet
+    conditions: Sequence[ConditionSpec]
+    removed_checks: Sequence[str] = ()
+    generation: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice:
+    """Events from a component that acts (recovery: cordoned, blocked by the budget, dry run ...).
+
+    The main loop publishes them as they are, so they reach the same sinks (Kubernetes Events with
+    their outbox, or stdout) as the detectors' events: one path to the world, no second writer."""
+
+    events: Sequence[Event]
+
+
+Input = RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice
+
+
+class Inbox:
+    """The bounded queue between producers and the main loop."""
+
+    def __init__(self, *, maxsize: int = INBOX_ITEMS) -> None:
+        self._queue: queue.Queue[Input] = queue.Queue(maxsize=maxsize)
+
+    def put(self, item: Input, *, stop: threading.Event, poll: float = 0.2) -> bool:
+        """Wait for room (back-pressure); False if ``stop`` was set first."""
+        while not stop.is_set():
+            try:
+                self._queue.put(item, timeout=poll)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, *, timeout: float) -> Input | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def get_nowait(self) -> Input | None:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+
+# ---- the feed ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Publication:
+    """What the main loop published after one step."""
+
+    number: int  # increases by one per publication
+    snapshot: Snapshot
+    events: tuple[Event, ...] = ()
+    health: Mapping[str, bool] = field(default_factory=dict)  # component -> healthy, at publish time
+    events_end: int = 0  # index after this publication's events in the feed's event sequence
+
+    @property
+    def agent_healthy(self) -> bool:
+        return all(self.health.values())
+
+
+class SnapshotFeed:
+    """Latest publication plus a bounded backlog of events, for any number of consumers.
+
+    Events are numbered 0, 1, 2, ... across publications; a consumer remembers the index after
+    the last event it took and asks :meth:`events_since` for the rest.
+    """
+
+    def __init__(self, *, initial: Snapshot, max_events: int = FEED_EVENTS) -> None:
+        self._cond = threading.Condition()
+        self._latest = Publication(number=0, snapshot=initial)
+        self._events: collections.deque[Event] = collections.deque(maxlen=max_events)
+        self._end = 0  # index after the newest event
+        self._closed = False
+
+    def publish(self, *, snapshot: Snapshot, events: Sequence[Event], health: Mapping[str, bool]) -> Publication:
+        with self._cond:
+            self._events.extend(events)
+            self._end += len(events)
+            pub = Publication(
+                number=self._latest.number + 1,
+                snapshot=snapshot,
+                events=tuple(events),
+                health=dict(health),
+                events_end=self._end,
+            )
+            self._latest = pub
+            self._cond.notify_all()
+        return pub
+
+    def latest(self) -> Publication:
+        with self._cond:
+            return self._latest
+
+    def wait_newer(self, after: int, *, timeout: float) -> Publication | None:
+        """The latest publication once its number is above ``after``; None on timeout or close."""
+        with self._cond:
+            if self._latest.number <= after and not self._closed:
+                self._cond.wait_for(lambda: self._latest.number > after or self._closed, timeout=timeout)
+            return self._latest if self._latest.number > after else None
+
+    def events_since(self, index: int) -> tuple[list[Event], int, int]:
+        """Events from ``index`` on: (events, the index after them, how many the backlog already lost)."""
+        with self._cond:
+            oldest = self._end - len(self._events)
+            start = max(index, oldest)
+            events = list(itertools.islice(self._events, start - oldest, None))
+            return events, self._end, start - index
+
+    def close(self) -> None:
+        """Wake every waiter (shutdown)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def iter_inputs(inbox: Inbox, *, first: Input, limit: int) -> Iterator[Input]:
+    """``first`` plus whatever else is queued right now, at most ``limit`` items."""
+    yield first
+    for _ in range(limit - 1):
+        item = inbox.get_nowait()
+        if item is None:
+            return
+        yield item

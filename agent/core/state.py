@@ -1,0 +1,370 @@
+"""NodeState: the single source of truth, a fold of findings into conditions, counts and events.
+
+Every transition happens here, including the way back to healthy: a check reporting healthy
+again (a ``False`` finding), or ``clearAfter`` seconds without a new match for log-derived
+conditions. Sinks (Kubernetes, Prometheus, logs, CloudWatch) only read ``Snapshot``s and the
+``Event``s returned by ``apply``/``expire``, so they can never disagree.
+
+Rules for a condition that is already ``True``: a new finding with a different reason replaces
+the reason only when it is at least as severe (a critical Xid 79 is not overwritten by a later
+warning); ``lastTransitionTime`` changes only when the status changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from agent.core.bounds import ProblemCounts
+from agent.core.durations import format_duration
+from agent.core.types import (
+    Condition,
+    ConditionSpec,
+    Event,
+    Finding,
+    Provenance,
+    RuleType,
+    Severity,
+    Snapshot,
+    Status,
+)
+
+log = logging.getLogger(__name__)
+
+
+AGGREGATE_TYPE = "AcceleratedHardwareReady"
+AGGREGATE_HEALTHY_REASON = "AcceleratedHardwareIsReady"
+AGGREGATE_HEALTHY_MESSAGE = "no fatal accelerator problem"
+
+
+def event_type(severity: Severity) -> str:
+    """Kubernetes Event type for a problem of this severity."""
+    return "Normal" if severity is Severity.INFO else "Warning"
+
+
+class NodeState:
+    """Conditions and problem counts of this node. Not thread-safe: one owner (the main loop)."""
+
+    def __init__(
+        self,
+        *,
+        conditions: Sequence[ConditionSpec],
+        clock: Callable[[], float],
+        reasons: Iterable[str] = (),
+        problem_pairs: Iterable[tuple[str, str]] = (),
+        aggregate: bool = False,
+        seeded: bool = True,
+    ) -> None:
+        """``seeded=False`` marks the state as not yet reconciled with the Node's existing conditions
+        (Kubernetes mode before the Node was read): writers must wait for :meth:`seed`.
+
+        ``aggregate`` adds condition AcceleratedHardwareReady: False (a problem) while any condition
+        marked ``accelerator`` is True with a critical problem, True otherwise (the condition EKS node
+        auto repair and Karpenter node repair act on). Its polarity is the opposite of ours."""
+        self._clock = clock
+        self._specs = {c.type: c for c in conditions}
+        self._provenance = _provenance(self._specs)
+        self._aggregate = aggregate
+        self._touched: set[str] = set()  # types changed since start (seeding never overrides them)
+        self._restored: set[str] = set()  # types restored from our own state directory (fresher than the Node)
+        self._seeded = seeded
+        self._node_uid: str | None = None
+        now = clock()
+        self._conditions: dict[str, Condition] = {
+            c.type: Condition(
+                type=c.type,
+                status=Status.FALSE,
+                reason=c.reason,
+                message=c.message,
+                last_transition=now,
+                last_update=now,
+            )
+            for c in conditions
+        }
+        if aggregate:
+            self._conditions[AGGREGATE_TYPE] = Condition(
+                type=AGGREGATE_TYPE,
+                status=Status.TRUE,
+                reason=AGGREGATE_HEALTHY_REASON,
+                message=AGGREGATE_HEALTHY_MESSAGE,
+                last_transition=now,
+                last_update=now,
+            )
+        # problem_counter / problem_gauge figures, at most MAX_REASONS undeclared reasons per owner
+        self._problems = ProblemCounts(reasons=reasons, pairs=problem_pairs)
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Increases on every change of a condition (status, reason or message)."""
+        return self._generation
+
+    @property
+    def owned_types(self) -> tuple[str, ...]:
+        return tuple(self._conditions)
+
+    def declare(self, conditions: Sequence[ConditionSpec]) -> None:
+        """Conditions declared by a reloaded configuration: new types start healthy; known ones keep
+        their state with the new defaults. Types no longer declared keep theirs until a restart."""
+        now = self._clock()
+        for spec in conditions:
+            if spec.type not in self._conditions:
+                self._conditions[spec.type] = Condition(
+                    type=spec.type,
+                    status=Status.FALSE,
+                    reason=spec.reason,
+                    message=spec.message,
+                    last_transition=now,
+                    last_update=now,
+                )
+                self._generation += 1
+            self._specs[spec.type] = spec
+        self._provenance = _provenance(self._specs)  # a new mapping: snapshots already published keep theirs
+
+    def restore(self, conditions: Iterable[Condition]) -> list[Event]:
+        """Adopt the conditions our own state directory kept (with their severity and transition times).
+
+        They are at least as fresh as the Node's copy, so a later :meth:`seed` leaves them alone, and
+        the state counts as seeded: a restart needs no API server to stay consistent.
+        """
+        restored = [c for c in conditions if c.type in self._conditions and c.type not in self._touched]
+        events = self._adopt(restored)
+        self._restored.update(c.type for c in restored)
+        self._seeded = True
+        return events
+
+    def seed(self, conditions: Iterable[Condition], *, node_uid: str | None = None) -> list[Event]:
+        """Adopt conditions read back from the Node at startup, for the types we own.
+
+        Keeps their status, reason, message and transition time, so a restart neither resets a
+        problem to healthy nor moves ``lastTransitionTime``. Types that already changed since
+        start, or were restored from the state directory, keep our fresher state. Returns events
+        only if the aggregate condition changes.
+        """
+        if node_uid:
+            self._node_uid = node_uid
+        fresh = [c for c in conditions if c.type not in self._restored]
+        self._seeded = True
+        self._generation += 1  # publish the seeded flag even when nothing else changed
+        return self._adopt(fresh)
+
+    def _adopt(self, conditions: Iterable[Condition]) -> list[Event]:
+        for cond in conditions:
+            if cond.type in self._conditions and cond.type not in self._touched:
+                self._conditions[cond.type] = cond
+                if cond.status is Status.TRUE and cond.type in self._specs:
+                    self._problems.pair(cond.type, cond.reason)
+                self._generation += 1
+        return self._update_aggregate(self._clock())
+
+    def apply(self, finding: Finding) -> list[Event]:
+        """Fold one finding in; return the events it produces (maybe none)."""
+        events = self._apply(finding)
+        if events and self._aggregate:
+            events.extend(self._update_aggregate(self._clock()))
+        return events
+
+    def _apply(self, finding: Finding) -> list[Event]:
+        now = self._clock()
+        if finding.type is RuleType.TEMPORARY:
+            self._problems.count(finding.rule, finding.reason)
+            return [
+                Event(
+                    type=event_type(finding.severity),
+                    reason=finding.reason,
+                    message=finding.message,
+                    timestamp=finding.timestamp,
+                    source=finding.source,
+                    severity=finding.severity,
+                    rule=finding.rule,
+                    fields=finding.fields,
+                )
+            ]
+        if finding.condition is None or finding.condition not in self._specs:
+            log.warning("finding for undeclared condition %r from rule %s ignored", finding.condition, finding.rule)
+            return []
+        current = self._conditions[finding.condition]
+        if finding.status is Status.TRUE:
+            return self._set_problem(current, finding, now)
+        spec = self._specs[finding.condition]
+        reason = spec.reason if finding.status is Status.FALSE else finding.reason
+        message = spec.message if finding.status is Status.FALSE else finding.message
+        if current.status is finding.status and current.reason == reason:
+            self._conditions[current.type] = _replace(current, last_update=now)
+            return []
+        return [
+            self._transition(
+                current,
+                status=finding.status,
+                reason=reason,
+                message=message,
+                now=now,
+                severity=finding.severity,
+                source=finding.source,
+                rule=finding.rule,
+                fields={},
+            )
+        ]
+
+    def _set_problem(self, current: Condition, finding: Finding, now: float) -> list[Event]:
+        if current.status is Status.TRUE:
+            same = current.reason == finding.reason
+            weaker = finding.severity.rank < current.severity.rank
+            if same or weaker:
+                self._conditions[current.type] = _replace(current, last_update=now)
+                return []
+        self._problems.count(current.type, finding.reason)
+        self._problems.pair(current.type, finding.reason)
+        return [
+            self._transition(
+                current,
+                status=Status.TRUE,
+                reason=finding.reason,
+                message=finding.message,
+                now=now,
+                severity=finding.severity,
+                source=finding.source,
+                rule=finding.rule,
+                fields=finding.fields,
+                # NPD uses the log time as transition time; never in the future of our clock.
+                transition_time=min(finding.timestamp, now) if finding.timestamp else now,
+            )
+        ]
+
+    def _transition(
+        self,
+        current: Condition,
+        *,
+        status: Status,
+        reason: str,
+        message: str,
+        now: float,
+        severity: Severity,
+        source: str,
+        rule: str | None,
+        fields: object,
+        transition_time: float | None = None,
+    ) -> Event:
+        changed_status = current.status is not status
+        updated = Condition(
+            type=current.type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition=(transition_time if transition_time is not None else now)
+            if changed_status
+            else current.last_transition,
+            last_update=now,
+            severity=severity if status is Status.TRUE else Severity.INFO,
+            fields=dict(fields) if isinstance(fields, dict) else {},
+        )
+        self._conditions[current.type] = updated
+        self._touched.add(current.type)
+        self._generation += 1
+        return Event(
+            type="Warning" if status is not Status.FALSE else "Normal",
+            reason=reason,
+            message=f"Node condition {current.type} is now: {status.value}, reason: {reason}, message: {message!r}",
+            timestamp=now,
+            source=source or self._specs[current.type].source,
+            severity=severity if status is not Status.FALSE else Severity.INFO,
+            condition=current.type,
+            status=status,
+            rule=rule,
+            fields=updated.fields,
+        )
+
+    def expire(self) -> list[Event]:
+        """Heal conditions whose ``clearAfter`` quiet period has passed."""
+        now = self._clock()
+        events = []
+        for type_, cond in list(self._conditions.items()):
+            spec = self._specs.get(type_)
+            if spec is None:
+                continue
+            if cond.status is Status.TRUE and spec.clear_after and now - cond.last_update >= spec.clear_after:
+                events.append(
+                    self._transition(
+                        cond,
+                        status=Status.FALSE,
+                        reason=spec.reason,
+                        message=f"{spec.message} (cleared after {format_duration(spec.clear_after)} without "
+                        f"a new {cond.reason})",
+                        now=now,
+                        severity=Severity.INFO,
+                        source=spec.source,
+                        rule=None,
+                        fields={},
+                    )
+                )
+        if events and self._aggregate:
+            events.extend(self._update_aggregate(now))
+        return events
+
+    def _update_aggregate(self, now: float) -> list[Event]:
+        if not self._aggregate:
+            return []
+        fatal = [
+            c
+            for c in self._conditions.values()
+            if c.type in self._specs
+            and self._specs[c.type].accelerator
+            and c.status is Status.TRUE
+            and c.severity is Severity.CRITICAL
+        ]
+        current = self._conditions[AGGREGATE_TYPE]
+        if fatal:
+            status, reason = Status.FALSE, fatal[0].reason
+            message = "; ".join(f"{c.type}: {c.message}" for c in fatal)
+        else:
+            status, reason, message = Status.TRUE, AGGREGATE_HEALTHY_REASON, AGGREGATE_HEALTHY_MESSAGE
+        if current.status is status and current.reason == reason:
+            return []
+        updated = Condition(
+            type=AGGREGATE_TYPE,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition=now if current.status is not status else current.last_transition,
+            last_update=now,
+            severity=Severity.CRITICAL if status is Status.FALSE else Severity.INFO,
+        )
+        self._conditions[AGGREGATE_TYPE] = updated
+        self._touched.add(AGGREGATE_TYPE)
+        self._generation += 1
+        return [
+            Event(
+                type="Warning" if status is Status.FALSE else "Normal",
+                reason="AcceleratedHardwareNotReady" if status is Status.FALSE else AGGREGATE_HEALTHY_REASON,
+                message=f"Node condition {AGGREGATE_TYPE} is now: {status.value}, reason: {reason}, "
+                f"message: {message!r}",
+                timestamp=now,
+                source="node-health-agent",
+                severity=updated.severity,
+                condition=AGGREGATE_TYPE,
+                status=status,
+            )
+        ]
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            conditions=tuple(self._conditions.values()),
+            generated_at=self._clock(),
+            problem_counts=self._problems.counts,
+            problem_pairs=self._problems.pairs,
+            reasons_overflowed=self._problems.overflowed,
+            generation=self._generation,
+            seeded=self._seeded,
+            node_uid=self._node_uid,
+            provenance=self._provenance,
+        )
+
+
+def _provenance(specs: Mapping[str, ConditionSpec]) -> dict[str, Provenance]:
+    """Who owns each condition type (never changed after it is handed to a snapshot)."""
+    return {type_: spec.provenance for type_, spec in specs.items() if spec.provenance is not None}
+
+
+def _replace(cond: Condition, **changes: object) -> Condition:
+    return dataclasses.replace(cond, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""The main loop: the one writer of node state."""

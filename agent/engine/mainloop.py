@@ -1,0 +1,222 @@
+"""The main loop: the only writer of NodeState.
+
+It takes inputs from the inbox (record batches, check reports, seeded conditions), matches
+records, judges check reports (failure/success thresholds), folds findings into the state and
+publishes a snapshot with the step's events.
+
+What it keeps in the state directory follows what every durable consumer has acknowledged (see
+:mod:`agent.core.bus`): the kmsg cursor and our conditions are saved as of the newest acknowledged
+publication. So after a SIGKILL the records whose Events might not be stored yet are replayed in
+full against the conditions as they were, and every transition Event comes again; nothing newer
+than what was reported is ever restored.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from agent.checks.judge import CheckJudge
+from agent.checks.model import CheckReport
+from agent.core.bus import (
+    Inbox,
+    Input,
+    Notice,
+    Reconfigure,
+    RecordBatch,
+    SeedConditions,
+    SnapshotFeed,
+    iter_inputs,
+)
+from agent.core.state import NodeState
+from agent.core.statedir import ConditionStore, StateDirHealth
+from agent.core.types import Event, Snapshot
+from agent.detectors.pipeline import Batch, DetectionPipeline
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
+
+log = logging.getLogger(__name__)
+
+TICK = 0.5  # the loop runs at least this often (clearAfter expiry, cursor saves, liveness)
+STEP_ITEMS = 16  # inbox items folded into one publication at most
+CURSOR_INTERVAL = 1.0
+FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
+MAX_PENDING = 100_000  # publications awaiting acknowledgement (a stalled consumer only delays the cursor)
+
+
+class MainLoop:
+    name = "main_loop"
+
+    def __init__(
+        self,
+        *,
+        inbox: Inbox,
+        feed: SnapshotFeed,
+        state: NodeState,
+        pipeline: DetectionPipeline,
+        replay: ReplayPolicy,
+        health: Callable[[], Mapping[str, bool]],
+        stall_timeout: float,
+        cursor_store: CursorStore | None = None,
+        condition_store: ConditionStore | None = None,
+        state_dir: StateDirHealth | None = None,
+        acks: Sequence[Callable[[], int]] = (),
+        judge: CheckJudge | None = None,
+        monitors: Mapping[str, DetectionPipeline] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        tick: float = TICK,
+    ) -> None:
+        self._inbox = inbox
+        self._feed = feed
+        self.state = state
+        self.pipeline = pipeline
+        self._replay = replay
+        self._health = health
+        self._stall_timeout = stall_timeout
+        self._cursor_store = cursor_store
+        self._condition_store = condition_store
+        self._state_dir = state_dir
+        self._acks = list(acks)
+        self.judge = judge or CheckJudge()
+        self.monitors = dict(monitors or {})  # log monitor name -> its own rules
+        self._clock = clock
+        self._monotonic = monotonic
+        self._tick = tick
+        self._beat = monotonic()
+        self.records_processed = 0  # records matched and folded
+        self.decode_errors = 0  # record batches a source failed to decode (a bug; logged with its traceback)
+        # (publication number, its last kmsg seq or None, its snapshot when the conditions changed, else None)
+        self._pending: collections.deque[tuple[int, int | None, Snapshot | None]] = collections.deque(
+            maxlen=MAX_PENDING
+        )
+        self._published_generation = state.snapshot().generation
+        self._acked_seq: int | None = None
+        self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
+        self._last_cursor_save = float("-inf")
+
+    # ---- component -----------------------------------------------------------------------------
+
+    def healthy(self, now: float) -> bool:
+        return now - self._beat < self._stall_timeout
+
+    def run(self, stop: threading.Event) -> None:
+        self._publish([], last_seq=None)
+        while not stop.is_set():
+            self.step(timeout=self._tick)
+        self._shutdown()
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def step(self, *, timeout: float) -> int:
+        """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item); publish."""
+        first = self._inbox.get(timeout=timeout)
+        events: list[Event] = []
+        records = 0
+        last_seq: int | None = None
+        if first is not None:
+            for item in iter_inputs(self._inbox, first=first, limit=STEP_ITEMS):
+                n, seq = self._fold(item, events)
+                records += n
+                last_seq = seq if seq is not None else last_seq
+        events.extend(self.state.expire())
+        if first is not None or events:
+            self._publish(events, last_seq=last_seq)
+        self._beat = self._monotonic()
+        self._save_cursor(force=False)
+        return records
+
+    def _fold(self, item: Input, events: list[Event]) -> tuple[int, int | None]:
+        if isinstance(item, RecordBatch):
+            try:
+                records = item.resolve()
+            except Exception:  # a source's decoding bug must not kill the one writer
+                log.exception("cannot decode a batch of kernel log records; skipping it")
+                self.decode_errors += 1
+                return 0, None
+            if not records:
+                return 0, None
+            if item.monitor is not None:
+                pipeline = self.monitors.get(item.monitor)
+                if pipeline is None:
+                    log.error("records of unknown log monitor %r dropped", item.monitor)
+                    return 0, None
+                for finding in pipeline.process(Batch(records=records)):
+                    events.extend(self.state.apply(finding))
+                self.records_processed += len(records)
+                return len(records), None  # not kernel log records: no kmsg cursor
+            for run, replayed in self._replay.split(records, now=self._clock()):
+                for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
+                    events.extend(self.state.apply(finding))
+            self.records_processed += len(records)
+            return len(records), records[-1].seq
+        if isinstance(item, CheckReport):
+            for finding in self.judge.judge(item):
+                events.extend(self.state.apply(finding))
+        elif isinstance(item, SeedConditions):
+            events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+        elif isinstance(item, Notice):
+            events.extend(item.events)
+        elif isinstance(item, Reconfigure):
+            self.pipeline = DetectionPipeline(rule_set=item.rule_set)
+            self.state.declare(item.conditions)
+            self.judge.forget(item.removed_checks)
+            log.info("configuration %d in effect: %d kernel log rules", item.generation, len(item.rule_set.rules))
+        else:  # a producer bug must not kill the one writer
+            log.error("ignoring an unknown inbox item %r", type(item).__name__)
+        return 0, None
+
+    def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
+        snapshot = self.state.snapshot()
+        pub = self._feed.publish(snapshot=snapshot, events=events, health=self._health())
+        changed = snapshot.generation != self._published_generation
+        self._published_generation = snapshot.generation
+        if last_seq is not None or changed:
+            self._pending.append((pub.number, last_seq, snapshot if changed else None))
+
+    # ---- what the state directory keeps ----------------------------------------------------------
+
+    def _acked(self) -> int:
+        latest = self._feed.latest().number
+        return min((ack() for ack in self._acks), default=latest)
+
+    def _save_cursor(self, *, force: bool) -> None:
+        """Keep conditions and cursor as of the newest publication every durable consumer acknowledged."""
+        acked = self._acked()
+        kept: Snapshot | None = None
+        while self._pending and self._pending[0][0] <= acked:
+            _, seq, snapshot = self._pending.popleft()
+            self._acked_seq = seq if seq is not None else self._acked_seq
+            kept = snapshot or kept
+        if kept is not None and self._condition_store is not None:
+            self._condition_store.save(kept.conditions)
+        seq = self._acked_seq
+        if self._cursor_store is None or seq is None or seq == self._saved_seq:
+            return
+        now = self._monotonic()
+        if not force and now - self._last_cursor_save < CURSOR_INTERVAL:
+            return
+        self._last_cursor_save = now
+        try:
+            self._cursor_store.save(Cursor(boot_id=self._replay.boot_id, last_seq=seq))
+        except OSError as exc:
+            if self._state_dir is not None:
+                self._state_dir.report("cursor", f"cannot save {self._cursor_store.path}: {exc.strerror or exc}")
+            else:
+                log.error("cannot save the kmsg cursor: %s", exc)
+            return
+        self._saved_seq = seq
+        if self._state_dir is not None:
+            self._state_dir.report("cursor", None)
+
+    def _shutdown(self) -> None:
+        """Publish the last state, give durable consumers a moment to acknowledge, save the cursor."""
+        events = self.state.expire()
+        if events:
+            self._publish(events, last_seq=None)
+        deadline = self._monotonic() + FINAL_ACK_WAIT
+        while self._pending and self._acked() < self._pending[-1][0] and self._monotonic() < deadline:
+            time.sleep(0.02)
+        self._save_cursor(force=True)

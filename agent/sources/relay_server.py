@@ -1,0 +1,443 @@
+"""The kmsg relay: a minimal privileged process that copies raw ``/dev/kmsg`` records to the agent.
+
+Why: on standard container runtimes an unprivileged container cannot open a host-mounted
+``/dev/kmsg`` (the device cgroup denies it). In the DaemonSet a small privileged relay container
+(same image, no API token, no ports, read-only root fs) opens ``/dev/kmsg`` read-only and serves
+the records over a UNIX socket in a shared emptyDir; the unprivileged agent reads them with
+:class:`agent.sources.relay_client.RelayClient` (``--kmsg-relay SOCKET``).
+
+The wire protocol (hello, record and heartbeat frames) is in :mod:`agent.sources.relay_protocol`.
+
+Access: the ring buffer may hold what ``dmesg_restrict`` hides from unprivileged users, so only
+the agent may read it. The socket file is mode 0600 owned by ``client_uid`` (0660 with group
+``client_gid`` when one is given), and every connection's ``SO_PEERCRED`` is checked against the
+same: a peer that is not root, not ``client_uid`` and not ``client_gid`` is closed at once,
+counted and logged (rate-limited); it never displaces the current session.
+
+Every connection gets the whole ring buffer, oldest record first: each client gets its own fresh
+:class:`~agent.sources.kmsg.KmsgReader` (which also survives EPIPE overruns and reopens), so an
+agent that reconnects can replay since boot and skip what it has already seen by sequence number.
+One client at a time: a new (allowed) connection replaces (closes) the previous one. A slow client
+causes back-pressure (a small queue, then the reader waits); the kernel ring buffer overwrites
+meanwhile and the client counts the gap from the sequence numbers. Records queued together go
+out in one ``send()``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import select
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.relay_protocol import HEADER, MAX_FRAME, current_hello, encode_frame
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_POLLS = 2  # default heartbeat interval, in poll intervals
+SOCKET_MODE = 0o600  # client_uid (the owner) only
+GROUP_SOCKET_MODE = 0o660  # client_uid and client_gid
+REFUSAL_LOG_INTERVAL = 60.0  # at most one "refused a connection" warning per this many seconds
+_QUEUE_SIZE = 256  # records between a session's reader thread and its sender
+_SEND_BYTES = 64 * 1024  # one send() carries queued records up to about this many bytes
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+# --------------------------------------------------------------------------------------------------
+# Access control
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    """Who is at the other end of a UNIX socket connection, as the kernel recorded it at connect()."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, conn: socket.socket) -> PeerCredentials:
+        """The peer's ``SO_PEERCRED``; raises ``OSError`` when the kernel does not say."""
+        pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        return cls(pid=pid, uid=uid, gid=gid)
+
+
+@dataclass(frozen=True, slots=True)
+class AccessPolicy:
+    """Who may read the relay: root, ``uid``, and (when set) processes whose group is ``gid``.
+
+    The socket file's owner, group and mode say the same, so the file permissions and the peer
+    check agree (except that the file check also honours supplementary groups; this one does not).
+    """
+
+    uid: int
+    gid: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.uid < 0 or (self.gid is not None and self.gid < 0):
+            raise ValueError(f"client uid/gid must not be negative: uid {self.uid}, gid {self.gid}")
+
+    @property
+    def mode(self) -> int:
+        return SOCKET_MODE if self.gid is None else GROUP_SOCKET_MODE
+
+    def allows(self, peer: PeerCredentials) -> bool:
+        return peer.uid in (0, self.uid) or (self.gid is not None and peer.gid == self.gid)
+
+    def describe(self) -> str:
+        return f"uid {self.uid}" + (f" or gid {self.gid}" if self.gid is not None else "") + " or root"
+
+
+class RelayStats:
+    """Connection counters of one :func:`run_relay` (its accept loop is the only writer)."""
+
+    __slots__ = ("accepted", "refused")
+
+    def __init__(self) -> None:
+        self.accepted = 0  # allowed connections, each served by a session
+        self.refused = 0  # connections closed at once: peer not allowed, or its credentials unreadable
+
+
+class _RefusalLog:
+    """Log refused peers: the first at once, then at most one line per ``interval`` with a count."""
+
+    def __init__(self, *, policy: AccessPolicy, interval: float, clock: Callable[[], float]) -> None:
+        self._policy = policy
+        self._interval = interval
+        self._clock = clock
+        self._next = float("-inf")
+        self._suppressed = 0
+
+    def note(self, peer: PeerCredentials | None, *, why: str = "") -> None:
+        now = self._clock()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        who = f"pid {peer.pid} (uid {peer.uid}, gid {peer.gid})" if peer is not None else f"an unknown peer ({why})"
+        more = f"; {self._suppressed} more refused since the last message" if self._suppressed else ""
+        log.warning(
+            "kmsg relay: refused a connection from %s: only %s may connect%s", who, self._policy.describe(), more
+        )
+        self._suppressed = 0
+        self._next = now + self._interval
+
+
+# --------------------------------------------------------------------------------------------------
+# Relay
+
+
+class _SetupError(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _listen(socket_path: Path, policy: AccessPolicy) -> tuple[socket.socket, int]:
+    """Create the directory, remove a stale socket, bind, set owner and mode, listen; raises _SetupError.
+
+    Nobody can connect before ``listen()``, so the file is never open to others. Returns the
+    listening socket and the inode of its file (to remove only our own file on exit).
+    """
+    try:
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _SetupError(f"cannot create the socket directory {socket_path.parent}: {exc}") from exc
+    try:
+        mode = socket_path.lstat().st_mode
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise _SetupError(f"cannot inspect {socket_path}: {exc}") from exc
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise _SetupError(f"{socket_path} exists and is not a socket; refusing to replace it")
+        try:
+            socket_path.unlink()
+        except OSError as exc:
+            raise _SetupError(f"cannot remove the stale socket {socket_path}: {exc}") from exc
+        log.info("kmsg relay: removed a stale socket %s", socket_path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = os.fspath(socket_path)
+    try:
+        server.bind(path)
+        inode = os.lstat(path).st_ino
+    except OSError as exc:
+        server.close()
+        raise _SetupError(f"cannot listen on the UNIX socket {socket_path}: {exc}") from exc
+    try:
+        # follow_symlinks=False and the inode check: never chown or chmod something swapped in meanwhile.
+        os.chown(path, policy.uid, -1 if policy.gid is None else policy.gid, follow_symlinks=False)
+        st = os.lstat(path)
+        if st.st_ino != inode or not stat.S_ISSOCK(st.st_mode):
+            raise OSError(errno.EEXIST, "the socket file was replaced during setup")
+        os.chmod(path, policy.mode)
+    except OSError as exc:
+        server.close()
+        _remove_if_ours(socket_path, inode)
+        raise _SetupError(f"cannot hand the socket {socket_path} to {policy.describe()}: {exc}") from exc
+    try:
+        server.listen(16)
+    except OSError as exc:
+        server.close()
+        _remove_if_ours(socket_path, inode)
+        raise _SetupError(f"cannot listen on the UNIX socket {socket_path}: {exc}") from exc
+    return server, inode
+
+
+def _remove_if_ours(socket_path: Path, inode: int) -> None:
+    try:
+        if os.lstat(socket_path).st_ino == inode:
+            socket_path.unlink()
+    except OSError:
+        pass
+
+
+def _check_source(kmsg_path: Path) -> str | None:
+    try:
+        os.close(os.open(kmsg_path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        denied = exc.errno in (errno.EPERM, errno.EACCES)
+        hint = " (the relay container must be privileged to open the host's /dev/kmsg)" if denied else ""
+        return f"cannot open {kmsg_path} for reading: {exc.strerror or exc}{hint}"
+    return None
+
+
+class _Session:
+    """One client connection: a reader thread (fresh KmsgReader) feeding a sender thread."""
+
+    def __init__(
+        self,
+        *,
+        conn: socket.socket,
+        number: int,
+        kmsg_path: Path,
+        poll_interval: float,
+        heartbeat_interval: float,
+    ) -> None:
+        self._conn = conn
+        self._name = f"client #{number}"
+        self._kmsg_path = kmsg_path
+        self._poll = poll_interval
+        self._heartbeat_interval = heartbeat_interval
+        self._stop = threading.Event()
+        self._queue: queue.Queue[bytes] = queue.Queue(maxsize=_QUEUE_SIZE)
+        self._reader_stats = KmsgStats()
+        self._sent = 0
+        self._sender = threading.Thread(target=self._send_loop, name=f"kmsg-relay-send-{number}", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name=f"kmsg-relay-read-{number}", daemon=True)
+
+    def start(self) -> None:
+        self._conn.setblocking(False)
+        self._reader.start()
+        self._sender.start()
+
+    def close(self) -> None:
+        """Stop both threads and close the connection; returns within a few poll intervals."""
+        self._stop.set()
+        for thread in (self._sender, self._reader):
+            thread.join(timeout=4 * self._poll + 1)
+            if thread.is_alive():
+                log.warning("kmsg relay: %s did not stop in time", thread.name)
+
+    # -- reader thread -----------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        reader = KmsgReader(path=self._kmsg_path, stats=self._reader_stats, poll_interval=self._poll, logger=log)
+        try:
+            for raw in reader.raw_records(stop=self._stop):
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(raw, timeout=self._poll)
+                        break
+                    except queue.Full:  # back-pressure from a slow client
+                        continue
+        except Exception:  # never expected; end the session so the client reconnects
+            log.exception("kmsg relay: reading %s failed for %s", self._kmsg_path, self._name)
+        finally:
+            self._stop.set()
+
+    # -- sender thread -----------------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        reason = "relay stopping"
+        try:
+            self._send(encode_frame(current_hello().encode()))
+            last_send = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    raw = self._queue.get(timeout=self._poll)
+                except queue.Empty:
+                    self._check_client()
+                    if time.monotonic() - last_send >= self._heartbeat_interval and self._reader_live():
+                        self._send(encode_frame(b""))
+                        last_send = time.monotonic()
+                    continue
+                data, count = self._frames(raw)
+                if count:
+                    self._send(data)
+                    self._sent += count
+                    last_send = time.monotonic()
+        except _ClientGone as exc:
+            reason = str(exc)
+        except OSError as exc:
+            reason = f"connection error: {exc}"
+        finally:
+            self._stop.set()
+            self._conn.close()
+            s = self._reader_stats
+            log.info(
+                "kmsg relay: %s done (%s): %d records sent, %d lost to overruns, %d read errors",
+                self._name,
+                reason,
+                self._sent,
+                s.records_lost,
+                s.read_errors,
+            )
+
+    def _frames(self, first: bytes) -> tuple[bytes, int]:
+        """``first`` and the records queued behind it (about ``_SEND_BYTES`` at most), framed; and their number."""
+        parts: list[bytes] = []
+        size = 0
+        raw: bytes | None = first
+        while raw is not None:
+            if raw and len(raw) <= MAX_FRAME:
+                parts += (HEADER.pack(len(raw)), raw)
+                size += HEADER.size + len(raw)
+            else:
+                log.warning("kmsg relay: dropping a record of %d bytes that cannot be framed", len(raw))
+            if size >= _SEND_BYTES:
+                break
+            try:
+                raw = self._queue.get_nowait()
+            except queue.Empty:
+                raw = None
+        return b"".join(parts), len(parts) // 2
+
+    def _reader_live(self) -> bool:
+        """The reader has its source open and polled it recently: only then is a heartbeat honest."""
+        s = self._reader_stats
+        return s.connected and s.last_activity is not None and time.monotonic() - s.last_activity < 3 * self._poll
+
+    def _send(self, data: bytes) -> None:
+        """Send all of ``data`` on the non-blocking socket, waiting for room in poll_interval slices."""
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self._conn, select.POLLOUT)
+        while view:
+            if self._stop.is_set():
+                raise _ClientGone("relay stopping in the middle of a frame")
+            try:
+                sent = self._conn.send(view)
+            except BlockingIOError:
+                poller.poll(self._poll * 1000)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise _ClientGone("client disconnected") from exc
+            view = view[sent:]
+
+    def _check_client(self) -> None:
+        """Notice a client that hung up while nothing is being sent; anything it sends is discarded."""
+        try:
+            data = self._conn.recv(4096)
+        except BlockingIOError:
+            return
+        except ConnectionResetError as exc:
+            raise _ClientGone("client disconnected") from exc
+        if not data:
+            raise _ClientGone("client disconnected")
+
+
+def run_relay(
+    *,
+    socket_path: Path,
+    kmsg_path: Path,
+    stop: threading.Event,
+    poll_interval: float = 1.0,
+    heartbeat_interval: float | None = None,
+    client_uid: int | None = None,
+    client_gid: int | None = None,
+    ready: threading.Event | None = None,
+    stats: RelayStats | None = None,
+) -> int:
+    """Serve raw kmsg records from ``kmsg_path`` on the UNIX socket ``socket_path`` until ``stop`` is set.
+
+    Only root, ``client_uid`` (default: this process's effective uid) and, when given, group
+    ``client_gid`` may connect (socket mode 0600, or 0660 with ``client_gid``; peers checked with
+    ``SO_PEERCRED``). ``ready`` is set once the socket accepts connections; ``stats`` receives the
+    connection counters. ``heartbeat_interval`` defaults to ``HEARTBEAT_POLLS * poll_interval``.
+
+    Returns 0 after ``stop``; 2 (after logging why) when ``kmsg_path`` cannot be opened or the
+    socket cannot be created. The socket file is removed on exit if it is still ours.
+    """
+    if poll_interval <= 0 or (heartbeat_interval is not None and heartbeat_interval <= 0):
+        raise ValueError("need poll_interval > 0 and heartbeat_interval > 0")
+    policy = AccessPolicy(uid=os.geteuid() if client_uid is None else client_uid, gid=client_gid)
+    heartbeat = heartbeat_interval if heartbeat_interval is not None else HEARTBEAT_POLLS * poll_interval
+    stats = stats if stats is not None else RelayStats()
+    socket_path = Path(socket_path)
+    problem = _check_source(Path(kmsg_path))
+    if problem is not None:
+        log.error("kmsg relay: %s", problem)
+        return 2
+    try:
+        server, inode = _listen(socket_path, policy)
+    except _SetupError as exc:
+        log.error("kmsg relay: %s", exc)
+        return 2
+    server.settimeout(poll_interval)
+    log.info("kmsg relay: serving %s on %s to %s", kmsg_path, socket_path, policy.describe())
+    if ready is not None:
+        ready.set()
+    refusals = _RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic)
+    session: _Session | None = None
+    try:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:  # e.g. EMFILE: wait and retry rather than spin
+                log.warning("kmsg relay: accept failed: %s", exc)
+                stop.wait(poll_interval)
+                continue
+            try:
+                peer: PeerCredentials | None = PeerCredentials.of(conn)
+                why = ""
+            except OSError as exc:
+                peer, why = None, f"SO_PEERCRED failed: {exc}"
+            if peer is None or not policy.allows(peer):
+                conn.close()  # before anything else: the current session goes on undisturbed
+                stats.refused += 1
+                refusals.note(peer, why=why)
+                continue
+            stats.accepted += 1
+            if session is not None:
+                session.close()  # one client at a time: the new connection replaces the old
+            log.info("kmsg relay: client #%d connected (pid %d, uid %d)", stats.accepted, peer.pid, peer.uid)
+            session = _Session(
+                conn=conn,
+                number=stats.accepted,
+                kmsg_path=Path(kmsg_path),
+                poll_interval=poll_interval,
+                heartbeat_interval=heartbeat,
+            )
+            session.start()
+    finally:
+        if session is not None:
+            session.close()
+        server.close()
+        _remove_if_ours(socket_path, inode)
+    log.info("kmsg relay: stopped (%d connections served, %d refused)", stats.accepted, stats.refused)
+    return 0
