@@ -89,6 +89,7 @@ class SinkWorker:
         self._stall = stall
         self._backoff = Backoff(initial=resync, maximum=max(resync, max_backoff), jitter=BACKOFF_JITTER, rng=rng)
         self._retry_at: float | None = None  # monotonic time before which no write is tried
+        self._quiet_until = float("-inf")  # monotonic time before which the loop does nothing (after a bug)
         self._seen = -1  # number of the newest publication taken (the feed's initial one is 0)
         self._deadline = monotonic() + stall  # healthy while the loop beats before this
         self._exited = False
@@ -178,13 +179,17 @@ class SinkWorker:
         wait = self._wait or (lambda seconds: self._default_wait(stop, seconds))
         try:
             while not stop.is_set():
-                try:
-                    self._take_newest()
-                    pause = min(max(0.0, self.work(self._monotonic())), IDLE)
-                except Exception as exc:  # a bug must not end the sink: count, report, back off, go on
-                    self.unexpected(exc, what="the sink loop")
-                    pause = self._backoff.next_delay(at_least=self._resync)
-                    self._retry_at = self._monotonic() + pause
+                now = self._monotonic()
+                if now < self._quiet_until:  # after a bug: a wait cut short by a publication is no retry
+                    pause = self._quiet_until - now
+                else:
+                    try:
+                        self._take_newest()
+                        pause = min(max(0.0, self.work(self._monotonic())), IDLE)
+                    except Exception as exc:  # a bug must not end the sink: count, report, back off, go on
+                        self.unexpected(exc, what="the sink loop")
+                        pause = self._backoff.next_delay(at_least=self._resync)
+                        self._retry_at = self._quiet_until = self._monotonic() + pause
                 self.beat(pause)
                 if wait(pause):
                     break
