@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.app.cli import main
-from agent.app.config import build_scheduled_checks, load_agent_config, owned_conditions
+from agent.app.config import build_scheduled_checks, load_agent_config, load_configuration, owned_conditions
 from agent.app.settings import rule_dirs
 from agent.checks.declared import CheckDecl
 from agent.checks.loader import build_checks
@@ -256,12 +256,11 @@ def test_a_reload_introducing_a_second_owner_is_rejected_and_the_last_good_confi
     extra = tmp_path / "extra"
     write(extra / "mine.json", custom_plugin("MyThing"))
     paths = [*rule_dirs(plugins_dirs=None, packs=["kernel", "neuron"]), extra]
-    config = load_agent_config(paths, entry_points=list)
     context = CheckContext(state_dir=tmp_path)
-    checks = build_scheduled_checks(config, context=context, entry_points=list)
+    loaded = load_configuration(paths, context=context, entry_points=list)
     inbox = Inbox()
     watcher = ConfigWatcher(
-        paths=paths, config=config, checks=checks, context=context, scheduler=None, inbox=inbox, entry_points=list
+        paths=paths, current=loaded, context=context, scheduler=None, inbox=inbox, entry_points=list
     )
     write(extra / "mine.json", custom_plugin("NeuronHealth"))
     assert watcher.reload() is False

@@ -3,7 +3,9 @@ configuration keeps running; the real agent picks up a changed rule pack from it
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import textwrap
 import threading
 import time
@@ -12,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.app.config import build_scheduled_checks, load_agent_config
+from agent.app.config import load_configuration
 from agent.app.reload import ConfigWatcher, Relevant
 from agent.checks.model import CheckContext, CheckResult, CheckStatus
 from agent.checks.scheduler import CheckScheduler
 from agent.core.bus import Inbox, Reconfigure
+from agent.core.process import run_process
 from agent.core.statedir import atomic_write
 from agent.core.types import ConditionSpec
 
@@ -62,15 +65,13 @@ def setup(tmp_path: Path, *, installed: Callable[[], list] = entry_points):
     plugins.mkdir()
     (plugins / "pack.yaml").write_text(textwrap.dedent(PACK))
     (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 1}\n")
-    config = load_agent_config([plugins], entry_points=entry_points)
     context = CheckContext(state_dir=tmp_path)
-    checks = build_scheduled_checks(config, context=context, entry_points=entry_points)
+    loaded = load_configuration([plugins], context=context, entry_points=entry_points)
     inbox = Inbox()
-    scheduler = CheckScheduler(checks=checks, inbox=Inbox(), start_thread=lambda target, name: None)
+    scheduler = CheckScheduler(checks=list(loaded.checks), inbox=Inbox(), start_thread=lambda target, name: None)
     watcher = ConfigWatcher(
         paths=[plugins],
-        config=config,
-        checks=checks,
+        current=loaded,
         context=context,
         scheduler=scheduler,
         inbox=inbox,
@@ -251,8 +252,7 @@ def test_a_burst_of_changes_is_checked_once_after_it_settles(tmp_path):
     clock = Clock()
     watcher = ConfigWatcher(
         paths=[plugins],
-        config=load_agent_config([plugins], entry_points=entry_points),
-        checks=[],
+        current=load_configuration([plugins], context=CheckContext(state_dir=tmp_path), entry_points=entry_points),
         context=CheckContext(state_dir=tmp_path),
         scheduler=None,
         inbox=Inbox(),
@@ -287,8 +287,7 @@ def watch(tmp_path: Path, paths: list[Path]) -> tuple[ConfigWatcher, Inbox]:
     inbox = Inbox()
     watcher = ConfigWatcher(
         paths=paths,
-        config=load_agent_config(paths, entry_points=entry_points),
-        checks=[],
+        current=load_configuration(paths, context=CheckContext(state_dir=tmp_path), entry_points=entry_points),
         context=CheckContext(state_dir=tmp_path),
         scheduler=None,
         inbox=inbox,
@@ -456,3 +455,59 @@ def test_an_import_that_hangs_during_a_reload_does_not_hold_up_shutdown(tmp_path
         hanging.gate.set()
         stop.set()
         thread.join(10)
+
+
+# ---- one loader at start and on reload (issue 14) --------------------------------------------------------
+
+
+def npd_plugin_file(tool: Path, *, interval: str, missing: Path) -> str:
+    """A custom-plugin monitor with two rules: ``tool`` (runs) and ``missing`` (a warning: not there yet)."""
+    rule = {"type": "permanent", "condition": "SlowTool", "reason": "SlowToolBroken", "timeout": "30s"}
+    return json.dumps(
+        {
+            "plugin": "custom",
+            "pluginConfig": {"invoke_interval": interval, "timeout": "30s"},
+            "source": "slow-tool",
+            "conditions": [{"type": "SlowTool", "reason": "SlowToolFine", "message": "fine"}],
+            "rules": [
+                {**rule, "path": str(tool)},
+                {"type": "temporary", "reason": "NotYetBroken", "timeout": "30s", "path": str(missing)},
+            ],
+        }
+    )
+
+
+def test_after_a_reload_a_custom_plugin_tool_is_still_killed_at_shutdown_and_warnings_are_kept(tmp_path, caplog):
+    """The reload used to load configuration its own way: custom-plugin checks lost the process runner
+    the agent cancels at shutdown (a running tool outlived it), and the warnings were dropped."""
+    pid_file = tmp_path / "tool.pid"
+    tool = tmp_path / "slow-tool.sh"
+    tool.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    tool.chmod(0o755)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "pack.yaml").write_text(textwrap.dedent(PACK))
+    plugin_file = plugins / "slow-tool.json"
+    plugin_file.write_text(npd_plugin_file(tool, interval="60s", missing=tmp_path / "not-yet.sh"))
+    cancel = threading.Event()
+    context = CheckContext(state_dir=tmp_path, run_process=functools.partial(run_process, cancel=cancel))
+    loaded = load_configuration([plugins], context=context, entry_points=list)
+    assert loaded.warnings and "does not exist (yet)" in str(loaded.warnings[0])
+    watcher = ConfigWatcher(
+        paths=[plugins], current=loaded, context=context, scheduler=None, inbox=Inbox(), entry_points=list
+    )
+    plugin_file.write_text(npd_plugin_file(tool, interval="90s", missing=tmp_path / "not-yet.sh"))
+    with caplog.at_level(logging.WARNING, logger="agent.app.reload"):
+        assert watcher.reload() is True
+    assert watcher.current.warnings == loaded.warnings
+    assert any("does not exist (yet)" in r.getMessage() for r in caplog.records), "the reload says it again"
+    [check] = [c for c in watcher.current.checks if c.name == "slow-tool/slow-tool-broken"]
+    assert check.interval == 90.0, "the reloaded check, not the one loaded at start"
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(check.check.run()), daemon=True)
+    runner.start()
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10))
+    cancel.set()  # the agent stops
+    runner.join(timeout=10)
+    assert not runner.is_alive(), "the run ended when the agent stopped (before: it waited out the tool)"
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=10)

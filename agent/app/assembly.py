@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agent.app.config import AgentConfig, LogMonitor, owned_conditions, provenance_of
+from agent.app.config import Loaded, LogMonitor, provenance_of
 from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import Inbox, SnapshotFeed
@@ -619,16 +619,16 @@ def check_context(
 def run(
     *,
     settings: Settings,
-    config: AgentConfig,
+    loaded: Loaded,
     stop: threading.Event,
-    checks: Sequence[ScheduledCheck] = (),
     labels: NodeLabels | None = None,
     context: CheckContext | None = None,
-    loaded: Any = None,  # agent.app.reload.Fingerprint of the configuration as loaded
+    files: Any = None,  # agent.app.reload.Fingerprint of the configuration files as loaded
     cancel: threading.Event | None = None,
     policy: Any = None,  # agent.recovery.model.RecoveryPolicy (loaded and checked before the cluster)
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
+    config, checks = loaded.config, loaded.checks
     rule_set = config.rule_set
     kube = None
     if not settings.standalone:
@@ -647,7 +647,7 @@ def run(
             rule_set=rule_set,
             kube=kube,
             checks=checks,
-            extra_conditions=owned_conditions(config, checks),
+            extra_conditions=loaded.conditions,
             log_monitors=config.log_monitors,
             labels=labels,
             cancel=cancel,
@@ -665,12 +665,11 @@ def run(
 
             watcher = ConfigWatcher(
                 paths=list(settings.rule_paths),
-                config=config,
-                checks=checks,
+                current=loaded,
                 context=context,
                 scheduler=runtime.scheduler,
                 inbox=runtime.inbox,  # type: ignore[arg-type]
-                loaded=loaded,
+                files=files,
                 ignore=[settings.state_dir],  # never react to the agent's own writes
             )
             runtime.watcher = watcher

@@ -578,27 +578,24 @@ def run(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before any thread starts
     from agent.app.assembly import NodeLabels, check_context
     from agent.app.assembly import run as run_agent
-    from agent.app.config import build_scheduled_checks, load_agent_config
+    from agent.app.config import load_configuration
     from agent.app.reload import fingerprint
     from agent.core.process import run_process
 
-    loaded = fingerprint(list(settings.rule_paths))  # before loading: a change after it is reloaded
+    files = fingerprint(list(settings.rule_paths))  # before loading: a change after it is reloaded
     cancel = threading.Event()  # set when the checks stop: tools still running are killed
-    runner = functools.partial(run_process, cancel=cancel)
-    config = load_agent_config(list(settings.rule_paths), run_process=runner)
     labels = NodeLabels()
-    context = check_context(settings, labels=labels, run_process=runner)
-    checks = build_scheduled_checks(config, context=context)
+    context = check_context(settings, labels=labels, run_process=functools.partial(run_process, cancel=cancel))
+    loaded = load_configuration(list(settings.rule_paths), context=context)  # as every reload does
     from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
 
     policy = load_policy(settings.recovery_policy) if settings.recovery_policy else DEFAULT_POLICY
     return run_agent(
         settings=settings,
-        config=config,
-        checks=checks,
+        loaded=loaded,
         labels=labels,
         context=context,
-        loaded=loaded,
+        files=files,
         cancel=cancel,
         policy=policy,
         stop=_stop_on_signals(),

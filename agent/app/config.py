@@ -175,6 +175,50 @@ def build_scheduled_checks(
     return checks
 
 
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """One generation of configuration, as :func:`load_configuration` returns it at start and on reload."""
+
+    config: AgentConfig
+    checks: tuple[ScheduledCheck, ...]  # declared checks, then custom-plugin checks, in declaration order
+    conditions: tuple[ConditionSpec, ...]  # every condition type written, stamped with its one owner
+
+    @property
+    def warnings(self) -> tuple[ConfigProblem, ...]:
+        return self.config.warnings
+
+
+def load_configuration(
+    paths: Sequence[Path],
+    *,
+    context: CheckContext,
+    entry_points: Callable[[], Sequence[Any]] | None = None,
+    previous: Loaded | None = None,
+    stop: threading.Event | None = None,
+) -> Loaded:
+    """The one configuration loader, used at start and on every reload: every file read and validated,
+    every check built, one owner per condition type. Raises ConfigError with every problem.
+
+    Every check runs its tools through ``context``'s process runner (the one the agent cancels at
+    shutdown), custom-plugin checks included. With ``previous`` (a reload), a declaration that did not
+    change keeps its running check object and its memory (baselines, flap history); ``stop`` set
+    abandons plugin loads still running (see :func:`agent.checks.loader.build_checks`)."""
+    config = load_agent_config(paths, entry_points=entry_points, run_process=context.run_process)
+    kept: dict[str, ScheduledCheck] = {}
+    if previous is not None:
+        before = {d.name: d for d in previous.config.check_decls}
+        running = {c.name: c for c in previous.checks}
+        for decl in config.check_decls:
+            if decl.name in running and before.get(decl.name) == decl:
+                kept[decl.name] = running[decl.name]
+    fresh = dataclasses.replace(config, check_decls=tuple(d for d in config.check_decls if d.name not in kept))
+    built = {c.name: c for c in build_scheduled_checks(fresh, context=context, entry_points=entry_points, stop=stop)}
+    order = [d.name for d in config.check_decls if d.enabled]
+    order += [c.name for plugin in config.custom_plugins for c in plugin.checks]
+    checks = tuple(kept.get(name) or built[name] for name in order if name in kept or name in built)
+    return Loaded(config=config, checks=checks, conditions=owned_conditions(config, checks))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Owner:
     provenance: Provenance

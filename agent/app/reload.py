@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.app.config import AgentConfig, build_scheduled_checks, load_agent_config, owned_conditions
-from agent.checks.declared import CheckDecl
-from agent.checks.model import CheckContext, ScheduledCheck
+from agent.app.config import Loaded, load_configuration
+from agent.checks.model import CheckContext
 from agent.core.bus import Inbox, Reconfigure
 from agent.core.configdoc import PACK_SUFFIXES, discover
 from agent.core.docreader import Refused, read_config_bytes
@@ -120,25 +119,23 @@ class ConfigWatcher:
         self,
         *,
         paths: Sequence[Path],
-        config: AgentConfig,
-        checks: Sequence[ScheduledCheck],
+        current: Loaded,
         context: CheckContext,
         scheduler: Any,  # agent.checks.scheduler.CheckScheduler or None
         inbox: Inbox,
         settle: float = SETTLE,
         monotonic: Callable[[], float] = time.monotonic,
         entry_points: Callable[[], Sequence[Any]] | None = None,
-        loaded: Fingerprint | None = None,
+        files: Fingerprint | None = None,
         ignore: Sequence[Path] = (),
     ) -> None:
-        """``loaded``: the fingerprint taken before ``config`` was loaded (None: take it now);
-        ``ignore``: directories whose changes never count (the agent's state directory)."""
+        """``current``: the configuration running now (from :func:`~agent.app.config.load_configuration`);
+        ``files``: the fingerprint taken before it was loaded (None: take it now); ``ignore``: directories
+        whose changes never count (the agent's state directory)."""
         self._paths = list(paths)
         self._relevant = Relevant.of(self._paths, ignore=ignore)
-        self._loaded = loaded if loaded is not None else fingerprint(self._paths)
-        self._monitor_files = [m.file.path for m in config.log_monitors]  # not the parsed files: memory
-        self._checks = {c.name: c for c in checks}
-        self._decls = {d.name: d for d in config.check_decls}
+        self._loaded = files if files is not None else fingerprint(self._paths)
+        self._current = current
         self._context = context
         self._scheduler = scheduler
         self._inbox = inbox
@@ -238,11 +235,15 @@ class ConfigWatcher:
         return observer
 
     def reload(self, *, stop: threading.Event | None = None) -> bool:
-        """Load and validate everything again; swap it in if valid. True when swapped."""
+        """Load and validate everything again, as at start; swap it in if valid. True when swapped.
+
+        Plugins load as at start: a hung import or factory, or one calling ``sys.exit``, becomes a
+        BrokenCheck after its timeout (the watcher goes on), and ``stop`` abandons the wait."""
+        old = self._current
         try:
-            config = load_agent_config(self._paths, entry_points=self._entry_points)
-            fresh = self._rebuild(config, stop=stop)
-            conditions = owned_conditions(config, fresh)  # one owner per type across every source
+            new = load_configuration(
+                self._paths, context=self._context, entry_points=self._entry_points, previous=old, stop=stop
+            )
         except ConfigError as exc:
             self.failures += 1
             self.last_error = f"configuration change rejected, still running generation {self.generation}: " + (
@@ -257,55 +258,30 @@ class ConfigWatcher:
             return False
         if stop is not None and stop.is_set():
             return False  # stopping: plugin loads were abandoned, nothing is swapped in
-        if [m.file.path for m in config.log_monitors] != self._monitor_files:
+        if [m.file.path for m in new.config.log_monitors] != [m.file.path for m in old.config.log_monitors]:
             log.warning("log monitor (filelog/journald) changes take effect at the next restart")
-        removed = [name for name in self._checks if name not in {c.name for c in fresh}]
+        removed = [c.name for c in old.checks if c.name not in {n.name for n in new.checks}]
         self.generation += 1
         if self._scheduler is not None:
-            self._scheduler.replace(fresh)
+            self._scheduler.replace(list(new.checks))
         item = Reconfigure(
-            rule_set=config.rule_set, conditions=conditions, removed_checks=removed, generation=self.generation
+            rule_set=new.config.rule_set, conditions=new.conditions, removed_checks=removed, generation=self.generation
         )
         self._inbox.put(item, stop=stop or threading.Event())
-        self._monitor_files = [m.file.path for m in config.log_monitors]
-        self._checks = {c.name: c for c in fresh}
-        self._decls = {d.name: d for d in config.check_decls}
+        self._current = new
         self.last_error = None
+        for warning in new.warnings:
+            log.warning("%s", warning)
         log.info(
             "configuration %d loaded: %d kernel log rules, %d checks%s",
             self.generation,
-            len(config.rule_set.rules),
-            len(fresh),
+            len(new.config.rule_set.rules),
+            len(new.checks),
             f" ({len(removed)} removed)" if removed else "",
         )
         return True
 
-    def _rebuild(self, config: AgentConfig, *, stop: threading.Event | None = None) -> list[ScheduledCheck]:
-        """The new checks; a declaration that did not change keeps its running check object. Plugins load
-        as at start: a hung import or factory, or one calling ``sys.exit``, becomes a BrokenCheck after its
-        timeout (the watcher goes on), and ``stop`` abandons the wait (shutdown is not held up)."""
-        kept: dict[str, ScheduledCheck] = {}
-        changed: list[CheckDecl] = []
-        for decl in config.check_decls:
-            old = self._checks.get(decl.name)
-            if old is not None and self._decls.get(decl.name) == decl:
-                kept[decl.name] = old
-            else:
-                changed.append(decl)
-        fresh_config = AgentConfig(
-            rule_set=config.rule_set,
-            log_monitors=config.log_monitors,
-            check_decls=tuple(changed),
-            custom_plugins=config.custom_plugins,
-            files=config.files,
-        )
-        built = {
-            c.name: c
-            for c in build_scheduled_checks(
-                fresh_config, context=self._context, entry_points=self._entry_points, stop=stop
-            )
-        }
-        order = [d.name for d in config.check_decls if d.enabled] + [
-            c.name for p in config.custom_plugins for c in p.checks
-        ]
-        return [kept.get(name) or built[name] for name in order if name in kept or name in built]
+    @property
+    def current(self) -> Loaded:
+        """The configuration running now."""
+        return self._current
