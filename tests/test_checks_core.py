@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.app.configfiles import Kind, classify, read_config_files
 from agent.checks.declared import CheckDecl, merge, read_checks
 from agent.checks.judge import CheckJudge
 from agent.checks.loader import BrokenCheck, build_checks
@@ -26,6 +25,7 @@ from agent.checks.model import (
 from agent.checks.scheduler import CheckScheduler
 from agent.core.bus import Inbox
 from agent.core.configdoc import Problems, read_pack
+from agent.core.configfiles import Kind, classify, read_config_files
 from agent.core.types import ConditionSpec, RuleType, Severity, Status
 
 from helpers import FakeEntryPoint, wait_for

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.app.configfiles import read_config_files
 from agent.core.configdoc import read_pack
+from agent.core.configfiles import read_config_files
 from agent.core.docreader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 from helpers import http_get, memory_limit, start_standalone_agent, wait_for
@@ -169,7 +169,7 @@ def test_directories_nested_too_deep_are_not_read(tmp_path):
 
 @pytest.mark.parametrize(("bound", "value"), [("MAX_TOTAL_NODES", 25), ("MAX_TOTAL_BYTES", 100)])
 def test_all_files_together_are_bounded(tmp_path, monkeypatch, bound, value):
-    monkeypatch.setattr(f"agent.app.configfiles.{bound}", value)
+    monkeypatch.setattr(f"agent.core.configfiles.{bound}", value)
     for n in range(4):  # 10 nodes and 32 bytes each
         (tmp_path / f"p{n}.yaml").write_text("rules: [{a: 1, b: 2}, 3]\nx: 1234\n")
     files, problems = read_config_files([tmp_path])

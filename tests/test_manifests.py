@@ -27,10 +27,10 @@ from agent.app.config import (  # noqa: E402
     load_agent_config,
     load_rule_set,  # noqa: E402
 )
-from agent.app.configfiles import Kind  # noqa: E402
 from agent.app.settings import rule_dirs  # noqa: E402
 from agent.checks.loader import BrokenCheck  # noqa: E402
 from agent.checks.model import CheckContext  # noqa: E402
+from agent.core.configfiles import Kind  # noqa: E402
 
 from k8srender import validate
 from k8stools import kube_tools

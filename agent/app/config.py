@@ -1,6 +1,6 @@
 """Everything the agent is configured to do, loaded and validated in one pass before anything runs.
 
-Files come from the plugin directories and ``--config`` (see :mod:`agent.app.configfiles` for the
+Files come from the plugin directories and ``--config`` (see :mod:`agent.core.configfiles` for the
 kinds). Rule packs compile into one :class:`RuleSet` for the kernel log; each filelog/journald
 monitor compiles into a rule set of its own; ``checks:`` files merge into check declarations
 (installed entry points first); custom-plugin monitors become executable checks. Every problem of
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.app.configfiles import ConfigFile, Kind, of_kind, read_config_files
 from agent.checks.declared import CheckDecl, merge, read_checks
 from agent.checks.loader import build_checks, entry_point_decls
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.configdoc import Problems
+from agent.core.configfiles import ConfigFile, Kind, of_kind, read_config_files
 from agent.core.errors import ConfigError, ConfigProblem
 from agent.core.types import ConditionSpec, Provenance
 from agent.detectors.rulepack import RuleSet, compile_rule_packs

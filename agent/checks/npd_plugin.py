@@ -25,12 +25,17 @@ from typing import Any
 from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT
 from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
 from agent.checks.model import RunProcess, ScheduledCheck
-from agent.core.configdoc import Document, Problems, windows_path_problem
+from agent.core.configdoc import (
+    LOG_MONITOR_RULE_KEYS,
+    LOG_MONITOR_TOP_KEYS,
+    Document,
+    Problems,
+    windows_path_problem,
+)
 from agent.core.durations import parse_duration
 from agent.core.errors import ConfigProblem
 from agent.core.process import DEFAULT_PATH
 from agent.core.types import ConditionSpec, RuleType, Severity, reserved_condition
-from agent.detectors import schema as log_monitor_schema
 
 PLUGIN = "custom"
 KIND = "custom-plugin-monitor"
@@ -51,7 +56,7 @@ CONFIG_KEYS = frozenset(
 )
 RULE_KEYS = frozenset({"type", "condition", "reason", "path", "args", "timeout", "invoke_interval"})
 CONDITION_KEYS = frozenset({"type", "reason", "message"})
-_LOG_MONITOR_KEYS = log_monitor_schema.TOP_KEYS | log_monitor_schema.RULE_KEYS
+_LOG_MONITOR_KEYS = LOG_MONITOR_TOP_KEYS | LOG_MONITOR_RULE_KEYS
 
 RUNNER_GRACE = 1.0  # seconds the scheduler waits beyond a plugin's timeout
 

@@ -30,10 +30,12 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from agent.checks.model import CheckReport
 from agent.core.types import Condition, ConditionSpec, Event, LogRecord, Snapshot
+
+if TYPE_CHECKING:  # a bus item the checks produce; the bus itself never looks inside
+    from agent.checks.model import CheckReport
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class Notice:
     events: Sequence[Event]
 
 
-Input = RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice
+Input: TypeAlias = "RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice"
 
 
 class Inbox:

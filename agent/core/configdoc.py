@@ -26,6 +26,44 @@ from agent.core.docreader import (
 )
 from agent.core.errors import ConfigProblem
 
+# The keys of a rule pack / system-log-monitor file (agent.detectors.schema reads them; the NPD custom-plugin
+# reader names them when one turns up in the wrong kind of file).
+LOG_MONITOR_TOP_KEYS = frozenset(
+    {
+        "plugin",
+        "pluginConfig",
+        "logPath",
+        "lookback",
+        "delay",
+        "skipList",
+        "bufferSize",
+        "source",
+        "metricsReporting",
+        "conditions",
+        "rules",
+        "lists",
+        "cloudwatchNamespace",
+    }
+)
+LOG_MONITOR_RULE_KEYS = frozenset(
+    {
+        "type",
+        "condition",
+        "reason",
+        "pattern",
+        "patternGeneratedMessageSuffix",
+        "name",
+        "severity",
+        "where",
+        "threshold",
+        "keyValues",
+        "fieldTypes",
+        "enabled",
+        "provenance",
+        "fallback",
+    }
+)
+
 PACK_SUFFIXES = (".json", ".yaml", ".yml")
 _SUFFIXES_TEXT = ", ".join(f"*{s}" for s in PACK_SUFFIXES)
 

@@ -33,7 +33,7 @@ import yaml
 MAX_FILE_BYTES = 1 << 20  # 1 MiB; the largest built-in pack is 24 KiB
 MAX_NODES = 20_000  # per document, aliases expanded; the largest built-in pack has 683
 MAX_DEPTH = 32  # mappings and lists inside each other; the built-in packs go 6 deep
-# All the configuration together (plugin directories and --config files, agent.app.configfiles):
+# All the configuration together (plugin directories and --config files, agent.core.configfiles):
 MAX_FILES = 1_000
 MAX_TOTAL_BYTES = 8 << 20  # 8 MiB
 MAX_TOTAL_NODES = 100_000

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core.configdoc import Problems
+from agent.core.configdoc import LOG_MONITOR_RULE_KEYS, LOG_MONITOR_TOP_KEYS, Problems
 from agent.core.durations import parse_duration
 from agent.core.types import ConditionSpec, RuleType, Severity, reserved_condition
 from agent.detectors.model import Threshold
@@ -22,43 +22,10 @@ from agent.detectors.model import Threshold
 DEFAULT_BUFFER_SIZE = 10
 MAX_BUFFER_SIZE = 1000
 
-TOP_KEYS = frozenset(
-    {
-        "plugin",
-        "pluginConfig",
-        "logPath",
-        "lookback",
-        "delay",
-        "skipList",
-        "bufferSize",
-        "source",
-        "metricsReporting",
-        "conditions",
-        "rules",
-        "lists",
-        "cloudwatchNamespace",
-    }
-)
+TOP_KEYS = LOG_MONITOR_TOP_KEYS
 # CloudWatch namespaces: 1-255 of these characters, and not AWS's own ("AWS/...").
 CLOUDWATCH_NAMESPACE_RE = re.compile(r"^[0-9A-Za-z.\-_/#:]{1,255}$")
-RULE_KEYS = frozenset(
-    {
-        "type",
-        "condition",
-        "reason",
-        "pattern",
-        "patternGeneratedMessageSuffix",
-        "name",
-        "severity",
-        "where",
-        "threshold",
-        "keyValues",
-        "fieldTypes",
-        "enabled",
-        "provenance",
-        "fallback",
-    }
-)
+RULE_KEYS = LOG_MONITOR_RULE_KEYS
 CONDITION_KEYS = frozenset({"type", "reason", "message", "clearAfter", "accelerator"})
 FIELD_TYPES = frozenset({"int", "hex", "str"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/-]+$")
@@ -137,7 +104,7 @@ def check_pack(col: Problems) -> PackSpec:
         col.add((), "expected a mapping with 'rules' (node-problem-detector system-log-monitor schema)")
         return PackSpec(source=stem, buffer_size=DEFAULT_BUFFER_SIZE, conditions=(), lists={}, rules=())
     _unknown_keys(data, known=TOP_KEYS, path=(), col=col)
-    # ``plugin`` was read by agent.app.configfiles.classify, which sends each kind to its own loader.
+    # ``plugin`` was read by agent.core.configfiles.classify, which sends each kind to its own loader.
     source = data.get("source", stem)
     if not isinstance(source, str) or not source:
         col.add(("source",), "must be a non-empty string")

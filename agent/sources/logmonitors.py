@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.app.configfiles import ConfigFile, Kind
 from agent.core.configdoc import Problems, windows_path_problem
+from agent.core.configfiles import ConfigFile, Kind
 from agent.core.durations import parse_duration
 from agent.sources.filelog import FileLogConfig, FileLogConfigError, compile_line_parser
 from agent.sources.journald import JournalConfig

@@ -26,9 +26,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.core.durations import parse_duration
-from agent.core.types import ConditionSpec, Severity
+from agent.sdk import (
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ConditionSpec,
+    Severity,
+    Value,
+    parse_duration,
+)
 
 from .neuronls import NeuronLs, NeuronLsOutcome, ToolState
 
@@ -413,7 +420,7 @@ class LearnedCount:
         self._count = count
         self._instance_type = instance_type or self._instance_type
         data = {"version": 1, "maxSeen": self._count, "instanceType": self._instance_type}
-        from agent.core.statedir import atomic_write
+        from agent.sdk import atomic_write
 
         try:
             atomic_write(self.path, (json.dumps(data) + "\n").encode())

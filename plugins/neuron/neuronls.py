@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.checks.model import CheckContext, ProcessResult
+from agent.sdk import CheckContext, ProcessResult
 
 JSON_FORMS: tuple[tuple[str, ...], ...] = (("--json-output",), ("--output-format", "json"))
 """Argument forms asking for JSON, oldest first; the first one a tool accepts is remembered."""

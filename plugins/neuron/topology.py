@@ -21,8 +21,7 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.core.types import ConditionSpec
+from agent.sdk import CheckConfigError, CheckContext, CheckResult, CheckStatus, ConditionSpec, Value
 
 from .devices import (
     DEFAULT_SYSFS_GLOBS,

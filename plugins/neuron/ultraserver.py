@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.checks.model import CheckContext, CheckResult, CheckStatus, Value
-from agent.core.types import ConditionSpec, Severity
+from agent.sdk import CheckContext, CheckResult, CheckStatus, ConditionSpec, Severity, Value
 
 from .devices import DEFAULT_SYSFS_GLOBS, NEVER_READ, DeviceScanError, discover, opt_bool, opt_strings, reject_unknown
 

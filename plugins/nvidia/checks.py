@@ -26,9 +26,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.core.durations import parse_duration
-from agent.core.types import ConditionSpec, Severity
+from agent.sdk import (
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ConditionSpec,
+    Severity,
+    Value,
+    parse_duration,
+)
 
 from .nvml import THERMAL_SLOWDOWN, Access, Fault, GpuInfo, GpuReader, Inventory, NvmlReader, Part
 from .smi import SmiReader

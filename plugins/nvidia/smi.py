@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.checks.model import ProcessResult
+from agent.sdk import ProcessResult
 
 from .nvml import (
     Access,

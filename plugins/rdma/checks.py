@@ -31,9 +31,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.core.durations import format_duration, parse_duration
-from agent.core.types import ConditionSpec, Severity
+from agent.sdk import (
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ConditionSpec,
+    Severity,
+    Value,
+    format_duration,
+    parse_duration,
+)
 
 from . import sysfs
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from nha_kernel_tainted import KernelTaintedCheck
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckStatus
+from agent.sdk import CheckConfigError, CheckContext, CheckStatus
 
 
 def make(tmp_path: Path, content: str | None, **options: object) -> KernelTaintedCheck:

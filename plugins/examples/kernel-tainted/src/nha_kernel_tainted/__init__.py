@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.checks.model import CheckConfigError, CheckContext, CheckResult, CheckStatus, Value
-from agent.core.types import ConditionSpec, Severity
+from agent.sdk import CheckConfigError, CheckContext, CheckResult, CheckStatus, ConditionSpec, Severity, Value
 
 CONDITION = "KernelTainted"
 # bit -> (letter, meaning), for the flags this example names in its messages
