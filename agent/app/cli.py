@@ -1,4 +1,5 @@
-"""Command line: ``run``, ``simulate`` and ``validate-config``.
+"""Command line: ``run``, ``relay``, ``simulate``, ``check``, ``plugins``, ``validate-config`` and
+``status`` (the longer commands live in :mod:`agent.app.commands`).
 
 Exit codes: 0 success, 2 bad configuration or unusable input (before anything touches the
 cluster), 1 an unexpected failure. ``main(argv)`` is callable from tests.

@@ -1,4 +1,5 @@
-"""The runtime: components under one supervisor, one inbox, one writer, one snapshot feed.
+"""The bus between the parts: one inbox into the one writer, one snapshot feed out of it (the
+supervisor that runs the components is :mod:`agent.core.supervisor`).
 
 ::
 

@@ -1,5 +1,6 @@
-"""Rule pack files: finding them, reading them (JSON or YAML) with a line number for every field,
-and collecting problems that name the file, the field path and the line."""
+"""Configuration documents of every kind: finding them, reading them (JSON or YAML, bounded by
+:mod:`agent.core.docreader`) with a line number for every field, and collecting problems that name
+the file, the field path and the line."""
 
 from __future__ import annotations
 
