@@ -109,6 +109,12 @@ class AwsError(Exception):
         self.code = code
         self.transient = transient
         self.status = status
+        self.retry_after: float | None = None  # AWS sends none; the SDK's own retries have waited already
+
+    @property
+    def reason(self) -> str:
+        """The error code, under the name the sinks' failure policy reads (as :class:`KubeError`'s reason)."""
+        return self.code
 
 
 def instance_id_from_provider_id(provider_id: str) -> str | None:

@@ -290,20 +290,11 @@ class CloudWatchSink(SinkWorker):
         self._next_round = now + self._interval
 
     def _failed(self, exc: AwsError, now: float) -> None:
-        kind = Failure.TRANSIENT if exc.transient else Failure.PERMANENT
-        self.failures[kind] += 1
-        self.last_error = str(exc)
+        """The sinks' one failure policy; a refused round is retried too (the next round is a new write)."""
         if self._failing_since is None:
             self._failing_since = now
-        delay = self._backoff.next_delay(at_least=self._interval)
-        self._next_round = self._retry_at = now + delay
-        key = (exc.status, exc.code)
-        if kind is Failure.TRANSIENT:
-            log.warning("publishing to CloudWatch failed (retrying in %.0fs): %s", delay, exc)
-        else:
-            level = logging.DEBUG if key in self._logged else logging.ERROR
-            self._logged.add(key)
-            log.log(level, "CloudWatch refused the metrics (retrying in %.0fs; logged once per code): %s", delay, exc)
+        self.failed(exc, what="publishing to CloudWatch", now=now, retry_refused=True)
+        self._next_round = now + self.retry_in(now)
 
 
 # ---- Prometheus ----------------------------------------------------------------------------------

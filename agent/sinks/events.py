@@ -292,7 +292,7 @@ class EventSink(SinkWorker):
             if error != self.last_persist_error:
                 log.error("Event outbox: %s (going on in memory)", error)
             self.last_persist_error = error
-            self._next_save = now + max(self._persist_interval, self._resync)
+            self._next_save = now + max(self._persist_interval, self.resync)
         else:
             if self.last_persist_error is not None:
                 log.info("Event outbox: %s can be written again", self.outbox.path)

@@ -27,8 +27,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from agent.adapters.kube import KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Publication, SnapshotFeed
 
@@ -48,7 +48,24 @@ class Failure(enum.StrEnum):
     GONE = "gone"
 
 
-def classify(exc: KubeError, *, gone_on_404: bool = False) -> Failure:
+class SeamError(Protocol):
+    """What the failure policy reads of an adapter's error (:class:`agent.adapters.kube.KubeError`,
+    :class:`agent.adapters.aws.AwsError`): every sink fails the same way whatever it writes to."""
+
+    @property
+    def transient(self) -> bool: ...  # the same call may succeed later (5xx, 429, timeouts, throttling)
+
+    @property
+    def status(self) -> int | None: ...  # the HTTP status, None when no answer arrived
+
+    @property
+    def reason(self) -> str: ...  # the server's reason or error code (a refusal is logged once per status and reason)
+
+    @property
+    def retry_after(self) -> float | None: ...  # the server's Retry-After, seconds
+
+
+def classify(exc: SeamError, *, gone_on_404: bool = False) -> Failure:
     """What a failed write means; ``gone_on_404`` for writes to objects that may expire (Events)."""
     if exc.transient:
         return Failure.TRANSIENT
@@ -116,6 +133,11 @@ class SinkWorker:
         """``stop`` is set: a last, bounded attempt at what is pending."""
         raise NotImplementedError
 
+    @property
+    def resync(self) -> float:
+        """The shortest wait after a failed write (and the floor of every backoff)."""
+        return self._resync
+
     def in_backoff(self, now: float) -> bool:
         return self._retry_at is not None and now < self._retry_at
 
@@ -133,23 +155,37 @@ class SinkWorker:
         self._retry_at = None
         self._backoff.reset()
 
-    def failed(self, exc: KubeError, *, what: str, now: float, gone_on_404: bool = False) -> Failure:
-        """Count, log and schedule the retry of a failed write; returns what the failure means."""
+    def failed(
+        self, exc: SeamError, *, what: str, now: float, gone_on_404: bool = False, retry_refused: bool = False
+    ) -> Failure:
+        """The one failure policy of every sink: count, log and schedule the retry of a failed write;
+        returns what the failure means.
+
+        Transient: retried after the backoff (never sooner than ``resync`` nor the server's
+        ``Retry-After``). Permanent (refused): dropped until the next change, or with ``retry_refused``
+        (a sink whose next write is a new one, as a CloudWatch round) retried after the backoff too;
+        logged once per status and reason. Gone (``gone_on_404``): the caller creates the object anew."""
         kind = classify(exc, gone_on_404=gone_on_404)
         self.failures[kind] += 1
         self.last_error = str(exc)
-        if kind is Failure.TRANSIENT:
+        if kind is Failure.GONE:
+            log.info("%s: the object is gone, creating it anew: %s", what, exc)
+            return kind
+        delay = None
+        if kind is Failure.TRANSIENT or retry_refused:
             delay = self._backoff.next_delay(retry_after=exc.retry_after, at_least=self._resync)
             self._retry_at = now + delay
+        if kind is Failure.TRANSIENT:
             log.warning("%s failed (retrying in %.1fs): %s", what, delay, exc)
-        elif kind is Failure.PERMANENT:
+            return kind
+        key = (exc.status, exc.reason)
+        level = logging.DEBUG if key in self._logged else logging.ERROR
+        self._logged.add(key)
+        if delay is None:
             self.dropped[exc.status or 0] += 1
-            key = (exc.status, exc.reason)
-            level = logging.DEBUG if key in self._logged else logging.ERROR
-            self._logged.add(key)
             log.log(level, "%s refused, dropped (not retried; logged once per status and reason): %s", what, exc)
         else:
-            log.info("%s: the object is gone, creating it anew: %s", what, exc)
+            log.log(level, "%s refused (retrying in %.0fs; logged once per status and reason): %s", what, delay, exc)
         return kind
 
     def unexpected(self, exc: Exception, *, what: str) -> None:
