@@ -275,11 +275,11 @@ def test_decode_odd_entries(text: str, expected: str | None, counter: str | None
 
 def test_decode_cuts_long_messages() -> None:
     source = JournalSource(config=JournalConfig(source="dockerd"))
-    data = (line(entry(1, "x" * (journald.MAX_MESSAGE + 10))) + "\n").encode()
+    data = (line(entry(1, "x" * (journald.MAX_ENTRY_MESSAGE + 10))) + "\n").encode()
 
     (record,) = source.decode(JournalChunk(data=data, read_time=NOW))
 
-    assert len(record.message) == journald.MAX_MESSAGE
+    assert len(record.message) == journald.MAX_ENTRY_MESSAGE
     assert source.stats.messages_cut == 1
 
 

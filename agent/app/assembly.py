@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.app.config import Loaded, LogMonitor, provenance_of
+from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import Inbox, SnapshotFeed
@@ -39,13 +40,15 @@ from agent.sources.kmsg_format import read_boot_id
 from agent.sources.producer import Source, SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # loaded lazily at run time (memory): the Kubernetes client only in Kubernetes mode
+    from agent.adapters.kube import KubeClient
     from agent.app.http import AgentHTTPServer
+    from agent.app.reload import ConfigWatcher, Fingerprint
+    from agent.checks.scheduler import CheckScheduler
+    from agent.recovery.model import RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
 API_WAIT_INTERVAL = 5.0
 
 
@@ -124,9 +127,9 @@ class Runtime:
     details: dict[str, Callable[[], str | None]]
     registry: Any = None
     config_generation: int = 1
-    scheduler: Any = None  # agent.checks.scheduler.CheckScheduler when checks are configured
+    scheduler: CheckScheduler | None = None  # when checks are configured
     inbox: Inbox | None = None
-    watcher: Any = None  # agent.app.reload.ConfigWatcher when the configuration is watched
+    watcher: ConfigWatcher | None = None  # when the configuration is watched
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -209,7 +212,7 @@ def build_runtime(
     log_monitors: Sequence[LogMonitor] = (),
     labels: NodeLabels | None = None,
     cancel: threading.Event | None = None,
-    policy: Any = None,  # agent.recovery.model.RecoveryPolicy; None = the built-in default
+    policy: RecoveryPolicy | None = None,  # None = the built-in default
 ) -> Runtime:
     """Everything but the HTTP server (see :func:`serve`), wired and ready for ``Runtime.run``.
 
@@ -534,7 +537,7 @@ def serve(runtime: Runtime, settings: Settings) -> Component | None:
 
 @dataclass(frozen=True, kw_only=True)
 class KubeSetup:
-    client: Any  # agent.adapters.kube.KubeClient
+    client: KubeClient
     node_name: str
     node: dict | None  # the Node as read at startup; None when the API server did not answer in time
 
@@ -623,9 +626,9 @@ def run(
     stop: threading.Event,
     labels: NodeLabels | None = None,
     context: CheckContext | None = None,
-    files: Any = None,  # agent.app.reload.Fingerprint of the configuration files as loaded
+    files: Fingerprint | None = None,  # of the configuration files as loaded
     cancel: threading.Event | None = None,
-    policy: Any = None,  # agent.recovery.model.RecoveryPolicy (loaded and checked before the cluster)
+    policy: RecoveryPolicy | None = None,  # loaded and checked before the cluster
 ) -> int:
     """The ``run`` command after configuration checks: wire, listen, run until ``stop``."""
     config, checks = loaded.config, loaded.checks

@@ -22,6 +22,7 @@ from typing import BinaryIO, TextIO
 
 from agent import __version__
 from agent.app.config import load_rule_set
+from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.settings import (
     DEFAULT_KMSG,
     DEFAULT_LISTEN,
@@ -41,9 +42,6 @@ from agent.detectors.rules import RuleEngine
 
 log = logging.getLogger("agent")
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_CONFIG = 2
 SIMULATE_BATCH = 4096
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.checks.declared import CheckDecl, merge, read_checks
 from agent.checks.loader import build_checks, entry_point_decls
@@ -24,6 +24,10 @@ from agent.core.configfiles import ConfigFile, Kind, of_kind, read_config_files
 from agent.core.errors import ConfigError, ConfigProblem
 from agent.core.types import ConditionSpec, Provenance
 from agent.detectors.rulepack import RuleSet, compile_rule_packs
+
+if TYPE_CHECKING:  # imported where a log monitor is configured (most nodes have none)
+    from agent.checks.npd_plugin import CustomPluginMonitor
+    from agent.sources.logmonitors import MonitorSettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,7 +42,7 @@ class LogMonitor:
 
     file: ConfigFile
     rule_set: RuleSet
-    settings: Any  # agent.sources.logmonitors.MonitorSettings
+    settings: MonitorSettings
 
     @property
     def kind(self) -> Kind:
@@ -54,7 +58,7 @@ class AgentConfig:
     rule_set: RuleSet  # kernel log (kmsg) rules
     log_monitors: tuple[LogMonitor, ...]
     check_decls: tuple[CheckDecl, ...]
-    custom_plugins: tuple[Any, ...]  # agent.checks.npd_plugin.CustomPluginMonitor
+    custom_plugins: tuple[CustomPluginMonitor, ...]
     files: tuple[FileEntry, ...]  # every file and its kind (not its parsed content: that is let go)
     warnings: tuple[ConfigProblem, ...] = ()
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.app.config import Loaded, load_configuration
 from agent.checks.model import CheckContext
@@ -43,6 +43,9 @@ from agent.core.bus import Inbox, Reconfigure
 from agent.core.configdoc import PACK_SUFFIXES, discover
 from agent.core.docreader import Refused, read_config_bytes
 from agent.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agent.checks.scheduler import CheckScheduler
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ class ConfigWatcher:
         paths: Sequence[Path],
         current: Loaded,
         context: CheckContext,
-        scheduler: Any,  # agent.checks.scheduler.CheckScheduler or None
+        scheduler: CheckScheduler | None,
         inbox: Inbox,
         settle: float = SETTLE,
         monotonic: Callable[[], float] = time.monotonic,

@@ -31,12 +31,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from agent.core.types import Condition, ConditionSpec, Event, LogRecord, Snapshot
 
 if TYPE_CHECKING:  # a bus item the checks produce; the bus itself never looks inside
     from agent.checks.model import CheckReport
+    from agent.detectors.model import RuleSet
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Reconfigure:
     """A reloaded configuration for the main loop: new kernel log rules, the conditions now declared,
     and the checks that no longer exist (their counters are dropped)."""
 
-    rule_set: Any  # agent.detectors.model.RuleSet
+    rule_set: RuleSet
     conditions: Sequence[ConditionSpec]
     removed_checks: Sequence[str] = ()
     generation: int = 0

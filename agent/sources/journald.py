@@ -50,7 +50,7 @@ from agent.sources.polling import Poll, polled_chunks
 
 _logger = logging.getLogger(__name__)
 
-MAX_MESSAGE = 64 * 1024  # characters: a longer message is cut here
+MAX_ENTRY_MESSAGE = 64 * 1024  # characters: a longer message is cut here
 MAX_JSON_LINE = 1 << 20  # bytes: a longer output line (entry) is dropped
 READ_SIZE = 64 * 1024
 STDERR_KEEP = 4096  # bytes of journalctl's stderr kept for the error message
@@ -82,7 +82,7 @@ class JournalStats(KmsgStats):
 
     entries_too_long: int = 0  # output lines over MAX_JSON_LINE, dropped
     empty_messages: int = 0  # entries without a MESSAGE (missing, null, or only white space)
-    messages_cut: int = 0  # messages over MAX_MESSAGE
+    messages_cut: int = 0  # messages over MAX_ENTRY_MESSAGE
     timestamp_errors: int = 0  # no usable __REALTIME_TIMESTAMP: kept with the read time
 
 
@@ -333,8 +333,8 @@ class JournalSource:
             if not message:
                 stats.empty_messages += 1
                 continue
-            if len(message) > MAX_MESSAGE:
-                message = message[:MAX_MESSAGE]
+            if len(message) > MAX_ENTRY_MESSAGE:
+                message = message[:MAX_ENTRY_MESSAGE]
                 stats.messages_cut += 1
             records.append(
                 LogRecord(

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import TextIO
 
 from agent.app.config import AgentConfig, build_scheduled_checks, load_agent_config
+from agent.app.exitcodes import EXIT_OK
 from agent.app.settings import check_args, rule_dirs
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.checks.scheduler import CheckScheduler
 from agent.core.bus import Inbox
 from agent.core.durations import format_duration
 from agent.core.errors import ConfigError, ConfigProblem
-
-EXIT_OK = 0
 
 
 def config_paths(args: argparse.Namespace) -> list[Path]:

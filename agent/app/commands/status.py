@@ -21,9 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_CONFIG = 2
+from agent.app.exitcodes import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK
 
 
 def add_parser(sub: Any, *, parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
