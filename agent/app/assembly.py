@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # loaded lazily at run time (memory): the Kubernetes client o
     from agent.app.reload import ConfigWatcher, Fingerprint
     from agent.checks.scheduler import CheckScheduler
     from agent.recovery.model import RecoveryPolicy
+    from agent.sinks.events import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class Runtime:
     scheduler: CheckScheduler | None = None  # when checks are configured
     inbox: Inbox | None = None
     watcher: ConfigWatcher | None = None  # when the configuration is watched
+    monitors: Sequence[SourceProducer] = ()  # the filelog/journald monitors' producers
+    events_dropped: Callable[[], int] = lambda: 0  # the Event sink's series dropped with a full outbox
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -174,6 +177,15 @@ class Runtime:
             malformed_lines=s.malformed_lines,
             config_reload_failures=self.watcher.failures if self.watcher is not None else 0,
             device_matches=pipeline.threshold_counts(),
+            kmsg_overruns=getattr(s, "overruns", 0),  # a relay client's stats have none: the relay counts them
+            decode_errors=self.main_loop.decode_errors,
+            events_dropped=self.events_dropped(),
+            monitor_counts={
+                (m.name, name): value
+                for m in self.monitors
+                for name, value in dataclasses.asdict(m.source.stats).items()
+                if isinstance(value, int) and not isinstance(value, bool)
+            },
         )
 
     def run(self, stop: threading.Event) -> int:
@@ -254,6 +266,7 @@ def build_runtime(
         source=source or build_source(settings), inbox=inbox, stall_timeout=settings.stall_timeout
     )
     components: list[Component] = [producer]
+    monitor_producers: list[SourceProducer] = []
     monitor_pipelines: dict[str, DetectionPipeline] = {}
     details: dict[str, Callable[[], str | None]] = {"kmsg_reader": producer.detail}
     for monitor in log_monitors:
@@ -267,6 +280,7 @@ def build_runtime(
             monitor=monitor.name,
         )
         components.append(monitor_producer)
+        monitor_producers.append(monitor_producer)
         monitor_pipelines[monitor.name] = DetectionPipeline(rule_set=monitor.rule_set)
         details[monitor.name] = monitor_producer.detail
     scheduler = None
@@ -285,6 +299,7 @@ def build_runtime(
         details["check_scheduler"] = scheduler.detail
     consumers: list[Component] = []
     acks: list[Callable[[], int]] = []
+    events: EventSink | None = None
     if kube is None:
         from agent.sinks.stdout import StdoutSink
 
@@ -296,7 +311,7 @@ def build_runtime(
         from agent.sinks.conditions import ConditionSink
         from agent.sinks.events import EventSink
 
-        conditions = ConditionSink(
+        condition_sink = ConditionSink(
             client=kube.client,
             node_name=kube.node_name,
             feed=feed,
@@ -311,10 +326,11 @@ def build_runtime(
             namespace=settings.event_namespace,
             state_dir=settings.state_dir,
         )
-        consumers.extend([conditions, events])
+        consumers.extend([condition_sink, events])
         acks.append(events.acked)
-        state_dir.watch("outbox", lambda: events.last_persist_error)
-        details["condition_sink"] = conditions.detail
+        event_sink = events
+        state_dir.watch("outbox", lambda: event_sink.last_persist_error)
+        details["condition_sink"] = condition_sink.detail
         details["event_sink"] = events.detail
         if kube.node is None:
             from agent.sources.nodeseed import NodeSeeder
@@ -373,7 +389,11 @@ def build_runtime(
         details=details,
         scheduler=scheduler,
         inbox=inbox,
+        monitors=monitor_producers,
     )
+    if events is not None:
+        sink = events
+        runtime.events_dropped = lambda: sink.overflowed
     collectors.insert(0, AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats))
     if scheduler is not None:
         from agent.checks.metrics import CheckCollector

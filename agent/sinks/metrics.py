@@ -53,6 +53,10 @@ class AgentStats:
     malformed_lines: int = 0  # kmsg dictionary lines dropped as malformed (their records were kept)
     config_reload_failures: int = 0  # configuration changes rejected by the watcher
     device_matches: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, device) -> matches
+    kmsg_overruns: int = 0  # reads the kernel answered with EPIPE (records overwritten before read)
+    decode_errors: int = 0  # record batches a source failed to decode (a bug)
+    events_dropped: int = 0  # Event series dropped undelivered because the outbox was full
+    monitor_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (monitor, counter) -> count
 
 
 class AgentCollector:
@@ -121,6 +125,29 @@ class AgentCollector:
             "Malformed kmsg dictionary lines dropped (the record they followed was kept).",
             stats.malformed_lines,
         )
+        yield counter(
+            "kmsg_overruns",
+            "Reads the kernel answered with EPIPE: records overwritten before they were read (counted lost too).",
+            stats.kmsg_overruns,
+        )
+        yield counter(
+            "decode_errors",
+            "Record batches a source failed to decode (a bug: the agent's log has the traceback).",
+            stats.decode_errors,
+        )
+        yield counter(
+            "events_dropped",
+            "Event series dropped undelivered because the Event outbox was full.",
+            stats.events_dropped,
+        )
+        monitors = CounterMetricFamily(
+            "node_health_agent_log_monitor",
+            "Counts of each filelog/journald monitor's reader (records_read, read_errors, rotations, lines_cut, ...).",
+            labels=["monitor", "count"],
+        )
+        for (monitor, count), value in sorted(stats.monitor_counts.items()):
+            monitors.add_metric([monitor, count], value)
+        yield monitors
         yield counter(
             "records_processed",
             "Kernel log records matched and folded by the main loop (records read minus this is the backlog).",
