@@ -1,6 +1,7 @@
 """The project's own rules, run with the tests so the README's one test command keeps them:
-ruff (lint and format), the import layers (import-linter contracts in pyproject.toml), plugins that
-import only the plugin API, and a top level of packages."""
+ruff (lint and format), the import layers (import-linter contracts in pyproject.toml), types (mypy at
+the levels [tool.mypy] declares: core and engine strictly), plugins that import only the plugin API,
+and a top level of packages."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def tool(name: str) -> str:
 
 @pytest.mark.parametrize(
     "argv",
-    [["ruff", "check", "."], ["ruff", "format", "--check", "."], ["lint-imports"]],
-    ids=["ruff-check", "ruff-format", "import-contracts"],
+    [["ruff", "check", "."], ["ruff", "format", "--check", "."], ["lint-imports"], ["mypy"]],
+    ids=["ruff-check", "ruff-format", "import-contracts", "mypy"],
 )
 def test_the_linters_pass(argv):
     done = subprocess.run([tool(argv[0]), *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=300)

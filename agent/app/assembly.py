@@ -41,6 +41,7 @@ from agent.sources.producer import Source, SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 if TYPE_CHECKING:  # loaded lazily at run time (memory): the Kubernetes client only in Kubernetes mode
+    from agent.adapters.aws import AwsClients, InstanceMetadata
     from agent.adapters.kube import KubeClient
     from agent.app.http import AgentHTTPServer
     from agent.app.reload import ConfigWatcher, Fingerprint
@@ -139,7 +140,7 @@ class Runtime:
         ok = all(components.values())
         details = {name: text for name, get in self.details.items() if (text := get())}
         details.update(self.supervisor.crashed())
-        body = {
+        body: dict[str, object] = {
             "status": "ok" if ok else "unhealthy",
             "components": components,
             "stateDir": {
@@ -403,6 +404,13 @@ def build_runtime(
     return runtime
 
 
+def aws_clients(clients: AwsClients | None) -> AwsClients:
+    """The AWS clients, built whenever a part that calls AWS is configured (``needs_aws``)."""
+    if clients is None:
+        raise RuntimeError("an AWS part is configured but no AWS clients were built (a bug in recovery_components)")
+    return clients
+
+
 def recovery_components(
     *,
     settings: Settings,
@@ -428,7 +436,8 @@ def recovery_components(
     collectors: list[Any] = []
     actions = {a for rule in policy.rules for a in rule.actions}
     needs_aws = settings.cloudwatch or (settings.enable_recovery and Action.MARK_UNHEALTHY in actions)
-    clients = imds = None
+    clients: AwsClients | None = None
+    imds: InstanceMetadata | None = None
     if needs_aws:
         from agent.adapters.aws import AwsClients, InstanceMetadata
 
@@ -443,7 +452,7 @@ def recovery_components(
         namespaces = {spec.type: spec.cloudwatch_namespace for spec in conditions if spec.cloudwatch_namespace}
         sink = CloudWatchSink(
             feed=feed,
-            publisher=CloudWatchPublisher(clients=clients),
+            publisher=CloudWatchPublisher(clients=aws_clients(clients)),
             cluster_name=settings.cluster_name,
             instance_id=InstanceIdLookup(provider_id=lambda: provider_id, imds=imds),
             select=lambda c, owner: (namespaces.get(c.type) or DEFAULT_NAMESPACE) if is_published(c, owner) else None,
@@ -473,7 +482,7 @@ def recovery_components(
                 from agent.recovery.asg import AsgMarker
 
                 marker = AsgMarker(
-                    autoscaling=AutoScaling(clients=clients),
+                    autoscaling=AutoScaling(clients=aws_clients(clients)),
                     imds=imds,
                     respect_grace_period=policy.respect_grace_period,
                 )

@@ -112,7 +112,7 @@ def load_agent_config(
                 continue
             if settings is not None:
                 monitors.append(LogMonitor(file=f, rule_set=monitor_rules, settings=settings))
-    declarations = []
+    declarations: list[tuple[Problems, tuple[str | int, ...], dict[str, Any]]] = []  # (file, field path, given)
     cols = []
     for f in of_kind(files, Kind.CHECKS):
         col = Problems(file=str(f.path), doc=f.doc)

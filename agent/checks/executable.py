@@ -20,6 +20,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.checks.model import CANNOT_START, CheckResult, CheckStatus, ProcessResult, RunProcess
 from agent.core.process import DEFAULT_PATH, run_process
@@ -165,7 +166,7 @@ class ExecutableCheck:
     def execute(self) -> Execution:
         """Run the program once and interpret its exit status and output."""
         runner = self._run_process or run_process
-        kwargs = {"cwd": str(self.cwd)} if self.cwd is not None else {}
+        kwargs: dict[str, Any] = {"cwd": str(self.cwd)} if self.cwd is not None else {}
         result = runner(
             self.argv,
             timeout=self.timeout,

@@ -29,11 +29,11 @@ from agent.checks.guard import Outcome, call_guarded, describe
 from agent.checks.model import (
     ENTRY_POINT_GROUP,
     LOAD_FAILED,
-    Check,
     CheckConfigError,
     CheckContext,
     CheckResult,
     CheckStatus,
+    Runnable,
     ScheduledCheck,
 )
 from agent.core.configdoc import field_path
@@ -220,7 +220,7 @@ def _load(
     timeout: float,
     stop: threading.Event | None,
     hung: dict[str, str],
-) -> Check | ConfigProblem:
+) -> Runnable | ConfigProblem:
     """Import a declaration's factory, then build and adopt its check: each step in a thread of its own,
     given ``timeout`` seconds (see :mod:`agent.checks.guard`). A configuration mistake is a ConfigProblem;
     anything the plugin does wrong (raises anything, hangs, returns no check) is a BrokenCheck naming it.

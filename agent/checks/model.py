@@ -77,12 +77,34 @@ class CheckResult:
 class Check(Protocol):
     """What the scheduler runs. ``run`` is called from a worker thread, never twice at once."""
 
-    name: str
-    interval: float  # default seconds between runs (configuration may override)
-    timeout: float  # default seconds a run may take (configuration may override)
-    conditions: Sequence[ConditionSpec]  # condition types this check owns, with their healthy defaults
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def interval(self) -> float | None: ...  # default seconds between runs (None: the agent's); config may override
+
+    @property
+    def timeout(self) -> float | None: ...  # default seconds a run may take (None: the agent's); config may override
+
+    @property
+    def conditions(self) -> Sequence[ConditionSpec]: ...  # the condition types it owns, healthy defaults
 
     def run(self) -> Sequence[CheckResult]: ...
+
+
+@runtime_checkable
+class Runnable(Protocol):
+    """What the scheduler runs: a :class:`Check` as the agent holds it once loaded (a plugin's
+    attributes read once, an executable, a broken plugin). What ``run`` returns is not trusted: the
+    scheduler validates it at the seam."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def conditions(self) -> Sequence[ConditionSpec]: ...
+
+    def run(self) -> object: ...
 
 
 class CheckConfigError(ValueError):
@@ -148,7 +170,7 @@ class ScheduledCheck:
     ``origin`` says where it came from (file and field, or the entry point and its package).
     """
 
-    check: Check
+    check: Runnable
     interval: float
     timeout: float
     kind: str

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT
 from agent.checks.executable import DEFAULT_MAX_OUTPUT_LENGTH, MAX_OUTPUT_LENGTH, ExecutableCheck, Verdict
@@ -257,7 +257,7 @@ def _plugin_config(raw: Any, *, col: Problems) -> _Settings:
     )
 
 
-def _non_empty(value: Any) -> bool:
+def _non_empty(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value.strip())
 
 
@@ -299,7 +299,7 @@ def _conditions(raw: Any, *, col: Problems, source: str) -> tuple[tuple[Conditio
             line = col.doc.line((*path, "type"))
             specs.append(
                 ConditionSpec(
-                    type=type_,
+                    type=str(type_),
                     reason=cond["reason"],
                     message=message,
                     source=source,
@@ -373,7 +373,7 @@ def _rule(
     before = len(col)
     _unknown_keys(rule, known=RULE_KEYS, path=path, col=col, what=f"a {KIND} rule")
     try:
-        rtype = RuleType(rule.get("type"))
+        rtype = RuleType(str(rule.get("type")))
     except ValueError:
         col.add((*path, "type"), f"must be 'temporary' or 'permanent', got {rule.get('type')!r}")
         rtype = None
@@ -389,10 +389,10 @@ def _rule(
     program = rule.get("path")
     if not _non_empty(program):
         col.add((*path, "path"), f"required: the plugin to run, got {program!r}")
-    elif windows_path_problem(program):
-        col.add((*path, "path"), windows_path_problem(program))
-    elif npd_helper_problem(program, rule.get("args")):
-        col.add((*path, "path"), npd_helper_problem(program, rule.get("args")))
+    elif (windows := windows_path_problem(program)) is not None:
+        col.add((*path, "path"), windows)
+    elif (helper := npd_helper_problem(program, rule.get("args"))) is not None:
+        col.add((*path, "path"), helper)
     args = rule.get("args", [])
     if args is None:
         args = []
@@ -408,6 +408,8 @@ def _rule(
             "node-problem-detector rejects this too",
         )
     if len(col) > before or rtype is None or interval is None or timeout is None:
+        return None
+    if not isinstance(program, str) or not isinstance(reason, str):  # reported above
         return None
     executable = resolve_plugin_path(program, cwd=cwd, config_dir=config_dir)
     for message in plugin_path_warnings(executable, raw=program):

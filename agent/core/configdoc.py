@@ -65,6 +65,8 @@ LOG_MONITOR_RULE_KEYS = frozenset(
     }
 )
 
+FieldPath = tuple[str | int, ...]  # where a value is in a document: keys and list indexes from the top
+
 PACK_SUFFIXES = (".json", ".yaml", ".yml")
 _SUFFIXES_TEXT = ", ".join(f"*{s}" for s in PACK_SUFFIXES)
 
@@ -182,11 +184,11 @@ class Document:
     """A parsed pack plus a map from field path to line number."""
 
     data: Any
-    lines: Mapping[tuple, int]
+    lines: Mapping[FieldPath, int]
     nodes: int = 0  # YAML nodes, aliases expanded (see agent.core.docreader)
     size: int = 0  # bytes
 
-    def line(self, path: tuple) -> int | None:
+    def line(self, path: FieldPath) -> int | None:
         while path:
             if path in self.lines:
                 return self.lines[path]
@@ -194,12 +196,13 @@ class Document:
         return self.lines.get((), None)
 
 
-def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
+def _collect_lines(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int]) -> None:
     """Bounded by the reader: at most MAX_DEPTH deep and MAX_NODES paths, aliases followed."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            child = (*path, getattr(key_node, "value", None))
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"  # "? [a, b]": a complex key
+            child = (*path, key)
             _collect_lines(value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1  # a problem with a field points at its key
     elif isinstance(node, yaml.SequenceNode):
@@ -207,8 +210,8 @@ def _collect_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
             _collect_lines(item, (*path, i), lines)
 
 
-def _line_map(root: yaml.Node | None) -> dict[tuple, int]:
-    lines: dict[tuple, int] = {}
+def _line_map(root: yaml.Node | None) -> dict[FieldPath, int]:
+    lines: dict[FieldPath, int] = {}
     if root is not None:
         _collect_lines(root, (), lines)
     return lines
@@ -254,7 +257,7 @@ def read_pack(path: Path) -> tuple[Document | None, list[ConfigProblem]]:
     return Document(data={} if data is None else data, lines=_line_map(root), nodes=nodes, size=len(raw)), []
 
 
-def field_path(path: tuple) -> str:
+def field_path(path: FieldPath) -> str:
     """``("rules", 3, "pattern")`` -> ``rules[3].pattern``."""
     out = ""
     for part in path:
@@ -270,12 +273,12 @@ class Problems:
         self.doc = doc
         self._found: list[ConfigProblem] = []
 
-    def add(self, path: tuple, message: str) -> None:
+    def add(self, path: FieldPath, message: str) -> None:
         self._found.append(
             ConfigProblem(file=self.file, field=field_path(path), message=message, line=self.doc.line(path))
         )
 
-    def where(self, path: tuple) -> str:
+    def where(self, path: FieldPath) -> str:
         """``rules[0].name, line 4`` for a message that points at another field."""
         line = self.doc.line(path)
         return field_path(path) + (f", line {line}" if line is not None else "")

@@ -41,7 +41,7 @@ MAX_TOTAL_NODES = 100_000
 MAX_DIR_ENTRIES = 10_000  # entries of one directory, of any kind
 MAX_DIR_DEPTH = 16  # directories below a plugin directory
 
-LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # type: ignore[assignment]
+LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -132,12 +132,12 @@ def scan_yaml(text: str) -> int:
     sizes: dict[str, int] = {}  # anchor -> the nodes its node stands for
     aliased = False
     for event in yaml.parse(text, Loader=LOADER):
-        line = event.start_mark.line + 1
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in open_anchors:
                 raise Refused(f"alias *{event.anchor} is inside the node it names (a recursive document)", line=line)
             aliased = True
-            nodes += sizes.get(event.anchor, 1)  # an unknown anchor: the composer reports it
+            nodes += sizes.get(event.anchor or "", 1)  # an unknown anchor: the composer reports it
         elif isinstance(event, yaml.ScalarEvent):
             nodes += 1
             if event.anchor is not None:

@@ -146,14 +146,16 @@ def run_process(
         reason = "exec format error (a script without #! line?)" if exc.errno == errno.ENOEXEC else exc.strerror
         return ProcessResult(argv=args, exit_code=None, error=f"cannot start: {reason or exc}")
     out, err = bytearray(), bytearray()
-    limits = {proc.stdout: (out, max_output), proc.stderr: (err, STDERR_MAX)}
+    assert proc.stdout is not None and proc.stderr is not None  # both are pipes (Popen above)
+    stdout, stderr = proc.stdout, proc.stderr
+    limits: dict[object, tuple[bytearray, int]] = {stdout: (out, max_output), stderr: (err, STDERR_MAX)}
     truncated = False
     timed_out = False
     cancelled = False
     deadline = start + timeout
     exited_at: float | None = None
     with selectors.DefaultSelector() as sel:
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (stdout, stderr):
             os.set_blocking(pipe.fileno(), False)
             sel.register(pipe, selectors.EVENT_READ)
         while sel.get_map():
@@ -195,7 +197,7 @@ def run_process(
     _kill_group(proc.pid)
     code = proctree.wait(proc)
     proctree.settle(killed)  # reap the leftovers the agent adopted (and any other orphan that exited)
-    for pipe in (proc.stdout, proc.stderr):
+    for pipe in (stdout, stderr):
         pipe.close()
     return ProcessResult(
         argv=args,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from re import _constants as sre  # the parser's opcode constants (stable since 3.11)
-from re import _parser as sre_parse
+from re import _constants as sre  # type: ignore[attr-defined]  # the parser's opcode constants (stable since 3.11)
+from re import _parser as sre_parse  # type: ignore[attr-defined]  # no stubs for the private parser
+from typing import Any
 
 _POSIX_CLASSES = {
     "alnum": "0-9A-Za-z",
@@ -182,7 +183,7 @@ def _parse(pattern: str) -> sre_parse.SubPattern | None:
         return None
 
 
-def _literal_runs(items: list) -> tuple[list[str], list[list[str]]]:
+def _literal_runs(items: list[Any]) -> tuple[list[str], list[list[str]]]:
     """Required literal runs in a sequence, and required alternative sets (from branches).
 
     Returns (runs, alternatives): every run in ``runs`` occurs in any match; for every list in
@@ -233,7 +234,7 @@ def _literal_runs(items: list) -> tuple[list[str], list[list[str]]]:
     return runs, alternatives
 
 
-def _best_literal(items: list) -> list[str] | None:
+def _best_literal(items: list[Any]) -> list[str] | None:
     runs, alternatives = _literal_runs(items)
     candidates: list[list[str]] = [[r] for r in runs if len(r) >= MIN_LITERAL] + [
         a for a in alternatives if all(len(o) >= MIN_LITERAL for o in a)
@@ -297,7 +298,7 @@ def required_literals(pattern: str) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(best))
 
 
-def _may_match_newline(items: list, dotall: bool) -> bool:
+def _may_match_newline(items: list[Any], dotall: bool) -> bool:
     for op, arg in items:
         if op is sre.LITERAL:
             if arg == 10:
@@ -352,7 +353,7 @@ _NEWLINE_CATEGORIES = frozenset(
 )
 
 
-def _class_may_match_newline(items: list) -> bool:
+def _class_may_match_newline(items: list[Any]) -> bool:
     """Whether a character class ``[...]`` can match ``\\n``."""
     negated = any(op is sre.NEGATE for op, _ in items)
     matches = any(

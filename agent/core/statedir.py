@@ -107,7 +107,7 @@ class StateDirHealth:
             self.report("directory", None)
 
 
-def condition_to_json(cond: Condition) -> dict:
+def condition_to_json(cond: Condition) -> dict[str, object]:
     return {
         "type": cond.type,
         "status": cond.status.value,

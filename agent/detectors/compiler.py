@@ -68,7 +68,7 @@ def compile_rule(
                 if b not in fields:
                     col.add((*path, "threshold", "by"), _unknown_field(b, fields))
 
-    if len(col) > before or not spec.ok or regex is None or spec.reason is None:
+    if len(col) > before or not spec.ok or regex is None or spec.reason is None or spec.pattern is None:
         return None
     multiline = spec.buffer_size > 1 and can_span_lines(spec.pattern)
     return CompiledRule(

@@ -219,9 +219,9 @@ class RuleEngine:
                 previous = offset
                 by_line.setdefault(line_index, set()).update(lits)
             rules = self.rule_set.rules
-            for i, lits in by_line.items():
+            for i, line_lits in by_line.items():
                 line = lines[i]
-                for lit in lits:
+                for lit in line_lits:
                     if lit not in line:
                         continue
                     for k in self._by_literal[lit]:

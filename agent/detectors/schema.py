@@ -272,7 +272,7 @@ def _check_rule(
         return _disabled(name=name, explicit=explicit, file=col.file, path=path, ok=len(col) == before)
 
     try:
-        rtype = RuleType(rule.get("type"))
+        rtype = RuleType(str(rule.get("type")))
     except ValueError:
         col.add((*path, "type"), f"must be 'temporary' or 'permanent', got {rule.get('type')!r}")
         rtype = RuleType.TEMPORARY
@@ -469,4 +469,4 @@ def _check_threshold(value: Any, *, col: Problems, path: tuple) -> Threshold | N
     if not isinstance(by, list) or not all(isinstance(b, str) for b in by):
         col.add((*path, "by"), "must be a list of field names")
         ok = False
-    return Threshold(count=count, window=window, by=tuple(by)) if ok else None
+    return Threshold(count=count, window=window, by=tuple(by)) if ok and isinstance(count, int) else None

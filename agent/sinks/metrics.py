@@ -145,8 +145,8 @@ class AgentCollector:
             "Counts of each filelog/journald monitor's reader (records_read, read_errors, rotations, lines_cut, ...).",
             labels=["monitor", "count"],
         )
-        for (monitor, count), value in sorted(stats.monitor_counts.items()):
-            monitors.add_metric([monitor, count], value)
+        for (monitor, what), value in sorted(stats.monitor_counts.items()):
+            monitors.add_metric([monitor, what], value)
         yield monitors
         yield counter(
             "records_processed",

@@ -333,13 +333,13 @@ class FileLogSource:
                 stats.parse_errors += 1
                 self._warn_once("message", "the message regex does not match line %d: %.200r", self._seq, line)
                 continue
-            timestamp = self._timestamp(parser.timestamp_text(line), now=chunk.read_time)
-            if isinstance(timestamp, str):
+            parsed = self._timestamp(parser.timestamp_text(line), now=chunk.read_time)
+            timestamp: float | None = None
+            if isinstance(parsed, str):
                 stats.timestamp_errors += 1
-                self._warn_once(
-                    "timestamp", "no readable timestamp in line %d (%s): %.200r", self._seq, timestamp, line
-                )
-                timestamp = None
+                self._warn_once("timestamp", "no readable timestamp in line %d (%s): %.200r", self._seq, parsed, line)
+            else:
+                timestamp = parsed
             if chunk.cutoff is not None:
                 if timestamp is not None:
                     self._in_window = timestamp >= chunk.cutoff

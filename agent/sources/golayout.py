@@ -53,7 +53,7 @@ _LONG_MONTHS = (
     "december",
 )
 _SHORT_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-_ABBREVIATION_INDEX = {
+_ABBREVIATION_INDEX: dict[tuple[str, ...], dict[str, int]] = {
     names: {name: index for index, name in enumerate(names)} for names in (_SHORT_MONTHS, _SHORT_DAYS)
 }
 _LONG_DAYS = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
@@ -166,10 +166,10 @@ def _tokenize(layout: str) -> tuple[_Item, ...]:
         items.append("".join(literal))
     positions = [index for index, item in enumerate(items) if isinstance(item, _Element)]
     for here, after in zip(positions, positions[1:], strict=False):
-        element, following = items[here], items[after]
-        assert isinstance(element, _Element) and isinstance(following, _Element)
-        if element.kind in (_Kind.SECOND, _Kind.ZERO_SECOND) and following.kind in _FRACTIONS:
-            items[here] = replace(element, fraction_next=True)
+        current, following = items[here], items[after]
+        assert isinstance(current, _Element) and isinstance(following, _Element)
+        if current.kind in (_Kind.SECOND, _Kind.ZERO_SECOND) and following.kind in _FRACTIONS:
+            items[here] = replace(current, fraction_next=True)
     return tuple(items)
 
 
@@ -521,7 +521,7 @@ class Layout:
             raise TimestampError(f"cannot place {wall} in the local time zone: {exc}") from exc
 
 
-def _is_local_abbreviation(wall: tuple[int, ...], name: str, tz: tzinfo | None) -> bool:
+def _is_local_abbreviation(wall: tuple[int, int, int, int, int, int], name: str, tz: tzinfo | None) -> bool:
     """Whether ``name`` is an abbreviation of the local zone (``tz``, or the process's when None)."""
     if tz is None:
         return name in time.tzname

@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.core.types import LogRecord
 
@@ -231,7 +232,7 @@ def _parse_ascii(
         if "," in flags:
             flags = flags[: flags.index(",")]
         micros = int(usec)
-        record = new(slots)
+        record: Any = new(slots)  # a _RecordSlots, a LogRecord once its class is set below
         record.message = message if "\\x" not in message else _unescape(message.encode())
         record.timestamp = boot_time + micros / 1e6
         record.seq = int(seq)

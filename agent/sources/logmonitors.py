@@ -47,8 +47,8 @@ def monitor_settings(file: ConfigFile, col: Problems, *, taken: set[str]) -> Mon
     source: FileLogConfig | JournalConfig
     if file.kind is Kind.LOG_FILE:
         path = data.get("logPath")
-        if windows_path_problem(path):
-            col.add(("logPath",), windows_path_problem(path))
+        if (windows := windows_path_problem(path)) is not None:
+            col.add(("logPath",), windows)
         elif not isinstance(path, str) or not path.startswith("/"):
             col.add(("logPath",), f"required for plugin filelog: the absolute path of the log file, got {path!r}")
         skip = data.get("skipList", [])
@@ -83,8 +83,8 @@ def monitor_settings(file: ConfigFile, col: Problems, *, taken: set[str]) -> Mon
             )
             ident = ""
         directory: Any = data.get("logPath")
-        if windows_path_problem(directory):
-            col.add(("logPath",), windows_path_problem(directory))
+        if (windows := windows_path_problem(directory)) is not None:
+            col.add(("logPath",), windows)
         elif directory is not None and (not isinstance(directory, str) or not directory.startswith("/")):
             col.add(("logPath",), f"must be the absolute path of a journal directory, got {directory!r}")
             directory = None

@@ -46,7 +46,7 @@ def node_conditions(
         if not isinstance(raw, dict) or raw.get("type") not in types:
             continue
         try:
-            status = Status(raw.get("status"))
+            status = Status(str(raw.get("status")))
         except ValueError:
             continue
         reason = str(raw.get("reason") or "")

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 from agent.core.backoff import Backoff
@@ -186,7 +186,7 @@ class RelayClient:
         finally:
             batches.close()  # closes the connection now, not when the generator is collected
 
-    def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
+    def batches(self, *, stop: threading.Event) -> Generator[list[LogRecord], None, None]:
         """Yield lists of parsed records until ``stop`` is set; unparsable records are counted and skipped.
 
         Each list holds the new records of all frames already received (1 to ``BATCH_MAX``), so a

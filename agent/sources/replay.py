@@ -87,8 +87,8 @@ class ReplayPolicy:
             return []
         cursor = self.cursor
         if cursor is not None and cursor.boot_id == self.boot_id:
-            seqs = [r.seq for r in records]
-            if None not in seqs and all(a < b for a, b in zip(seqs, seqs[1:], strict=False)):
+            seqs = [r.seq for r in records if r.seq is not None]
+            if len(seqs) == len(records) and all(a < b for a, b in zip(seqs, seqs[1:], strict=False)):
                 cut = bisect.bisect_right(seqs, cursor.last_seq)  # the usual case: one cut point
                 return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
         flags = [self.replayed(r, now=now) for r in records]
