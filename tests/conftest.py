@@ -1,4 +1,9 @@
-"""What every test module shares: the ``slow`` marker that makes the fast lane.
+"""What every test module shares: the fixtures that start servers, and the ``slow`` marker.
+
+Fixtures: ``moto_server`` (moto's server, one per session) and ``aws`` (a fresh account on it per
+test, :mod:`helpers.aws`); ``api`` (the test API server holding the walkthrough's cluster,
+:mod:`helpers.agents`; a module may define its own ``api``). Tools the tests share live in the
+``helpers`` package, never in another test module.
 
 ``pytest -m "not slow"`` runs the fast lane (the README gives its time): everything but the modules
 below, which start agent processes, drive the test API server or moto's server through many
@@ -8,7 +13,23 @@ command (and CI) runs everything; the fast lane is for the edit-test loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from helpers.agents import walkthrough_api
+from helpers.aws import aws_fixture, moto_server_fixture
+from kubeapi import KubeApiServer
+
+__all__ = ["aws_fixture", "moto_server_fixture"]  # fixtures: aws, moto_server
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    """The test API server with the walkthrough's cluster: the agent's namespace and three other nodes."""
+    with walkthrough_api() as server:
+        yield server
+
 
 SLOW_MODULES = frozenset(
     {

@@ -16,7 +16,7 @@ Every failure is an :class:`AwsError` saying what failed, whether retrying may h
 and what to do, so callers never import botocore.
 
 :data:`ACTIONS` lists every AWS API call the agent makes, as IAM actions; all of them go through
-:meth:`AwsClients.call`. ``tests/test_iam_policy.py`` checks the table against this file and against
+:meth:`AwsClients.call`. ``tests/deploy/test_iam_policy.py`` checks the table against this file and against
 ``iam/node-health-agent-policy.json``.
 """
 

