@@ -37,10 +37,12 @@ SLOW_MODULES = frozenset(
         "test_alarm_template",
         "test_aws",
         "test_check_plugins",
+        "test_cli",
         "test_components_ops",
         "test_config_limits",
         "test_faults",
         "test_helm",
+        "test_iam_policy",
         "test_image_pipeline",
         "test_install_fleet",
         "test_kmsg_real",
@@ -51,6 +53,7 @@ SLOW_MODULES = frozenset(
         "test_project_rules",
         "test_recovery_e2e",
         "test_recovery_fleet",
+        "test_reload",
         "test_value_bounds",
     }
 )

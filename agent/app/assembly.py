@@ -25,6 +25,7 @@ from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.latency import Histogram
 from agent.core.memory import release_free_memory
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
@@ -134,6 +135,7 @@ class Runtime:
     watcher: ConfigWatcher | None = None  # when the configuration is watched
     monitors: Sequence[SourceProducer] = ()  # the filelog/journald monitors' producers
     events_dropped: Callable[[], int] = lambda: 0  # the Event sink's series dropped with a full outbox
+    detection: Histogram | None = None  # time to detect, filled by the condition sink (Kubernetes mode)
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -181,6 +183,7 @@ class Runtime:
             kmsg_overruns=getattr(s, "overruns", 0),  # a relay client's stats have none: the relay counts them
             decode_errors=self.main_loop.decode_errors,
             events_dropped=self.events_dropped(),
+            detection=self.detection.snapshot() if self.detection is not None else None,
             monitor_counts={
                 (m.name, name): value
                 for m in self.monitors
@@ -301,6 +304,7 @@ def build_runtime(
     consumers: list[Component] = []
     acks: list[Callable[[], int]] = []
     events: EventSink | None = None
+    detection: Histogram | None = None
     if kube is None:
         from agent.sinks.stdout import StdoutSink
 
@@ -312,6 +316,7 @@ def build_runtime(
         from agent.sinks.conditions import ConditionSink
         from agent.sinks.events import EventSink
 
+        detection = Histogram()
         condition_sink = ConditionSink(
             client=kube.client,
             node_name=kube.node_name,
@@ -319,6 +324,7 @@ def build_runtime(
             heartbeat=settings.heartbeat,
             delete_types=[t for t in settings.delete_conditions if t not in state.owned_types],
             aggregate=settings.aggregate_condition,
+            detection=detection,
         )
         events = EventSink(
             client=kube.client,
@@ -391,6 +397,7 @@ def build_runtime(
         scheduler=scheduler,
         inbox=inbox,
         monitors=monitor_producers,
+        detection=detection,
     )
     if events is not None:
         sink = events

@@ -14,6 +14,9 @@
   that write until the next change or heartbeat.
 - Reasons and messages are cut to the limits of :mod:`agent.core.bounds` (128 and 1024 bytes), as every
   sink cuts them.
+- With a ``detection`` histogram, each problem the sink writes for the first time (a condition turned
+  True after the first seeded snapshot) is observed as the seconds from its transition time (the
+  kernel line's time for a log rule) to the successful write: time to detect, as the Node shows it.
 - Condition types in ``delete_types`` (removed from the configuration) are deleted from the Node
   with ``$patch: delete`` in the first successful write; nothing else is ever deleted.
 """
@@ -27,9 +30,10 @@ from collections.abc import Callable, Sequence
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.bounds import bounded_message, bounded_reason
 from agent.core.bus import Publication, SnapshotFeed
+from agent.core.latency import Histogram
 from agent.core.state import AGGREGATE_TYPE
 from agent.core.timefmt import iso
-from agent.core.types import Condition, Snapshot, reserved_condition
+from agent.core.types import Condition, Snapshot, Status, reserved_condition
 from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
 
 
@@ -68,6 +72,13 @@ def _key(snapshot: Snapshot) -> tuple:
     return tuple((c.type, c.status, c.reason, c.message, int(c.last_transition)) for c in snapshot.conditions)
 
 
+def _problems(snapshot: Snapshot) -> set[tuple[str, float]]:
+    """(type, transition time) of every problem in ``snapshot`` (the aggregate is derived, not detected)."""
+    return {
+        (c.type, c.last_transition) for c in snapshot.conditions if c.status is Status.TRUE and c.type != AGGREGATE_TYPE
+    }
+
+
 class ConditionSink(SinkWorker):
     """The ``condition_sink`` component."""
 
@@ -91,6 +102,7 @@ class ConditionSink(SinkWorker):
         wait: Callable[[float], bool] | None = None,
         rng: Callable[[], float] = random.random,
         stall: float = STALL,
+        detection: Histogram | None = None,
     ) -> None:
         super().__init__(
             feed=feed,
@@ -115,6 +127,8 @@ class ConditionSink(SinkWorker):
         self._handled: tuple | None = None  # key of the snapshot last written or dropped
         self._last_attempt = float("-inf")  # monotonic
         self._next_heartbeat = float("-inf")  # monotonic
+        self._detection = detection
+        self._reported: set[tuple[str, float]] | None = None  # problems (type, since) already on the Node
 
     @property
     def in_sync(self) -> bool:
@@ -125,6 +139,8 @@ class ConditionSink(SinkWorker):
     def take(self, pub: Publication) -> None:
         if pub.snapshot.seeded:
             self._latest = pub.snapshot
+            if self._reported is None:  # what the Node or the state directory held before this run
+                self._reported = _problems(pub.snapshot)
 
     def work(self, now: float) -> float:
         latest = self._latest
@@ -156,9 +172,18 @@ class ConditionSink(SinkWorker):
                 self._schedule_heartbeat(now)
             return
         self.succeeded()
+        self._observe(snapshot)
         self._pending_deletes = ()
         self._written = self._handled = key
         self._schedule_heartbeat(now)
+
+    def _observe(self, snapshot: Snapshot) -> None:
+        problems = _problems(snapshot)
+        if self._detection is not None and self._reported is not None:
+            written = self._clock()
+            for _, since in problems - self._reported:
+                self._detection.observe(written - since)
+        self._reported = problems
 
     def _schedule_heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self._heartbeat * (1 + self._jitter * self._rng())

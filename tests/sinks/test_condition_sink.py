@@ -16,6 +16,7 @@ import pytest
 
 from agent.core.bounds import MAX_MESSAGE
 from agent.core.bus import SnapshotFeed
+from agent.core.latency import Histogram
 from agent.core.types import Status
 from agent.sinks.conditions import ConditionSink, condition_dict
 
@@ -241,3 +242,31 @@ def test_the_sink_never_writes_a_type_others_own_whatever_the_state_holds(setup,
     assert not any(c.get("$patch") for c in sent.values()), "DiskPressure is never deleted"
     assert set(s.on_node()) == written
     assert s.on_node()["Ready"] == {**s.on_node()["Ready"], "status": "True", "reason": "KubeletReady"}
+
+
+# ---- time to detect ------------------------------------------------------------------------------
+
+
+def test_each_new_problem_is_observed_once_from_its_transition_time_to_the_write_that_shows_it(setup):
+    """What the Node had at the first seeded snapshot is not news; a heartbeat or a failed write is
+    no observation; a problem that clears and returns is observed again."""
+    detection = Histogram(bounds=(1, 5, 30))
+    s = setup(detection=detection, heartbeat=60.0)
+    with running(s.sink, s.sim):
+        publish(s.feed, snapshot(PROBLEM))  # restored at start: reported before this run
+        s.sim.advance(10)
+        xid = condition("GpuHealth", Status.TRUE, "GpuXid79")
+        xid = dataclasses.replace(xid, last_transition=s.sim.clock() - 3)  # a kernel line 3 s old
+        s.server.faults.add(method="PATCH", path_regex=STATUS_PATH, status=500, count=1)
+        publish(s.feed, snapshot(PROBLEM, xid))
+        s.sim.advance(2)  # the write fails; the retry comes 10 s later (resync)
+        assert detection.snapshot().count == 0
+        s.sim.advance(200)  # the retry, then heartbeats
+        healed = dataclasses.replace(xid, status=Status.FALSE, reason="GpuHealthy")
+        publish(s.feed, snapshot(PROBLEM, healed))
+        s.sim.advance(5)
+        publish(s.feed, snapshot(PROBLEM, dataclasses.replace(xid, last_transition=s.sim.clock())))
+        s.sim.advance(5)
+    buckets = dict(detection.snapshot().buckets)
+    assert detection.snapshot().count == 2
+    assert (buckets[1], buckets[5], buckets[30]) == (1, 1, 2)  # now, then 3 s + the 10 s retry
