@@ -483,6 +483,7 @@ def recovery_components(
                 node_name=kube.node_name,
                 settings=policy.budget,
                 clock=clock,
+                problem_types=[spec.type for spec in conditions],  # a zone or pool failing together holds
             )
             if Action.MARK_UNHEALTHY in actions:
                 from agent.adapters.aws import AutoScaling

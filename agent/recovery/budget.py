@@ -61,13 +61,14 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
+from agent.recovery.correlation import correlated_hold, counted, labels_of
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
@@ -76,6 +77,7 @@ from agent.recovery.model import (
     ULTRASERVER_LABEL,
     BudgetSettings,
     BudgetView,
+    GroupBudget,
 )
 
 log = logging.getLogger(__name__)
@@ -129,8 +131,9 @@ def parse_max_unhealthy(value: object) -> int | Fraction:
     raise ValueError(f"must be a count like 3 or a percentage like '10%', got {value!r}")
 
 
-def resolve_limit(settings: BudgetSettings, *, domains: int) -> int:
-    """How many failure domains may hold a place, out of ``domains`` counted ones."""
+def resolve_limit(settings: BudgetSettings | GroupBudget, *, domains: int) -> int:
+    """How many failure domains may hold a place, out of ``domains`` counted ones (of the cluster, or
+    of a zone or pool)."""
     if domains <= 0:
         return 0
     value = parse_max_unhealthy(settings.max_unhealthy)
@@ -253,6 +256,7 @@ class ClusterBudget:
         domain_of: Callable[[Mapping[str, Any]], str] = ultraserver_domain,
         sleep: Callable[[float], None] = time.sleep,
         rng: Callable[[], float] = random.random,
+        problem_types: Collection[str] = (),
         attempts: int = ATTEMPTS,
     ) -> None:
         parse_max_unhealthy(settings.max_unhealthy)  # a bad value fails here, not at the first incident
@@ -267,6 +271,7 @@ class ClusterBudget:
         self._rng = rng
         self._attempts = max(1, attempts)
         self._reported_corrupt: str | None = None  # resourceVersion whose corruption was logged
+        self._problem_types = frozenset(problem_types)  # condition types whose True is a problem (correlation)
 
     @property
     def where(self) -> str:
@@ -289,15 +294,16 @@ class ClusterBudget:
             return self._refuse(lease, exc, cluster, own)
         return self._view(self._effective(state, cluster), cluster, own)
 
-    def acquire(self, *, incident_id: str) -> BudgetView:
+    def acquire(self, *, incident_id: str, problem: str = "") -> BudgetView:
         """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
         ``granted`` True; when the view before says ``can_start`` False, nothing is written and that view
-        is returned (``granted`` False: the step is refused, even for a node that holds its place)."""
+        is returned (``granted`` False: the step is refused, even for a node that holds its place).
+        ``problem``: the condition type the step is for (a zone or pool failing with it holds)."""
         cluster = self._cluster()
         own = self._own_domain(cluster)
 
         def take(state: BudgetState, now: float) -> BudgetState | None:
-            if not self._view(state, cluster, own).can_start:
+            if not self._view(state, cluster, own, problem).can_start:
                 return None
             holder = state.holders.get(own)
             nodes = tuple(sorted({*(holder.nodes if holder else ()), self._node}))
@@ -305,7 +311,7 @@ class ClusterBudget:
             holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
             return replace(state, holders=holders, actions=(*state.actions, now))
 
-        view, wrote = self._transact(take, cluster, own)
+        view, wrote = self._transact(take, cluster, own, problem=problem)
         return replace(view, granted=True) if wrote else view
 
     def release(self) -> BudgetView:
@@ -327,7 +333,12 @@ class ClusterBudget:
     # ---- the read-modify-write round ------------------------------------------------------------------
 
     def _transact(
-        self, change: Callable[[BudgetState, float], BudgetState | None], cluster: _Cluster, own: str
+        self,
+        change: Callable[[BudgetState, float], BudgetState | None],
+        cluster: _Cluster,
+        own: str,
+        *,
+        problem: str = "",
     ) -> tuple[BudgetView, bool]:
         """The view after ``change`` (None = nothing to change) and whether the Lease was written."""
         for attempt in range(self._attempts):
@@ -342,7 +353,7 @@ class ClusterBudget:
             current = self._effective(state, cluster, now=now)
             changed = change(current, now)
             if changed is None:
-                return self._view(current, cluster, own), False
+                return self._view(current, cluster, own, problem), False
             try:
                 self._write(lease, changed, now=now)
             except KubeError as exc:
@@ -350,7 +361,7 @@ class ClusterBudget:
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
                 raise
-            return self._view(changed, cluster, own), True
+            return self._view(changed, cluster, own, problem), True
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,
@@ -445,14 +456,49 @@ class ClusterBudget:
                 holders[domain] = replace(holder, nodes=nodes)
         return replace(state, holders=holders, actions=tuple(t for t in state.actions if t > horizon))
 
-    def _view(self, state: BudgetState, cluster: _Cluster, own: str) -> BudgetView:
+    def _view(self, state: BudgetState, cluster: _Cluster, own: str, problem: str = "") -> BudgetView:
+        own_node = cluster.by_name.get(self._node)
         return BudgetView(
             holders=tuple(sorted(state.holders)),
             limit=resolve_limit(self._settings, domains=len(cluster.domains)),
             actions_in_window=len(state.actions),
             max_actions=self._settings.max_actions,
             this_node_holds=own in state.holders,
+            group_full=self._group_refusal(state, cluster, own, own_node),
+            correlated=correlated_hold(
+                self._settings.correlation,
+                own_node=own_node,
+                nodes=cluster.by_name,
+                types=self._problem_types,
+                now=self._clock(),
+                problem=problem,
+            ),
         )
+
+    def _group_refusal(
+        self, state: BudgetState, cluster: _Cluster, own: str, own_node: Mapping[str, Any] | None
+    ) -> str:
+        """Why a zone or pool budget refuses this node a new place ("" = none does)."""
+        if own_node is None or own in state.holders:
+            return ""
+        for group in self._settings.groups:
+            value = labels_of(own_node).get(group.label)
+            if value is None:
+                continue
+            members = {
+                name
+                for name, node in cluster.by_name.items()
+                if counted(node) and labels_of(node).get(group.label) == value
+            }
+            domains = {self._domain_of(cluster.by_name[n]) or n for n in members}
+            held = sorted(d for d, holder in state.holders.items() if any(n in members for n in holder.nodes))
+            limit = resolve_limit(group, domains=len(domains))
+            if len(held) >= limit:
+                return (
+                    f"{group.label}={value}: {len(held)} of {limit} places held ({', '.join(held)}), its budget "
+                    f"{group.max_unhealthy} of {len(domains)} failure domains"
+                )
+        return ""
 
     def _refuse(self, lease: Mapping[str, Any] | None, exc: CorruptBudget, cluster: _Cluster, own: str) -> BudgetView:
         version = str(((lease or {}).get("metadata") or {}).get("resourceVersion", ""))

@@ -190,12 +190,14 @@ class RecoveryLoop:
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
-            answer = self._budget.acquire(incident_id=pending.id)
+            answer = self._budget.acquire(incident_id=pending.id, problem=pending.condition)
             self.stats.budget = answer
             if answer.granted:
                 decision = decided(answer)
                 if decision.incident is not None:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
+            elif answer.correlated:
+                decision = decided(answer)  # held, not blocked: the zone or pool fails together
         self.stats.incident = decision.incident
         self._note_blocked(decision)
         if self._enabled:
@@ -231,6 +233,15 @@ class RecoveryLoop:
             return
         self.stats.blocked[decision.blocked.value] += 1
         incident = decision.incident
+        if decision.blocked is Blocked.CORRELATED and incident is not None and self.stats.budget is not None:
+            self._tell_once(
+                incident,
+                "correlated",
+                "Warning",
+                "RecoveryHeldCorrelated",
+                f"{incident.condition}={incident.reason}: recovery holds: {self.stats.budget.correlated}; it reports "
+                "and waits, and goes on by itself once fewer nodes of the group show the problem",
+            )
         if decision.blocked is Blocked.BUDGET and incident is not None:
             budget = self.stats.budget
             held = (

@@ -104,6 +104,40 @@ class DrainSettings:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class GroupBudget:
+    """At most ``max_unhealthy`` failure domains disrupted at once among the nodes that share this
+    node's value of ``label`` (a zone, a node group or pool): a count or a percentage of the group's
+    failure domains (rounded up, at least 1), ``max_unhealthy_cap`` capping a percentage."""
+
+    label: str
+    max_unhealthy: int | str
+    max_unhealthy_cap: int | None = None
+
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+POOL_LABELS = (
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "cloud.google.com/gke-nodepool",
+    "kubernetes.azure.com/agentpool",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CorrelationSettings:
+    """When more than ``share`` (0..1) of a group's nodes, and at least ``min_nodes``, show a problem
+    of one condition type at once, or ``new_node_repeats`` of its nodes created within
+    ``new_node_window`` seconds do, recovery of that type in the group holds (reports, never acts).
+    Groups are the values of ``labels`` (zone, pools)."""
+
+    labels: tuple[str, ...] = (ZONE_LABEL, *POOL_LABELS)
+    share: float = 0.3
+    min_nodes: int = 3
+    new_node_window: float = 3600.0
+    new_node_repeats: int = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BudgetSettings:
     """At most ``max_unhealthy`` nodes disrupted by the agent at once and ``max_actions`` disruptive
     actions per ``window`` seconds, across the nodes matching ``node_selector`` (a label selector;
@@ -115,6 +149,8 @@ class BudgetSettings:
     max_actions: int = 10
     window: float = 600.0
     node_selector: str = ""
+    groups: tuple[GroupBudget, ...] = ()  # limits per zone / pool, besides the cluster's
+    correlation: CorrelationSettings | None = field(default_factory=CorrelationSettings)  # None = never hold
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,6 +232,8 @@ class BudgetView:
     max_actions: int
     this_node_holds: bool  # this node's failure domain already holds a place
     problem: str = ""  # why the budget cannot be used at all (e.g. a corrupt Lease); non-empty = can_start False
+    group_full: str = ""  # which zone/pool budget has no place for this node ("" = none refuses)
+    correlated: str = ""  # why this node's group holds for a correlated failure ("" = it does not)
     granted: bool = False  # returned by an acquire that took this step for this node (it wrote the Lease)
 
     @property
@@ -203,11 +241,11 @@ class BudgetView:
         """A new disruptive step is allowed (holding a place already counts as allowed for the place).
 
         A granted view allows the step it was granted for, although counting it may have filled the window."""
-        if self.problem:
+        if self.problem or self.correlated:
             return False
         if self.granted:
             return True
-        room = self.this_node_holds or len(self.holders) < self.limit
+        room = self.this_node_holds or (len(self.holders) < self.limit and not self.group_full)
         return room and self.actions_in_window < self.max_actions
 
 
@@ -217,6 +255,7 @@ class Blocked(enum.StrEnum):
     STARTUP_DELAY = "StartupDelay"
     PERSIST = "WaitingForPersistence"
     BUDGET = "RecoveryBlocked"  # the cluster budget is spent (Event reason RecoveryBlocked)
+    CORRELATED = "RecoveryHeldCorrelated"  # the node's zone or pool fails together: report and wait
     CONTROL_PLANE = "ControlPlaneNode"
     OPTED_OUT = "OptedOut"
     NOTHING_LEFT = "NothingLeft"  # every action of the rule is done

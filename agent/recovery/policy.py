@@ -313,7 +313,7 @@ def decide(
     # 6. The cluster budget (report only: what it would do, budget not consulted).
     if enabled and (budget is None or not budget.can_start):
         return Decision(
-            blocked=Blocked.BUDGET,
+            blocked=Blocked.CORRELATED if budget is not None and budget.correlated else Blocked.BUDGET,
             incident=current,
             rule=primary.rule,
             message=f"{_describe(primary)}: {_names(remaining)} blocked: {_budget_reason(budget)}",
@@ -396,7 +396,11 @@ def _budget_reason(budget: BudgetView | None) -> str:
         return "needs the cluster budget (not read)"
     if budget.problem:
         return f"the cluster budget cannot be used: {budget.problem}"
+    if budget.correlated:
+        return f"held for a correlated failure: {budget.correlated}"
     reasons = []
+    if budget.group_full and not budget.this_node_holds:
+        reasons.append(f"the group budget of {budget.group_full}")
     if not budget.this_node_holds and len(budget.holders) >= budget.limit:
         held = f" ({', '.join(budget.holders)})" if budget.holders else ""
         reasons.append(f"{len(budget.holders)} of {budget.limit} budget places are taken{held}")

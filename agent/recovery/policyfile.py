@@ -25,6 +25,15 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
       maxActions: 10           # disruptive steps per window, cluster-wide
       window: 10m
       nodeSelector: ""         # label selector of the nodes the percentage counts; "" = every node
+      groups:                  # limits per zone or pool too (default: none), each like the cluster's
+        - label: topology.kubernetes.io/zone
+          maxUnhealthy: 1      # failure domains disrupted at once among the nodes of this node's zone
+      correlation:             # hold (report, never act) where a zone or pool fails together; null = off
+        labels: [topology.kubernetes.io/zone, eks.amazonaws.com/nodegroup, karpenter.sh/nodepool, ...]
+        share: 30%             # more than this share of the group's nodes show one condition type's problem
+        minNodes: 3            # ... and at least this many
+        newNodeWindow: 1h      # or nodes created this recently (replacements) ...
+        newNodeRepeats: 2      # ... this many of them, show it
 
 Refused, each as a problem naming ``file:line: field path`` (all problems of a file at once):
 unknown keys (with a did-you-mean), wrong types, bad durations, unknown or repeated actions,
@@ -56,7 +65,9 @@ from agent.recovery.model import (
     TRUSTED_FOR_BUILTIN,
     Action,
     BudgetSettings,
+    CorrelationSettings,
     DrainSettings,
+    GroupBudget,
     OnDeadline,
     PolicyRule,
     RecoveryPolicy,
@@ -97,7 +108,10 @@ TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "dra
 RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources")
 SOURCE_NAMES = tuple(p.value for p in Provenance)
 DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
-BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector")
+BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector", "groups", "correlation")
+GROUP_KEYS = ("label", "maxUnhealthy", "maxUnhealthyCap")
+CORRELATION_KEYS = ("labels", "share", "minNodes", "newNodeWindow", "newNodeRepeats")
+_PERCENT_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 RULE_ACTIONS = tuple(a.value for a in ACTION_ORDER)  # uncordon is not a rule action
 _CONDITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 
@@ -352,28 +366,7 @@ def _check_budget(data: Mapping[str, Any], *, col: Problems) -> BudgetSettings:
     path = ("budget",)
     _unknown_keys(data, known=BUDGET_KEYS, path=path, col=col)
     default = BudgetSettings()
-    max_unhealthy = data.get("maxUnhealthy", default.max_unhealthy)
-    try:
-        is_count = isinstance(parse_max_unhealthy(max_unhealthy), int)
-        if isinstance(max_unhealthy, str):
-            max_unhealthy = max_unhealthy.strip()
-    except ValueError as exc:
-        col.add((*path, "maxUnhealthy"), str(exc))
-        max_unhealthy, is_count = default.max_unhealthy, False
-    cap: int | None = default.max_unhealthy_cap
-    if "maxUnhealthyCap" in data:
-        raw_cap = data["maxUnhealthyCap"]
-        if raw_cap is None:
-            cap = None
-        elif isinstance(raw_cap, bool) or not isinstance(raw_cap, int) or raw_cap < 1:
-            col.add((*path, "maxUnhealthyCap"), f"must be an integer of at least 1 or null (no cap), got {raw_cap!r}")
-        elif is_count:
-            col.add(
-                (*path, "maxUnhealthyCap"),
-                f"caps a percentage; maxUnhealthy is the count {max_unhealthy}: remove maxUnhealthyCap",
-            )
-        else:
-            cap = raw_cap
+    max_unhealthy, cap = _limit(data, path=path, default=(default.max_unhealthy, default.max_unhealthy_cap), col=col)
     selector = data.get("nodeSelector", "")
     if selector is None:
         selector = ""
@@ -390,6 +383,111 @@ def _check_budget(data: Mapping[str, Any], *, col: Problems) -> BudgetSettings:
         max_actions=_integer(data, "maxActions", default.max_actions, col=col, path=path),
         window=_duration(data, "window", default.window, col=col, path=path, positive=True),
         node_selector=selector.strip(),
+        groups=_check_groups(data.get("groups"), col=col),
+        correlation=_check_correlation(data, col=col),
+    )
+
+
+def _limit(
+    data: Mapping[str, Any], *, path: tuple, default: tuple[int | str, int | None], col: Problems
+) -> tuple[int | str, int | None]:
+    """``maxUnhealthy`` (a count or a percentage) and ``maxUnhealthyCap`` (caps a percentage only)."""
+    max_unhealthy = data.get("maxUnhealthy", default[0])
+    try:
+        is_count = isinstance(parse_max_unhealthy(max_unhealthy), int)
+        if isinstance(max_unhealthy, str):
+            max_unhealthy = max_unhealthy.strip()
+    except ValueError as exc:
+        col.add((*path, "maxUnhealthy"), str(exc))
+        max_unhealthy, is_count = default[0], isinstance(default[0], int)
+    cap: int | None = default[1]
+    if "maxUnhealthyCap" in data:
+        raw_cap = data["maxUnhealthyCap"]
+        if raw_cap is None:
+            cap = None
+        elif isinstance(raw_cap, bool) or not isinstance(raw_cap, int) or raw_cap < 1:
+            col.add((*path, "maxUnhealthyCap"), f"must be an integer of at least 1 or null (no cap), got {raw_cap!r}")
+        elif is_count:
+            col.add(
+                (*path, "maxUnhealthyCap"),
+                f"caps a percentage; maxUnhealthy is the count {max_unhealthy}: remove maxUnhealthyCap",
+            )
+        else:
+            cap = raw_cap
+    return max_unhealthy, cap
+
+
+def _label_key(value: object, *, path: tuple, col: Problems) -> str | None:
+    if not isinstance(value, str) or not re.fullmatch(_KEY, value.strip()) or len(value.strip()) > 316:
+        col.add(path, f"must be a label key like topology.kubernetes.io/zone, got {value!r:.100}")
+        return None
+    return value.strip()
+
+
+def _check_groups(data: object, *, col: Problems) -> tuple[GroupBudget, ...]:
+    path = ("budget", "groups")
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        col.add(path, "must be a list of {label, maxUnhealthy, maxUnhealthyCap}")
+        return ()
+    groups: list[GroupBudget] = []
+    seen: set[str] = set()
+    for index, item in enumerate(data):
+        where = (*path, index)
+        if not isinstance(item, dict):
+            col.add(where, "must be a mapping with label and maxUnhealthy")
+            continue
+        _unknown_keys(item, known=GROUP_KEYS, path=where, col=col)
+        if "maxUnhealthy" not in item:
+            col.add(where, "needs maxUnhealthy (a count like 1 or a percentage like '20%')")
+            continue
+        label = _label_key(item.get("label"), path=(*where, "label"), col=col)
+        if label is None:
+            continue
+        if label in seen:
+            col.add((*where, "label"), f"{label} has a budget already: one budget per label")
+            continue
+        seen.add(label)
+        max_unhealthy, cap = _limit(item, path=where, default=(1, None), col=col)
+        groups.append(GroupBudget(label=label, max_unhealthy=max_unhealthy, max_unhealthy_cap=cap))
+    return tuple(groups)
+
+
+def _check_correlation(budget: Mapping[str, Any], *, col: Problems) -> CorrelationSettings | None:
+    path = ("budget", "correlation")
+    default = CorrelationSettings()
+    if "correlation" not in budget:
+        return default
+    data = budget["correlation"]
+    if data is None or data is False:
+        return None  # never hold for a correlated failure
+    if not isinstance(data, dict):
+        col.add(path, "must be a mapping (labels, share, minNodes, newNodeWindow, newNodeRepeats) or null (off)")
+        return default
+    _unknown_keys(data, known=CORRELATION_KEYS, path=path, col=col)
+    labels = default.labels
+    if "labels" in data:
+        raw = data["labels"]
+        if not isinstance(raw, list) or not raw:
+            col.add((*path, "labels"), "must be a non-empty list of label keys (zone, pools)")
+        else:
+            keys = [_label_key(v, path=(*path, "labels", i), col=col) for i, v in enumerate(raw)]
+            labels = tuple(dict.fromkeys(k for k in keys if k is not None))
+    share = default.share
+    if "share" in data:
+        raw_share = data["share"]
+        match = _PERCENT_TEXT.match(raw_share) if isinstance(raw_share, str) else None
+        if match is None or not 0 < float(match.group(1)) < 100:
+            col.add((*path, "share"), f"must be a percentage above 0% and below 100% like '30%', got {raw_share!r}")
+        else:
+            share = float(match.group(1)) / 100
+    return CorrelationSettings(
+        labels=labels,
+        share=share,
+        min_nodes=_integer(data, "minNodes", default.min_nodes, col=col, path=path),
+        new_node_window=_duration(data, "newNodeWindow", default.new_node_window, col=col, path=path, positive=True),
+        new_node_repeats=_integer(data, "newNodeRepeats", default.new_node_repeats, col=col, path=path),
     )
 
 
@@ -488,6 +586,18 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
         f"budget: {places} of {scope} disrupted at once; {b.max_actions} disruptive actions per "
         f"{format_duration(b.window)}"
     )
+    for group in b.groups:
+        cap = f", at most {group.max_unhealthy_cap}" if group.max_unhealthy_cap is not None else ""
+        lines.append(f"  and {group.max_unhealthy}{cap} per {group.label} value")
+    c = b.correlation
+    if c is None:
+        lines.append("correlated failure: never held")
+    else:
+        lines.append(
+            f"correlated failure: held where more than {c.share:.0%} (at least {c.min_nodes}) of a group's nodes, or "
+            f"{c.new_node_repeats} created within {format_duration(c.new_node_window)}, show one problem type; "
+            f"groups by {', '.join(c.labels)}"
+        )
     return lines
 
 

@@ -155,6 +155,7 @@ class Harness:
                 settings=policy.budget,
                 clock=self.clock,
                 sleep=lambda s: None,
+                problem_types=BUILTIN_CONDITIONS,
             )
             if enabled
             else None
@@ -578,3 +579,28 @@ def test_a_marked_node_is_never_uncordoned(harness):
         h.clock.now += 100
         assert h.step().actions == ()
     assert h.cordoned() and h.holders() == [NODE] and h.incident()["healthySince"] is not None
+
+
+# ---- zones and pools ---------------------------------------------------------------------------------
+
+
+def test_a_zone_failing_together_holds_with_one_event_and_goes_on_when_it_clears(harness, api):
+    """Every node of zone a shows NeuronHealth problems (this one too): recovery reports and waits."""
+    zone = {"topology.kubernetes.io/zone": "us-west-2a"}
+    for other in OTHERS:
+        sick = {**node_object(other, zone), "status": {"conditions": [{"type": "NeuronHealth", "status": "True"}]}}
+        api.put_object(sick)
+    h = harness(labels=zone)
+    h.clock.now += DELAY
+    h.publish(problem())
+    for _ in range(3):
+        assert h.step().blocked is Blocked.CORRELATED
+        h.clock.now += 5
+    (held,) = h.events("RecoveryHeldCorrelated")
+    assert "topology.kubernetes.io/zone=us-west-2a: 4 of its 4 nodes show NeuronHealth problems" in held.message
+    assert (h.cordoned(), h.marker.calls, h.holders()) == (False, [], [])
+    assert h.loop.stats.blocked["RecoveryHeldCorrelated"] == 3
+    for other in OTHERS[:2]:  # two of them recover: 2 of 4 is still 50 %, but fewer than minNodes (3)
+        api.put_object(node_object(other, zone))
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.cordoned() and h.marker.marked == [NODE]

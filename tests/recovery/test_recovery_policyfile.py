@@ -18,7 +18,9 @@ from agent.recovery.model import (
     TRUSTED_FOR_BUILTIN,
     Action,
     BudgetSettings,
+    CorrelationSettings,
     DrainSettings,
+    GroupBudget,
     OnDeadline,
     PolicyRule,
     RecoveryPolicy,
@@ -104,6 +106,15 @@ def test_a_full_file(tmp_path):
           maxActions: 4
           window: 1h
           nodeSelector: "node.kubernetes.io/instance-type in (trn2.48xlarge, trn2u.48xlarge), !excluded"
+          groups:
+            - {label: topology.kubernetes.io/zone, maxUnhealthy: 1}
+            - {label: karpenter.sh/nodepool, maxUnhealthy: 20%, maxUnhealthyCap: 3}
+          correlation:
+            labels: [topology.kubernetes.io/zone]
+            share: 50%
+            minNodes: 4
+            newNodeWindow: 2h
+            newNodeRepeats: 3
         """,
     )
     assert load_policy(path) == RecoveryPolicy(
@@ -141,8 +152,23 @@ def test_a_full_file(tmp_path):
             max_actions=4,
             window=3600.0,
             node_selector="node.kubernetes.io/instance-type in (trn2.48xlarge, trn2u.48xlarge), !excluded",
+            groups=(
+                GroupBudget(label="topology.kubernetes.io/zone", max_unhealthy=1),
+                GroupBudget(label="karpenter.sh/nodepool", max_unhealthy="20%", max_unhealthy_cap=3),
+            ),
+            correlation=CorrelationSettings(
+                labels=("topology.kubernetes.io/zone",),
+                share=0.5,
+                min_nodes=4,
+                new_node_window=7200.0,
+                new_node_repeats=3,
+            ),
         ),
     )
+
+
+def test_correlation_null_turns_holds_off(tmp_path):
+    assert load_policy(write(tmp_path, "budget:\n  correlation: null\n")).budget.correlation is None
 
 
 def test_json_works_too(tmp_path):
@@ -343,6 +369,60 @@ KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
             "budget:\n  MaxActions: 3\n",
             ["policy.yaml:2: budget.MaxActions: unknown key 'MaxActions' (did you mean 'maxActions'?)"],
         ),
+        (
+            """
+            budget:
+              groups:
+                - label: topology.kubernetes.io/zone
+                  maxUnhealthy: 1
+                  maxUnhealthyCap: 2
+                - {label: "not a label!", maxUnhealthy: 1}
+                - {label: topology.kubernetes.io/zone, maxUnhealthy: 2}
+                - {label: pool}
+                - {lable: pool, maxUnhealthy: 1}
+            """,
+            [
+                "policy.yaml:5: budget.groups[0].maxUnhealthyCap: caps a percentage; maxUnhealthy is the count 1: "
+                "remove maxUnhealthyCap",
+                "policy.yaml:6: budget.groups[1].label: must be a label key like topology.kubernetes.io/zone, "
+                "got 'not a label!'",
+                "policy.yaml:7: budget.groups[2].label: topology.kubernetes.io/zone has a budget already: one budget "
+                "per label",
+                "policy.yaml:8: budget.groups[3]: needs maxUnhealthy (a count like 1 or a percentage like '20%')",
+                "policy.yaml:9: budget.groups[4].lable: unknown key 'lable' (did you mean 'label'?)",
+                "policy.yaml:9: budget.groups[4].label: must be a label key like topology.kubernetes.io/zone, got None",
+            ],
+        ),
+        (
+            "budget:\n  groups: {label: zone}\n",
+            ["policy.yaml:2: budget.groups: must be a list of {label, maxUnhealthy, maxUnhealthyCap}"],
+        ),
+        (
+            """
+            budget:
+              correlation:
+                labels: []
+                share: 0.3
+                minNodes: 0
+                newNodeWindow: 0s
+                newNodeRepeats: two
+            """,
+            [
+                "policy.yaml:3: budget.correlation.labels: must be a non-empty list of label keys (zone, pools)",
+                "policy.yaml:4: budget.correlation.share: must be a percentage above 0% and below 100% like '30%', "
+                "got 0.3",
+                "policy.yaml:5: budget.correlation.minNodes: must be an integer of at least 1, got 0",
+                "policy.yaml:6: budget.correlation.newNodeWindow: must be longer than 0, got '0s'",
+                "policy.yaml:7: budget.correlation.newNodeRepeats: must be an integer of at least 1, got 'two'",
+            ],
+        ),
+        (
+            "budget:\n  correlation: [zone]\n",
+            [
+                "policy.yaml:2: budget.correlation: must be a mapping (labels, share, minNodes, newNodeWindow, "
+                "newNodeRepeats) or null (off)"
+            ],
+        ),
         ("rules: [\n", [f"policy.yaml:2: invalid YAML: {NO_NODE}"]),
     ],
 )
@@ -433,6 +513,9 @@ def test_policy_summary_of_the_default():
         "drain: no rule drains",
         "budget: 10% of the failure domains (rounded up, at least 1, at most 10) of all nodes disrupted at once; "
         "10 disruptive actions per 10m",
+        "correlated failure: held where more than 30% (at least 3) of a group's nodes, or 2 created within 1h, show "
+        "one problem type; groups by topology.kubernetes.io/zone, eks.amazonaws.com/nodegroup, karpenter.sh/nodepool, "
+        "cloud.google.com/gke-nodepool, kubernetes.azure.com/agentpool",
     ]
 
 
@@ -445,7 +528,12 @@ def test_policy_summary_of_a_file(tmp_path):
             uncordonAfter: 10m
             rules:
               - {condition: GpuXid, actions: [cordon, drain], persist: 90s}
-            budget: {maxUnhealthy: 2, maxUnhealthyCap: null, nodeSelector: role=gpu}
+            budget:
+              maxUnhealthy: 2
+              maxUnhealthyCap: null
+              nodeSelector: role=gpu
+              groups: [{label: topology.kubernetes.io/zone, maxUnhealthy: 50%, maxUnhealthyCap: 2}]
+              correlation: null
             """,
         )
     )
@@ -457,6 +545,8 @@ def test_policy_summary_of_a_file(tmp_path):
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
         "drain: 5 evictions/s, each pod 5m then report, wait 2m for deletion, whole drain 30m",
         "budget: 2 failure domain(s) of nodes matching 'role=gpu' disrupted at once; 10 disruptive actions per 10m",
+        "  and 50%, at most 2 per topology.kubernetes.io/zone value",
+        "correlated failure: never held",
     ]
     assert policy_summary(RecoveryPolicy(rules=()))[0] == "recovery rules: 0 (recovery never acts)"
 
