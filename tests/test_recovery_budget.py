@@ -4,6 +4,7 @@ Lease, and 15 agents of a 50-node cluster asking at once."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from kubernetes import watch
 from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.budget import (
     BUDGET_ANNOTATION,
+    CLOCK_SKEW,
     ClusterBudget,
     budget_lease_name,
     budget_namespace,
@@ -187,7 +189,15 @@ def test_acquire_creates_the_lease_and_records_the_writer(api, agents):
     add_nodes(api, nodes(2))
     view = agents()("node-00").acquire(incident_id="NeuronHealth/X/uid/1")
     assert view == BudgetView(
-        holders=("node-00",), limit=1, actions_in_window=1, max_actions=100, this_node_holds=True, granted=True
+        holders=("node-00",),
+        limit=1,
+        actions_in_window=1,
+        max_actions=100,
+        this_node_holds=True,
+        granted=True,
+        window=600.0,
+        frees_at=T0 + 600.0,
+        skew=CLOCK_SKEW,
     )
     lease = api.get_object("leases", LEASE, NS)
     assert lease["spec"]["holderIdentity"] == "node-00"
@@ -498,3 +508,44 @@ def test_fifteen_of_fifty_nodes_ask_at_once(api, kube):
         added, removed = set(after.holders) - set(before.holders), set(before.holders) - set(after.holders)
         assert len(added) + len(removed) == 1  # each write changed exactly one place: nothing overwritten
         assert len(after.actions) == len(before.actions) + len(added)
+
+
+# ---- times from the future (issue 13, finding 9) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ahead", "future", "free_after"),
+    [
+        (86_400.0, 10, 600 + 300),  # a day ahead: counted as 5 min ahead, gone a window after that
+        (3_600.0, 10, 600 + 300),
+        (300.0, 0, 600 + 300),  # within the skew: as written
+        (60.0, 0, 600 + 60),
+        (0.0, 0, 600),
+    ],
+)
+def test_step_times_in_the_future_count_as_at_most_the_skew_ahead(api, agents, caplog, ahead, future, free_after):
+    """A node with a fast clock (or a hand edit) writing step times ahead must not block recovery everywhere
+    until that time: they are clamped to now + CLOCK_SKEW when read, and written back clamped."""
+    add_nodes(api, nodes(4))
+    put_lease(api, json.dumps({"version": 1, "holders": {}, "actions": [T0 + ahead] * 10}))
+    clock = Clock()
+    a = agents(BudgetSettings(max_unhealthy=4, max_actions=10, window=600), clock)
+    view = a("node-00").acquire(incident_id="i0")  # refused; the clamped times are written back
+    assert (view.can_start, view.actions_in_window, view.future_actions) == (False, 10, future)
+    assert ("in the future" in view.why_blocked) == bool(future)
+    assert "10 of 10 disruptive steps in the last 10m used" in view.why_blocked
+    assert ("lie more than 300s in the future" in caplog.text) == bool(future)
+    clock.now = T0 + free_after - 0.5
+    assert not a("node-00").acquire(incident_id="i0").granted
+    clock.now = T0 + free_after + 0.5
+    granted = a("node-00").acquire(incident_id="i0")
+    assert granted.granted and granted.actions_in_window == 1
+    assert state(api).actions == (clock.now,)
+
+
+def test_future_step_times_are_written_back_clamped(api, agents):
+    add_nodes(api, nodes(4))
+    put_lease(api, json.dumps({"version": 1, "holders": {}, "actions": [T0 + 86_400.0]}))
+    a = agents(BudgetSettings(max_unhealthy=4, max_actions=10, window=600))
+    assert a("node-00").acquire(incident_id="i0").granted
+    assert state(api).actions == (T0 + CLOCK_SKEW, T0)

@@ -578,3 +578,28 @@ def test_a_marked_node_is_never_uncordoned(harness):
         h.clock.now += 100
         assert h.step().actions == ()
     assert h.cordoned() and h.holders() == [NODE] and h.incident()["healthySince"] is not None
+
+
+def test_step_times_in_the_future_block_only_a_window_and_the_event_says_why(harness, api):
+    """Ten step times a day ahead (a fast clock, a hand edit) block recovery for a window plus the skew, not a
+    day, and RecoveryBlocked names that cause, not the places held (issue 13, finding 9)."""
+    policy = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=10, window=600.0))
+    h = harness(policy=policy)
+    future = json.dumps({"version": 1, "holders": {}, "actions": [T0 + 86_400.0] * 10})
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": DEFAULT_LEASE, "namespace": NS, "annotations": {BUDGET_ANNOTATION: future}},
+            "spec": {},
+        }
+    )
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().blocked is Blocked.BUDGET
+    (blocked,) = h.events("RecoveryBlocked")
+    assert "10 of 10 disruptive steps in the last 10m used" in blocked.message
+    assert "10 step times in the budget Lease lie more than 5m in the future" in blocked.message
+    assert "places held" not in blocked.message
+    h.clock.now += 600 + 300 + 1
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)

@@ -85,6 +85,7 @@ FORMAT_VERSION = 1
 ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
 BACKOFF_BASE = 0.05  # seconds; the pause before round n is rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**n)
 BACKOFF_CAP = 1.0
+CLOCK_SKEW = 300.0  # seconds: a step time later than now + this is counted as now + this (a fast clock, a hand edit)
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
 
@@ -161,6 +162,7 @@ class BudgetState:
     holders: Mapping[str, Holder] = field(default_factory=dict)
     actions: tuple[float, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept as they are
+    clamped: int = 0  # step times that lay too far in the future when read (never written)
 
 
 def _number(value: object) -> bool:
@@ -267,6 +269,8 @@ class ClusterBudget:
         self._rng = rng
         self._attempts = max(1, attempts)
         self._reported_corrupt: str | None = None  # resourceVersion whose corruption was logged
+        self._reported_future: str | None = None  # resourceVersion whose future step times were logged
+        self._last_version = ""  # resourceVersion of the Lease last read
 
     @property
     def where(self) -> str:
@@ -341,16 +345,19 @@ class ClusterBudget:
             now = self._clock()
             current = self._effective(state, cluster, now=now)
             changed = change(current, now)
-            if changed is None:
+            # Times clamped from the future are written back clamped even when nothing else changes (a
+            # refusal): else each read would clamp them anew to its own now, and they would never age.
+            target = changed if changed is not None else current if current.clamped else None
+            if target is None:
                 return self._view(current, cluster, own), False
             try:
-                self._write(lease, changed, now=now)
+                self._write(lease, target, now=now)
             except KubeError as exc:
                 if exc.status in (404, 409):  # another agent wrote (or created, or deleted) it: redo
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
                 raise
-            return self._view(changed, cluster, own), True
+            return self._view(target, cluster, own), changed is not None
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,
@@ -359,11 +366,14 @@ class ClusterBudget:
 
     def _get(self) -> dict[str, Any] | None:
         try:
-            return self._client.get_lease(self._namespace, self._lease_name)
+            lease = self._client.get_lease(self._namespace, self._lease_name)
         except KubeError as exc:
             if exc.status == 404:
+                self._last_version = ""
                 return None
             raise
+        self._last_version = str((lease.get("metadata") or {}).get("resourceVersion", ""))
+        return lease
 
     @staticmethod
     def _annotation(lease: Mapping[str, Any] | None) -> str | None:
@@ -443,15 +453,43 @@ class ClusterBudget:
             nodes = tuple(n for n in holder.nodes if self._present(n, cluster, seen))
             if nodes:
                 holders[domain] = replace(holder, nodes=nodes)
-        return replace(state, holders=holders, actions=tuple(t for t in state.actions if t > horizon))
+        # A time in the future would never leave the window (a holder with a fast clock, or a hand edit):
+        # it counts as made at most CLOCK_SKEW from now, and is written back so.
+        ceiling = now + CLOCK_SKEW
+        actions = tuple(min(t, ceiling) for t in state.actions if t > horizon)
+        clamped = sum(1 for t in state.actions if t > ceiling)
+        if clamped and not state.clamped:
+            self._report_future(clamped)
+        return replace(state, holders=holders, actions=actions, clamped=state.clamped or clamped)
+
+    def _report_future(self, count: int) -> None:
+        """Log once per Lease version that step times lay in the future."""
+        version = self._last_version
+        if self._reported_future == version:
+            return
+        self._reported_future = version
+        log.warning(
+            "budget Lease %s: %d step times in %s (field actions) lie more than %gs in the future (a node with a "
+            "fast clock, or a hand edit): each counts as made %gs from now, and leaves the window after that",
+            self.where,
+            count,
+            BUDGET_ANNOTATION,
+            CLOCK_SKEW,
+            CLOCK_SKEW,
+        )
 
     def _view(self, state: BudgetState, cluster: _Cluster, own: str) -> BudgetView:
+        window = self._settings.window
         return BudgetView(
             holders=tuple(sorted(state.holders)),
             limit=resolve_limit(self._settings, domains=len(cluster.domains)),
             actions_in_window=len(state.actions),
             max_actions=self._settings.max_actions,
             this_node_holds=own in state.holders,
+            window=window,
+            frees_at=min(state.actions) + window if state.actions else None,
+            future_actions=state.clamped,
+            skew=CLOCK_SKEW,
         )
 
     def _refuse(self, lease: Mapping[str, Any] | None, exc: CorruptBudget, cluster: _Cluster, own: str) -> BudgetView:

@@ -233,9 +233,7 @@ class RecoveryLoop:
         incident = decision.incident
         if decision.blocked is Blocked.BUDGET and incident is not None:
             budget = self.stats.budget
-            held = (
-                f" ({len(budget.holders)} of {budget.limit} places held: {', '.join(budget.holders)})" if budget else ""
-            )
+            held = f" ({budget.why_blocked})" if budget and budget.why_blocked else ""
             self._tell_once(
                 incident,
                 "blocked",
