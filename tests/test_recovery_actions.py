@@ -25,6 +25,7 @@ from agent.recovery.node import (
     cordon,
     incident_from_json,
     incident_text,
+    parse_incident,
     read_incident,
     read_node_view,
     store_incident,
@@ -431,6 +432,15 @@ FULL = Incident(
         pytest.param(json.dumps({**FULL.to_json(), "cordonedByUs": "yes"}), None, id="flag not a boolean"),
         pytest.param(json.dumps({**FULL.to_json(), "done": "cordon"}), None, id="done not a list"),
         pytest.param(json.dumps({k: v for k, v in FULL.to_json().items() if k != "id"}), None, id="id missing"),
+        # Read back from the cluster as strictly as config (issue 13, finding 11): never a time that is not one.
+        pytest.param(json.dumps({**FULL.to_json(), "since": float("nan")}), None, id="since NaN"),
+        pytest.param(json.dumps({**FULL.to_json(), "opened": float("inf")}), None, id="opened Infinity"),
+        pytest.param(json.dumps({**FULL.to_json(), "healthySince": float("-inf")}), None, id="healthySince -Infinity"),
+        pytest.param(incident_text(FULL).replace('"since":1.0', '"since":1e400'), None, id="since overflows"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": -1}), None, id="since before 1970"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": 1e300}), None, id="since past year 9999"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": True}), None, id="since a boolean"),
+        pytest.param("[" * 100_000 + "]" * 100_000, None, id="nested too deep"),
     ],
 )
 def test_read_incident(text, expected, caplog) -> None:
@@ -476,3 +486,23 @@ def test_incident_from_json_rejects_a_non_object() -> None:
 )
 def test_read_node_view(node_, view) -> None:
     assert read_node_view(node_) == view
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reads"),
+    [
+        ("since", NOW + 86_400, True),
+        ("since", NOW + 86_401, False),
+        ("opened", NOW + 10 * 86_400, False),
+        ("healthySince", NOW + 365 * 86_400, False),
+        ("healthySince", NOW - 365 * 86_400, True),
+    ],
+)
+def test_read_incident_refuses_times_a_day_past_now(field, value, reads) -> None:
+    text = json.dumps({**INCIDENT.to_json(), field: value})
+    node_ = {"metadata": {"name": NODE, "annotations": {INCIDENT_ANNOTATION: text}}}
+    incident, problem = parse_incident(node_, now=NOW)
+    assert (incident is not None, problem == "") == (reads, reads)
+    if not reads:
+        assert f"'{field}' is " in problem and "after now" in problem
+    assert read_incident(node_) is not None  # without a now, only the absolute bounds apply

@@ -399,6 +399,16 @@ def put_lease(server: KubeApiServer, annotation: str) -> None:
         ('{"holders": {"n": {"nodes": []}}}', "holders['n'].nodes must be a non-empty list"),
         ('{"holders": {}, "actions": ["yesterday"]}', "actions must be a list of times"),
         ('{"version": 2, "holders": {}}', "written in format version 2 by a newer agent"),
+        # Read back from the cluster as strictly as config (issue 13, finding 11):
+        ('{"holders": {}, "actions": [NaN]}', "actions[0] is nan"),
+        ('{"holders": {}, "actions": [1, Infinity]}', "actions[1] is inf"),
+        ('{"holders": {}, "actions": [1e400]}', "actions[0] is inf"),
+        ('{"holders": {}, "actions": [-5]}', "actions[0] is -5"),
+        ('{"holders": {}, "actions": [1e300]}', "actions[0] is 1e+300"),
+        ('{"holders": {}, "actions": [true]}', "actions[0] is True"),
+        ('{"holders": {"n": {"nodes": ["n"], "since": NaN}}}', "holders['n'] needs a string incident and a since"),
+        ('{"holders": {"n": {"nodes": ["n"], "incident": 7}}}', "holders['n'] needs a string incident"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),
     ],
 )
 def test_a_corrupt_lease_refuses_to_grant_and_writes_nothing(api, agents, caplog, annotation, why):

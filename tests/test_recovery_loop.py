@@ -603,3 +603,45 @@ def test_step_times_in_the_future_block_only_a_window_and_the_event_says_why(har
     assert "places held" not in blocked.message
     h.clock.now += 600 + 300 + 1
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"since": float("nan")}, "'since' must be a time"),
+        ({"opened": float("inf")}, "'opened' must be a time"),
+        ({"healthySince": T0 + 30 * 86_400}, "'healthySince' is 2026-01-31T00:00:00Z, more than 86400s after now"),
+        ({"done": "cordon"}, "'done' must be a list"),
+        ({"since": "yesterday"}, "'since' must be a number"),
+    ],
+    ids=["since NaN", "opened Infinity", "healthySince a month ahead", "done not a list", "since a string"],
+)
+def test_a_hand_edited_incident_is_told_once_and_never_fails_a_step(harness, api, caplog, edit, says):
+    """An incident annotation that is not a record (issue 13, finding 11) is ignored as if absent and told once
+    (an Event naming the annotation and the field): no step raises, and the next record replaces it."""
+    h = harness()
+    record = {
+        "id": f"NeuronHealth/NeuronHasError_DMA_ERROR/{NODE}/1",
+        "condition": DMA[0],
+        "reason": DMA[1],
+        "since": T0 - 10,
+        "opened": T0,
+        "done": [],
+        **edit,
+    }
+    node = h.node()
+    node["metadata"].setdefault("annotations", {})[INCIDENT_ANNOTATION] = json.dumps(record)
+    api.put_object(node)
+    h.publish(healthy(since=T0 - 100))
+    for _ in range(3):
+        h.clock.now += 5
+        assert h.step().actions == ()
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.loop.stats.errors == 0
+    (told,) = h.events("RecoveryCorruptRecord")
+    assert told.type == "Warning" and INCIDENT_ANNOTATION in told.message and NODE in told.message
+    assert says in told.message, told.message
+    assert h.incident()["done"] == ["cordon", "mark-unhealthy"]  # replaced by a valid record
+    assert caplog.text.count("ignored") == 1

@@ -68,6 +68,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
+from agent.core.timefmt import MAX_TIME
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
@@ -166,7 +167,13 @@ class BudgetState:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A time: a JSON number (not NaN, not an infinity) between 1970 and year 9999."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0.0 <= value <= MAX_TIME
+    )
 
 
 def decode_state(text: str | None) -> BudgetState:
@@ -175,7 +182,7 @@ def decode_state(text: str | None) -> BudgetState:
         return BudgetState()
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise CorruptBudget(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise CorruptBudget("not a JSON object")
@@ -195,11 +202,19 @@ def decode_state(text: str | None) -> BudgetState:
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
             raise CorruptBudget(f"holders[{domain!r}].nodes must be a non-empty list of node names")
         if not isinstance(incident, str) or not _number(since):
-            raise CorruptBudget(f"holders[{domain!r}] needs a string incident and a numeric since")
+            raise CorruptBudget(
+                f"holders[{domain!r}] needs a string incident and a since time (seconds since 1970), got "
+                f"{incident!r:.100} and {since!r:.100}"
+            )
         holders[domain] = Holder(nodes=tuple(nodes), incident=incident, since=float(since))
     actions = data.get("actions", [])
-    if not isinstance(actions, list) or not all(_number(t) for t in actions):
+    if not isinstance(actions, list):
         raise CorruptBudget("actions must be a list of times")
+    for index, moment in enumerate(actions):
+        if not _number(moment):
+            raise CorruptBudget(
+                f"actions must be a list of times: actions[{index}] is {moment!r:.100}, not seconds since 1970"
+            )
     extra = {k: v for k, v in data.items() if k not in ("version", "holders", "actions")}
     return BudgetState(holders=holders, actions=tuple(float(t) for t in actions), extra=extra)
 

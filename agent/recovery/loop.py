@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -159,7 +159,7 @@ class RecoveryLoop:
 
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
-        from agent.recovery.node import read_incident, read_node_view
+        from agent.recovery.node import read_node_view
         from agent.recovery.policy import decide, matching, with_budget_held
 
         snapshot = self._feed.latest().snapshot
@@ -171,8 +171,8 @@ class RecoveryLoop:
         self.stats.steps += 1
         node = self._client.get_node(self._node_name)
         view = read_node_view(node)
-        incident = read_incident(node) if self._enabled else self._dry
         now = self._clock()
+        incident = self._stored_incident(node, now) if self._enabled else self._dry
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
@@ -204,6 +204,26 @@ class RecoveryLoop:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
         return decision
+
+    def _stored_incident(self, node: Mapping[str, Any], now: float) -> Incident | None:
+        """The incident on the Node; one that cannot be read (a hand edit: NaN, a wrong type, an absurd time)
+        is ignored, as if absent, and told once (Event and log) until it changes; the next record replaces it."""
+        from agent.recovery.model import INCIDENT_ANNOTATION
+        from agent.recovery.node import parse_incident
+
+        incident, problem = parse_incident(node, now=now)
+        text = str(((node.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION))
+        if problem and (text, "corrupt") not in self._said:  # once per annotation text (a problem may name now)
+            self._said.add((text, "corrupt"))
+            log.warning("recovery: node %s: annotation %s ignored: %s", self._node_name, INCIDENT_ANNOTATION, problem)
+            self._event(
+                None,
+                "Warning",
+                "RecoveryCorruptRecord",
+                f"annotation {INCIDENT_ANNOTATION} on node {self._node_name} is not a valid incident record and is "
+                f"ignored ({problem}); recovery decides afresh and its next record replaces it",
+            )
+        return incident
 
     def _note_untrusted(self, snapshot: Snapshot) -> None:
         """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""

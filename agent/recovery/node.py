@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.adapters.kube import KubeError
-from agent.core.timefmt import iso
+from agent.core.timefmt import MAX_TIME, iso
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5  # reads + conditional patches per step before a 409 is handed to the caller
 TAINT_EFFECT = "NoSchedule"
 MAX_LABEL_VALUE = 63
+FUTURE_SLACK = 86_400.0  # seconds: a recorded time later than now + this is not a time this agent wrote
 
 
 class NodeClient(Protocol):
@@ -76,9 +78,11 @@ def read_node_view(node: Mapping[str, Any]) -> NodeView:
     )
 
 
-def incident_from_json(data: Any) -> Incident:
-    """The :class:`Incident` of an annotation body (``Incident.to_json()``); ValueError when the
-    shape is wrong. Action names this version does not know are ignored (a newer agent wrote them)."""
+def incident_from_json(data: Any, *, now: float | None = None) -> Incident:
+    """The :class:`Incident` of an annotation body (``Incident.to_json()``); ValueError (naming the
+    field) when the shape is wrong or a time is not a time: NaN, an infinity, before 1970, past year
+    9999, or (given ``now``) more than ``FUTURE_SLACK`` after ``now``. Action names this version does not
+    know are ignored (a newer agent wrote them)."""
     if not isinstance(data, Mapping):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
 
@@ -92,7 +96,7 @@ def incident_from_json(data: Any) -> Incident:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{key!r} must be a number, got {value!r}")
-        return float(value)
+        return check_time(key, float(value), now=now)
 
     def flag(key: str) -> bool:
         value = data.get(key, False)
@@ -119,23 +123,40 @@ def incident_from_json(data: Any) -> Incident:
     )
 
 
-def read_incident(node: Mapping[str, Any]) -> Incident | None:
-    """The incident recorded on the Node; None when there is none or it cannot be read (logged)."""
+def check_time(field: str, value: float, *, now: float | None = None) -> float:
+    """``value`` when it is a plausible time read back from the cluster; ValueError naming ``field``."""
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_TIME:
+        raise ValueError(f"{field!r} must be a time (seconds since 1970, before year 10000), got {value!r}")
+    if now is not None and value > now + FUTURE_SLACK:
+        raise ValueError(f"{field!r} is {iso(value)}, more than {FUTURE_SLACK:g}s after now ({iso(now)})")
+    return value
+
+
+def parse_incident(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Incident | None, str]:
+    """The incident recorded on the Node (None when there is none or it cannot be read) and, when it
+    cannot be read, why ("" otherwise). Nothing is logged: the caller reports it (once)."""
     meta = node.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(INCIDENT_ANNOTATION)
     if text is None:
-        return None
+        return None, ""
     try:
-        return incident_from_json(json.loads(text))
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        # NaN, Infinity and a number too large (parsed as inf) are refused by the field checks, naming the field.
+        return incident_from_json(json.loads(text), now=now), ""
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+        return None, f"{exc}: {text[:200]!r}"
+
+
+def read_incident(node: Mapping[str, Any], *, now: float | None = None) -> Incident | None:
+    """The incident recorded on the Node; None when there is none or it cannot be read (logged)."""
+    incident, problem = parse_incident(node, now=now)
+    if problem:
         log.warning(
-            "node %s: ignoring annotation %s, which is not an incident record (%s): %.200r",
-            meta.get("name") or "?",
+            "node %s: ignoring annotation %s, which is not an incident record (%s)",
+            (node.get("metadata") or {}).get("name") or "?",
             INCIDENT_ANNOTATION,
-            exc,
-            text,
+            problem,
         )
-        return None
+    return incident
 
 
 def incident_text(incident: Incident) -> str:
@@ -158,7 +179,7 @@ def cordon(client: NodeClient, *, node_name: str, incident: Incident, reason: st
     ``incident`` with ``cordon`` done and ``cordoned_by_us`` decided here, in one patch."""
 
     def want(node: dict[str, Any]) -> _Want:
-        view, stored = read_node_view(node), read_incident(node)
+        view, stored = read_node_view(node), parse_incident(node)[0]
         # Ours when we set it now, or when a record (the caller's or the Node's) says we did it earlier.
         # A record's cordoned_by_us alone is a plan made before acting: someone may have cordoned since.
         by_us = not view.unschedulable or _cordoned(incident) or (stored is not None and _cordoned(stored))
@@ -190,7 +211,7 @@ def uncordon(client: NodeClient, *, node_name: str, incident: Incident) -> NodeU
     cordoned it since we let go). Call it while the record is still on the Node: it removes it."""
 
     def want(node: dict[str, Any]) -> _Want:
-        stored = read_incident(node)
+        stored = parse_incident(node)[0]
         by_us = _cordoned(incident) and stored is not None and _cordoned(stored)
         taints = [t for t in (node.get("spec") or {}).get("taints") or [] if not _is_ours(t)]
         return _Want(unschedulable=False if by_us else None, taints=taints, incident=None)
@@ -225,7 +246,7 @@ def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]
         want = want_of(node)
         patch = _patch(node, want)
         if not patch:
-            return NodeUpdate(view=read_node_view(node), incident=read_incident(node), changed=False)
+            return NodeUpdate(view=read_node_view(node), incident=parse_incident(node)[0], changed=False)
         patch.setdefault("metadata", {})["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
         try:
             updated = client.patch_node(node_name, patch)
@@ -234,7 +255,7 @@ def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]
                 raise
             log.debug("node %s changed while we wrote it (attempt %d): reading it again", node_name, attempt)
             continue
-        return NodeUpdate(view=read_node_view(updated), incident=read_incident(updated), changed=True)
+        return NodeUpdate(view=read_node_view(updated), incident=parse_incident(updated)[0], changed=True)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
