@@ -559,3 +559,25 @@ def test_future_step_times_are_written_back_clamped(api, agents):
     a = agents(BudgetSettings(max_unhealthy=4, max_actions=10, window=600))
     assert a("node-00").acquire(incident_id="i0").granted
     assert state(api).actions == (T0 + CLOCK_SKEW, T0)
+
+
+@pytest.mark.parametrize(("method", "exists"), [("PUT", True), ("POST", False)])
+def test_a_write_answered_500_but_applied_is_granted_and_counted_once(api, agents, method, exists):
+    add_nodes(api, nodes(4))
+    a = agents()
+    if exists:
+        a("node-03").acquire(incident_id="i3")
+        a("node-03").release()
+    before = len(state(api).actions) if exists else 0
+    api.faults.add(method=method, path_regex=LEASE_PATH, status=500, kind="applied")
+    view = a("node-00").acquire(incident_id="i0")
+    assert view.granted and view.this_node_holds
+    assert len(state(api).actions) == before + 1 and holders(api) == {"node-00": ["node-00"]}
+
+
+def test_a_write_answered_500_and_not_applied_fails(api, agents):
+    add_nodes(api, nodes(4))
+    api.faults.add(method="POST", path_regex=LEASE_PATH, status=500)
+    with pytest.raises(KubeError) as info:
+        agents()("node-00").acquire(incident_id="i0")
+    assert info.value.status == 500 and api.get_object("leases", LEASE, NS) is None

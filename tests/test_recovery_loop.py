@@ -645,3 +645,36 @@ def test_a_hand_edited_incident_is_told_once_and_never_fails_a_step(harness, api
     assert says in told.message, told.message
     assert h.incident()["done"] == ["cordon", "mark-unhealthy"]  # replaced by a valid record
     assert caplog.text.count("ignored") == 1
+
+
+@pytest.mark.parametrize("status", [500, 503, 504])
+def test_writes_answered_with_an_error_but_applied_count_as_done(harness, api, status):
+    """A 5xx for a write the API server carried out all the same (issue 13): the Node is read back, so the cordon
+    and the mark are counted ok and told, and nothing is repeated."""
+    h = harness()
+    api.faults.add(method="PATCH", path_regex=NODE_PATH, status=status, kind="applied", count=None)
+    api.faults.add(method="PUT", path_regex=LEASE_PATH, status=status, kind="applied", count=None)
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "ok"): 1}
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+    assert h.cordoned() and h.incident()["done"] == ["cordon", "mark-unhealthy"]
+    assert api.requests.count(method="PATCH", path_regex=NODE_PATH, status=status) >= 2
+    h.clock.now += 5
+    assert h.step().blocked is Blocked.NOTHING_LEFT
+    assert h.marker.marked == [NODE] and h.cordon_patches() == 1
+
+
+def test_a_write_answered_with_an_error_and_not_applied_is_failed_and_retried(harness, api):
+    h = harness()
+    api.faults.add(method="PATCH", path_regex=NODE_PATH, status=500, count=1, body_regex='"unschedulable"')
+    h.publish(problem())
+    h.clock.now += DELAY
+    with pytest.raises(KubeError) as info:
+        h.step()
+    assert info.value.status == 500
+    assert h.loop.stats.actions == {("cordon", "failed"): 1} and h.reasons() == []
+    h.clock.now += 5
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"] and h.marker.marked == [NODE]

@@ -371,13 +371,28 @@ class ClusterBudget:
                 if exc.status in (404, 409):  # another agent wrote (or created, or deleted) it: redo
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
-                raise
+                if not self._applied(exc, target):
+                    raise
             return self._view(target, cluster, own), changed is not None
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,
             reason="Conflict",
         )
+
+    def _applied(self, exc: KubeError, state: BudgetState) -> bool:
+        """After a write answered with no answer, a timeout or a 5xx: whether the Lease holds ``state`` (the
+        write was applied all the same). A step whose write was applied counts once, not again on retry."""
+        if exc.status is not None and exc.status < 500:
+            return False
+        try:
+            text = self._annotation(self._get())
+        except KubeError:
+            return False
+        if text != encode_state(state):
+            return False
+        log.info("budget Lease %s: the write answered %s, but it was applied (read back)", self.where, exc)
+        return True
 
     def _get(self) -> dict[str, Any] | None:
         try:

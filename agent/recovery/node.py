@@ -19,6 +19,9 @@ list; only a read-modify-write on the latest version keeps taints added by other
   to false only when both the caller's incident and the one stored on the Node say we cordoned it.
   Taints of other keys are never removed, and a Node we did not cordon stays unschedulable.
 * :func:`store_incident` writes or removes the incident annotation alone.
+
+A write answered with no answer, a timeout or a 5xx may have been applied all the same: the Node is
+read back, and a write found applied is a success (so it is counted, and told, as done).
 """
 
 from __future__ import annotations
@@ -223,7 +226,29 @@ def store_incident(client: NodeClient, *, node_name: str, incident: Incident | N
     """Write the incident annotation (None removes it). No read needed: a strategic merge patch of
     one annotation leaves every other annotation alone."""
     value = None if incident is None else incident_text(incident)
-    client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
+    try:
+        client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
+    except KubeError as exc:
+        if not outcome_unknown(exc):
+            raise
+        after = _read_back(client, node_name)
+        if after is None or ((after.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
+            raise
+        log.info("node %s: the incident write answered %s, but it was applied (read back)", node_name, exc)
+
+
+def outcome_unknown(exc: KubeError) -> bool:
+    """A write answered so that it may or may not have been applied: no answer, a timeout, a 5xx (a proxy,
+    or an API server whose storage committed after its own timeout). Only reading back tells."""
+    return exc.status is None or exc.status >= 500
+
+
+def _read_back(client: NodeClient, node_name: str) -> dict[str, Any] | None:
+    try:
+        return client.get_node(node_name)
+    except KubeError as exc:
+        log.debug("node %s: reading back after a failed write failed too: %s", node_name, exc)
+        return None
 
 
 # ---- the read-modify-write ---------------------------------------------------------------------
@@ -251,10 +276,15 @@ def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]
         try:
             updated = client.patch_node(node_name, patch)
         except KubeError as exc:
-            if exc.status != 409 or attempt == CONFLICT_ATTEMPTS:
-                raise
-            log.debug("node %s changed while we wrote it (attempt %d): reading it again", node_name, attempt)
-            continue
+            if exc.status == 409 and attempt < CONFLICT_ATTEMPTS:
+                log.debug("node %s changed while we wrote it (attempt %d): reading it again", node_name, attempt)
+                continue
+            if outcome_unknown(exc):  # applied or not? the Node as it is now says
+                after = _read_back(client, node_name)
+                if after is not None and not _patch(after, want):
+                    log.info("node %s: the write answered %s, but it was applied (read back)", node_name, exc)
+                    return NodeUpdate(view=read_node_view(after), incident=parse_incident(after)[0], changed=True)
+            raise
         return NodeUpdate(view=read_node_view(updated), incident=parse_incident(updated)[0], changed=True)
     raise AssertionError("unreachable")  # pragma: no cover
 
