@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.adapters.aws import AwsError
+from agent.adapters.aws import AutoScaling, AwsClients, AwsError, InstanceMetadata
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Condition, Event, Provenance, Snapshot, Status
-from agent.recovery.asg import MarkResult
+from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
 from agent.recovery.loop import RecoveryLoop
@@ -36,6 +36,15 @@ from agent.recovery.model import (
 )
 from agent.recovery.policyfile import DEFAULT_POLICY
 
+from awsfixtures import (  # noqa: F401 (the fixtures aws and moto_server)
+    ACCESS_DENIED,
+    THROTTLING,
+    AwsTestEnv,
+    FaultyFront,
+    aws_fixture,
+    closed_endpoint,
+    moto_server_fixture,
+)
 from helpers import kube_clients, wait_for
 from kubeapi.server import KubeApiServer
 
@@ -135,7 +144,7 @@ class Harness:
         enabled: bool = True,
         policy: RecoveryPolicy = POLICY,
         labels: dict[str, str] | None = None,
-        marker: Marker | None = None,
+        marker: Marker | Callable[[NodeView], MarkResult] | None = None,
         clock: Clock | None = None,
         interval: float = 5.0,
     ) -> None:
@@ -678,3 +687,80 @@ def test_a_write_answered_with_an_error_and_not_applied_is_failed_and_retried(ha
     h.clock.now += 5
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"] and h.marker.marked == [NODE]
+
+
+# ---- AWS trouble against moto's server (issue 13) ------------------------------------------------------
+
+
+def without_provider_id(api: KubeApiServer) -> None:
+    node = api.get_object("nodes", NODE)
+    assert node is not None
+    node["spec"].pop("providerID")
+    api.put_object(node)
+
+
+@pytest.mark.slow  # moto's server
+@pytest.mark.parametrize(
+    ("trouble", "code", "says"),
+    [
+        (
+            "access denied",
+            "AccessDenied",
+            "the agent's AWS identity may not call autoscaling:DescribeAutoScalingInstances",
+        ),
+        ("throttled", "Throttling", "Rate exceeded"),
+        ("no region", "NoRegion", "set AWS_REGION"),
+        (
+            "no providerID, IMDS unreachable",
+            "NoInstanceId",
+            "the Node has no spec.providerID and the instance metadata",
+        ),
+    ],
+)
+def test_aws_trouble_is_told_once_and_never_a_wrong_action(
+    harness, api, aws: AwsTestEnv, monkeypatch, trouble, code, says
+):
+    """Real AsgMarker and boto3 against moto's server; IMDS is a closed loopback port (never 169.254.169.254).
+    Each trouble fails mark-unhealthy (counted, retried), is told once in an Event on the Node saying why the node
+    is only cordoned, never marks anything, and once the trouble is gone the next step marks the instance."""
+    group = aws.node_group()
+    instance = group.instance_ids[0]
+    faults = {"access denied": [ACCESS_DENIED] * 3, "throttled": [THROTTLING] * 3}.get(trouble, [])
+    imds = InstanceMetadata(endpoint=closed_endpoint(), environ={}, timeout=1.0)
+    with FaultyFront(upstream=aws.endpoint, faults=faults) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint)
+        if trouble == "no region":
+            monkeypatch.delenv("AWS_REGION")
+        marker = AsgMarker(autoscaling=AutoScaling(clients=AwsClients(imds=imds)), imds=imds)
+        h = harness(marker=marker)
+        node = h.node()
+        node["spec"]["providerID"] = f"aws:///us-west-2a/{instance}"
+        api.put_object(node)
+        if trouble.startswith("no providerID"):
+            without_provider_id(api)
+        h.publish(problem())
+        h.clock.now += DELAY
+        for _ in range(3):
+            with pytest.raises(AwsError) as failed:
+                h.step()
+            assert failed.value.code == code
+            h.clock.now += 5
+        assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "failed"): 3}
+        (told,) = h.events("RecoveryMarkUnhealthyFailed")
+        assert told.type == "Warning" and "the node stays cordoned but is not replaced" in told.message
+        assert says in told.message, told.message
+        assert h.cordoned() and h.incident()["done"] == ["cordon"]
+        assert "SetInstanceHealth" not in front.actions
+        health = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance])
+        assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "HEALTHY"
+        # The trouble goes away: the next step marks the instance, once.
+        if trouble == "no region":
+            monkeypatch.setenv("AWS_REGION", "us-west-2")
+        if trouble.startswith("no providerID"):
+            node = h.node()
+            node["spec"]["providerID"] = f"aws:///us-west-2a/{instance}"
+            api.put_object(node)
+        assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    assert front.actions.count("SetInstanceHealth") == 1
+    health = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance])
+    assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"

@@ -370,7 +370,20 @@ class RecoveryLoop:
                 f"{what}: mark-unhealthy skipped: AWS is not configured for this agent",
             )
             return
-        result = self._mark_unhealthy(view)
+        from agent.adapters.aws import AwsError  # importing agent.adapters.aws does not load boto3
+
+        try:
+            result = self._mark_unhealthy(view)
+        except AwsError as exc:  # told once per incident and error code; the step fails and is retried
+            kept = "stays cordoned" if Action.CORDON in incident.done else "stays as it is"
+            self._tell_once(
+                incident,
+                f"mark-failed/{exc.code}",
+                "Warning",
+                "RecoveryMarkUnhealthyFailed",
+                f"{what}: the node {kept} but is not replaced: mark-unhealthy failed ({exc}); retried with backoff",
+            )
+            raise
         if result.outcome == "not_aws":
             self._event(incident, "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}")
         elif result.outcome == "no_group":
