@@ -19,6 +19,7 @@ from agent.core.types import Condition, Event, Provenance, Snapshot, Status
 from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
+from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
@@ -454,7 +455,7 @@ def test_mark_unhealthy_failing_is_retried_without_a_second_cordon(harness, erro
     assert h.marker.marked == [NODE] and [n for n, _ in h.marker.calls] == [NODE, NODE]
     assert h.incident()["done"] == ["cordon", "mark-unhealthy"]
     assert h.cordon_patches() == 1
-    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkUnhealthyFailed", "RecoveryMarkedUnhealthy"]
 
 
 # ---- a long drain ----------------------------------------------------------------------------------------
@@ -764,3 +765,70 @@ def test_aws_trouble_is_told_once_and_never_a_wrong_action(
     assert front.actions.count("SetInstanceHealth") == 1
     health = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance])
     assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+
+
+# ---- flapping (issue 13, finding 13) ------------------------------------------------------------------------
+
+
+def test_a_flapping_node_is_held_cordoned_longer_each_time_and_counts_once(harness, kube):
+    """With uncordonAfter, a condition that comes back soon after each uncordon used to cordon and uncordon every
+    few seconds, spending a cluster step each time. Each flap now doubles the hold, and costs no new step."""
+    policy = dataclasses.replace(CORDON_ONLY, budget=BudgetSettings(max_unhealthy=2, max_actions=2, window=86_400.0))
+    h = harness(policy=policy)
+    h.clock.now += DELAY
+    holds = []
+    for flap in range(4):
+        h.publish(problem(since=h.clock.now))
+        assert h.step().actions == (Action.CORDON,), flap
+        h.clock.now += 5
+        healed = h.clock.now
+        h.publish(healthy(since=healed))
+        h.step()
+        while h.step().actions != (Action.UNCORDON,):
+            assert h.cordoned()
+            h.clock.now += 10
+        holds.append(h.clock.now - healed)
+        assert not h.cordoned() and h.incident() is None
+        assert json.loads(h.node()["metadata"]["annotations"][FLAP_ANNOTATION]) == {
+            "count": flap + 1,
+            "lastUncordon": h.clock.now,
+        }
+        h.clock.now += 5  # it comes back 5 s after the uncordon: a flap
+    assert holds == [300, 600, 1200, 2400]
+    lease = api_lease(h)
+    assert len(lease.actions) == 1, "four cordons of one flapping node count as one step"
+    assert len(h.events("RecoveryFlapping")) == 3 and len(h.events("RecoveryCordoned")) == 4
+    assert "the node stays cordoned until healthy for 10m" in h.events("RecoveryFlapping")[0].message
+    # The window is not starved: another node may still take a step.
+    other = ClusterBudget(
+        client=kube(),
+        namespace=NS,
+        lease_name=DEFAULT_LEASE,
+        node_name=OTHERS[0],
+        settings=policy.budget,
+        clock=h.clock,
+    )
+    assert other.acquire(incident_id="x").granted
+
+
+def test_a_node_healthy_for_an_hour_after_its_uncordon_is_forgiven(harness):
+    h = harness(policy=dataclasses.replace(CORDON_ONLY, budget=BudgetSettings(window=86_400.0)))
+    h.clock.now += DELAY
+    for gap, hold, counted in [(0, 300, 1), (5, 600, 1), (FLAP_MEMORY + 1, 300, 2)]:
+        h.clock.now += gap
+        h.publish(problem(since=h.clock.now))
+        assert h.step().actions == (Action.CORDON,)
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += hold - 1
+        assert h.step().actions == ()
+        h.clock.now += 1
+        assert h.step().actions == (Action.UNCORDON,)
+        assert len(api_lease(h).actions) == counted
+    assert json.loads(h.node()["metadata"]["annotations"][FLAP_ANNOTATION])["count"] == 1
+
+
+def api_lease(h: Harness):
+    lease = h.api.get_object("leases", DEFAULT_LEASE, NS)
+    assert lease is not None
+    return decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION])

@@ -308,21 +308,26 @@ class ClusterBudget:
             return self._refuse(lease, exc, cluster, own)
         return self._view(self._effective(state, cluster), cluster, own)
 
-    def acquire(self, *, incident_id: str) -> BudgetView:
+    def acquire(self, *, incident_id: str, counts: bool = True) -> BudgetView:
         """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
         ``granted`` True; when the view before says ``can_start`` False, nothing is written and that view
-        is returned (``granted`` False: the step is refused, even for a node that holds its place)."""
+        is returned (``granted`` False: the step is refused, even for a node that holds its place).
+
+        ``counts`` False (a flap of a node already counted, :mod:`agent.recovery.flaps`): a place is still
+        needed, but the step is not counted in the window, and a spent window does not refuse it."""
         cluster = self._cluster()
         own = self._own_domain(cluster)
 
         def take(state: BudgetState, now: float) -> BudgetState | None:
-            if not self._view(state, cluster, own).can_start:
+            view = self._view(state, cluster, own)
+            room = not view.problem and (view.this_node_holds or len(view.holders) < view.limit)
+            if not (view.can_start if counts else room):
                 return None
             holder = state.holders.get(own)
             nodes = tuple(sorted({*(holder.nodes if holder else ()), self._node}))
             since = holder.since if holder else now
             holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
-            return replace(state, holders=holders, actions=(*state.actions, now))
+            return replace(state, holders=holders, actions=(*state.actions, now) if counts else state.actions)
 
         view, wrote = self._transact(take, cluster, own)
         return replace(view, granted=True) if wrote else view

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from agent.core.backoff import Backoff
 from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Event, Severity, Snapshot
+from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
 
@@ -114,6 +115,7 @@ class RecoveryLoop:
         # first step reads the Node and finds an incident a previous run left.
         self._quiet = False
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
+        self._flaps: flaps.FlapRecord | None = None  # the flap record read at this step
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
 
@@ -173,13 +175,17 @@ class RecoveryLoop:
         view = read_node_view(node)
         now = self._clock()
         incident = self._stored_incident(node, now) if self._enabled else self._dry
+        self._flaps = self._flap_record(node, now) if self._enabled else None
+        policy = flaps.damped(self._policy, self._flaps, incident)  # a flapping node is held cordoned longer
+        if policy is not self._policy and incident is not None:
+            self._note_flapping(incident, policy)
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
                 snapshot=snapshot,
                 node=view,
                 incident=incident,
-                policy=self._policy,
+                policy=policy,
                 now=now,
                 started_at=self._started_at,
                 budget=budget,
@@ -190,7 +196,7 @@ class RecoveryLoop:
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
-            answer = self._budget.acquire(incident_id=pending.id)
+            answer = self._budget.acquire(incident_id=pending.id, counts=not flaps.is_flap(self._flaps, pending))
             self.stats.budget = answer
             if answer.granted:
                 decision = decided(answer)
@@ -212,18 +218,54 @@ class RecoveryLoop:
         from agent.recovery.node import parse_incident
 
         incident, problem = parse_incident(node, now=now)
-        text = str(((node.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION))
-        if problem and (text, "corrupt") not in self._said:  # once per annotation text (a problem may name now)
-            self._said.add((text, "corrupt"))
-            log.warning("recovery: node %s: annotation %s ignored: %s", self._node_name, INCIDENT_ANNOTATION, problem)
-            self._event(
-                None,
-                "Warning",
-                "RecoveryCorruptRecord",
-                f"annotation {INCIDENT_ANNOTATION} on node {self._node_name} is not a valid incident record and is "
-                f"ignored ({problem}); recovery decides afresh and its next record replaces it",
+        if problem:
+            self._tell_corrupt(
+                node,
+                INCIDENT_ANNOTATION,
+                f"is not a valid incident record and is ignored ({problem}); recovery "
+                "decides afresh and its next record replaces it",
             )
         return incident
+
+    def _flap_record(self, node: Mapping[str, Any], now: float) -> flaps.FlapRecord | None:
+        """The flap record on the Node; one that cannot be read is ignored (no damping) and told once."""
+        record, problem = flaps.parse_flaps(node, now=now)
+        if problem:
+            self._tell_corrupt(
+                node,
+                flaps.FLAP_ANNOTATION,
+                f"is not a valid flap record and is ignored ({problem}); the next uncordon replaces it",
+            )
+        return record
+
+    def _tell_corrupt(self, node: Mapping[str, Any], annotation: str, what: str) -> None:
+        """Tell once per annotation text (a problem may name the time) that a record on the Node is corrupt."""
+        text = str(((node.get("metadata") or {}).get("annotations") or {}).get(annotation))
+        if (text, annotation) in self._said:
+            return
+        self._said.add((text, annotation))
+        log.warning("recovery: node %s: annotation %s %s", self._node_name, annotation, what)
+        self._event(
+            None, "Warning", "RecoveryCorruptRecord", f"annotation {annotation} on node {self._node_name} {what}"
+        )
+
+    def _note_flapping(self, incident: Incident, policy: RecoveryPolicy) -> None:
+        from agent.core.durations import format_duration
+
+        record = self._flaps
+        assert record is not None and policy.uncordon_after is not None
+        self._tell_once(
+            incident,
+            "flapping",
+            "Warning",
+            "RecoveryFlapping",
+            f"{incident.condition}={incident.reason}: the problem came back "
+            f"{format_duration(incident.opened - record.last_uncordon)} after recovery uncordoned the node "
+            f"({record.count} uncordons in a row): the node stays cordoned until healthy for "
+            f"{format_duration(policy.uncordon_after)} (doubling with each flap, at most "
+            f"{format_duration(max(flaps.MAX_HOLD, self._policy.uncordon_after or 0.0))}); a flap takes no new step "
+            "of the cluster budget",
+        )
 
     def _note_untrusted(self, snapshot: Snapshot) -> None:
         """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""
@@ -335,7 +377,13 @@ class RecoveryLoop:
         elif action is Action.MARK_UNHEALTHY:
             self._mark(incident, view)
         elif action is Action.UNCORDON:
-            node_actions.uncordon(self._client, node_name=self._node_name, incident=incident)
+            record = flaps.after_uncordon(self._flaps, incident, now)  # left on the Node, read by the next incident
+            node_actions.uncordon(
+                self._client,
+                node_name=self._node_name,
+                incident=incident,
+                annotations={flaps.FLAP_ANNOTATION: flaps.flap_text(record)},
+            )
             self._event(incident, "Normal", "RecoveryUncordoned", f"{what}: healthy again; uncordoned")
             return incident, True
         incident = with_done(incident, action)

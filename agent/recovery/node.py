@@ -207,17 +207,22 @@ def taint(
     return _apply(client, node_name, want)
 
 
-def uncordon(client: NodeClient, *, node_name: str, incident: Incident) -> NodeUpdate:
+def uncordon(
+    client: NodeClient, *, node_name: str, incident: Incident, annotations: Mapping[str, str] | None = None
+) -> NodeUpdate:
     """Give the Node back: remove our taint and the incident record; make it schedulable only when
     ``incident`` and the record on the Node both say we cordoned it (``cordoned_by_us`` with
     ``cordon`` done). A Node without our record is never made schedulable (someone may have
-    cordoned it since we let go). Call it while the record is still on the Node: it removes it."""
+    cordoned it since we let go). Call it while the record is still on the Node: it removes it.
+    ``annotations`` are set in the same patch (the flap record)."""
 
     def want(node: dict[str, Any]) -> _Want:
         stored = parse_incident(node)[0]
         by_us = _cordoned(incident) and stored is not None and _cordoned(stored)
         taints = [t for t in (node.get("spec") or {}).get("taints") or [] if not _is_ours(t)]
-        return _Want(unschedulable=False if by_us else None, taints=taints, incident=None)
+        return _Want(
+            unschedulable=False if by_us else None, taints=taints, incident=None, annotations=dict(annotations or {})
+        )
 
     return _apply(client, node_name, want)
 
@@ -263,6 +268,7 @@ class _Want:
     unschedulable: bool | None = None
     taints: list[dict[str, Any]] | None = None
     incident: Any = _KEEP  # Incident | None | _KEEP
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)  # others to set
 
 
 def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]], _Want]) -> NodeUpdate:
@@ -298,10 +304,14 @@ def _patch(node: dict[str, Any], want: _Want) -> dict[str, Any]:
     if want.taints is not None and want.taints != (spec.get("taints") or []):
         # The whole list (no patch strategy: it replaces); [] and not null so the field is cleared.
         patch.setdefault("spec", {})["taints"] = want.taints
+    have = (node.get("metadata") or {}).get("annotations") or {}
+    notes: dict[str, str | None] = {k: v for k, v in want.annotations.items() if have.get(k) != v}
     if want.incident is not _KEEP:
         value = None if want.incident is None else incident_text(want.incident)
-        if ((node.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
-            patch["metadata"] = {"annotations": {INCIDENT_ANNOTATION: value}}
+        if have.get(INCIDENT_ANNOTATION) != value:
+            notes[INCIDENT_ANNOTATION] = value
+    if notes:
+        patch["metadata"] = {"annotations": notes}
     return patch
 
 
