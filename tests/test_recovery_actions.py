@@ -21,7 +21,9 @@ from agent.adapters.kube import KubeClient, KubeError
 from agent.core.timefmt import iso
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 from agent.recovery.node import (
+    CLAIM_TTL,
     CONFLICT_ATTEMPTS,
+    claim_mark,
     cordon,
     incident_from_json,
     incident_text,
@@ -506,3 +508,43 @@ def test_read_incident_refuses_times_a_day_past_now(field, value, reads) -> None
     if not reads:
         assert f"'{field}' is " in problem and "after now" in problem
     assert read_incident(node_) is not None  # without a now, only the absolute bounds apply
+
+
+@pytest.mark.parametrize(
+    ("stored", "claims"),
+    [
+        pytest.param(None, True, id="no record"),
+        pytest.param(dataclasses.replace(INCIDENT), True, id="unclaimed"),
+        pytest.param(dataclasses.replace(INCIDENT, claim="mine", claimed_at=NOW - 5), True, id="ours"),
+        pytest.param(dataclasses.replace(INCIDENT, claim="other", claimed_at=NOW - 5), False, id="another agent's"),
+        pytest.param(
+            dataclasses.replace(INCIDENT, claim="other", claimed_at=NOW - CLAIM_TTL), True, id="another's, stale"
+        ),
+        pytest.param(dataclasses.replace(INCIDENT, done=(Action.MARK_UNHEALTHY,)), False, id="marked already"),
+        pytest.param(
+            dataclasses.replace(INCIDENT, id="other/episode", claim="other", claimed_at=NOW),
+            True,
+            id="another incident",
+        ),
+    ],
+)
+def test_claim_mark(kube_api_server, client, stored, claims) -> None:
+    """Of two agents given one node name, only the one whose conditional claim lands marks the instance."""
+    put_node(kube_api_server, incident=stored)
+    claimed = claim_mark(client, node_name=NODE, incident=INCIDENT, token="mine", now=NOW)
+    if claims:
+        assert claimed == dataclasses.replace(INCIDENT, claim="mine", claimed_at=NOW)
+        assert read_incident(node(kube_api_server)) == claimed
+    else:
+        assert claimed is None
+        assert read_incident(node(kube_api_server)) == stored
+
+
+def test_a_conditional_store_never_overwrites_a_record_changed_since_it_was_read(kube_api_server, client) -> None:
+    put_node(kube_api_server, incident=by_us(INCIDENT, Action.CORDON))
+    with pytest.raises(KubeError) as info:
+        store_incident(client, node_name=NODE, incident=INCIDENT, expect=None)
+    assert info.value.status == 409
+    assert read_incident(node(kube_api_server)) == by_us(INCIDENT, Action.CORDON)
+    store_incident(client, node_name=NODE, incident=INCIDENT, expect=by_us(INCIDENT, Action.CORDON))
+    assert read_incident(node(kube_api_server)) == INCIDENT

@@ -832,3 +832,49 @@ def api_lease(h: Harness):
     lease = h.api.get_object("leases", DEFAULT_LEASE, NS)
     assert lease is not None
     return decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION])
+
+
+# ---- not yet tried (issue 13) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one after the other", "at once"])
+def test_two_agents_claiming_one_node_name_act_once(harness, api, together):
+    """A misconfigured second agent with the same NODE_NAME (its own client, budget and marker) on the same Node:
+    the Node is cordoned once, the instance marked once, and the record stays whole."""
+    marker = Marker()
+    a, b = harness(marker=marker), harness(marker=marker, clock=None)
+    b.clock = a.clock
+    b.loop._clock = a.clock
+    b.budget._clock = a.clock
+    for h in (a, b):
+        h.publish(problem())
+    a.clock.now += DELAY
+    if together:
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def step(h: Harness) -> None:
+            barrier.wait()
+            try:
+                h.step()
+            except Exception as exc:  # noqa: BLE001 (collected and judged below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=step, args=(h,)) for h in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert all(isinstance(e, KubeError) and e.transient for e in errors), errors
+    else:
+        a.step()
+        b.step()
+    for _ in range(2):
+        a.clock.now += 5
+        for h in (a, b):
+            h.step()
+    assert a.cordon_patches() == 1
+    assert marker.marked == [NODE], marker.calls
+    assert a.incident()["done"] == ["cordon", "mark-unhealthy"] and a.incident()["cordonedByUs"]
+    assert a.holders() == [NODE]
+    assert len(a.events("RecoveryCordoned")) + len(b.events("RecoveryCordoned")) == 1

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +117,7 @@ class RecoveryLoop:
         self._quiet = False
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
         self._flaps: flaps.FlapRecord | None = None  # the flap record read at this step
+        self._token = uuid.uuid4().hex  # this agent process, in a claim on the Node (never a secret)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
 
@@ -314,7 +316,9 @@ class RecoveryLoop:
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
         if decision.actions and decision.incident is not None and decision.incident != stored:
-            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+            node_actions.store_incident(
+                self._client, node_name=self._node_name, incident=incident, expect=stored, now=self._clock()
+            )
         for action in decision.actions:
             if self._stop.is_set():
                 return
@@ -331,7 +335,9 @@ class RecoveryLoop:
             if not go_on:
                 return
         if not decision.actions and decision.incident != stored:
-            node_actions.store_incident(self._client, node_name=self._node_name, incident=decision.incident)
+            node_actions.store_incident(
+                self._client, node_name=self._node_name, incident=decision.incident, expect=stored, now=self._clock()
+            )
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
 
@@ -375,6 +381,7 @@ class RecoveryLoop:
                 node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
                 return incident, False
         elif action is Action.MARK_UNHEALTHY:
+            incident = self._claim(incident, now)
             self._mark(incident, view)
         elif action is Action.UNCORDON:
             record = flaps.after_uncordon(self._flaps, incident, now)  # left on the Node, read by the next incident
@@ -407,6 +414,28 @@ class RecoveryLoop:
             self._beat = self._monotonic()
         self.stats.drains[result.outcome] += 1
         return result.outcome
+
+    def _claim(self, incident: Incident, now: float) -> Incident:
+        """Claim the mark on the Node first: of two agents given one node name, only one marks."""
+        from agent.adapters.kube import KubeError
+        from agent.recovery.node import claim_mark
+
+        claimed = claim_mark(self._client, node_name=self._node_name, incident=incident, token=self._token, now=now)
+        if claimed is not None:
+            return claimed
+        self._tell_once(
+            incident,
+            "claimed",
+            "Warning",
+            "RecoveryClaimedElsewhere",
+            f"{incident.condition}={incident.reason}: another agent with node name {self._node_name} marks (or "
+            "marked) this node's instance: this one stands back (two agents must never be given one node name)",
+        )
+        raise KubeError(
+            f"node {self._node_name}: another agent claimed mark-unhealthy for {incident.id}",
+            status=409,
+            reason="Conflict",
+        )
 
     def _mark(self, incident: Incident, view: NodeView) -> None:
         what = f"{incident.condition}={incident.reason}"

@@ -170,10 +170,15 @@ class Incident:
     budget_held: bool = False  # this node holds a place in the cluster budget for this incident
     healthy_since: float | None = None
     dry_run: bool = False  # decided while ENABLE_RECOVERY was off: "done" lists what would have been done
+    # The agent (a token per process) that is about to mark the instance, and since when: another agent
+    # claiming the same node name stands back (agent.recovery.node.claim_mark).
+    claim: str = ""
+    claimed_at: float | None = None
 
     def to_json(self) -> dict:
         """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
-        return {
+        claim = {"claim": self.claim, "claimedAt": self.claimed_at} if self.claim else {}
+        return claim | {
             "id": self.id,
             "condition": self.condition,
             "reason": self.reason,

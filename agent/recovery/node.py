@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5  # reads + conditional patches per step before a 409 is handed to the caller
 TAINT_EFFECT = "NoSchedule"
 MAX_LABEL_VALUE = 63
+_KEEP: Any = object()  # _Want.incident default: leave the annotation as it is
+CLAIM_TTL = 600.0  # seconds: a claim on a mark older than this is stale (its agent is gone)
 FUTURE_SLACK = 86_400.0  # seconds: a recorded time later than now + this is not a time this agent wrote
 
 
@@ -123,6 +125,8 @@ def incident_from_json(data: Any, *, now: float | None = None) -> Incident:
         budget_held=flag("budgetHeld"),
         healthy_since=None if data.get("healthySince") is None else number("healthySince"),
         dry_run=flag("dryRun"),
+        claim=text("claim", ""),
+        claimed_at=None if data.get("claimedAt") is None else number("claimedAt"),
     )
 
 
@@ -227,9 +231,27 @@ def uncordon(
     return _apply(client, node_name, want)
 
 
-def store_incident(client: NodeClient, *, node_name: str, incident: Incident | None) -> None:
+def store_incident(
+    client: NodeClient, *, node_name: str, incident: Incident | None, expect: Any = _KEEP, now: float | None = None
+) -> None:
     """Write the incident annotation (None removes it). No read needed: a strategic merge patch of
-    one annotation leaves every other annotation alone."""
+    one annotation leaves every other annotation alone. With ``expect`` (the record as the caller read
+    it), the write is conditional: a record changed since (another agent given the same node name)
+    is never overwritten; that answers 409 Conflict and the caller decides again. ``now``: as when the
+    caller read it (a record read as corrupt then reads so again)."""
+    if expect is not _KEEP:
+
+        def want(node: dict[str, Any]) -> _Want:
+            if parse_incident(node, now=now)[0] != expect:
+                raise KubeError(
+                    f"node {node_name}: the incident record changed since it was read (another agent?)",
+                    status=409,
+                    reason="Conflict",
+                )
+            return _Want(incident=incident)
+
+        _apply(client, node_name, want)
+        return
     value = None if incident is None else incident_text(incident)
     try:
         client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
@@ -240,6 +262,37 @@ def store_incident(client: NodeClient, *, node_name: str, incident: Incident | N
         if after is None or ((after.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
             raise
         log.info("node %s: the incident write answered %s, but it was applied (read back)", node_name, exc)
+
+
+def claim_mark(
+    client: NodeClient, *, node_name: str, incident: Incident, token: str, now: float, ttl: float = CLAIM_TTL
+) -> Incident | None:
+    """Claim the mark-unhealthy of ``incident`` for agent ``token`` before calling AWS: one conditional
+    patch of the record (resourceVersion), so of two agents claiming one node name only one marks.
+    None: another agent holds a claim younger than ``ttl`` on this incident, or it is marked already."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        node = client.get_node(node_name)
+        stored = parse_incident(node)[0]
+        if stored is not None and stored.id == incident.id:
+            if Action.MARK_UNHEALTHY in stored.done:
+                return None
+            fresh = stored.claimed_at is not None and now - stored.claimed_at < ttl
+            if stored.claim and stored.claim != token and fresh:
+                return None
+        record = dataclasses.replace(incident, claim=token, claimed_at=now)
+        version = (node.get("metadata") or {}).get("resourceVersion")
+        patch = {"metadata": {"resourceVersion": version, "annotations": {INCIDENT_ANNOTATION: incident_text(record)}}}
+        try:
+            client.patch_node(node_name, patch)
+        except KubeError as exc:
+            if exc.status == 409 and attempt < CONFLICT_ATTEMPTS:
+                continue
+            after = _read_back(client, node_name) if outcome_unknown(exc) else None
+            if after is not None and parse_incident(after)[0] == record:
+                return record  # applied all the same
+            raise
+        return record
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def outcome_unknown(exc: KubeError) -> bool:
@@ -257,8 +310,6 @@ def _read_back(client: NodeClient, node_name: str) -> dict[str, Any] | None:
 
 
 # ---- the read-modify-write ---------------------------------------------------------------------
-
-_KEEP = object()  # _Want.incident default: leave the annotation as it is
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
