@@ -18,7 +18,7 @@ from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Condition, Event, Provenance, Snapshot, Status
 from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
-from agent.recovery.drain import DrainResult
+from agent.recovery.drain import Drainer, DrainResult
 from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
@@ -878,3 +878,99 @@ def test_two_agents_claiming_one_node_name_act_once(harness, api, together):
     assert a.incident()["done"] == ["cordon", "mark-unhealthy"] and a.incident()["cordonedByUs"]
     assert a.holders() == [NODE]
     assert len(a.events("RecoveryCordoned")) + len(b.events("RecoveryCordoned")) == 1
+
+
+class DrainTime:
+    """The drain's fake monotonic clock and sleep (the loop's wall clock is the harness's)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def bound_pod(name: str, *, app: str, grace: int = 30) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}],
+            "terminationGracePeriodSeconds": grace,
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("objects", "stays", "says"),
+    [
+        pytest.param(
+            [
+                bound_pod("db-0", app="db"),
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "db", "namespace": "default"},
+                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+                },
+            ],
+            "default/db-0",
+            "not evicted within 300s (PodDisruptionBudget)",
+            id="a PDB that never allows eviction",
+        ),
+        pytest.param(
+            [bound_pod("slow-0", app="slow", grace=3_153_600_000)],  # a hundred years
+            "default/slow-0",
+            "still terminating 120s after it was asked to go",
+            id="a huge terminationGracePeriodSeconds",
+        ),
+    ],
+)
+def test_a_drain_that_cannot_finish_gives_up_at_its_deadline_reports_and_never_replaces(
+    harness, kube, api, objects, stays, says
+):
+    rule = PolicyRule(
+        condition=DMA[0], reasons=("NeuronHasError_*",), actions=(Action.CORDON, Action.DRAIN, Action.MARK_UNHEALTHY)
+    )
+    h = harness(policy=dataclasses.replace(POLICY, rules=(rule,)))
+    for obj in objects:
+        api.put_object(obj)
+    fake = DrainTime()
+    client = kube()
+    ran: list[float] = []
+
+    def drainer(stop: threading.Event, report) -> DrainResult:
+        started = fake.now
+        result = Drainer(
+            client=client,
+            node_name=NODE,
+            settings=POLICY.drain,
+            clock=fake.clock,
+            sleep=fake.sleep,
+            report=report,
+            rng=lambda: 0.5,
+        ).run(stop)
+        ran.append(fake.now - started)
+        return result
+
+    h.loop._drainer = drainer
+    h.publish(problem())
+    h.clock.now += DELAY
+    for first in (True, False):  # the next step tries the drain again, and gives up again
+        expected = ((Action.CORDON,) if first else ()) + (Action.DRAIN, Action.MARK_UNHEALTHY)
+        assert h.step().actions == expected
+        h.clock.now += 5
+    assert all(took <= POLICY.drain.pod_deadline + 5 for took in ran), ran  # at its deadline, not the 30 min timeout
+    assert h.marker.calls == [], "never replaced over pods that could not leave"
+    assert h.incident()["done"] == ["cordon"] and h.incident()["drain"] == "deadline" and h.cordoned()
+    assert api.get_object("pods", stays.split("/")[1], "default") is not None
+    told = [e for e in h.events("RecoveryDrainPodDeadline") if stays in e.message]
+    assert len(told) == 2 and says in told[0].message, told
+    assert len(h.events("RecoveryDrainIncomplete")) == 2
+    assert h.loop.stats.drains == {"deadline": 2}
