@@ -974,3 +974,42 @@ def test_a_drain_that_cannot_finish_gives_up_at_its_deadline_reports_and_never_r
     assert len(told) == 2 and says in told[0].message, told
     assert len(h.events("RecoveryDrainIncomplete")) == 2
     assert h.loop.stats.drains == {"deadline": 2}
+
+
+@pytest.mark.parametrize("when", ["before the mark", "while held, then healed", "while another node waits"])
+def test_the_budget_lease_deleted_mid_incident(harness, kube, api, when):
+    """An operator deletes the budget Lease mid-incident: nothing crashes, a needed step recreates it, a release
+    without it writes nothing, and (as documented) the holders it listed are forgotten."""
+    one = BudgetSettings(max_unhealthy=1, max_actions=100)
+    policy = dataclasses.replace(CORDON_ONLY if when == "while held, then healed" else POLICY, budget=one)
+    errors = [AwsError("Rate exceeded", code="Throttling", transient=True)] if when == "before the mark" else []
+    h = harness(policy=policy, marker=Marker(*errors))
+    if when == "while another node waits":
+        other = ClusterBudget(
+            client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one, clock=h.clock
+        )
+        assert other.acquire(incident_id="x").granted
+    h.publish(problem())
+    h.clock.now += DELAY
+    if when == "before the mark":
+        with pytest.raises(AwsError):
+            h.step()  # cordoned, holding the place; the mark failed
+        assert h.holders() == [NODE]
+    elif when == "while another node waits":
+        assert h.step().blocked is Blocked.BUDGET
+    else:
+        assert h.step().actions == (Action.CORDON,)
+    api.delete_object("leases", DEFAULT_LEASE, NS)
+    h.clock.now += 5
+    if when == "while held, then healed":
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += 300
+        assert h.step().actions == (Action.UNCORDON,)
+        assert api.get_object("leases", DEFAULT_LEASE, NS) is None, "a release without a Lease writes nothing"
+        assert not h.cordoned() and h.incident() is None
+    else:
+        expected = (Action.MARK_UNHEALTHY,) if when == "before the mark" else (Action.CORDON, Action.MARK_UNHEALTHY)
+        assert h.step().actions == expected
+        assert h.holders() == [NODE] and h.marker.marked == [NODE]
+        assert h.incident()["budgetHeld"]
