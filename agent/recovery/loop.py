@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.core.backoff import Backoff
 from agent.core.bus import Inbox, Notice, SnapshotFeed
@@ -36,6 +36,11 @@ from agent.core.types import Event, Severity, Snapshot
 from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
+
+if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the functions that use them
+    from agent.adapters.kube import KubeClient
+    from agent.recovery.budget import ClusterBudget
+    from agent.recovery.drain import DrainResult
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +83,14 @@ class RecoveryLoop:
         *,
         feed: SnapshotFeed,
         inbox: Inbox,
-        client: Any,  # agent.adapters.kube.KubeClient
+        client: KubeClient,
         node_name: str,
         policy: RecoveryPolicy,
         enabled: bool,
-        budget: Any = None,  # agent.recovery.budget.ClusterBudget; required when enabled
+        budget: ClusterBudget | None = None,  # required when enabled
         mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
         # runs a drain: (stop, report(kind, message)) -> DrainResult; the loop turns reports into Events
-        drainer: Callable[[threading.Event, Callable[[str, str], None]], Any] | None = None,
+        drainer: Callable[[threading.Event, Callable[[str, str], None]], DrainResult] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -198,6 +203,7 @@ class RecoveryLoop:
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
+            assert self._budget is not None  # enabled: required in __init__
             answer = self._budget.acquire(incident_id=pending.id, counts=not flaps.is_flap(self._flaps, pending))
             self.stats.budget = answer
             if answer.granted:
