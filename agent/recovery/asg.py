@@ -57,8 +57,20 @@ class AsgMarker:
             )
         if instance_id is None:
             if self._imds is None:
-                raise AwsError("the Node has no providerID and IMDS is not available", code="NoInstanceId")
-            instance_id = self._imds.instance_id()
+                raise AwsError(
+                    "the Node has no spec.providerID and the instance metadata service is not available: this "
+                    "node's EC2 instance is unknown",
+                    code="NoInstanceId",
+                )
+            try:
+                instance_id = self._imds.instance_id()
+            except AwsError as exc:
+                raise AwsError(
+                    f"the Node has no spec.providerID and the instance metadata service gave no instance id ({exc}): "
+                    "this node's EC2 instance is unknown",
+                    code="NoInstanceId",
+                    transient=exc.transient,
+                ) from None
         membership = self._autoscaling.find_group(instance_id)
         if membership is None:
             return MarkResult(

@@ -68,6 +68,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
+from agent.core.timefmt import MAX_TIME
 from agent.recovery.correlation import correlated_hold, counted, labels_of
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
@@ -87,6 +88,7 @@ FORMAT_VERSION = 1
 ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
 BACKOFF_BASE = 0.05  # seconds; the pause before round n is rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**n)
 BACKOFF_CAP = 1.0
+CLOCK_SKEW = 300.0  # seconds: a step time later than now + this is counted as now + this (a fast clock, a hand edit)
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
 
@@ -164,10 +166,17 @@ class BudgetState:
     holders: Mapping[str, Holder] = field(default_factory=dict)
     actions: tuple[float, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept as they are
+    clamped: int = 0  # step times that lay too far in the future when read (never written)
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A time: a JSON number (not NaN, not an infinity) between 1970 and year 9999."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0.0 <= value <= MAX_TIME
+    )
 
 
 def decode_state(text: str | None) -> BudgetState:
@@ -176,7 +185,7 @@ def decode_state(text: str | None) -> BudgetState:
         return BudgetState()
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise CorruptBudget(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise CorruptBudget("not a JSON object")
@@ -196,11 +205,19 @@ def decode_state(text: str | None) -> BudgetState:
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
             raise CorruptBudget(f"holders[{domain!r}].nodes must be a non-empty list of node names")
         if not isinstance(incident, str) or not _number(since):
-            raise CorruptBudget(f"holders[{domain!r}] needs a string incident and a numeric since")
+            raise CorruptBudget(
+                f"holders[{domain!r}] needs a string incident and a since time (seconds since 1970), got "
+                f"{incident!r:.100} and {since!r:.100}"
+            )
         holders[domain] = Holder(nodes=tuple(nodes), incident=incident, since=float(since))
     actions = data.get("actions", [])
-    if not isinstance(actions, list) or not all(_number(t) for t in actions):
+    if not isinstance(actions, list):
         raise CorruptBudget("actions must be a list of times")
+    for index, moment in enumerate(actions):
+        if not _number(moment):
+            raise CorruptBudget(
+                f"actions must be a list of times: actions[{index}] is {moment!r:.100}, not seconds since 1970"
+            )
     extra = {k: v for k, v in data.items() if k not in ("version", "holders", "actions")}
     return BudgetState(holders=holders, actions=tuple(float(t) for t in actions), extra=extra)
 
@@ -272,6 +289,8 @@ class ClusterBudget:
         self._attempts = max(1, attempts)
         self._reported_corrupt: str | None = None  # resourceVersion whose corruption was logged
         self._problem_types = frozenset(problem_types)  # condition types whose True is a problem (correlation)
+        self._reported_future: str | None = None  # resourceVersion whose future step times were logged
+        self._last_version = ""  # resourceVersion of the Lease last read
 
     @property
     def where(self) -> str:
@@ -294,22 +313,29 @@ class ClusterBudget:
             return self._refuse(lease, exc, cluster, own)
         return self._view(self._effective(state, cluster), cluster, own)
 
-    def acquire(self, *, incident_id: str, problem: str = "") -> BudgetView:
+    def acquire(self, *, incident_id: str, counts: bool = True, problem: str = "") -> BudgetView:
         """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
         ``granted`` True; when the view before says ``can_start`` False, nothing is written and that view
         is returned (``granted`` False: the step is refused, even for a node that holds its place).
+
+        ``counts`` False (a flap of a node already counted, :mod:`agent.recovery.flaps`): a place is still
+        needed, but the step is not counted in the window, and a spent window does not refuse it.
         ``problem``: the condition type the step is for (a zone or pool failing with it holds)."""
         cluster = self._cluster()
         own = self._own_domain(cluster)
 
         def take(state: BudgetState, now: float) -> BudgetState | None:
-            if not self._view(state, cluster, own, problem).can_start:
+            view = self._view(state, cluster, own, problem)
+            room = not (view.problem or view.correlated) and (
+                view.this_node_holds or (len(view.holders) < view.limit and not view.group_full)
+            )
+            if not (view.can_start if counts else room):
                 return None
             holder = state.holders.get(own)
             nodes = tuple(sorted({*(holder.nodes if holder else ()), self._node}))
             since = holder.since if holder else now
             holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
-            return replace(state, holders=holders, actions=(*state.actions, now))
+            return replace(state, holders=holders, actions=(*state.actions, now) if counts else state.actions)
 
         view, wrote = self._transact(take, cluster, own, problem=problem)
         return replace(view, granted=True) if wrote else view
@@ -352,29 +378,50 @@ class ClusterBudget:
             now = self._clock()
             current = self._effective(state, cluster, now=now)
             changed = change(current, now)
-            if changed is None:
+            # Times clamped from the future are written back clamped even when nothing else changes (a
+            # refusal): else each read would clamp them anew to its own now, and they would never age.
+            target = changed if changed is not None else current if current.clamped else None
+            if target is None:
                 return self._view(current, cluster, own, problem), False
             try:
-                self._write(lease, changed, now=now)
+                self._write(lease, target, now=now)
             except KubeError as exc:
                 if exc.status in (404, 409):  # another agent wrote (or created, or deleted) it: redo
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
                     continue
-                raise
-            return self._view(changed, cluster, own, problem), True
+                if not self._applied(exc, target):
+                    raise
+            return self._view(target, cluster, own, problem), changed is not None
         raise KubeError(
             f"budget Lease {self.where}: still conflicting after {self._attempts} attempts",
             status=409,
             reason="Conflict",
         )
 
+    def _applied(self, exc: KubeError, state: BudgetState) -> bool:
+        """After a write answered with no answer, a timeout or a 5xx: whether the Lease holds ``state`` (the
+        write was applied all the same). A step whose write was applied counts once, not again on retry."""
+        if exc.status is not None and exc.status < 500:
+            return False
+        try:
+            text = self._annotation(self._get())
+        except KubeError:
+            return False
+        if text != encode_state(state):
+            return False
+        log.info("budget Lease %s: the write answered %s, but it was applied (read back)", self.where, exc)
+        return True
+
     def _get(self) -> dict[str, Any] | None:
         try:
-            return self._client.get_lease(self._namespace, self._lease_name)
+            lease = self._client.get_lease(self._namespace, self._lease_name)
         except KubeError as exc:
             if exc.status == 404:
+                self._last_version = ""
                 return None
             raise
+        self._last_version = str((lease.get("metadata") or {}).get("resourceVersion", ""))
+        return lease
 
     @staticmethod
     def _annotation(lease: Mapping[str, Any] | None) -> str | None:
@@ -454,16 +501,44 @@ class ClusterBudget:
             nodes = tuple(n for n in holder.nodes if self._present(n, cluster, seen))
             if nodes:
                 holders[domain] = replace(holder, nodes=nodes)
-        return replace(state, holders=holders, actions=tuple(t for t in state.actions if t > horizon))
+        # A time in the future would never leave the window (a holder with a fast clock, or a hand edit):
+        # it counts as made at most CLOCK_SKEW from now, and is written back so.
+        ceiling = now + CLOCK_SKEW
+        actions = tuple(min(t, ceiling) for t in state.actions if t > horizon)
+        clamped = sum(1 for t in state.actions if t > ceiling)
+        if clamped and not state.clamped:
+            self._report_future(clamped)
+        return replace(state, holders=holders, actions=actions, clamped=state.clamped or clamped)
+
+    def _report_future(self, count: int) -> None:
+        """Log once per Lease version that step times lay in the future."""
+        version = self._last_version
+        if self._reported_future == version:
+            return
+        self._reported_future = version
+        log.warning(
+            "budget Lease %s: %d step times in %s (field actions) lie more than %gs in the future (a node with a "
+            "fast clock, or a hand edit): each counts as made %gs from now, and leaves the window after that",
+            self.where,
+            count,
+            BUDGET_ANNOTATION,
+            CLOCK_SKEW,
+            CLOCK_SKEW,
+        )
 
     def _view(self, state: BudgetState, cluster: _Cluster, own: str, problem: str = "") -> BudgetView:
         own_node = cluster.by_name.get(self._node)
+        window = self._settings.window
         return BudgetView(
             holders=tuple(sorted(state.holders)),
             limit=resolve_limit(self._settings, domains=len(cluster.domains)),
             actions_in_window=len(state.actions),
             max_actions=self._settings.max_actions,
             this_node_holds=own in state.holders,
+            window=window,
+            frees_at=min(state.actions) + window if state.actions else None,
+            future_actions=state.clamped,
+            skew=CLOCK_SKEW,
             group_full=self._group_refusal(state, cluster, own, own_node),
             correlated=correlated_hold(
                 self._settings.correlation,

@@ -25,15 +25,22 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.core.backoff import Backoff
 from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Event, Severity, Snapshot
+from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
+
+if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the functions that use them
+    from agent.adapters.kube import KubeClient
+    from agent.recovery.budget import ClusterBudget
+    from agent.recovery.drain import DrainResult
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +83,14 @@ class RecoveryLoop:
         *,
         feed: SnapshotFeed,
         inbox: Inbox,
-        client: Any,  # agent.adapters.kube.KubeClient
+        client: KubeClient,
         node_name: str,
         policy: RecoveryPolicy,
         enabled: bool,
-        budget: Any = None,  # agent.recovery.budget.ClusterBudget; required when enabled
+        budget: ClusterBudget | None = None,  # required when enabled
         mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
         # runs a drain: (stop, report(kind, message)) -> DrainResult; the loop turns reports into Events
-        drainer: Callable[[threading.Event, Callable[[str, str], None]], Any] | None = None,
+        drainer: Callable[[threading.Event, Callable[[str, str], None]], DrainResult] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -114,6 +121,8 @@ class RecoveryLoop:
         # first step reads the Node and finds an incident a previous run left.
         self._quiet = False
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
+        self._flaps: flaps.FlapRecord | None = None  # the flap record read at this step
+        self._token = uuid.uuid4().hex  # this agent process, in a claim on the Node (never a secret)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
 
@@ -159,7 +168,7 @@ class RecoveryLoop:
 
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
-        from agent.recovery.node import read_incident, read_node_view
+        from agent.recovery.node import read_node_view
         from agent.recovery.policy import decide, matching, with_budget_held
 
         snapshot = self._feed.latest().snapshot
@@ -171,15 +180,19 @@ class RecoveryLoop:
         self.stats.steps += 1
         node = self._client.get_node(self._node_name)
         view = read_node_view(node)
-        incident = read_incident(node) if self._enabled else self._dry
         now = self._clock()
+        incident = self._stored_incident(node, now) if self._enabled else self._dry
+        self._flaps = self._flap_record(node, now) if self._enabled else None
+        policy = flaps.damped(self._policy, self._flaps, incident)  # a flapping node is held cordoned longer
+        if policy is not self._policy and incident is not None:
+            self._note_flapping(incident, policy)
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
                 snapshot=snapshot,
                 node=view,
                 incident=incident,
-                policy=self._policy,
+                policy=policy,
                 now=now,
                 started_at=self._started_at,
                 budget=budget,
@@ -190,7 +203,10 @@ class RecoveryLoop:
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
-            answer = self._budget.acquire(incident_id=pending.id, problem=pending.condition)
+            assert self._budget is not None  # enabled: required in __init__
+            answer = self._budget.acquire(
+                incident_id=pending.id, counts=not flaps.is_flap(self._flaps, pending), problem=pending.condition
+            )
             self.stats.budget = answer
             if answer.granted:
                 decision = decided(answer)
@@ -206,6 +222,62 @@ class RecoveryLoop:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
         return decision
+
+    def _stored_incident(self, node: Mapping[str, Any], now: float) -> Incident | None:
+        """The incident on the Node; one that cannot be read (a hand edit: NaN, a wrong type, an absurd time)
+        is ignored, as if absent, and told once (Event and log) until it changes; the next record replaces it."""
+        from agent.recovery.model import INCIDENT_ANNOTATION
+        from agent.recovery.node import parse_incident
+
+        incident, problem = parse_incident(node, now=now)
+        if problem:
+            self._tell_corrupt(
+                node,
+                INCIDENT_ANNOTATION,
+                f"is not a valid incident record and is ignored ({problem}); recovery "
+                "decides afresh and its next record replaces it",
+            )
+        return incident
+
+    def _flap_record(self, node: Mapping[str, Any], now: float) -> flaps.FlapRecord | None:
+        """The flap record on the Node; one that cannot be read is ignored (no damping) and told once."""
+        record, problem = flaps.parse_flaps(node, now=now)
+        if problem:
+            self._tell_corrupt(
+                node,
+                flaps.FLAP_ANNOTATION,
+                f"is not a valid flap record and is ignored ({problem}); the next uncordon replaces it",
+            )
+        return record
+
+    def _tell_corrupt(self, node: Mapping[str, Any], annotation: str, what: str) -> None:
+        """Tell once per annotation text (a problem may name the time) that a record on the Node is corrupt."""
+        text = str(((node.get("metadata") or {}).get("annotations") or {}).get(annotation))
+        if (text, annotation) in self._said:
+            return
+        self._said.add((text, annotation))
+        log.warning("recovery: node %s: annotation %s %s", self._node_name, annotation, what)
+        self._event(
+            None, "Warning", "RecoveryCorruptRecord", f"annotation {annotation} on node {self._node_name} {what}"
+        )
+
+    def _note_flapping(self, incident: Incident, policy: RecoveryPolicy) -> None:
+        from agent.core.durations import format_duration
+
+        record = self._flaps
+        assert record is not None and policy.uncordon_after is not None
+        self._tell_once(
+            incident,
+            "flapping",
+            "Warning",
+            "RecoveryFlapping",
+            f"{incident.condition}={incident.reason}: the problem came back "
+            f"{format_duration(incident.opened - record.last_uncordon)} after recovery uncordoned the node "
+            f"({record.count} uncordons in a row): the node stays cordoned until healthy for "
+            f"{format_duration(policy.uncordon_after)} (doubling with each flap, at most "
+            f"{format_duration(max(flaps.MAX_HOLD, self._policy.uncordon_after or 0.0))}); a flap takes no new step "
+            "of the cluster budget",
+        )
 
     def _note_untrusted(self, snapshot: Snapshot) -> None:
         """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""
@@ -244,9 +316,7 @@ class RecoveryLoop:
             )
         if decision.blocked is Blocked.BUDGET and incident is not None:
             budget = self.stats.budget
-            held = (
-                f" ({len(budget.holders)} of {budget.limit} places held: {', '.join(budget.holders)})" if budget else ""
-            )
+            held = f" ({budget.why_blocked})" if budget and budget.why_blocked else ""
             self._tell_once(
                 incident,
                 "blocked",
@@ -265,7 +335,9 @@ class RecoveryLoop:
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
         if decision.actions and decision.incident is not None and decision.incident != stored:
-            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+            node_actions.store_incident(
+                self._client, node_name=self._node_name, incident=incident, expect=stored, now=self._clock()
+            )
         for action in decision.actions:
             if self._stop.is_set():
                 return
@@ -282,7 +354,9 @@ class RecoveryLoop:
             if not go_on:
                 return
         if not decision.actions and decision.incident != stored:
-            node_actions.store_incident(self._client, node_name=self._node_name, incident=decision.incident)
+            node_actions.store_incident(
+                self._client, node_name=self._node_name, incident=decision.incident, expect=stored, now=self._clock()
+            )
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
 
@@ -326,9 +400,16 @@ class RecoveryLoop:
                 node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
                 return incident, False
         elif action is Action.MARK_UNHEALTHY:
+            incident = self._claim(incident, now)
             self._mark(incident, view)
         elif action is Action.UNCORDON:
-            node_actions.uncordon(self._client, node_name=self._node_name, incident=incident)
+            record = flaps.after_uncordon(self._flaps, incident, now)  # left on the Node, read by the next incident
+            node_actions.uncordon(
+                self._client,
+                node_name=self._node_name,
+                incident=incident,
+                annotations={flaps.FLAP_ANNOTATION: flaps.flap_text(record)},
+            )
             self._event(incident, "Normal", "RecoveryUncordoned", f"{what}: healthy again; uncordoned")
             return incident, True
         incident = with_done(incident, action)
@@ -353,6 +434,28 @@ class RecoveryLoop:
         self.stats.drains[result.outcome] += 1
         return result.outcome
 
+    def _claim(self, incident: Incident, now: float) -> Incident:
+        """Claim the mark on the Node first: of two agents given one node name, only one marks."""
+        from agent.adapters.kube import KubeError
+        from agent.recovery.node import claim_mark
+
+        claimed = claim_mark(self._client, node_name=self._node_name, incident=incident, token=self._token, now=now)
+        if claimed is not None:
+            return claimed
+        self._tell_once(
+            incident,
+            "claimed",
+            "Warning",
+            "RecoveryClaimedElsewhere",
+            f"{incident.condition}={incident.reason}: another agent with node name {self._node_name} marks (or "
+            "marked) this node's instance: this one stands back (two agents must never be given one node name)",
+        )
+        raise KubeError(
+            f"node {self._node_name}: another agent claimed mark-unhealthy for {incident.id}",
+            status=409,
+            reason="Conflict",
+        )
+
     def _mark(self, incident: Incident, view: NodeView) -> None:
         what = f"{incident.condition}={incident.reason}"
         if self._mark_unhealthy is None:
@@ -363,7 +466,20 @@ class RecoveryLoop:
                 f"{what}: mark-unhealthy skipped: AWS is not configured for this agent",
             )
             return
-        result = self._mark_unhealthy(view)
+        from agent.adapters.aws import AwsError  # importing agent.adapters.aws does not load boto3
+
+        try:
+            result = self._mark_unhealthy(view)
+        except AwsError as exc:  # told once per incident and error code; the step fails and is retried
+            kept = "stays cordoned" if Action.CORDON in incident.done else "stays as it is"
+            self._tell_once(
+                incident,
+                f"mark-failed/{exc.code}",
+                "Warning",
+                "RecoveryMarkUnhealthyFailed",
+                f"{what}: the node {kept} but is not replaced: mark-unhealthy failed ({exc}); retried with backoff",
+            )
+            raise
         if result.outcome == "not_aws":
             self._event(incident, "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}")
         elif result.outcome == "no_group":

@@ -12,6 +12,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agent.core.durations import format_duration
+from agent.core.timefmt import iso
 from agent.core.types import Provenance
 
 # Names others rely on (annotations, taint, labels, Lease). One prefix for all of them.
@@ -204,10 +206,15 @@ class Incident:
     budget_held: bool = False  # this node holds a place in the cluster budget for this incident
     healthy_since: float | None = None
     dry_run: bool = False  # decided while ENABLE_RECOVERY was off: "done" lists what would have been done
+    # The agent (a token per process) that is about to mark the instance, and since when: another agent
+    # claiming the same node name stands back (agent.recovery.node.claim_mark).
+    claim: str = ""
+    claimed_at: float | None = None
 
     def to_json(self) -> dict:
         """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
-        return {
+        claim = {"claim": self.claim, "claimedAt": self.claimed_at} if self.claim else {}
+        return claim | {
             "id": self.id,
             "condition": self.condition,
             "reason": self.reason,
@@ -235,6 +242,37 @@ class BudgetView:
     group_full: str = ""  # which zone/pool budget has no place for this node ("" = none refuses)
     correlated: str = ""  # why this node's group holds for a correlated failure ("" = it does not)
     granted: bool = False  # returned by an acquire that took this step for this node (it wrote the Lease)
+    window: float = 0.0  # the action window (seconds), for messages
+    frees_at: float | None = None  # when the oldest step in the window leaves it (None: no step in it)
+    future_actions: int = 0  # step times found later than now + the allowed clock skew (counted as that)
+    skew: float = 0.0  # the allowed clock skew they were clamped to
+
+    @property
+    def why_blocked(self) -> str:
+        """What keeps a new disruptive step from starting, in words ("" when nothing does)."""
+        if self.problem:
+            return self.problem
+        if self.can_start:
+            return ""
+        causes = []
+        if not (self.this_node_holds or len(self.holders) < self.limit):
+            if self.limit == 0:
+                causes.append("no node matches the budget's node selector (0 places)")
+            else:
+                causes.append(f"{len(self.holders)} of {self.limit} places held: {', '.join(self.holders)}")
+        if self.actions_in_window >= self.max_actions:
+            frees = f"; one frees at {iso(self.frees_at)}" if self.frees_at is not None else ""
+            causes.append(
+                f"{self.actions_in_window} of {self.max_actions} disruptive steps in the last "
+                f"{format_duration(self.window)} used{frees}"
+            )
+        if self.future_actions:
+            causes.append(
+                f"{self.future_actions} step times in the budget Lease lie more than {format_duration(self.skew)} "
+                "in the future (a node with a fast clock, or a hand edit): each counts as made "
+                f"{format_duration(self.skew)} from now"
+            )
+        return "; ".join(causes)
 
     @property
     def can_start(self) -> bool:

@@ -19,6 +19,9 @@ list; only a read-modify-write on the latest version keeps taints added by other
   to false only when both the caller's incident and the one stored on the Node say we cordoned it.
   Taints of other keys are never removed, and a Node we did not cordon stays unschedulable.
 * :func:`store_incident` writes or removes the incident annotation alone.
+
+A write answered with no answer, a timeout or a 5xx may have been applied all the same: the Node is
+read back, and a write found applied is a success (so it is counted, and told, as done).
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.adapters.kube import KubeError
-from agent.core.timefmt import iso
+from agent.core.timefmt import MAX_TIME, iso
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5  # reads + conditional patches per step before a 409 is handed to the caller
 TAINT_EFFECT = "NoSchedule"
 MAX_LABEL_VALUE = 63
+_KEEP: Any = object()  # _Want.incident default: leave the annotation as it is
+CLAIM_TTL = 600.0  # seconds: a claim on a mark older than this is stale (its agent is gone)
+FUTURE_SLACK = 86_400.0  # seconds: a recorded time later than now + this is not a time this agent wrote
 
 
 class NodeClient(Protocol):
@@ -76,9 +83,11 @@ def read_node_view(node: Mapping[str, Any]) -> NodeView:
     )
 
 
-def incident_from_json(data: Any) -> Incident:
-    """The :class:`Incident` of an annotation body (``Incident.to_json()``); ValueError when the
-    shape is wrong. Action names this version does not know are ignored (a newer agent wrote them)."""
+def incident_from_json(data: Any, *, now: float | None = None) -> Incident:
+    """The :class:`Incident` of an annotation body (``Incident.to_json()``); ValueError (naming the
+    field) when the shape is wrong or a time is not a time: NaN, an infinity, before 1970, past year
+    9999, or (given ``now``) more than ``FUTURE_SLACK`` after ``now``. Action names this version does not
+    know are ignored (a newer agent wrote them)."""
     if not isinstance(data, Mapping):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
 
@@ -92,7 +101,7 @@ def incident_from_json(data: Any) -> Incident:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{key!r} must be a number, got {value!r}")
-        return float(value)
+        return check_time(key, float(value), now=now)
 
     def flag(key: str) -> bool:
         value = data.get(key, False)
@@ -116,26 +125,45 @@ def incident_from_json(data: Any) -> Incident:
         budget_held=flag("budgetHeld"),
         healthy_since=None if data.get("healthySince") is None else number("healthySince"),
         dry_run=flag("dryRun"),
+        claim=text("claim", ""),
+        claimed_at=None if data.get("claimedAt") is None else number("claimedAt"),
     )
 
 
-def read_incident(node: Mapping[str, Any]) -> Incident | None:
-    """The incident recorded on the Node; None when there is none or it cannot be read (logged)."""
+def check_time(field: str, value: float, *, now: float | None = None) -> float:
+    """``value`` when it is a plausible time read back from the cluster; ValueError naming ``field``."""
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_TIME:
+        raise ValueError(f"{field!r} must be a time (seconds since 1970, before year 10000), got {value!r}")
+    if now is not None and value > now + FUTURE_SLACK:
+        raise ValueError(f"{field!r} is {iso(value)}, more than {FUTURE_SLACK:g}s after now ({iso(now)})")
+    return value
+
+
+def parse_incident(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Incident | None, str]:
+    """The incident recorded on the Node (None when there is none or it cannot be read) and, when it
+    cannot be read, why ("" otherwise). Nothing is logged: the caller reports it (once)."""
     meta = node.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(INCIDENT_ANNOTATION)
     if text is None:
-        return None
+        return None, ""
     try:
-        return incident_from_json(json.loads(text))
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        # NaN, Infinity and a number too large (parsed as inf) are refused by the field checks, naming the field.
+        return incident_from_json(json.loads(text), now=now), ""
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+        return None, f"{exc}: {text[:200]!r}"
+
+
+def read_incident(node: Mapping[str, Any], *, now: float | None = None) -> Incident | None:
+    """The incident recorded on the Node; None when there is none or it cannot be read (logged)."""
+    incident, problem = parse_incident(node, now=now)
+    if problem:
         log.warning(
-            "node %s: ignoring annotation %s, which is not an incident record (%s): %.200r",
-            meta.get("name") or "?",
+            "node %s: ignoring annotation %s, which is not an incident record (%s)",
+            (node.get("metadata") or {}).get("name") or "?",
             INCIDENT_ANNOTATION,
-            exc,
-            text,
+            problem,
         )
-        return None
+    return incident
 
 
 def incident_text(incident: Incident) -> str:
@@ -158,7 +186,7 @@ def cordon(client: NodeClient, *, node_name: str, incident: Incident, reason: st
     ``incident`` with ``cordon`` done and ``cordoned_by_us`` decided here, in one patch."""
 
     def want(node: dict[str, Any]) -> _Want:
-        view, stored = read_node_view(node), read_incident(node)
+        view, stored = read_node_view(node), parse_incident(node)[0]
         # Ours when we set it now, or when a record (the caller's or the Node's) says we did it earlier.
         # A record's cordoned_by_us alone is a plan made before acting: someone may have cordoned since.
         by_us = not view.unschedulable or _cordoned(incident) or (stored is not None and _cordoned(stored))
@@ -183,31 +211,105 @@ def taint(
     return _apply(client, node_name, want)
 
 
-def uncordon(client: NodeClient, *, node_name: str, incident: Incident) -> NodeUpdate:
+def uncordon(
+    client: NodeClient, *, node_name: str, incident: Incident, annotations: Mapping[str, str] | None = None
+) -> NodeUpdate:
     """Give the Node back: remove our taint and the incident record; make it schedulable only when
     ``incident`` and the record on the Node both say we cordoned it (``cordoned_by_us`` with
     ``cordon`` done). A Node without our record is never made schedulable (someone may have
-    cordoned it since we let go). Call it while the record is still on the Node: it removes it."""
+    cordoned it since we let go). Call it while the record is still on the Node: it removes it.
+    ``annotations`` are set in the same patch (the flap record)."""
 
     def want(node: dict[str, Any]) -> _Want:
-        stored = read_incident(node)
+        stored = parse_incident(node)[0]
         by_us = _cordoned(incident) and stored is not None and _cordoned(stored)
         taints = [t for t in (node.get("spec") or {}).get("taints") or [] if not _is_ours(t)]
-        return _Want(unschedulable=False if by_us else None, taints=taints, incident=None)
+        return _Want(
+            unschedulable=False if by_us else None, taints=taints, incident=None, annotations=dict(annotations or {})
+        )
 
     return _apply(client, node_name, want)
 
 
-def store_incident(client: NodeClient, *, node_name: str, incident: Incident | None) -> None:
+def store_incident(
+    client: NodeClient, *, node_name: str, incident: Incident | None, expect: Any = _KEEP, now: float | None = None
+) -> None:
     """Write the incident annotation (None removes it). No read needed: a strategic merge patch of
-    one annotation leaves every other annotation alone."""
+    one annotation leaves every other annotation alone. With ``expect`` (the record as the caller read
+    it), the write is conditional: a record changed since (another agent given the same node name)
+    is never overwritten; that answers 409 Conflict and the caller decides again. ``now``: as when the
+    caller read it (a record read as corrupt then reads so again)."""
+    if expect is not _KEEP:
+
+        def want(node: dict[str, Any]) -> _Want:
+            if parse_incident(node, now=now)[0] != expect:
+                raise KubeError(
+                    f"node {node_name}: the incident record changed since it was read (another agent?)",
+                    status=409,
+                    reason="Conflict",
+                )
+            return _Want(incident=incident)
+
+        _apply(client, node_name, want)
+        return
     value = None if incident is None else incident_text(incident)
-    client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
+    try:
+        client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
+    except KubeError as exc:
+        if not outcome_unknown(exc):
+            raise
+        after = _read_back(client, node_name)
+        if after is None or ((after.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
+            raise
+        log.info("node %s: the incident write answered %s, but it was applied (read back)", node_name, exc)
+
+
+def claim_mark(
+    client: NodeClient, *, node_name: str, incident: Incident, token: str, now: float, ttl: float = CLAIM_TTL
+) -> Incident | None:
+    """Claim the mark-unhealthy of ``incident`` for agent ``token`` before calling AWS: one conditional
+    patch of the record (resourceVersion), so of two agents claiming one node name only one marks.
+    None: another agent holds a claim younger than ``ttl`` on this incident, or it is marked already."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        node = client.get_node(node_name)
+        stored = parse_incident(node)[0]
+        if stored is not None and stored.id == incident.id:
+            if Action.MARK_UNHEALTHY in stored.done:
+                return None
+            fresh = stored.claimed_at is not None and now - stored.claimed_at < ttl
+            if stored.claim and stored.claim != token and fresh:
+                return None
+        record = dataclasses.replace(incident, claim=token, claimed_at=now)
+        version = (node.get("metadata") or {}).get("resourceVersion")
+        patch = {"metadata": {"resourceVersion": version, "annotations": {INCIDENT_ANNOTATION: incident_text(record)}}}
+        try:
+            client.patch_node(node_name, patch)
+        except KubeError as exc:
+            if exc.status == 409 and attempt < CONFLICT_ATTEMPTS:
+                continue
+            after = _read_back(client, node_name) if outcome_unknown(exc) else None
+            if after is not None and parse_incident(after)[0] == record:
+                return record  # applied all the same
+            raise
+        return record
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def outcome_unknown(exc: KubeError) -> bool:
+    """A write answered so that it may or may not have been applied: no answer, a timeout, a 5xx (a proxy,
+    or an API server whose storage committed after its own timeout). Only reading back tells."""
+    return exc.status is None or exc.status >= 500
+
+
+def _read_back(client: NodeClient, node_name: str) -> dict[str, Any] | None:
+    try:
+        return client.get_node(node_name)
+    except KubeError as exc:
+        log.debug("node %s: reading back after a failed write failed too: %s", node_name, exc)
+        return None
 
 
 # ---- the read-modify-write ---------------------------------------------------------------------
-
-_KEEP = object()  # _Want.incident default: leave the annotation as it is
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -217,6 +319,7 @@ class _Want:
     unschedulable: bool | None = None
     taints: list[dict[str, Any]] | None = None
     incident: Any = _KEEP  # Incident | None | _KEEP
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)  # others to set
 
 
 def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]], _Want]) -> NodeUpdate:
@@ -225,16 +328,21 @@ def _apply(client: NodeClient, node_name: str, want_of: Callable[[dict[str, Any]
         want = want_of(node)
         patch = _patch(node, want)
         if not patch:
-            return NodeUpdate(view=read_node_view(node), incident=read_incident(node), changed=False)
+            return NodeUpdate(view=read_node_view(node), incident=parse_incident(node)[0], changed=False)
         patch.setdefault("metadata", {})["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
         try:
             updated = client.patch_node(node_name, patch)
         except KubeError as exc:
-            if exc.status != 409 or attempt == CONFLICT_ATTEMPTS:
-                raise
-            log.debug("node %s changed while we wrote it (attempt %d): reading it again", node_name, attempt)
-            continue
-        return NodeUpdate(view=read_node_view(updated), incident=read_incident(updated), changed=True)
+            if exc.status == 409 and attempt < CONFLICT_ATTEMPTS:
+                log.debug("node %s changed while we wrote it (attempt %d): reading it again", node_name, attempt)
+                continue
+            if outcome_unknown(exc):  # applied or not? the Node as it is now says
+                after = _read_back(client, node_name)
+                if after is not None and not _patch(after, want):
+                    log.info("node %s: the write answered %s, but it was applied (read back)", node_name, exc)
+                    return NodeUpdate(view=read_node_view(after), incident=parse_incident(after)[0], changed=True)
+            raise
+        return NodeUpdate(view=read_node_view(updated), incident=parse_incident(updated)[0], changed=True)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -247,10 +355,14 @@ def _patch(node: dict[str, Any], want: _Want) -> dict[str, Any]:
     if want.taints is not None and want.taints != (spec.get("taints") or []):
         # The whole list (no patch strategy: it replaces); [] and not null so the field is cleared.
         patch.setdefault("spec", {})["taints"] = want.taints
+    have = (node.get("metadata") or {}).get("annotations") or {}
+    notes: dict[str, str | None] = {k: v for k, v in want.annotations.items() if have.get(k) != v}
     if want.incident is not _KEEP:
         value = None if want.incident is None else incident_text(want.incident)
-        if ((node.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
-            patch["metadata"] = {"annotations": {INCIDENT_ANNOTATION: value}}
+        if have.get(INCIDENT_ANNOTATION) != value:
+            notes[INCIDENT_ANNOTATION] = value
+    if notes:
+        patch["metadata"] = {"annotations": notes}
     return patch
 
 

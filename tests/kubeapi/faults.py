@@ -1,7 +1,9 @@
 """Fault injection: answer matching requests with an error, a hang or a dropped connection.
 
 A fault never touches storage (the request is answered before it reaches the API logic), except
-``slow``: the request is carried out, and only its answer is late.
+``slow``: the request is carried out, and only its answer is late; and ``applied``: the request is
+carried out, and the answer is an error all the same (as from a proxy, or an API server whose
+storage write committed after its own timeout).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-FaultKind = Literal["status", "timeout", "drop", "slow"]
+FaultKind = Literal["status", "timeout", "drop", "slow", "applied"]
 
 
 @dataclass
@@ -73,9 +75,10 @@ class FaultInjector:
         body (and ``Retry-After`` when given); ``"timeout"`` waits ``delay`` seconds then closes the
         connection without answering; ``"drop"`` closes the connection at once; ``"slow"`` carries
         the request out (a create is stored) and answers only after ``delay`` seconds, so a client
-        with a shorter timeout never learns the outcome.  ``body_regex`` narrows the rule to
+        with a shorter timeout never learns the outcome; ``"applied"`` carries the request out and answers
+        ``status`` anyway (the client sees an error for a write that happened).  ``body_regex`` narrows the rule to
         requests whose body text contains a match (e.g. one Event's reason)."""
-        if kind not in ("status", "timeout", "drop", "slow"):
+        if kind not in ("status", "timeout", "drop", "slow", "applied"):
             raise ValueError(f"unknown fault kind {kind!r}")
         rule = FaultRule(
             method=method,

@@ -141,7 +141,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             owner.requests.append(RequestRecord(self.command, path, query, content_type, status, parsed_body, fault))
 
         fault = owner.faults.take(self.command, path, body.decode(errors="replace"))
-        if fault is not None and fault.kind != "slow":
+        if fault is not None and fault.kind not in ("slow", "applied"):
             if fault.kind == "drop":
                 record(None, "drop")
                 self._drop()
@@ -171,6 +171,11 @@ class RequestHandler(BaseHTTPRequestHandler):
         if isinstance(result, WatchStream):
             record(200)
             self._stream(result)
+            return
+        if fault is not None and fault.kind == "applied":  # done, but answered with an error all the same
+            error = for_status_code(fault.status, fault.retry_after, fault.message)
+            record(error.code, "applied")
+            self._write(Response(error.code, error.status(), dict(error.headers)))
             return
         if fault is not None:  # slow: done, but the answer comes late (after the client gave up)
             record(result.status, "slow")

@@ -1492,6 +1492,16 @@ def test_fault_server_errors_change_nothing(kube_api, core, status):
     assert kube_api.get_object("nodes", "n1") == before
 
 
+def test_fault_applied_carries_the_write_out_and_answers_the_error(kube_api, core):
+    seed_node(kube_api)
+    kube_api.faults.add(method="PATCH", status=500, kind="applied")
+    with pytest.raises(ApiException) as raised:
+        core.patch_node("n1", {"metadata": {"labels": {"x": "1"}}})
+    assert raised.value.status == 500
+    assert kube_api.get_object("nodes", "n1")["metadata"]["labels"]["x"] == "1"
+    assert kube_api.requests[-1].fault == "applied" and kube_api.requests[-1].status == 500
+
+
 def test_fault_drop_closes_the_connection_without_answer(kube_api, core):
     before = seed_node(kube_api)
     kube_api.faults.add(method="PATCH", kind="drop")

@@ -21,10 +21,13 @@ from agent.adapters.kube import KubeClient, KubeError
 from agent.core.timefmt import iso
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 from agent.recovery.node import (
+    CLAIM_TTL,
     CONFLICT_ATTEMPTS,
+    claim_mark,
     cordon,
     incident_from_json,
     incident_text,
+    parse_incident,
     read_incident,
     read_node_view,
     store_incident,
@@ -431,6 +434,15 @@ FULL = Incident(
         pytest.param(json.dumps({**FULL.to_json(), "cordonedByUs": "yes"}), None, id="flag not a boolean"),
         pytest.param(json.dumps({**FULL.to_json(), "done": "cordon"}), None, id="done not a list"),
         pytest.param(json.dumps({k: v for k, v in FULL.to_json().items() if k != "id"}), None, id="id missing"),
+        # Read back from the cluster as strictly as config (issue 13, finding 11): never a time that is not one.
+        pytest.param(json.dumps({**FULL.to_json(), "since": float("nan")}), None, id="since NaN"),
+        pytest.param(json.dumps({**FULL.to_json(), "opened": float("inf")}), None, id="opened Infinity"),
+        pytest.param(json.dumps({**FULL.to_json(), "healthySince": float("-inf")}), None, id="healthySince -Infinity"),
+        pytest.param(incident_text(FULL).replace('"since":1.0', '"since":1e400'), None, id="since overflows"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": -1}), None, id="since before 1970"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": 1e300}), None, id="since past year 9999"),
+        pytest.param(json.dumps({**FULL.to_json(), "since": True}), None, id="since a boolean"),
+        pytest.param("[" * 100_000 + "]" * 100_000, None, id="nested too deep"),
     ],
 )
 def test_read_incident(text, expected, caplog) -> None:
@@ -476,3 +488,63 @@ def test_incident_from_json_rejects_a_non_object() -> None:
 )
 def test_read_node_view(node_, view) -> None:
     assert read_node_view(node_) == view
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reads"),
+    [
+        ("since", NOW + 86_400, True),
+        ("since", NOW + 86_401, False),
+        ("opened", NOW + 10 * 86_400, False),
+        ("healthySince", NOW + 365 * 86_400, False),
+        ("healthySince", NOW - 365 * 86_400, True),
+    ],
+)
+def test_read_incident_refuses_times_a_day_past_now(field, value, reads) -> None:
+    text = json.dumps({**INCIDENT.to_json(), field: value})
+    node_ = {"metadata": {"name": NODE, "annotations": {INCIDENT_ANNOTATION: text}}}
+    incident, problem = parse_incident(node_, now=NOW)
+    assert (incident is not None, problem == "") == (reads, reads)
+    if not reads:
+        assert f"'{field}' is " in problem and "after now" in problem
+    assert read_incident(node_) is not None  # without a now, only the absolute bounds apply
+
+
+@pytest.mark.parametrize(
+    ("stored", "claims"),
+    [
+        pytest.param(None, True, id="no record"),
+        pytest.param(dataclasses.replace(INCIDENT), True, id="unclaimed"),
+        pytest.param(dataclasses.replace(INCIDENT, claim="mine", claimed_at=NOW - 5), True, id="ours"),
+        pytest.param(dataclasses.replace(INCIDENT, claim="other", claimed_at=NOW - 5), False, id="another agent's"),
+        pytest.param(
+            dataclasses.replace(INCIDENT, claim="other", claimed_at=NOW - CLAIM_TTL), True, id="another's, stale"
+        ),
+        pytest.param(dataclasses.replace(INCIDENT, done=(Action.MARK_UNHEALTHY,)), False, id="marked already"),
+        pytest.param(
+            dataclasses.replace(INCIDENT, id="other/episode", claim="other", claimed_at=NOW),
+            True,
+            id="another incident",
+        ),
+    ],
+)
+def test_claim_mark(kube_api_server, client, stored, claims) -> None:
+    """Of two agents given one node name, only the one whose conditional claim lands marks the instance."""
+    put_node(kube_api_server, incident=stored)
+    claimed = claim_mark(client, node_name=NODE, incident=INCIDENT, token="mine", now=NOW)
+    if claims:
+        assert claimed == dataclasses.replace(INCIDENT, claim="mine", claimed_at=NOW)
+        assert read_incident(node(kube_api_server)) == claimed
+    else:
+        assert claimed is None
+        assert read_incident(node(kube_api_server)) == stored
+
+
+def test_a_conditional_store_never_overwrites_a_record_changed_since_it_was_read(kube_api_server, client) -> None:
+    put_node(kube_api_server, incident=by_us(INCIDENT, Action.CORDON))
+    with pytest.raises(KubeError) as info:
+        store_incident(client, node_name=NODE, incident=INCIDENT, expect=None)
+    assert info.value.status == 409
+    assert read_incident(node(kube_api_server)) == by_us(INCIDENT, Action.CORDON)
+    store_incident(client, node_name=NODE, incident=INCIDENT, expect=by_us(INCIDENT, Action.CORDON))
+    assert read_incident(node(kube_api_server)) == INCIDENT

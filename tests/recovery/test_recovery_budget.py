@@ -4,6 +4,7 @@ Lease, and 15 agents of a 50-node cluster asking at once."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from kubernetes import watch
 from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.budget import (
     BUDGET_ANNOTATION,
+    CLOCK_SKEW,
     ClusterBudget,
     budget_lease_name,
     budget_namespace,
@@ -187,7 +189,15 @@ def test_acquire_creates_the_lease_and_records_the_writer(api, agents):
     add_nodes(api, nodes(2))
     view = agents()("node-00").acquire(incident_id="NeuronHealth/X/uid/1")
     assert view == BudgetView(
-        holders=("node-00",), limit=1, actions_in_window=1, max_actions=100, this_node_holds=True, granted=True
+        holders=("node-00",),
+        limit=1,
+        actions_in_window=1,
+        max_actions=100,
+        this_node_holds=True,
+        granted=True,
+        window=600.0,
+        frees_at=T0 + 600.0,
+        skew=CLOCK_SKEW,
     )
     lease = api.get_object("leases", LEASE, NS)
     assert lease["spec"]["holderIdentity"] == "node-00"
@@ -389,6 +399,16 @@ def put_lease(server: KubeApiServer, annotation: str) -> None:
         ('{"holders": {"n": {"nodes": []}}}', "holders['n'].nodes must be a non-empty list"),
         ('{"holders": {}, "actions": ["yesterday"]}', "actions must be a list of times"),
         ('{"version": 2, "holders": {}}', "written in format version 2 by a newer agent"),
+        # Read back from the cluster as strictly as config (issue 13, finding 11):
+        ('{"holders": {}, "actions": [NaN]}', "actions[0] is nan"),
+        ('{"holders": {}, "actions": [1, Infinity]}', "actions[1] is inf"),
+        ('{"holders": {}, "actions": [1e400]}', "actions[0] is inf"),
+        ('{"holders": {}, "actions": [-5]}', "actions[0] is -5"),
+        ('{"holders": {}, "actions": [1e300]}', "actions[0] is 1e+300"),
+        ('{"holders": {}, "actions": [true]}', "actions[0] is True"),
+        ('{"holders": {"n": {"nodes": ["n"], "since": NaN}}}', "holders['n'] needs a string incident and a since"),
+        ('{"holders": {"n": {"nodes": ["n"], "incident": 7}}}', "holders['n'] needs a string incident"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),
     ],
 )
 def test_a_corrupt_lease_refuses_to_grant_and_writes_nothing(api, agents, caplog, annotation, why):
@@ -498,3 +518,66 @@ def test_fifteen_of_fifty_nodes_ask_at_once(api, kube):
         added, removed = set(after.holders) - set(before.holders), set(before.holders) - set(after.holders)
         assert len(added) + len(removed) == 1  # each write changed exactly one place: nothing overwritten
         assert len(after.actions) == len(before.actions) + len(added)
+
+
+# ---- times from the future (issue 13, finding 9) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ahead", "future", "free_after"),
+    [
+        (86_400.0, 10, 600 + 300),  # a day ahead: counted as 5 min ahead, gone a window after that
+        (3_600.0, 10, 600 + 300),
+        (300.0, 0, 600 + 300),  # within the skew: as written
+        (60.0, 0, 600 + 60),
+        (0.0, 0, 600),
+    ],
+)
+def test_step_times_in_the_future_count_as_at_most_the_skew_ahead(api, agents, caplog, ahead, future, free_after):
+    """A node with a fast clock (or a hand edit) writing step times ahead must not block recovery everywhere
+    until that time: they are clamped to now + CLOCK_SKEW when read, and written back clamped."""
+    add_nodes(api, nodes(4))
+    put_lease(api, json.dumps({"version": 1, "holders": {}, "actions": [T0 + ahead] * 10}))
+    clock = Clock()
+    a = agents(BudgetSettings(max_unhealthy=4, max_actions=10, window=600), clock)
+    view = a("node-00").acquire(incident_id="i0")  # refused; the clamped times are written back
+    assert (view.can_start, view.actions_in_window, view.future_actions) == (False, 10, future)
+    assert ("in the future" in view.why_blocked) == bool(future)
+    assert "10 of 10 disruptive steps in the last 10m used" in view.why_blocked
+    assert ("lie more than 300s in the future" in caplog.text) == bool(future)
+    clock.now = T0 + free_after - 0.5
+    assert not a("node-00").acquire(incident_id="i0").granted
+    clock.now = T0 + free_after + 0.5
+    granted = a("node-00").acquire(incident_id="i0")
+    assert granted.granted and granted.actions_in_window == 1
+    assert state(api).actions == (clock.now,)
+
+
+def test_future_step_times_are_written_back_clamped(api, agents):
+    add_nodes(api, nodes(4))
+    put_lease(api, json.dumps({"version": 1, "holders": {}, "actions": [T0 + 86_400.0]}))
+    a = agents(BudgetSettings(max_unhealthy=4, max_actions=10, window=600))
+    assert a("node-00").acquire(incident_id="i0").granted
+    assert state(api).actions == (T0 + CLOCK_SKEW, T0)
+
+
+@pytest.mark.parametrize(("method", "exists"), [("PUT", True), ("POST", False)])
+def test_a_write_answered_500_but_applied_is_granted_and_counted_once(api, agents, method, exists):
+    add_nodes(api, nodes(4))
+    a = agents()
+    if exists:
+        a("node-03").acquire(incident_id="i3")
+        a("node-03").release()
+    before = len(state(api).actions) if exists else 0
+    api.faults.add(method=method, path_regex=LEASE_PATH, status=500, kind="applied")
+    view = a("node-00").acquire(incident_id="i0")
+    assert view.granted and view.this_node_holds
+    assert len(state(api).actions) == before + 1 and holders(api) == {"node-00": ["node-00"]}
+
+
+def test_a_write_answered_500_and_not_applied_fails(api, agents):
+    add_nodes(api, nodes(4))
+    api.faults.add(method="POST", path_regex=LEASE_PATH, status=500)
+    with pytest.raises(KubeError) as info:
+        agents()("node-00").acquire(incident_id="i0")
+    assert info.value.status == 500 and api.get_object("leases", LEASE, NS) is None

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.adapters.aws import AwsError
+from agent.adapters.aws import AutoScaling, AwsClients, AwsError, InstanceMetadata
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Condition, Event, Provenance, Snapshot, Status
-from agent.recovery.asg import MarkResult
+from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
-from agent.recovery.drain import DrainResult
+from agent.recovery.drain import Drainer, DrainResult
+from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
@@ -37,6 +38,7 @@ from agent.recovery.model import (
 from agent.recovery.policyfile import DEFAULT_POLICY
 
 from helpers import kube_clients, wait_for
+from helpers.aws import ACCESS_DENIED, THROTTLING, AwsTestEnv, FaultyFront, closed_endpoint
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
@@ -135,7 +137,7 @@ class Harness:
         enabled: bool = True,
         policy: RecoveryPolicy = POLICY,
         labels: dict[str, str] | None = None,
-        marker: Marker | None = None,
+        marker: Marker | Callable[[NodeView], MarkResult] | None = None,
         clock: Clock | None = None,
         interval: float = 5.0,
     ) -> None:
@@ -446,7 +448,7 @@ def test_mark_unhealthy_failing_is_retried_without_a_second_cordon(harness, erro
     assert h.marker.marked == [NODE] and [n for n, _ in h.marker.calls] == [NODE, NODE]
     assert h.incident()["done"] == ["cordon", "mark-unhealthy"]
     assert h.cordon_patches() == 1
-    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkUnhealthyFailed", "RecoveryMarkedUnhealthy"]
 
 
 # ---- a long drain ----------------------------------------------------------------------------------------
@@ -579,6 +581,431 @@ def test_a_marked_node_is_never_uncordoned(harness):
         h.clock.now += 100
         assert h.step().actions == ()
     assert h.cordoned() and h.holders() == [NODE] and h.incident()["healthySince"] is not None
+
+
+def test_step_times_in_the_future_block_only_a_window_and_the_event_says_why(harness, api):
+    """Ten step times a day ahead (a fast clock, a hand edit) block recovery for a window plus the skew, not a
+    day, and RecoveryBlocked names that cause, not the places held (issue 13, finding 9)."""
+    policy = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=10, window=600.0))
+    h = harness(policy=policy)
+    future = json.dumps({"version": 1, "holders": {}, "actions": [T0 + 86_400.0] * 10})
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": DEFAULT_LEASE, "namespace": NS, "annotations": {BUDGET_ANNOTATION: future}},
+            "spec": {},
+        }
+    )
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().blocked is Blocked.BUDGET
+    (blocked,) = h.events("RecoveryBlocked")
+    assert "10 of 10 disruptive steps in the last 10m used" in blocked.message
+    assert "10 step times in the budget Lease lie more than 5m in the future" in blocked.message
+    assert "places held" not in blocked.message
+    h.clock.now += 600 + 300 + 1
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"since": float("nan")}, "'since' must be a time"),
+        ({"opened": float("inf")}, "'opened' must be a time"),
+        ({"healthySince": T0 + 30 * 86_400}, "'healthySince' is 2026-01-31T00:00:00Z, more than 86400s after now"),
+        ({"done": "cordon"}, "'done' must be a list"),
+        ({"since": "yesterday"}, "'since' must be a number"),
+    ],
+    ids=["since NaN", "opened Infinity", "healthySince a month ahead", "done not a list", "since a string"],
+)
+def test_a_hand_edited_incident_is_told_once_and_never_fails_a_step(harness, api, caplog, edit, says):
+    """An incident annotation that is not a record (issue 13, finding 11) is ignored as if absent and told once
+    (an Event naming the annotation and the field): no step raises, and the next record replaces it."""
+    h = harness()
+    record = {
+        "id": f"NeuronHealth/NeuronHasError_DMA_ERROR/{NODE}/1",
+        "condition": DMA[0],
+        "reason": DMA[1],
+        "since": T0 - 10,
+        "opened": T0,
+        "done": [],
+        **edit,
+    }
+    node = h.node()
+    node["metadata"].setdefault("annotations", {})[INCIDENT_ANNOTATION] = json.dumps(record)
+    api.put_object(node)
+    h.publish(healthy(since=T0 - 100))
+    for _ in range(3):
+        h.clock.now += 5
+        assert h.step().actions == ()
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.loop.stats.errors == 0
+    (told,) = h.events("RecoveryCorruptRecord")
+    assert told.type == "Warning" and INCIDENT_ANNOTATION in told.message and NODE in told.message
+    assert says in told.message, told.message
+    assert h.incident()["done"] == ["cordon", "mark-unhealthy"]  # replaced by a valid record
+    assert caplog.text.count("ignored") == 1
+
+
+@pytest.mark.parametrize("status", [500, 503, 504])
+def test_writes_answered_with_an_error_but_applied_count_as_done(harness, api, status):
+    """A 5xx for a write the API server carried out all the same (issue 13): the Node is read back, so the cordon
+    and the mark are counted ok and told, and nothing is repeated."""
+    h = harness()
+    api.faults.add(method="PATCH", path_regex=NODE_PATH, status=status, kind="applied", count=None)
+    api.faults.add(method="PUT", path_regex=LEASE_PATH, status=status, kind="applied", count=None)
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "ok"): 1}
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+    assert h.cordoned() and h.incident()["done"] == ["cordon", "mark-unhealthy"]
+    assert api.requests.count(method="PATCH", path_regex=NODE_PATH, status=status) >= 2
+    h.clock.now += 5
+    assert h.step().blocked is Blocked.NOTHING_LEFT
+    assert h.marker.marked == [NODE] and h.cordon_patches() == 1
+
+
+def test_a_write_answered_with_an_error_and_not_applied_is_failed_and_retried(harness, api):
+    h = harness()
+    api.faults.add(method="PATCH", path_regex=NODE_PATH, status=500, count=1, body_regex='"unschedulable"')
+    h.publish(problem())
+    h.clock.now += DELAY
+    with pytest.raises(KubeError) as info:
+        h.step()
+    assert info.value.status == 500
+    assert h.loop.stats.actions == {("cordon", "failed"): 1} and h.reasons() == []
+    h.clock.now += 5
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.reasons() == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"] and h.marker.marked == [NODE]
+
+
+# ---- AWS trouble against moto's server (issue 13) ------------------------------------------------------
+
+
+def without_provider_id(api: KubeApiServer) -> None:
+    node = api.get_object("nodes", NODE)
+    assert node is not None
+    node["spec"].pop("providerID")
+    api.put_object(node)
+
+
+@pytest.mark.slow  # moto's server
+@pytest.mark.parametrize(
+    ("trouble", "code", "says"),
+    [
+        (
+            "access denied",
+            "AccessDenied",
+            "the agent's AWS identity may not call autoscaling:DescribeAutoScalingInstances",
+        ),
+        ("throttled", "Throttling", "Rate exceeded"),
+        ("no region", "NoRegion", "set AWS_REGION"),
+        (
+            "no providerID, IMDS unreachable",
+            "NoInstanceId",
+            "the Node has no spec.providerID and the instance metadata",
+        ),
+    ],
+)
+def test_aws_trouble_is_told_once_and_never_a_wrong_action(
+    harness, api, aws: AwsTestEnv, monkeypatch, trouble, code, says
+):
+    """Real AsgMarker and boto3 against moto's server; IMDS is a closed loopback port (never 169.254.169.254).
+    Each trouble fails mark-unhealthy (counted, retried), is told once in an Event on the Node saying why the node
+    is only cordoned, never marks anything, and once the trouble is gone the next step marks the instance."""
+    group = aws.node_group()
+    instance = group.instance_ids[0]
+    faults = {"access denied": [ACCESS_DENIED] * 3, "throttled": [THROTTLING] * 3}.get(trouble, [])
+    imds = InstanceMetadata(endpoint=closed_endpoint(), environ={}, timeout=1.0)
+    with FaultyFront(upstream=aws.endpoint, faults=faults) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint)
+        if trouble == "no region":
+            monkeypatch.delenv("AWS_REGION")
+        marker = AsgMarker(autoscaling=AutoScaling(clients=AwsClients(imds=imds)), imds=imds)
+        h = harness(marker=marker)
+        node = h.node()
+        node["spec"]["providerID"] = f"aws:///us-west-2a/{instance}"
+        api.put_object(node)
+        if trouble.startswith("no providerID"):
+            without_provider_id(api)
+        h.publish(problem())
+        h.clock.now += DELAY
+        for _ in range(3):
+            with pytest.raises(AwsError) as failed:
+                h.step()
+            assert failed.value.code == code
+            h.clock.now += 5
+        assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "failed"): 3}
+        (told,) = h.events("RecoveryMarkUnhealthyFailed")
+        assert told.type == "Warning" and "the node stays cordoned but is not replaced" in told.message
+        assert says in told.message, told.message
+        assert h.cordoned() and h.incident()["done"] == ["cordon"]
+        assert "SetInstanceHealth" not in front.actions
+        health = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance])
+        assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "HEALTHY"
+        # The trouble goes away: the next step marks the instance, once.
+        if trouble == "no region":
+            monkeypatch.setenv("AWS_REGION", "us-west-2")
+        if trouble.startswith("no providerID"):
+            node = h.node()
+            node["spec"]["providerID"] = f"aws:///us-west-2a/{instance}"
+            api.put_object(node)
+        assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    assert front.actions.count("SetInstanceHealth") == 1
+    health = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance])
+    assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+
+
+# ---- flapping (issue 13, finding 13) ------------------------------------------------------------------------
+
+
+def test_a_flapping_node_is_held_cordoned_longer_each_time_and_counts_once(harness, kube):
+    """With uncordonAfter, a condition that comes back soon after each uncordon used to cordon and uncordon every
+    few seconds, spending a cluster step each time. Each flap now doubles the hold, and costs no new step."""
+    policy = dataclasses.replace(CORDON_ONLY, budget=BudgetSettings(max_unhealthy=2, max_actions=2, window=86_400.0))
+    h = harness(policy=policy)
+    h.clock.now += DELAY
+    holds = []
+    for flap in range(4):
+        h.publish(problem(since=h.clock.now))
+        assert h.step().actions == (Action.CORDON,), flap
+        h.clock.now += 5
+        healed = h.clock.now
+        h.publish(healthy(since=healed))
+        h.step()
+        while h.step().actions != (Action.UNCORDON,):
+            assert h.cordoned()
+            h.clock.now += 10
+        holds.append(h.clock.now - healed)
+        assert not h.cordoned() and h.incident() is None
+        assert json.loads(h.node()["metadata"]["annotations"][FLAP_ANNOTATION]) == {
+            "count": flap + 1,
+            "lastUncordon": h.clock.now,
+        }
+        h.clock.now += 5  # it comes back 5 s after the uncordon: a flap
+    assert holds == [300, 600, 1200, 2400]
+    lease = api_lease(h)
+    assert len(lease.actions) == 1, "four cordons of one flapping node count as one step"
+    assert len(h.events("RecoveryFlapping")) == 3 and len(h.events("RecoveryCordoned")) == 4
+    assert "the node stays cordoned until healthy for 10m" in h.events("RecoveryFlapping")[0].message
+    # The window is not starved: another node may still take a step.
+    other = ClusterBudget(
+        client=kube(),
+        namespace=NS,
+        lease_name=DEFAULT_LEASE,
+        node_name=OTHERS[0],
+        settings=policy.budget,
+        clock=h.clock,
+    )
+    assert other.acquire(incident_id="x").granted
+
+
+def test_a_node_healthy_for_an_hour_after_its_uncordon_is_forgiven(harness):
+    h = harness(policy=dataclasses.replace(CORDON_ONLY, budget=BudgetSettings(window=86_400.0)))
+    h.clock.now += DELAY
+    for gap, hold, counted in [(0, 300, 1), (5, 600, 1), (FLAP_MEMORY + 1, 300, 2)]:
+        h.clock.now += gap
+        h.publish(problem(since=h.clock.now))
+        assert h.step().actions == (Action.CORDON,)
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += hold - 1
+        assert h.step().actions == ()
+        h.clock.now += 1
+        assert h.step().actions == (Action.UNCORDON,)
+        assert len(api_lease(h).actions) == counted
+    assert json.loads(h.node()["metadata"]["annotations"][FLAP_ANNOTATION])["count"] == 1
+
+
+def api_lease(h: Harness):
+    lease = h.api.get_object("leases", DEFAULT_LEASE, NS)
+    assert lease is not None
+    return decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION])
+
+
+# ---- not yet tried (issue 13) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one after the other", "at once"])
+def test_two_agents_claiming_one_node_name_act_once(harness, api, together):
+    """A misconfigured second agent with the same NODE_NAME (its own client, budget and marker) on the same Node:
+    the Node is cordoned once, the instance marked once, and the record stays whole."""
+    marker = Marker()
+    a, b = harness(marker=marker), harness(marker=marker, clock=None)
+    b.clock = a.clock
+    b.loop._clock = a.clock
+    b.budget._clock = a.clock
+    for h in (a, b):
+        h.publish(problem())
+    a.clock.now += DELAY
+    if together:
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def step(h: Harness) -> None:
+            barrier.wait()
+            try:
+                h.step()
+            except Exception as exc:  # noqa: BLE001 (collected and judged below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=step, args=(h,)) for h in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert all(isinstance(e, KubeError) and e.transient for e in errors), errors
+    else:
+        a.step()
+        b.step()
+    for _ in range(2):
+        a.clock.now += 5
+        for h in (a, b):
+            h.step()
+    assert a.cordon_patches() == 1
+    assert marker.marked == [NODE], marker.calls
+    assert a.incident()["done"] == ["cordon", "mark-unhealthy"] and a.incident()["cordonedByUs"]
+    assert a.holders() == [NODE]
+    assert len(a.events("RecoveryCordoned")) + len(b.events("RecoveryCordoned")) == 1
+
+
+class DrainTime:
+    """The drain's fake monotonic clock and sleep (the loop's wall clock is the harness's)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def bound_pod(name: str, *, app: str, grace: int = 30) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}],
+            "terminationGracePeriodSeconds": grace,
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("objects", "stays", "says"),
+    [
+        pytest.param(
+            [
+                bound_pod("db-0", app="db"),
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "db", "namespace": "default"},
+                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+                },
+            ],
+            "default/db-0",
+            "not evicted within 300s (PodDisruptionBudget)",
+            id="a PDB that never allows eviction",
+        ),
+        pytest.param(
+            [bound_pod("slow-0", app="slow", grace=3_153_600_000)],  # a hundred years
+            "default/slow-0",
+            "still terminating 120s after it was asked to go",
+            id="a huge terminationGracePeriodSeconds",
+        ),
+    ],
+)
+def test_a_drain_that_cannot_finish_gives_up_at_its_deadline_reports_and_never_replaces(
+    harness, kube, api, objects, stays, says
+):
+    rule = PolicyRule(
+        condition=DMA[0], reasons=("NeuronHasError_*",), actions=(Action.CORDON, Action.DRAIN, Action.MARK_UNHEALTHY)
+    )
+    h = harness(policy=dataclasses.replace(POLICY, rules=(rule,)))
+    for obj in objects:
+        api.put_object(obj)
+    fake = DrainTime()
+    client = kube()
+    ran: list[float] = []
+
+    def drainer(stop: threading.Event, report) -> DrainResult:
+        started = fake.now
+        result = Drainer(
+            client=client,
+            node_name=NODE,
+            settings=POLICY.drain,
+            clock=fake.clock,
+            sleep=fake.sleep,
+            report=report,
+            rng=lambda: 0.5,
+        ).run(stop)
+        ran.append(fake.now - started)
+        return result
+
+    h.loop._drainer = drainer
+    h.publish(problem())
+    h.clock.now += DELAY
+    for first in (True, False):  # the next step tries the drain again, and gives up again
+        expected = ((Action.CORDON,) if first else ()) + (Action.DRAIN, Action.MARK_UNHEALTHY)
+        assert h.step().actions == expected
+        h.clock.now += 5
+    assert all(took <= POLICY.drain.pod_deadline + 5 for took in ran), ran  # at its deadline, not the 30 min timeout
+    assert h.marker.calls == [], "never replaced over pods that could not leave"
+    assert h.incident()["done"] == ["cordon"] and h.incident()["drain"] == "deadline" and h.cordoned()
+    assert api.get_object("pods", stays.split("/")[1], "default") is not None
+    told = [e for e in h.events("RecoveryDrainPodDeadline") if stays in e.message]
+    assert len(told) == 2 and says in told[0].message, told
+    assert len(h.events("RecoveryDrainIncomplete")) == 2
+    assert h.loop.stats.drains == {"deadline": 2}
+
+
+@pytest.mark.parametrize("when", ["before the mark", "while held, then healed", "while another node waits"])
+def test_the_budget_lease_deleted_mid_incident(harness, kube, api, when):
+    """An operator deletes the budget Lease mid-incident: nothing crashes, a needed step recreates it, a release
+    without it writes nothing, and (as documented) the holders it listed are forgotten."""
+    one = BudgetSettings(max_unhealthy=1, max_actions=100)
+    policy = dataclasses.replace(CORDON_ONLY if when == "while held, then healed" else POLICY, budget=one)
+    errors = [AwsError("Rate exceeded", code="Throttling", transient=True)] if when == "before the mark" else []
+    h = harness(policy=policy, marker=Marker(*errors))
+    if when == "while another node waits":
+        other = ClusterBudget(
+            client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one, clock=h.clock
+        )
+        assert other.acquire(incident_id="x").granted
+    h.publish(problem())
+    h.clock.now += DELAY
+    if when == "before the mark":
+        with pytest.raises(AwsError):
+            h.step()  # cordoned, holding the place; the mark failed
+        assert h.holders() == [NODE]
+    elif when == "while another node waits":
+        assert h.step().blocked is Blocked.BUDGET
+    else:
+        assert h.step().actions == (Action.CORDON,)
+    api.delete_object("leases", DEFAULT_LEASE, NS)
+    h.clock.now += 5
+    if when == "while held, then healed":
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += 300
+        assert h.step().actions == (Action.UNCORDON,)
+        assert api.get_object("leases", DEFAULT_LEASE, NS) is None, "a release without a Lease writes nothing"
+        assert not h.cordoned() and h.incident() is None
+    else:
+        expected = (Action.MARK_UNHEALTHY,) if when == "before the mark" else (Action.CORDON, Action.MARK_UNHEALTHY)
+        assert h.step().actions == expected
+        assert h.holders() == [NODE] and h.marker.marked == [NODE]
+        assert h.incident()["budgetHeld"]
 
 
 # ---- zones and pools ---------------------------------------------------------------------------------
