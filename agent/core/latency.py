@@ -15,8 +15,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prometheus_client.core import HistogramMetricFamily
+
 # Seconds: from well under the agent's own p99 (about 11 ms) to the 10 minutes past which nobody waits.
 DETECTION_BOUNDS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+# Seconds: recovery's phases, from a cordon a second after detection to an incident open for a day.
+RECOVERY_BOUNDS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 21600, 86400)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,3 +60,11 @@ class Histogram:
             running += count
             cumulative.append((bound, running))
         return HistogramSnapshot(buckets=tuple(cumulative), total=total, count=running)
+
+
+def histogram_metric(name: str, doc: str, value: HistogramSnapshot) -> HistogramMetricFamily:
+    """``value`` as a Prometheus histogram family (cumulative buckets, +Inf last)."""
+    family = HistogramMetricFamily(name, doc)
+    buckets = [("+Inf" if math.isinf(bound) else repr(float(bound)), count) for bound, count in value.buckets]
+    family.add_metric([], buckets=buckets, sum_value=value.total)
+    return family

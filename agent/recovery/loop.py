@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.core.backoff import Backoff
 from agent.core.bus import Inbox, Notice, SnapshotFeed
+from agent.core.latency import RECOVERY_BOUNDS, Histogram
 from agent.core.types import Event, Severity, Snapshot
 from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
@@ -57,6 +58,12 @@ class MarkUnhealthy(Protocol):
     def __call__(self, node: NodeView) -> MarkResult: ...
 
 
+# The phases recovery times, each from the problem's own time (Incident.since): the node cordoned, drained,
+# its remedy requested (the instance marked unhealthy), and the incident closed (healed).
+PHASES = ("cordoned", "drained", "remedy", "closed")
+REMEDIES = (Action.MARK_UNHEALTHY,)  # the action that hands the node to a remedy
+
+
 @dataclass
 class RecoveryStats:
     """What the collector exports (``node_health_agent_recovery_*``)."""
@@ -71,6 +78,12 @@ class RecoveryStats:
     incident: Incident | None = None
     budget: BudgetView | None = None
     enabled: bool = False
+    # Seconds from the problem's own time (the incident's since) to each phase, and how long incidents stay open.
+    phases: dict[str, Histogram] = dataclasses.field(
+        default_factory=lambda: {phase: Histogram(bounds=RECOVERY_BOUNDS) for phase in PHASES}
+    )
+    # (condition, remedy, outcome) -> incidents
+    incidents: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 class RecoveryLoop:
@@ -348,6 +361,7 @@ class RecoveryLoop:
                 self.stats.actions[(action.value, "failed")] += 1
                 raise
             self.stats.actions[(action.value, "ok")] += 1
+            self._observe(action, incident)
             if action is Action.UNCORDON:
                 incident = None
             self.stats.incident = incident
@@ -359,6 +373,25 @@ class RecoveryLoop:
             )
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
+        if stored is not None and decision.incident is None and not stored.dry_run:
+            self._closed(stored)  # healed (uncordoned by this step, or nothing left to undo)
+
+    def _observe(self, action: Action, incident: Incident) -> None:
+        """Time a phase an action completed (a drain only once done), from the problem's own time."""
+        elapsed = self._clock() - incident.since
+        if action is Action.CORDON:
+            self.stats.phases["cordoned"].observe(elapsed)
+        elif action is Action.DRAIN and incident.drain == "done":
+            self.stats.phases["drained"].observe(elapsed)
+        elif action in REMEDIES:
+            self.stats.phases["remedy"].observe(elapsed)
+            self.stats.incidents[(incident.condition, action.value, "remedy-requested")] += 1
+
+    def _closed(self, incident: Incident) -> None:
+        """The incident healed and was closed: how long it was open, and with what remedy."""
+        self.stats.phases["closed"].observe(self._clock() - incident.since)
+        remedy = next((a.value for a in reversed(incident.done) if a.disruptive), "none")
+        self.stats.incidents[(incident.condition, remedy, "healed")] += 1
 
     def _do(self, action: Action, incident: Incident, view: NodeView) -> tuple[Incident, bool]:
         """Carry out one action; the incident after it and whether the next actions may follow.

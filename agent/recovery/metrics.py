@@ -10,6 +10,12 @@
 - ``node_health_agent_recovery_incident_open``: 1 while this node has an open incident.
 - ``node_health_agent_recovery_budget_holders`` / ``..._budget_limit``: the cluster budget as last read
   (only once it was read: recovery enabled and an incident needed it).
+- ``node_health_agent_recovery_detect_to_{cordoned,drained,remedy}_seconds`` (histograms): from the
+  problem's own time to the node cordoned, drained, its remedy requested; ``..._incident_open_seconds``:
+  from the problem's own time to the incident closed, healed.
+- ``node_health_agent_recovery_incidents_total{condition,remedy,outcome}``: incidents by condition type
+  (owned types only), remedy (the last disruptive action, or ``none``) and outcome (``remedy-requested``,
+  ``healed``): bounded, no message text or device id.
 """
 
 from __future__ import annotations
@@ -18,10 +24,23 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from agent.core.latency import histogram_metric
 from agent.recovery.loop import RecoveryStats
 from agent.recovery.model import Action
 
 PREFIX = "node_health_agent_recovery_"
+PHASE_KEYS = {
+    "detect_to_cordoned": "cordoned",
+    "detect_to_drained": "drained",
+    "detect_to_remedy": "remedy",
+    "incident_open": "closed",
+}
+PHASE_DOCS = {
+    "detect_to_cordoned": "Seconds from a problem's own time to the node cordoned by recovery.",
+    "detect_to_drained": "Seconds from a problem's own time to the node drained.",
+    "detect_to_remedy": "Seconds from a problem's own time to its remedy requested (instance marked unhealthy).",
+    "incident_open": "Seconds from a problem's own time to its incident closed, healed (time to repair).",
+}
 
 
 class RecoveryCollector:
@@ -55,6 +74,16 @@ class RecoveryCollector:
         yield GaugeMetricFamily(
             PREFIX + "incident_open", "1 while this node has an open incident.", value=int(s.incident is not None)
         )
+        incidents = CounterMetricFamily(
+            PREFIX + "incidents",
+            "Incidents by condition, remedy and outcome.",
+            labels=["condition", "remedy", "outcome"],
+        )
+        for (condition, remedy, outcome), count in sorted(s.incidents.items()):
+            incidents.add_metric([condition, remedy, outcome], count)
+        yield incidents
+        for phase, doc in PHASE_DOCS.items():
+            yield histogram_metric(PREFIX + phase + "_seconds", doc, s.phases[PHASE_KEYS[phase]].snapshot())
         if s.budget is not None:
             yield GaugeMetricFamily(
                 PREFIX + "budget_holders", "Failure domains holding a budget place.", value=len(s.budget.holders)

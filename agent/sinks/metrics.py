@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from agent.core.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
-from agent.core.latency import HistogramSnapshot
+from agent.core.latency import HistogramSnapshot, histogram_metric
 from agent.core.types import Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
@@ -204,23 +204,12 @@ class AgentCollector:
         state_dir.add_metric([], 1.0 if stats.state_dir_ok else 0.0)
         yield state_dir
         if stats.detection is not None:
-            yield histogram(
+            yield histogram_metric(
                 "node_health_agent_detection_seconds",
                 "Seconds from a problem's transition time (a kernel line's own time, a check's run) to the Node "
                 "showing it: time to detect.",
                 stats.detection,
             )
-
-
-def histogram(name: str, doc: str, value: HistogramSnapshot) -> HistogramMetricFamily:
-    """``value`` as a Prometheus histogram (cumulative buckets, +Inf last)."""
-    family = HistogramMetricFamily(name, doc)
-    family.add_metric([], buckets=[(_le(bound), count) for bound, count in value.buckets], sum_value=value.total)
-    return family
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def build_registry(*collectors: Collector) -> CollectorRegistry:

@@ -1031,3 +1031,64 @@ def test_a_zone_failing_together_holds_with_one_event_and_goes_on_when_it_clears
         api.put_object(node_object(other, zone))
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.cordoned() and h.marker.marked == [NODE]
+
+
+# ---- figures an operator watches ---------------------------------------------------------------------
+
+
+def buckets(h: Harness, phase: str) -> dict[float, int]:
+    reading = h.loop.stats.phases[phase].snapshot()
+    return {bound: count for bound, count in reading.buckets if count}
+
+
+@pytest.mark.parametrize(
+    ("policy", "phases", "incidents"),
+    [
+        # cordon + mark-unhealthy 70 s after the kernel line: cordoned and remedy both at 70 s
+        (
+            POLICY,
+            {"cordoned": 1, "remedy": 1, "closed": 0},
+            {("NeuronHealth", "mark-unhealthy", "remedy-requested"): 1},
+        ),
+        # cordon at 70 s, healed 10 s later, uncordoned 300 s after that: open 380 s
+        (CORDON_ONLY, {"cordoned": 1, "remedy": 0, "closed": 1}, {("NeuronHealth", "cordon", "healed"): 1}),
+    ],
+    ids=["remedy", "healed"],
+)
+def test_each_phase_is_timed_from_the_problem_s_own_time(harness, policy, phases, incidents):
+    h = harness(policy=policy)
+    h.publish(problem(since=T0 - 10))
+    h.clock.now += DELAY
+    h.step()
+    h.clock.now += 10
+    h.publish(healthy(since=h.clock.now))
+    h.step()
+    h.clock.now += 300
+    h.step()
+    h.clock.now += 60
+    h.step()  # nothing new: nothing observed twice
+    assert {p: h.loop.stats.phases[p].snapshot().count for p in phases} == phases
+    assert min(buckets(h, "cordoned")) == 120  # 70 s: the 120 s bucket is the first holding it
+    if phases["closed"]:
+        assert h.loop.stats.phases["closed"].snapshot().total == 380
+    assert dict(h.loop.stats.incidents) == incidents
+
+
+def test_the_collector_exports_the_histograms_and_the_incident_counter(harness):
+    from prometheus_client import generate_latest
+
+    from agent.recovery.metrics import RecoveryCollector
+    from agent.sinks.metrics import build_registry
+
+    h = harness()
+    h.publish(problem(since=T0 - 10))
+    h.clock.now += DELAY
+    h.step()
+    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats))).decode()
+    assert 'node_health_agent_recovery_detect_to_cordoned_seconds_bucket{le="120.0"} 1.0' in text
+    assert "node_health_agent_recovery_detect_to_remedy_seconds_count 1.0" in text
+    assert "node_health_agent_recovery_incident_open_seconds_count 0.0" in text
+    assert (
+        'node_health_agent_recovery_incidents_total{condition="NeuronHealth",outcome="remedy-requested",'
+        'remedy="mark-unhealthy"} 1.0' in text
+    )
