@@ -499,11 +499,29 @@ def recovery_components(
             mark_unhealthy=marker,
             drainer=drainer,
             clock=clock,
+            holds=hold_gate(settings=settings, kube=kube),
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
         collectors.append(RecoveryCollector(stats=lambda: loop.stats))
+        from agent.recovery.holds import HoldCollector
+
+        collectors.append(HoldCollector(stats=lambda: loop.holds.stats, clock=clock))
     return components, details, collectors
+
+
+def hold_gate(*, settings: Settings, kube: KubeSetup) -> Any:
+    """Pauses (the pause Lease, read only when recovery acts), vetoes and the agent's health."""
+    from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name
+
+    store = (
+        PauseStore(
+            client=kube.client, namespace=settings.pod_namespace, lease_name=pause_lease_name(settings.cluster_name)
+        )
+        if settings.enable_recovery
+        else None
+    )
+    return HoldGate(store=store, client=kube.client, node_name=kube.node_name)
 
 
 def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
