@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -459,3 +461,21 @@ def test_hold_kinds_are_the_event_reasons():
 
 def test_a_publication_without_health_counts_as_healthy():
     assert Publication(number=1, snapshot=Snapshot(conditions=(), generated_at=T0)).agent_healthy
+
+
+@pytest.mark.parametrize("command", ["pause", "resume"])
+def test_kubectl_node_health_pause_and_resume(api, tmp_path, command):
+    """``kubectl node-health pause|resume`` reach the commands (anything else stays ``status``)."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    if command == "resume":
+        pause(api, Pause(scope=Scope.NODE, value=NODE, by="alice", since=T0))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from agent.app.cli import kubectl_plugin; sys.exit(kubectl_plugin())"]
+        + [command, "--kubeconfig", str(kubeconfig), "--node", NODE, "--by", "bob"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [p.key for p in lease_pauses(api).pauses] == ([f"node={NODE}"] if command == "pause" else [])
+    assert f"recovery {'paused' if command == 'pause' else 'resumed'}" in proc.stdout
