@@ -131,6 +131,7 @@ class Harness:
         self.told: list[Event] = []
         self.marked: list[str] = []
         self.ticks = Clock(0.0)  # monotonic seconds, moved by the test
+        self.live: dict[str, bool] = {}  # the supervisor's health now
         budget = ClusterBudget(
             client=client,
             namespace=NS,
@@ -146,6 +147,7 @@ class Harness:
             node_name=NODE,
             recheck=2.0,
             monotonic=self.ticks,
+            health=lambda: self.live,
         )
         self.loop = RecoveryLoop(
             feed=self.feed,
@@ -328,6 +330,17 @@ def test_no_action_while_a_producer_is_unhealthy(harness):
     assert not h.cordoned() and h.marked == [] and not h.budget_written()
     assert h.reasons() == ["RecoveryAgentUnhealthy"] and "kmsg_reader unhealthy" in h.told[0].message
     h.publish(problem(), health={"kmsg_reader": True, "main_loop": True})
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
+def test_no_action_while_a_producer_is_unhealthy_now_though_its_last_publication_was_healthy(harness):
+    """A reader that stopped publishes nothing: the last publication still says healthy; live health says not."""
+    h = harness()
+    h.publish(problem(), health={"kmsg_reader": True})
+    h.live = {"kmsg_reader": False, "main_loop": True}
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryAgentUnhealthy"]
+    h.live = {"kmsg_reader": True, "main_loop": True}
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
 
 

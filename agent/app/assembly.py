@@ -348,6 +348,7 @@ def build_runtime(
             components.append(seeder)
             details["node_seeder"] = lambda: seeder.last_error
     collectors: list[Any] = []
+    supervisor_ref: list[Supervisor] = []
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
             settings=settings,
@@ -357,11 +358,11 @@ def build_runtime(
             policy=policy,
             clock=clock,
             conditions=declared,
+            health=lambda: supervisor_ref[0].health(),
         )
         consumers.extend(extra)
         details.update(extra_details)
         collectors.extend(extra_collectors)
-    supervisor_ref: list[Supervisor] = []
     main_loop = MainLoop(
         inbox=inbox,
         feed=feed,
@@ -420,6 +421,7 @@ def recovery_components(
     policy: Any,
     clock: Callable[[], float],
     conditions: Sequence[ConditionSpec] = (),
+    health: Callable[[], dict[str, bool]] | None = None,  # every component's health now (recovery's gate)
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
     """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
 
@@ -499,7 +501,7 @@ def recovery_components(
             mark_unhealthy=marker,
             drainer=drainer,
             clock=clock,
-            holds=hold_gate(settings=settings, kube=kube),
+            holds=hold_gate(settings=settings, kube=kube, health=health),
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
@@ -510,7 +512,7 @@ def recovery_components(
     return components, details, collectors
 
 
-def hold_gate(*, settings: Settings, kube: KubeSetup) -> Any:
+def hold_gate(*, settings: Settings, kube: KubeSetup, health: Callable[[], dict[str, bool]] | None) -> Any:
     """Pauses (the pause Lease, read only when recovery acts), vetoes and the agent's health."""
     from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name
 
@@ -521,7 +523,7 @@ def hold_gate(*, settings: Settings, kube: KubeSetup) -> Any:
         if settings.enable_recovery
         else None
     )
-    return HoldGate(store=store, client=kube.client, node_name=kube.node_name)
+    return HoldGate(store=store, client=kube.client, node_name=kube.node_name, health=health)
 
 
 def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:

@@ -303,10 +303,15 @@ class Hold:
     since: float | None = None
 
 
-def unhealthy_hold(publication: Publication) -> Hold | None:
-    if publication.agent_healthy:
+def unhealthy_hold(publication: Publication, live: Mapping[str, bool] | None = None) -> Hold | None:
+    """Held while the publication the decision rests on was made by an unhealthy agent, or while a
+    component is unhealthy now (``live``: a reader that stopped publishes nothing, so its last
+    publication still says healthy)."""
+    bad = sorted(
+        {name for name, ok in publication.health.items() if not ok} | {n for n, ok in (live or {}).items() if not ok}
+    )
+    if not bad:
         return None
-    bad = sorted(name for name, ok in publication.health.items() if not ok)
     return Hold(
         kind=HoldKind.UNHEALTHY,
         message=f"the agent is not healthy ({', '.join(bad)} unhealthy): what it saw may be stale; no action",
@@ -420,8 +425,10 @@ class HoldGate:
         node_name: str,
         recheck: float = RECHECK,
         monotonic: Callable[[], float] = time.monotonic,
+        health: Callable[[], Mapping[str, bool]] | None = None,  # every component's health now (supervisor)
     ) -> None:
         self._store = store
+        self._health = health
         self._client = client
         self._node_name = node_name
         self._recheck = recheck
@@ -431,7 +438,7 @@ class HoldGate:
     def check(self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
         """The hold in force for acting on ``incident`` now (fresh read of the pause Lease), or None."""
         self.stats.checks += 1
-        hold = unhealthy_hold(publication) or veto_hold(node) or self._paused(node, incident)
+        hold = unhealthy_hold(publication, self._live()) or veto_hold(node) or self._paused(node, incident)
         self.stats.current = hold
         return hold
 
@@ -445,7 +452,7 @@ class HoldGate:
         """A stop for a drain: set by ``stop`` or by a hold (health, veto, pause) found while it runs."""
 
         def probe() -> Hold | None:
-            hold = unhealthy_hold(publication())
+            hold = unhealthy_hold(publication(), self._live())
             if hold is None:
                 node = self._client.get_node(self._node_name)
                 hold = veto_hold(node) or self._paused(node, incident)
@@ -454,6 +461,9 @@ class HoldGate:
             return hold
 
         return _Halt(stop=stop, probe=probe, recheck=self._recheck, monotonic=self._monotonic)
+
+    def _live(self) -> Mapping[str, bool] | None:
+        return self._health() if self._health is not None else None
 
     def _paused(self, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
         if self._store is None:
