@@ -11,13 +11,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from agent.adapters.kube import KubeClient
+from agent.app.assembly import stale_checks
 from agent.app.cli import main
+from agent.checks.model import ScheduledCheck
+from agent.checks.scheduler import CheckStats
 from agent.core.bus import Inbox, Notice, Publication, SnapshotFeed
-from agent.core.types import Condition, Event, Snapshot, Status
+from agent.core.types import Condition, ConditionSpec, Event, Snapshot, Status
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import ClusterBudget
 from agent.recovery.drain import DrainOutcome, DrainResult
@@ -70,6 +74,16 @@ DRAINING = dataclasses.replace(
         ),
     ),
 )
+
+
+class Quiet:
+    name = "quiet"
+    interval = 60.0
+    timeout = 10.0
+    conditions = (ConditionSpec(type="NeuronDevices", reason="Ok", message="ok"),)
+
+    def run(self, context):  # never called here
+        raise AssertionError
 
 
 class Clock:
@@ -132,6 +146,7 @@ class Harness:
         self.marked: list[str] = []
         self.ticks = Clock(0.0)  # monotonic seconds, moved by the test
         self.live: dict[str, bool] = {}  # the supervisor's health now
+        self.stale: dict[str, str] = {}  # condition type -> the check that went quiet
         budget = ClusterBudget(
             client=client,
             namespace=NS,
@@ -148,6 +163,7 @@ class Harness:
             recheck=2.0,
             monotonic=self.ticks,
             health=lambda: self.live,
+            stale=lambda: self.stale,
         )
         self.loop = RecoveryLoop(
             feed=self.feed,
@@ -344,6 +360,32 @@ def test_no_action_while_a_producer_is_unhealthy_now_though_its_last_publication
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
 
 
+@pytest.mark.parametrize(
+    ("stale", "held"), [({"NeuronHealth": "neuron-devices"}, True), ({"GpuEcc": "gpu-ecc"}, False)]
+)
+def test_no_action_on_a_condition_whose_check_went_quiet(harness, stale, held):
+    h = harness()
+    h.publish(problem())
+    h.stale = stale
+    assert (h.step().actions == ()) is held
+    assert h.cordoned() is not held
+    if held:
+        assert h.reasons() == ["RecoveryAgentUnhealthy"] and "check neuron-devices" in h.told[0].message
+
+
+def test_stale_checks_are_those_without_a_completed_run_for_three_intervals():
+    clock = Clock()
+    spec = ScheduledCheck(check=Quiet(), interval=60.0, timeout=10.0, kind="python", origin="test", jitter=0.0)
+    scheduler = SimpleNamespace(checks=(spec,), stats={"quiet": CheckStats(kind="python", origin="test")})
+    stale = stale_checks(scheduler, clock=clock)
+    clock.now += 190  # 3 * 60 + 10: not yet (counted from the start while it never completed)
+    assert stale() == {}
+    clock.now += 1
+    assert stale() == {"NeuronDevices": "quiet"}
+    scheduler.stats["quiet"].last_success = clock.now - 5
+    assert stale() == {}
+
+
 def test_the_default_gate_honours_agent_health_too(api, kube):
     """A loop built without a gate (no pause Lease) still never acts for an unhealthy agent."""
     client = kube()
@@ -487,7 +529,7 @@ def test_kubectl_node_health_pause_and_resume(api, tmp_path, command):
         + [command, "--kubeconfig", str(kubeconfig), "--node", NODE, "--by", "bob"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
     assert [p.key for p in lease_pauses(api).pauses] == ([f"node={NODE}"] if command == "pause" else [])

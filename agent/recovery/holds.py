@@ -426,9 +426,11 @@ class HoldGate:
         recheck: float = RECHECK,
         monotonic: Callable[[], float] = time.monotonic,
         health: Callable[[], Mapping[str, bool]] | None = None,  # every component's health now (supervisor)
+        stale: Callable[[], Mapping[str, str]] | None = None,  # condition type -> its check, gone quiet
     ) -> None:
         self._store = store
         self._health = health
+        self._stale = stale
         self._client = client
         self._node_name = node_name
         self._recheck = recheck
@@ -438,7 +440,12 @@ class HoldGate:
     def check(self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
         """The hold in force for acting on ``incident`` now (fresh read of the pause Lease), or None."""
         self.stats.checks += 1
-        hold = unhealthy_hold(publication, self._live()) or veto_hold(node) or self._paused(node, incident)
+        hold = (
+            unhealthy_hold(publication, self._live())
+            or self._stale_hold(incident)
+            or veto_hold(node)
+            or self._paused(node, incident)
+        )
         self.stats.current = hold
         return hold
 
@@ -452,7 +459,7 @@ class HoldGate:
         """A stop for a drain: set by ``stop`` or by a hold (health, veto, pause) found while it runs."""
 
         def probe() -> Hold | None:
-            hold = unhealthy_hold(publication(), self._live())
+            hold = unhealthy_hold(publication(), self._live()) or self._stale_hold(incident)
             if hold is None:
                 node = self._client.get_node(self._node_name)
                 hold = veto_hold(node) or self._paused(node, incident)
@@ -461,6 +468,18 @@ class HoldGate:
             return hold
 
         return _Halt(stop=stop, probe=probe, recheck=self._recheck, monotonic=self._monotonic)
+
+    def _stale_hold(self, incident: Incident | None) -> Hold | None:
+        if self._stale is None or incident is None:
+            return None
+        check = self._stale().get(incident.condition)
+        if check is None:
+            return None
+        return Hold(
+            kind=HoldKind.UNHEALTHY,
+            message=f"check {check}, which raises {incident.condition}, has not completed a run lately: what it "
+            "said may be stale; no action",
+        )
 
     def _live(self) -> Mapping[str, bool] | None:
         return self._health() if self._health is not None else None
