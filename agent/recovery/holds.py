@@ -5,8 +5,10 @@ Three kinds, checked in this order before every step that would act (and again w
 Agent health (``unhealthy``)
     Recovery acts only on what a healthy agent saw: while any component in the latest publication
     is unhealthy (:attr:`agent.core.bus.Publication.agent_healthy`: the kmsg reader, the check
-    scheduler, the main loop, ...) nothing is done. The decision may rest on a producer that stopped
-    reading, so "still True" may be stale.
+    scheduler, the main loop, ...), or is unhealthy now (``health``: the supervisor's view; a reader
+    that stopped publishes nothing, so its last publication still says healthy), nothing is done:
+    "still True" may be stale. The same while the check that raises the condition acted on has not
+    completed a run lately (``stale``: three intervals plus its timeout, from assembly).
 
 Vetoes (``vetoed``)
     Per node, set by an operator with kubectl: the annotation ``VETO_ANNOTATION`` (any non-empty
