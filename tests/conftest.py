@@ -53,6 +53,7 @@ SLOW_MODULES = frozenset(
         "test_project_rules",
         "test_recovery_e2e",
         "test_recovery_fleet",
+        "test_recovery_pause_e2e",
         "test_reload",
         "test_value_bounds",
     }

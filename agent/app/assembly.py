@@ -354,6 +354,7 @@ def build_runtime(
             components.append(seeder)
             details["node_seeder"] = lambda: seeder.last_error
     collectors: list[Any] = []
+    supervisor_ref: list[Supervisor] = []
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
             settings=settings,
@@ -363,11 +364,12 @@ def build_runtime(
             policy=policy,
             clock=clock,
             conditions=declared,
+            health=lambda: supervisor_ref[0].health(),
+            stale=stale_checks(scheduler, clock=clock) if scheduler is not None else None,
         )
         consumers.extend(extra)
         details.update(extra_details)
         collectors.extend(extra_collectors)
-    supervisor_ref: list[Supervisor] = []
     main_loop = MainLoop(
         inbox=inbox,
         feed=feed,
@@ -427,6 +429,8 @@ def recovery_components(
     policy: Any,
     clock: Callable[[], float],
     conditions: Sequence[ConditionSpec] = (),
+    health: Callable[[], dict[str, bool]] | None = None,  # every component's health now (recovery's gate)
+    stale: Callable[[], dict[str, str]] | None = None,  # condition type -> its check, stale (recovery's gate)
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
     """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
 
@@ -507,11 +511,55 @@ def recovery_components(
             mark_unhealthy=marker,
             drainer=drainer,
             clock=clock,
+            holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale),
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
         collectors.append(RecoveryCollector(stats=lambda: loop.stats))
+        from agent.recovery.holds import HoldCollector
+
+        collectors.append(HoldCollector(stats=lambda: loop.holds.stats, clock=clock))
     return components, details, collectors
+
+
+def hold_gate(
+    *,
+    settings: Settings,
+    kube: KubeSetup,
+    health: Callable[[], dict[str, bool]] | None,
+    stale: Callable[[], dict[str, str]] | None = None,
+) -> Any:
+    """Pauses (the pause Lease, read only when recovery acts), vetoes and the agent's health."""
+    from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name
+
+    store = (
+        PauseStore(
+            client=kube.client, namespace=settings.pod_namespace, lease_name=pause_lease_name(settings.cluster_name)
+        )
+        if settings.enable_recovery
+        else None
+    )
+    return HoldGate(store=store, client=kube.client, node_name=kube.node_name, health=health, stale=stale)
+
+
+def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], dict[str, str]]:
+    """``() -> {condition type: check name}`` for the checks that have not completed a run (OK or
+    PROBLEM) within three intervals (with jitter) plus their timeout: what they said may be stale."""
+    from agent.checks.scheduler import declared_conditions
+
+    started = clock()
+
+    def stale() -> dict[str, str]:
+        now = clock()
+        out: dict[str, str] = {}
+        for spec in scheduler.checks:
+            stats = scheduler.stats.get(spec.name)
+            last = stats.last_success if stats is not None and stats.last_success is not None else started
+            if now - last > 3 * spec.interval * (1 + spec.jitter) + spec.timeout:
+                out.update(dict.fromkeys(declared_conditions(spec.check), spec.name))
+        return out
+
+    return stale
 
 
 def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:

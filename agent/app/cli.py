@@ -333,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.app.commands.status import add_parser as add_status_parser
 
     add_status_parser(sub, parents=[common])
+    from agent.app.commands.pause import add_parsers as add_pause_parsers
+
+    add_pause_parsers(sub, parents=[common])
 
     val = sub.add_parser(
         "validate-config",
@@ -402,6 +405,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from agent.app.commands.status import status
 
             return status(args)
+        if args.command in ("pause", "resume"):
+            from agent.app.commands.pause import pause
+
+            return pause(args)
         if args.command == "kmsg-relay":
             from agent.sources.relay_server import run_relay
 
@@ -614,8 +621,9 @@ def _stop_on_signals() -> threading.Event:
 
 
 def kubectl_plugin() -> int:
-    """``kubectl node-health [flags]`` (a ``kubectl-node_health`` executable on PATH)."""
-    return main(["status", *sys.argv[1:]])
+    """``kubectl node-health [status|pause|resume] [flags]`` (a ``kubectl-node_health`` executable on PATH)."""
+    argv = sys.argv[1:]
+    return main(argv if argv[:1] and argv[0] in ("status", "pause", "resume") else ["status", *argv])
 
 
 def entry() -> None:

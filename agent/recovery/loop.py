@@ -36,6 +36,7 @@ from agent.core.latency import RECOVERY_BOUNDS, Histogram
 from agent.core.types import Event, Severity, Snapshot
 from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
+from agent.recovery.holds import Hold, HoldGate
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
 
 if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the functions that use them
@@ -108,6 +109,7 @@ class RecoveryLoop:
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
         stall_timeout: float = 600.0,
+        holds: HoldGate | None = None,  # pauses, vetoes, agent health (None: health and vetoes only)
     ) -> None:
         if enabled and budget is None:
             raise ValueError("recovery that acts needs the cluster budget")
@@ -138,6 +140,7 @@ class RecoveryLoop:
         self._token = uuid.uuid4().hex  # this agent process, in a claim on the Node (never a secret)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
+        self.holds = holds or HoldGate(store=None, client=client, node_name=node_name, monotonic=monotonic)
 
     # ---- component -------------------------------------------------------------------------------
 
@@ -184,7 +187,8 @@ class RecoveryLoop:
         from agent.recovery.node import read_node_view
         from agent.recovery.policy import decide, matching, with_budget_held
 
-        snapshot = self._feed.latest().snapshot
+        publication = self._feed.latest()
+        snapshot = publication.snapshot
         if not snapshot.seeded:
             return None  # our conditions are not adopted yet: nothing to judge
         self._note_untrusted(snapshot)
@@ -213,6 +217,14 @@ class RecoveryLoop:
             )
 
         decision = decided(None)  # the budget is read only when a decision needs it
+        if decision.actions or decision.blocked is Blocked.BUDGET:  # about to act: a hold comes first
+            hold = self.holds.check(publication=publication, node=node, incident=decision.incident or incident)
+            if hold is not None:
+                self._held(hold, decision.incident or incident)
+                self._quiet = False
+                return dataclasses.replace(decision, actions=(), message=hold.message)
+        else:
+            self.holds.clear()
         if decision.blocked is Blocked.BUDGET and self._enabled:
             pending = decision.incident or incident
             assert pending is not None
@@ -291,6 +303,12 @@ class RecoveryLoop:
             f"{format_duration(max(flaps.MAX_HOLD, self._policy.uncordon_after or 0.0))}); a flap takes no new step "
             "of the cluster budget",
         )
+
+    def _held(self, hold: Hold, incident: Incident | None) -> None:
+        """Count a step held by a pause, a veto or the agent's own health; tell once per incident and why."""
+        self.stats.blocked[hold.kind.value] += 1
+        if incident is not None:
+            self._tell_once(incident, f"held:{hold.message}", "Warning", f"Recovery{hold.kind.value}", hold.message)
 
     def _note_untrusted(self, snapshot: Snapshot) -> None:
         """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""
@@ -459,8 +477,14 @@ class RecoveryLoop:
             progress = kind in ("DrainStarted", "DrainSucceeded")
             self._event(incident, "Normal" if progress else "Warning", f"Recovery{kind}", message)
 
+        halt = self.holds.halt(self._stop, publication=self._feed.latest, incident=incident)
         try:
-            result = self._drainer(self._stop, report)
+            result = self._drainer(halt, report)
+            if halt.hold is not None:
+                self._held(halt.hold, incident)
+                self._event(
+                    incident, "Warning", "RecoveryDrainHeld", f"drain stopped before the next pod: {halt.hold.message}"
+                )
         finally:
             self._draining_until = float("-inf")
             self._beat = self._monotonic()

@@ -80,7 +80,11 @@ def test_the_table_names_every_call_the_recovery_code_makes():
     assert recovery_methods() <= set(RECOVERY_CALLS) | NOT_GRANTED
 
 
+PAUSE_ROLE = "node-health-agent-recovery-pause"  # for operators (pause/resume), bound to no agent
+
+
 def test_recovery_rbac_is_exactly_what_recovery_calls(rendered):
+    rendered = [d for d in rendered if d["metadata"]["name"] != PAUSE_ROLE]
     base = {("", "nodes", "get"), ("", "nodes/status", "patch")}
     base |= {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
     cluster = granted(rendered, "ClusterRole")
@@ -93,6 +97,18 @@ def test_recovery_rbac_is_exactly_what_recovery_calls(rendered):
     assert role["metadata"]["namespace"] == NAMESPACE
     for binding in [d for d in rendered if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "node-health-agent", "namespace": NAMESPACE}]
+
+
+def test_the_pause_role_is_for_operators_and_no_agent_holds_it(rendered):
+    (role,) = [d for d in rendered if d["metadata"]["name"] == PAUSE_ROLE]
+    assert (role["kind"], role["metadata"]["namespace"]) == ("Role", NAMESPACE)
+    assert granted([role], "Role") == {
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+        ("", "events", "create"),
+    }
+    assert not [d for d in rendered if d["kind"].endswith("Binding") and d["roleRef"]["name"] == PAUSE_ROLE]
 
 
 def test_the_components_turn_recovery_and_cloudwatch_on(rendered):

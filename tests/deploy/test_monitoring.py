@@ -148,7 +148,12 @@ def test_alerts_and_dashboards_name_only_exported_metrics(
     assert not failures - alerted, f"failure metrics without an alert: {sorted(failures - alerted)}"
     # Recovery that fails to act, a spent budget and checks stuck UNKNOWN have alerts of their own.
     exprs = "\n".join(alert_exprs().values())
-    for part in ('recovery_actions_total{result="failed"}', 'why="RecoveryBlocked"', 'check_status{status="UNKNOWN"}'):
+    for part in (
+        'recovery_actions_total{result="failed"}',
+        'why="RecoveryBlocked"',
+        'check_status{status="UNKNOWN"}',
+        "recovery_paused_seconds",  # a forgotten pause (issue 15)
+    ):
         assert part in exprs, part
 
 

@@ -164,7 +164,40 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
             budget["lastWriter"] = (lease.get("spec") or {}).get("holderIdentity")
     budget["maxUnhealthy"] = policy.budget.max_unhealthy
     budget["maxUnhealthyCap"] = policy.budget.max_unhealthy_cap
-    return {"nodes": rows, "budget": budget, "nodesListed": len(nodes)}
+    return {
+        "nodes": rows,
+        "budget": budget,
+        "nodesListed": len(nodes),
+        "pauses": pause_view(client, namespace, cluster_name),
+    }
+
+
+def pause_view(client: Any, namespace: str, cluster_name: str) -> dict[str, Any]:
+    """Every pause in force (``pauses``) with who, why and when; ``problem`` when the Lease is unreadable."""
+    from agent.recovery.holds import PauseStore, pause_lease_name
+
+    store = PauseStore(client=client, namespace=namespace, lease_name=pause_lease_name(cluster_name))
+    pauses = store.read()
+    view: dict[str, Any] = {"lease": store.where, "pauses": [p.to_json() for p in pauses.pauses]}
+    if pauses.problem:
+        view["problem"] = pauses.problem
+    return view
+
+
+def _print_pauses(pauses: Mapping[str, Any] | None, *, out: TextIO, now: float) -> None:
+    if pauses is None:
+        return
+    if pauses.get("problem"):
+        print(f"\nPAUSED EVERYWHERE: {pauses['problem']}", file=out)
+        return
+    if not pauses["pauses"]:
+        print(f"\npauses (Lease {pauses['lease']}): none", file=out)
+        return
+    print(f"\npauses (Lease {pauses['lease']}):", file=out)
+    for p in pauses["pauses"]:
+        what = p["scope"] if p["scope"] == "cluster" else f"{p['scope']}={p['value']}"
+        why = f": {p['why']}" if p["why"] else ""
+        print(f"  {what} by {p['by'] or 'unknown'} {_ago(p['since'], now)} ago{why}", file=out)
 
 
 def _conditions(node: Mapping[str, Any], *, types: set[str], now: float) -> list[Any]:
@@ -219,6 +252,7 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
                 ("  ".join(str(c).ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]).rstrip(),
                 file=out,
             )
+    _print_pauses(view.get("pauses"), out=out, now=now)
     budget = view["budget"]
     print(f"\nbudget (Lease {budget['lease']}):", file=out)
     if "state" in budget:

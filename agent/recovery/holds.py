@@ -1,0 +1,523 @@
+"""Holds: what stops recovery from acting, whatever the policy decides.
+
+Three kinds, checked in this order before every step that would act (and again while a drain runs):
+
+Agent health (``unhealthy``)
+    Recovery acts only on what a healthy agent saw: while any component in the latest publication
+    is unhealthy (:attr:`agent.core.bus.Publication.agent_healthy`: the kmsg reader, the check
+    scheduler, the main loop, ...), or is unhealthy now (``health``: the supervisor's view; a reader
+    that stopped publishes nothing, so its last publication still says healthy), nothing is done:
+    "still True" may be stale. The same while the check that raises the condition acted on has not
+    completed a run lately (``stale``: three intervals plus its timeout, from assembly).
+
+Vetoes (``vetoed``)
+    Per node, set by an operator with kubectl: the annotation ``VETO_ANNOTATION`` (any non-empty
+    value, its text is the why: ``kubectl annotate node N node-health-agent.io/veto="disk swap,
+    alice"``) or the older opt-out label ``OPT_OUT_LABEL=disabled``. Read from the Node the step
+    reads anyway.
+
+Pauses (``paused``)
+    Set and lifted by ``node-health-agent pause`` / ``resume``; kept in one Lease in the agent's
+    namespace, :func:`pause_lease_name` (``DEFAULT_PAUSE_LEASE`` plus ``-<cluster name>``), as the
+    JSON in the annotation ``PAUSE_ANNOTATION``::
+
+        {"version": 1, "pauses": [{"scope": "cluster", "value": "", "by": "alice", "why": "bad rule",
+                                   "since": 1767225600.0}, ...]}
+
+    A pause covers the whole cluster, one pool (``--pool VALUE``: a node whose pool label, one of
+    ``POOL_LABELS``, has that value), one node (``--node NAME``) or the problems whose reason
+    matches a shell glob (``--condition-reason GLOB``; a glob with ``/`` matches
+    ``<condition>/<reason>``). Agents only read it (RBAC ``leases get``, which recovery already
+    has; the admission policy lets them write only the budget Lease): an agent can never lift a pause.
+
+    **Fleet cost.** An agent reads the Lease only when it is about to act (a step whose decision has
+    actions, before it asks the budget) and every ``recheck`` seconds while a drain runs. Agents with
+    nothing to do read nothing, so a 2,000-node fleet costs no more calls than the few nodes that
+    act; those see a pause at their next step (every 5 s) or within ``recheck`` during a drain: a
+    drain stops before its next pod. No rollout: the Lease is read, not mounted.
+
+    **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
+    counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
+    or removes it (``resume`` refuses to write over it and says how).
+
+Nothing here writes the Node; :class:`HoldGate` is what the recovery loop asks.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import fnmatch
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from agent.adapters.kube import KubeError
+from agent.core.bus import Publication
+from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, Incident
+
+log = logging.getLogger(__name__)
+
+PAUSE_ANNOTATION = f"{DOMAIN}/pauses"
+VETO_ANNOTATION = f"{DOMAIN}/veto"  # on a Node: any non-empty value = never act on it (the value says why)
+DEFAULT_PAUSE_LEASE = "node-health-agent-recovery-pause"  # + "-<cluster name>" when a cluster name is set
+FORMAT_VERSION = 1
+POOL_LABELS = (
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "alpha.eksctl.io/nodegroup-name",
+    "node.kubernetes.io/pool",
+)
+RECHECK = 2.0  # seconds between fresh reads of the pause Lease and the Node while a drain runs
+ATTEMPTS = 5  # read-modify-write rounds of pause/resume before a conflict is given up
+MAX_WHY = 1024  # bytes of an operator's text kept
+_DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
+
+
+class Scope(enum.StrEnum):
+    CLUSTER = "cluster"
+    POOL = "pool"
+    NODE = "node"
+    REASON = "condition-reason"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pause:
+    """One pause: what it covers, who set it, why and when (wall-clock seconds)."""
+
+    scope: Scope
+    value: str = ""  # "" for the cluster; the pool value, the node name or the glob
+    by: str = ""
+    why: str = ""
+    since: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return self.scope.value if self.scope is Scope.CLUSTER else f"{self.scope.value}={self.value}"
+
+    def covers(self, *, node: str, labels: Mapping[str, str], condition: str, reason: str) -> bool:
+        if self.scope is Scope.CLUSTER:
+            return True
+        if self.scope is Scope.NODE:
+            return self.value == node
+        if self.scope is Scope.POOL:
+            return any(labels.get(label) == self.value for label in POOL_LABELS)
+        subject = f"{condition}/{reason}" if "/" in self.value else reason
+        return bool(reason) and fnmatch.fnmatchcase(subject, self.value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scope": self.scope.value, "value": self.value, "by": self.by, "why": self.why, "since": self.since}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pauses:
+    """The pauses in force; ``problem`` (non-empty) = the annotation is unreadable: paused everywhere."""
+
+    pauses: tuple[Pause, ...] = ()
+    problem: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept on write
+
+
+class CorruptPauses(ValueError):
+    """The pause annotation cannot be read safely."""
+
+
+def pause_lease_name(cluster_name: str = "") -> str:
+    """``DEFAULT_PAUSE_LEASE``, or ``DEFAULT_PAUSE_LEASE-<cluster name>`` (a valid object name)."""
+    suffix = _DNS_INVALID.sub("-", cluster_name.strip().lower()).strip(".-")
+    name = f"{DEFAULT_PAUSE_LEASE}-{suffix}" if suffix else DEFAULT_PAUSE_LEASE
+    return name[:253].rstrip(".-")
+
+
+def decode_pauses(text: str | None) -> Pauses:
+    """The pauses in the annotation (absent or empty = none). Raises CorruptPauses."""
+    if text is None or not text.strip():
+        return Pauses()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CorruptPauses(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CorruptPauses("not a JSON object")
+    version = data.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise CorruptPauses(f"version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise CorruptPauses(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
+    raw = data.get("pauses", [])
+    if not isinstance(raw, list):
+        raise CorruptPauses("pauses must be a list")
+    pauses: list[Pause] = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise CorruptPauses(f"pauses[{i}] must be an object")
+        try:
+            scope = Scope(str(entry.get("scope")))
+        except ValueError:
+            known = ", ".join(s.value for s in Scope)
+            raise CorruptPauses(f"pauses[{i}].scope must be one of {known}, got {entry.get('scope')!r}") from None
+        value, by, why, since = (entry.get(k, d) for k, d in (("value", ""), ("by", ""), ("why", ""), ("since", 0)))
+        if not all(isinstance(v, str) for v in (value, by, why)):
+            raise CorruptPauses(f"pauses[{i}]: value, by and why must be strings")
+        if isinstance(since, bool) or not isinstance(since, int | float) or not math.isfinite(since):
+            raise CorruptPauses(f"pauses[{i}].since must be a time in seconds, got {since!r}")
+        if (scope is Scope.CLUSTER) != (value == ""):
+            raise CorruptPauses(
+                f"pauses[{i}]: a {scope.value} pause needs {'no' if scope is Scope.CLUSTER else 'a'} value"
+            )
+        pauses.append(Pause(scope=scope, value=value, by=by, why=why, since=float(since)))
+    extra = {k: v for k, v in data.items() if k not in ("version", "pauses")}
+    return Pauses(pauses=tuple(pauses), extra=extra)
+
+
+def encode_pauses(pauses: Pauses) -> str:
+    data: dict[str, Any] = dict(pauses.extra)
+    data["version"] = FORMAT_VERSION
+    data["pauses"] = [p.to_json() for p in sorted(pauses.pauses, key=lambda p: (p.since, p.key))]
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _annotation(lease: Mapping[str, Any] | None) -> str | None:
+    if lease is None:
+        return None
+    return ((lease.get("metadata") or {}).get("annotations") or {}).get(PAUSE_ANNOTATION)
+
+
+class LeaseClient(Protocol):
+    """The part of :class:`agent.adapters.kube.KubeClient` the pause store uses."""
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class PauseStore:
+    """The pause Lease: read (agents, ``status``) and changed (``pause``/``resume``, operators only)."""
+
+    def __init__(self, *, client: LeaseClient, namespace: str, lease_name: str) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._lease_name = lease_name
+
+    @property
+    def where(self) -> str:
+        return f"{self._namespace}/{self._lease_name}"
+
+    def read(self) -> Pauses:
+        """The pauses now; an unreadable annotation gives ``problem`` (never raises for it)."""
+        lease = self._get()
+        try:
+            return decode_pauses(_annotation(lease))
+        except CorruptPauses as exc:
+            return Pauses(problem=corrupt_message(self.where, str(exc)))
+
+    def change(self, edit: Callable[[Pauses], Pauses]) -> tuple[Pauses, Pauses]:
+        """Read → ``edit`` → conditional write (409: read again and redo). (before, after).
+        Raises CorruptPauses when the annotation is unreadable: nothing is written over it."""
+        for _ in range(ATTEMPTS):
+            lease = self._get()
+            before = decode_pauses(_annotation(lease))
+            after = edit(before)
+            if after == before:
+                return before, after
+            try:
+                self._write(lease, after)
+            except KubeError as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            return before, after
+        raise KubeError(f"pause Lease {self.where}: still conflicting after {ATTEMPTS} attempts", status=409)
+
+    def _get(self) -> dict[str, Any] | None:
+        try:
+            return self._client.get_lease(self._namespace, self._lease_name)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _write(self, lease: dict[str, Any] | None, pauses: Pauses) -> None:
+        if lease is None:
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": self._lease_name,
+                    "namespace": self._namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "node-health-agent"},
+                },
+                "spec": {},
+            }
+        else:
+            body = copy.deepcopy(lease)  # keeps metadata.resourceVersion: the write is conditional
+        metadata = body.setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), PAUSE_ANNOTATION: encode_pauses(pauses)}
+        if lease is None:
+            self._client.create_lease(self._namespace, body)
+        else:
+            self._client.replace_lease(self._namespace, self._lease_name, body)
+
+
+def corrupt_message(where: str, problem: str) -> str:
+    return (
+        f"the pause Lease {where} has an unreadable {PAUSE_ANNOTATION} annotation ({problem}): treated as a "
+        f"cluster-wide pause until an operator fixes it or removes it "
+        f"(kubectl annotate lease -n {where.replace('/', ' ', 1)} {PAUSE_ANNOTATION}-)"
+    )
+
+
+def with_pause(pauses: Pauses, pause: Pause) -> Pauses:
+    """``pauses`` with ``pause`` added (replacing one of the same scope and value)."""
+    kept = tuple(p for p in pauses.pauses if p.key != pause.key)
+    return replace(pauses, pauses=(*kept, pause))
+
+
+def without_pause(pauses: Pauses, key: str) -> Pauses:
+    return replace(pauses, pauses=tuple(p for p in pauses.pauses if p.key != key))
+
+
+# ---- holds -----------------------------------------------------------------------------------------
+
+
+class HoldKind(enum.StrEnum):
+    UNHEALTHY = "AgentUnhealthy"
+    VETOED = "Vetoed"
+    PAUSED = "Paused"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hold:
+    """Why recovery does nothing now. ``since``: when the pause was set (None for the others)."""
+
+    kind: HoldKind
+    message: str
+    since: float | None = None
+
+
+def unhealthy_hold(publication: Publication, live: Mapping[str, bool] | None = None) -> Hold | None:
+    """Held while the publication the decision rests on was made by an unhealthy agent, or while a
+    component is unhealthy now (``live``: a reader that stopped publishes nothing, so its last
+    publication still says healthy)."""
+    bad = sorted(
+        {name for name, ok in publication.health.items() if not ok} | {n for n, ok in (live or {}).items() if not ok}
+    )
+    if not bad:
+        return None
+    return Hold(
+        kind=HoldKind.UNHEALTHY,
+        message=f"the agent is not healthy ({', '.join(bad)} unhealthy): what it saw may be stale; no action",
+    )
+
+
+def veto_hold(node: Mapping[str, Any]) -> Hold | None:
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    why = str(annotations.get(VETO_ANNOTATION, "")).strip()
+    if why:
+        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({VETO_ANNOTATION}: {why[:MAX_WHY]})")
+    if str(labels.get(OPT_OUT_LABEL, "")).lower() in ("disabled", "false", "off"):
+        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({OPT_OUT_LABEL}={labels[OPT_OUT_LABEL]})")
+    return None
+
+
+def pause_hold(pauses: Pauses, *, node: Mapping[str, Any], condition: str, reason: str) -> Hold | None:
+    if pauses.problem:
+        return Hold(kind=HoldKind.PAUSED, message=pauses.problem)
+    metadata = node.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    labels = metadata.get("labels") or {}
+    covering = [p for p in pauses.pauses if p.covers(node=name, labels=labels, condition=condition, reason=reason)]
+    if not covering:
+        return None
+    first = min(covering, key=lambda p: p.since)
+    return Hold(
+        kind=HoldKind.PAUSED,
+        message="paused: " + "; ".join(describe(p) for p in covering),
+        since=first.since,
+    )
+
+
+def describe(pause: Pause) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pause.since))
+    return f"{pause.key} by {pause.by or 'unknown'} at {when}" + (f" ({pause.why})" if pause.why else "")
+
+
+class _Halt(threading.Event):
+    """The stop a drain is given: set when the agent stops, or when a hold applies (probed at most
+    every ``recheck`` seconds, so a drain stops before its next pod). ``hold`` says which."""
+
+    def __init__(
+        self,
+        *,
+        stop: threading.Event,
+        probe: Callable[[], Hold | None],
+        recheck: float,
+        monotonic: Callable[[], float],
+    ) -> None:
+        super().__init__()
+        self._stop = stop
+        self._probe = probe
+        self._recheck = recheck
+        self._monotonic = monotonic
+        self._next = monotonic() + recheck
+        self.hold: Hold | None = None
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        if self._stop.is_set():
+            self.set()
+            return True
+        now = self._monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self._recheck
+        try:
+            hold = self._probe()
+        except Exception as exc:  # the drain meets the same API trouble and reports it: no new information
+            log.warning("recovery: cannot check for a pause or veto during the drain: %s", exc)
+            return False
+        if hold is not None:
+            self.hold = hold
+            self.set()
+            return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else self._monotonic() + timeout
+        while not self.is_set():
+            left = self._recheck if end is None else min(self._recheck, end - self._monotonic())
+            if left <= 0:
+                return False
+            self._stop.wait(min(left, 0.5))
+        return True
+
+
+@dataclass
+class HoldStats:
+    """What the collector exports: the hold found by the last check (None = free to act)."""
+
+    current: Hold | None = None
+    checks: int = 0
+    pause_reads: int = 0
+
+
+class HoldGate:
+    """What the recovery loop asks before acting, and the stop it gives a drain.
+
+    ``store`` None: no pause Lease is read (pauses cannot be set: tests and standalone use)."""
+
+    def __init__(
+        self,
+        *,
+        store: PauseStore | None,
+        client: Any,  # NodeClient: get_node, for the veto while a drain runs
+        node_name: str,
+        recheck: float = RECHECK,
+        monotonic: Callable[[], float] = time.monotonic,
+        health: Callable[[], Mapping[str, bool]] | None = None,  # every component's health now (supervisor)
+        stale: Callable[[], Mapping[str, str]] | None = None,  # condition type -> its check, gone quiet
+    ) -> None:
+        self._store = store
+        self._health = health
+        self._stale = stale
+        self._client = client
+        self._node_name = node_name
+        self._recheck = recheck
+        self._monotonic = monotonic
+        self.stats = HoldStats()
+
+    def check(self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
+        """The hold in force for acting on ``incident`` now (fresh read of the pause Lease), or None."""
+        self.stats.checks += 1
+        hold = (
+            unhealthy_hold(publication, self._live())
+            or self._stale_hold(incident)
+            or veto_hold(node)
+            or self._paused(node, incident)
+        )
+        self.stats.current = hold
+        return hold
+
+    def clear(self) -> None:
+        """No action was due this step: nothing is held now."""
+        self.stats.current = None
+
+    def halt(
+        self, stop: threading.Event, *, publication: Callable[[], Publication], incident: Incident | None
+    ) -> _Halt:
+        """A stop for a drain: set by ``stop`` or by a hold (health, veto, pause) found while it runs."""
+
+        def probe() -> Hold | None:
+            hold = unhealthy_hold(publication(), self._live()) or self._stale_hold(incident)
+            if hold is None:
+                node = self._client.get_node(self._node_name)
+                hold = veto_hold(node) or self._paused(node, incident)
+            if hold is not None:
+                self.stats.current = hold
+            return hold
+
+        return _Halt(stop=stop, probe=probe, recheck=self._recheck, monotonic=self._monotonic)
+
+    def _stale_hold(self, incident: Incident | None) -> Hold | None:
+        if self._stale is None or incident is None:
+            return None
+        check = self._stale().get(incident.condition)
+        if check is None:
+            return None
+        return Hold(
+            kind=HoldKind.UNHEALTHY,
+            message=f"check {check}, which raises {incident.condition}, has not completed a run lately: what it "
+            "said may be stale; no action",
+        )
+
+    def _live(self) -> Mapping[str, bool] | None:
+        return self._health() if self._health is not None else None
+
+    def _paused(self, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
+        if self._store is None:
+            return None
+        self.stats.pause_reads += 1
+        pauses = self._store.read()
+        if pauses.problem:
+            log.error("recovery: %s", pauses.problem)
+        condition, reason = (incident.condition, incident.reason) if incident is not None else ("", "")
+        return pause_hold(pauses, node=node, condition=condition, reason=reason)
+
+
+class HoldCollector:
+    """``node_health_agent_recovery_held{kind}`` (1 while recovery on this node is held, by kind) and
+    ``node_health_agent_recovery_paused_seconds`` (how long the pause holding it has been in force)."""
+
+    def __init__(self, *, stats: Callable[[], HoldStats], clock: Callable[[], float] = time.time) -> None:
+        self._stats = stats
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        current = self._stats().current
+        held = GaugeMetricFamily(
+            "node_health_agent_recovery_held",
+            "1 while recovery on this node is held (paused, vetoed, agent unhealthy), by kind.",
+            labels=["kind"],
+        )
+        for kind in HoldKind:
+            held.add_metric([kind.value], int(current is not None and current.kind is kind))
+        yield held
+        since = current.since if current is not None and current.since is not None else None
+        yield GaugeMetricFamily(
+            "node_health_agent_recovery_paused_seconds",
+            "Seconds since the pause that holds recovery on this node was set (0: not paused).",
+            value=max(0.0, self._clock() - since) if since is not None else 0.0,
+        )

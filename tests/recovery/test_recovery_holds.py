@@ -1,0 +1,536 @@
+"""Holds on recovery (agent.recovery.holds): the pause Lease, the per-node veto, the per-reason switch,
+the agent's own health; ``pause``/``resume``/``status`` through the command line. Real KubeClient
+against tests/kubeapi; the recovery loop driven by ``step()`` with an injected clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent.adapters.kube import KubeClient
+from agent.app.assembly import stale_checks
+from agent.app.cli import main
+from agent.checks.model import ScheduledCheck
+from agent.checks.scheduler import CheckStats
+from agent.core.bus import Inbox, Notice, Publication, SnapshotFeed
+from agent.core.types import Condition, ConditionSpec, Event, Snapshot, Status
+from agent.recovery.asg import MarkResult
+from agent.recovery.budget import ClusterBudget
+from agent.recovery.drain import DrainOutcome, DrainResult
+from agent.recovery.holds import (
+    PAUSE_ANNOTATION,
+    VETO_ANNOTATION,
+    CorruptPauses,
+    HoldCollector,
+    HoldGate,
+    HoldKind,
+    Pause,
+    Pauses,
+    PauseStore,
+    Scope,
+    decode_pauses,
+    encode_pauses,
+    pause_lease_name,
+    with_pause,
+)
+from agent.recovery.loop import RecoveryLoop
+from agent.recovery.model import (
+    BUILTIN_CONDITIONS,
+    DEFAULT_LEASE,
+    INCIDENT_ANNOTATION,
+    Action,
+    BudgetSettings,
+    NodeView,
+    PolicyRule,
+)
+from agent.recovery.policyfile import DEFAULT_POLICY
+
+from helpers import kube_clients
+from kubeapi.server import KubeApiServer
+
+pytest_plugins = ["kubeapi.fixtures"]
+
+NS = "node-health-agent"
+NODE = "ip-10-0-0-1.us-west-2.compute.internal"
+T0 = 1_767_225_600.0
+LEASE = pause_lease_name()
+DMA = ("NeuronHealth", "NeuronHasError_DMA_ERROR")
+POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
+DRAINING = dataclasses.replace(
+    POLICY,
+    rules=(
+        PolicyRule(
+            condition="NeuronHealth",
+            reasons=("NeuronHasError_*",),
+            actions=(Action.CORDON, Action.DRAIN, Action.MARK_UNHEALTHY),
+        ),
+    ),
+)
+
+
+class Quiet:
+    name = "quiet"
+    interval = 60.0
+    timeout = 10.0
+    conditions = (ConditionSpec(type="NeuronDevices", reason="Ok", message="ok"),)
+
+    def run(self, context):  # never called here
+        raise AssertionError
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node_object(name: str = NODE, *, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {}) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", **labels}, "annotations": dict(annotations)},
+        "spec": {"providerID": "aws:///us-west-2a/i-0123456789abcdef0"},
+    }
+
+
+def problem(condition: str = DMA[0], reason: str = DMA[1]) -> Condition:
+    return Condition(
+        type=condition, status=Status.TRUE, reason=reason, message="t", last_transition=T0 - 10, last_update=T0 - 10
+    )
+
+
+@pytest.fixture
+def api(kube_api_server: KubeApiServer) -> KubeApiServer:
+    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    return kube_api_server
+
+
+@pytest.fixture
+def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
+    with kube_clients(api, tmp_path, timeout=5.0) as make:
+        yield make
+
+
+def put_pauses(api: KubeApiServer, text: str) -> None:
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": LEASE, "namespace": NS, "annotations": {PAUSE_ANNOTATION: text}},
+            "spec": {},
+        }
+    )
+
+
+def pause(api: KubeApiServer, *pauses: Pause) -> None:
+    put_pauses(api, encode_pauses(Pauses(pauses=pauses)))
+
+
+class Harness:
+    def __init__(self, api: KubeApiServer, client: KubeClient, *, policy=POLICY, node: dict | None = None) -> None:
+        self.api, self.client, self.clock = api, client, Clock()
+        api.put_object(node or node_object())
+        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=False))
+        self.inbox = Inbox()
+        self.told: list[Event] = []
+        self.marked: list[str] = []
+        self.ticks = Clock(0.0)  # monotonic seconds, moved by the test
+        self.live: dict[str, bool] = {}  # the supervisor's health now
+        self.stale: dict[str, str] = {}  # condition type -> the check that went quiet
+        budget = ClusterBudget(
+            client=client,
+            namespace=NS,
+            lease_name=DEFAULT_LEASE,
+            node_name=NODE,
+            settings=policy.budget,
+            clock=self.clock,
+            sleep=lambda s: None,
+        )
+        self.gate = HoldGate(
+            store=PauseStore(client=client, namespace=NS, lease_name=LEASE),
+            client=client,
+            node_name=NODE,
+            recheck=2.0,
+            monotonic=self.ticks,
+            health=lambda: self.live,
+            stale=lambda: self.stale,
+        )
+        self.loop = RecoveryLoop(
+            feed=self.feed,
+            inbox=self.inbox,
+            client=client,
+            node_name=NODE,
+            policy=policy,
+            enabled=True,
+            budget=budget,
+            mark_unhealthy=self.mark,
+            clock=self.clock,
+            holds=self.gate,
+        )
+
+    def mark(self, node: NodeView) -> MarkResult:
+        self.marked.append(node.name)
+        return MarkResult(outcome="marked", instance_id="i-0", group="g", message="marked")
+
+    def publish(self, *conditions: Condition, health: Mapping[str, bool] | None = None) -> None:
+        snapshot = Snapshot(
+            conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=BUILTIN_CONDITIONS
+        )
+        self.feed.publish(snapshot=snapshot, events=[], health=health or {})
+
+    def step(self):
+        try:
+            return self.loop.step()
+        finally:
+            while (item := self.inbox.get_nowait()) is not None:
+                assert isinstance(item, Notice)
+                self.told.extend(item.events)
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.told]
+
+    def node(self) -> dict:
+        found = self.api.get_object("nodes", NODE)
+        assert found is not None
+        return found
+
+    def cordoned(self) -> bool:
+        return bool(self.node()["spec"].get("unschedulable"))
+
+    def incident(self) -> dict | None:
+        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
+        return None if text is None else json.loads(text)
+
+    def budget_written(self) -> bool:
+        return self.api.get_object("leases", DEFAULT_LEASE, NS) is not None
+
+
+@pytest.fixture
+def harness(api, kube) -> Callable[..., Harness]:
+    return lambda **kw: Harness(api, kube(), **kw)
+
+
+# ---- the pause annotation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "not JSON"),
+        ("[]", "not a JSON object"),
+        ('{"version": 9}', "newer agent"),
+        ('{"version": "1"}', "version must be an integer"),
+        ('{"pauses": {}}', "pauses must be a list"),
+        ('{"pauses": [3]}', "pauses[0] must be an object"),
+        ('{"pauses": [{"scope": "zone", "value": "a"}]}', "pauses[0].scope must be one of"),
+        ('{"pauses": [{"scope": "node", "value": ""}]}', "a node pause needs a value"),
+        ('{"pauses": [{"scope": "cluster", "value": "x"}]}', "a cluster pause needs no value"),
+        ('{"pauses": [{"scope": "cluster", "since": "now"}]}', "since must be a time"),
+        ('{"pauses": [{"scope": "cluster", "by": 3}]}', "must be strings"),
+    ],
+)
+def test_an_unreadable_pause_annotation_is_named(text, problem):
+    with pytest.raises(CorruptPauses, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        decode_pauses(text)
+
+
+def test_pauses_round_trip_and_keep_keys_of_a_later_version():
+    pauses = Pauses(
+        pauses=(
+            Pause(scope=Scope.CLUSTER, by="alice", why="bad rule", since=T0),
+            Pause(scope=Scope.REASON, value="Xid*", by="bob", since=T0 + 1),
+        ),
+        extra={"note": "kept"},
+    )
+    assert decode_pauses(encode_pauses(pauses)) == pauses
+    assert decode_pauses(None) == decode_pauses("  ") == Pauses()
+
+
+@pytest.mark.parametrize(
+    ("scope", "value", "labels", "subject", "covers"),
+    [
+        (Scope.CLUSTER, "", {}, DMA, True),
+        (Scope.NODE, NODE, {}, DMA, True),
+        (Scope.NODE, "ip-10-0-0-2", {}, DMA, False),
+        (Scope.POOL, "neuron-ng", {"eks.amazonaws.com/nodegroup": "neuron-ng"}, DMA, True),
+        (Scope.POOL, "gpu", {"karpenter.sh/nodepool": "gpu"}, DMA, True),
+        (Scope.POOL, "gpu", {"karpenter.sh/nodepool": "cpu"}, DMA, False),
+        (Scope.REASON, "NeuronHasError_*", {}, DMA, True),
+        (Scope.REASON, "Xid*", {}, DMA, False),
+        (Scope.REASON, "NeuronHealth/*DMA*", {}, DMA, True),
+        (Scope.REASON, "GpuXid/*", {}, DMA, False),
+        (Scope.REASON, "*", {}, ("", ""), False),  # nothing to match (no incident)
+    ],
+)
+def test_what_a_pause_covers(scope, value, labels, subject, covers):
+    pause_ = Pause(scope=scope, value=value)
+    assert pause_.covers(node=NODE, labels=labels, condition=subject[0], reason=subject[1]) is covers
+
+
+# ---- the loop honours them ------------------------------------------------------------------------------
+
+
+def test_a_cluster_pause_stops_new_actions_and_resume_lets_them_go(harness, api):
+    h = harness()
+    pause(api, Pause(scope=Scope.CLUSTER, by="alice", why="bad rule rollout", since=T0 - 60))
+    h.publish(problem())
+    for _ in range(3):
+        decision = h.step()
+        h.clock.now += 5
+    assert decision.actions == () and "cluster by alice" in decision.message and "bad rule rollout" in decision.message
+    assert not h.cordoned() and h.incident() is None and h.marked == [] and not h.budget_written()
+    assert h.reasons() == ["RecoveryPaused"]  # told once, not every step
+    assert h.loop.stats.blocked["Paused"] == 3
+    metrics = list(HoldCollector(stats=lambda: h.gate.stats, clock=h.clock).collect())
+    assert {s.labels["kind"]: s.value for s in metrics[0].samples}["Paused"] == 1
+    assert metrics[1].samples[0].value == pytest.approx(60 + 15)
+    put_pauses(api, encode_pauses(Pauses()))
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.cordoned() and h.marked == [NODE]
+
+
+@pytest.mark.parametrize(
+    ("scope", "value", "labels", "held"),
+    [
+        (Scope.NODE, NODE, {}, True),
+        (Scope.NODE, "ip-10-0-0-9", {}, False),
+        (Scope.POOL, "neuron-ng", {"eks.amazonaws.com/nodegroup": "neuron-ng"}, True),
+        (Scope.POOL, "other-ng", {"eks.amazonaws.com/nodegroup": "neuron-ng"}, False),
+        (Scope.REASON, "NeuronHasError_DMA*", {}, True),
+        (Scope.REASON, "NeuronHasError_SRAM*", {}, False),
+    ],
+)
+def test_a_narrow_pause_holds_only_what_it_names(harness, api, scope, value, labels, held):
+    h = harness(node=node_object(labels=labels))
+    pause(api, Pause(scope=scope, value=value, by="bob", since=T0))
+    h.publish(problem())
+    decision = h.step()
+    assert (decision.actions == ()) is held
+    assert h.cordoned() is not held
+    assert ("RecoveryPaused" in h.reasons()) is held
+
+
+def test_a_corrupt_pause_lease_is_a_cluster_wide_pause_and_says_so(harness, api):
+    h = harness()
+    put_pauses(api, "{not json")
+    h.publish(problem())
+    decision = h.step()
+    assert decision.actions == () and not h.cordoned() and h.marked == []
+    (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
+    assert "unreadable" in event.message and "treated as a cluster-wide pause" in event.message
+
+
+def test_a_veto_annotation_on_the_node_holds_it(harness):
+    h = harness(node=node_object(annotations={VETO_ANNOTATION: "disk swap, alice"}))
+    h.publish(problem())
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryVetoed"]
+    assert "disk swap, alice" in h.told[0].message
+
+
+def test_no_action_while_a_producer_is_unhealthy(harness):
+    """Issue 14: Publication.agent_healthy is honoured (a stopped kmsg reader may leave a stale problem)."""
+    h = harness()
+    h.publish(problem(), health={"kmsg_reader": False, "main_loop": True})
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.marked == [] and not h.budget_written()
+    assert h.reasons() == ["RecoveryAgentUnhealthy"] and "kmsg_reader unhealthy" in h.told[0].message
+    h.publish(problem(), health={"kmsg_reader": True, "main_loop": True})
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
+def test_no_action_while_a_producer_is_unhealthy_now_though_its_last_publication_was_healthy(harness):
+    """A reader that stopped publishes nothing: the last publication still says healthy; live health says not."""
+    h = harness()
+    h.publish(problem(), health={"kmsg_reader": True})
+    h.live = {"kmsg_reader": False, "main_loop": True}
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryAgentUnhealthy"]
+    h.live = {"kmsg_reader": True, "main_loop": True}
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+
+
+@pytest.mark.parametrize(
+    ("stale", "held"), [({"NeuronHealth": "neuron-devices"}, True), ({"GpuEcc": "gpu-ecc"}, False)]
+)
+def test_no_action_on_a_condition_whose_check_went_quiet(harness, stale, held):
+    h = harness()
+    h.publish(problem())
+    h.stale = stale
+    assert (h.step().actions == ()) is held
+    assert h.cordoned() is not held
+    if held:
+        assert h.reasons() == ["RecoveryAgentUnhealthy"] and "check neuron-devices" in h.told[0].message
+
+
+def test_stale_checks_are_those_without_a_completed_run_for_three_intervals():
+    clock = Clock()
+    spec = ScheduledCheck(check=Quiet(), interval=60.0, timeout=10.0, kind="python", origin="test", jitter=0.0)
+    scheduler = SimpleNamespace(checks=(spec,), stats={"quiet": CheckStats(kind="python", origin="test")})
+    stale = stale_checks(scheduler, clock=clock)
+    clock.now += 190  # 3 * 60 + 10: not yet (counted from the start while it never completed)
+    assert stale() == {}
+    clock.now += 1
+    assert stale() == {"NeuronDevices": "quiet"}
+    scheduler.stats["quiet"].last_success = clock.now - 5
+    assert stale() == {}
+
+
+def test_the_default_gate_honours_agent_health_too(api, kube):
+    """A loop built without a gate (no pause Lease) still never acts for an unhealthy agent."""
+    client = kube()
+    api.put_object(node_object())
+    feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=False))
+    snapshot = Snapshot(conditions=(problem(),), generated_at=T0, seeded=True, provenance=BUILTIN_CONDITIONS)
+    feed.publish(snapshot=snapshot, events=[], health={"check_scheduler": False})
+    loop = RecoveryLoop(
+        feed=feed, inbox=Inbox(), client=client, node_name=NODE, policy=POLICY, enabled=False, clock=Clock()
+    )
+    assert loop.step().actions == ()
+    assert loop.stats.would == {}
+
+
+# ---- a drain in progress -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["pause", "veto", "unhealthy"])
+def test_a_drain_stops_before_the_next_pod(harness, api, how):
+    """Pods are 'evicted' one per second of the injected monotonic clock; the hold appears after the
+    second pod; the gate re-reads every 2 s: the drain stops within 2 more pods, the mark never comes."""
+    h = harness(policy=DRAINING)
+    evicted: list[int] = []
+
+    def drainer(stop: threading.Event, report) -> DrainResult:
+        for pod in range(20):
+            if stop.is_set():
+                return DrainResult(outcome=DrainOutcome.STOPPED)
+            evicted.append(pod)
+            h.ticks.now += 1.0
+            if pod == 1:
+                if how == "pause":
+                    pause(api, Pause(scope=Scope.CLUSTER, by="carol", since=h.clock()))
+                elif how == "veto":
+                    node = h.node()
+                    node["metadata"].setdefault("annotations", {})[VETO_ANNOTATION] = "stop"
+                    api.put_object(node)
+                else:
+                    h.publish(problem(), health={"kmsg_reader": False})
+        return DrainResult(outcome=DrainOutcome.DONE)
+
+    h.loop._drainer = drainer
+    h.publish(problem())
+    h.step()
+    assert 2 <= len(evicted) <= 4
+    assert h.marked == [] and h.incident()["drain"] == "stopped"
+    assert "RecoveryDrainHeld" in h.reasons()
+
+
+# ---- the commands ------------------------------------------------------------------------------------------
+
+
+def run_cli(api: KubeApiServer, tmp_path: Path, *argv: str) -> int:
+    return main([argv[0], "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")), *argv[1:]])
+
+
+def lease_pauses(api: KubeApiServer) -> Pauses:
+    lease = api.get_object("leases", LEASE, NS)
+    assert lease is not None
+    return decode_pauses(lease["metadata"]["annotations"][PAUSE_ANNOTATION])
+
+
+def events(api: KubeApiServer) -> list[dict]:
+    return [e for e in api.list_objects("events", NS) if e["involvedObject"]["kind"] == "Lease"]
+
+
+def test_pause_and_resume_record_who_why_when_and_leave_events(api, tmp_path, capsys):
+    assert run_cli(api, tmp_path, "pause", "--reason", "bad rule", "--by", "alice") == 0
+    assert run_cli(api, tmp_path, "pause", "--condition-reason", "Xid*", "--by", "bob") == 0
+    (cluster, xid) = sorted(lease_pauses(api).pauses, key=lambda p: p.key)
+    assert (cluster.scope, cluster.by, cluster.why) == (Scope.CLUSTER, "alice", "bad rule") and cluster.since > 0
+    assert (xid.scope, xid.value, xid.by) == (Scope.REASON, "Xid*", "bob")
+    capsys.readouterr()
+    assert run_cli(api, tmp_path, "status") == 0
+    out = capsys.readouterr().out
+    assert "cluster by alice" in out and "bad rule" in out and "condition-reason=Xid* by bob" in out
+    assert run_cli(api, tmp_path, "resume", "--by", "alice") == 0
+    assert [p.key for p in lease_pauses(api).pauses] == ["condition-reason=Xid*"]
+    assert run_cli(api, tmp_path, "resume", "--all") == 0
+    assert lease_pauses(api).pauses == ()
+    reasons = [e["reason"] for e in sorted(events(api), key=lambda e: e["metadata"]["creationTimestamp"])]
+    assert sorted(reasons) == ["RecoveryPaused", "RecoveryPaused", "RecoveryResumed", "RecoveryResumed"]
+    assert any("alice" in e["message"] and "bad rule" in e["message"] for e in events(api))
+
+
+def test_resume_with_nothing_paused_changes_nothing(api, tmp_path, capsys):
+    assert run_cli(api, tmp_path, "resume", "--node", NODE) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    assert api.get_object("leases", LEASE, NS) is None and events(api) == []
+
+
+def test_a_corrupt_pause_lease_is_not_written_over_and_status_says_paused_everywhere(api, tmp_path, capsys):
+    put_pauses(api, "{")
+    assert run_cli(api, tmp_path, "resume") == 1
+    err = capsys.readouterr().err
+    assert "unreadable" in err and f"kubectl annotate lease -n {NS} {LEASE} {PAUSE_ANNOTATION}-" in err
+    assert api.get_object("leases", LEASE, NS)["metadata"]["annotations"][PAUSE_ANNOTATION] == "{"
+    assert run_cli(api, tmp_path, "status", "--json") == 0
+    view = json.loads(capsys.readouterr().out)
+    assert "unreadable" in view["pauses"]["problem"]
+
+
+@pytest.mark.parametrize("argv", [["pause", "--node", ""], ["pause", "--pool", " "]])
+def test_an_empty_selector_is_refused(api, tmp_path, argv, capsys):
+    assert run_cli(api, tmp_path, *argv) == 2
+    assert "needs a non-empty value" in capsys.readouterr().err
+
+
+def test_two_pausers_at_once_both_land(api, kube):
+    """Read-modify-write with the resourceVersion: concurrent pauses never lose one another."""
+    stores = [PauseStore(client=kube(), namespace=NS, lease_name=LEASE) for _ in range(4)]
+    threads = [
+        threading.Thread(
+            target=s.change, args=(lambda p, i=i: with_pause(p, Pause(scope=Scope.NODE, value=f"n{i}", since=T0)),)
+        )
+        for i, s in enumerate(stores)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.value for p in lease_pauses(api).pauses) == ["n0", "n1", "n2", "n3"]
+
+
+def test_hold_kinds_are_the_event_reasons():
+    assert {f"Recovery{k.value}" for k in HoldKind} == {"RecoveryAgentUnhealthy", "RecoveryVetoed", "RecoveryPaused"}
+
+
+def test_a_publication_without_health_counts_as_healthy():
+    assert Publication(number=1, snapshot=Snapshot(conditions=(), generated_at=T0)).agent_healthy
+
+
+@pytest.mark.parametrize("command", ["pause", "resume"])
+def test_kubectl_node_health_pause_and_resume(api, tmp_path, command):
+    """``kubectl node-health pause|resume`` reach the commands (anything else stays ``status``)."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    if command == "resume":
+        pause(api, Pause(scope=Scope.NODE, value=NODE, by="alice", since=T0))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from agent.app.cli import kubectl_plugin; sys.exit(kubectl_plugin())"]
+        + [command, "--kubeconfig", str(kubeconfig), "--node", NODE, "--by", "bob"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [p.key for p in lease_pauses(api).pauses] == ([f"node={NODE}"] if command == "pause" else [])
+    assert f"recovery {'paused' if command == 'pause' else 'resumed'}" in proc.stdout

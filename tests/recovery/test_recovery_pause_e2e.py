@@ -1,0 +1,155 @@
+"""The off switch end to end: three real agent processes, each draining its node (a PodDisruptionBudget
+keeps refusing the evictions, so the drains go on), then ``node-health-agent pause`` stops all three
+drains before their next pod, within 10 s, without a restart; ``resume`` lets them go on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.app.cli import main
+from agent.recovery.model import INCIDENT_ANNOTATION
+
+from helpers import wait_for
+from kubeapi import KubeApiServer
+
+NAMESPACE = "node-health-agent"
+NODES = ("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3")
+DMA_LINE = "test NEURON_HW_ERR=DMA_ERROR test"
+POLICY = """\
+startupDelay: 0s
+rules:
+  - condition: NeuronHealth
+    reasons: ["NeuronHasError_*"]
+    actions: [cordon, drain]
+drain:
+  podDeadline: 10m
+  timeout: 30m
+budget:
+  maxUnhealthy: 3
+  maxActions: 100
+"""
+PAUSE_LEASE = rf"/namespaces/{NAMESPACE}/leases/node-health-agent-recovery-pause$"
+BOUND = 10.0  # seconds from the pause to every drain stopped (the issue's figure)
+
+
+def recent_usec() -> int:
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    server = KubeApiServer()
+    server.start()
+    server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for name in NODES:
+        server.put_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            }
+        )
+        server.put_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"train-{name}", "namespace": "default", "labels": {"app": "train"}},
+                "spec": {"nodeName": name, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            }
+        )
+    server.put_object(  # every training pod must stay: each eviction is refused (429), each drain goes on
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "train", "namespace": "default"},
+            "spec": {"minAvailable": len(NODES), "selector": {"matchLabels": {"app": "train"}}},
+        }
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Agent:
+    def __init__(self, tmp: Path, api: KubeApiServer, node: str, policy: Path) -> None:
+        tmp.mkdir()
+        self.kmsg = tmp / "kmsg"
+        self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
+        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
+        env.pop("NHA_CLOUDWATCH", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
+            + ["--node-name", node, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "0", "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def fault(self) -> None:
+        with self.kmsg.open("a") as f:
+            f.write(f"3,2,{recent_usec()},-;{DMA_LINE}\n")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=15)
+        return err
+
+
+def drain_state(api: KubeApiServer, node: str) -> str:
+    annotations = api.get_object("nodes", node)["metadata"].get("annotations") or {}
+    text = annotations.get(INCIDENT_ANNOTATION)
+    return json.loads(text)["drain"] if text else ""
+
+
+def evictions(api: KubeApiServer) -> int:
+    return api.requests.count(method="POST", path_regex=r"/eviction$")
+
+
+def test_pause_stops_three_drains_within_ten_seconds_and_resume_lets_them_go_on(api, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    kubeconfig = str(api.write_kubeconfig(tmp_path / "cli-kubeconfig"))
+    agents = [Agent(tmp_path / node, api, node, policy) for node in NODES]
+    try:
+        for agent in agents:
+            agent.fault()
+        # Readiness: every drain runs and has been refused at least once (the PDB holds the pods).
+        wait_for(lambda: all(drain_state(api, n) == "running" for n in NODES), timeout=60)
+        wait_for(lambda: evictions(api) >= len(NODES), timeout=60)
+
+        started = time.monotonic()
+        assert main(["pause", "--kubeconfig", kubeconfig, "--reason", "e2e", "--by", "tester"]) == 0
+        wait_for(lambda: all(drain_state(api, n) == "stopped" for n in NODES), timeout=60)
+        took = time.monotonic() - started
+        print(f"pause -> all {len(NODES)} drains stopped: {took:.2f}s")
+        assert took <= BOUND, f"the drains stopped {took:.1f}s after the pause (bound {BOUND}s)"
+
+        # Paused: each agent's next steps read the pause Lease and evict nothing more.
+        quiet_from = evictions(api)
+        reads = api.requests.count(method="GET", path_regex=PAUSE_LEASE)
+        wait_for(lambda: api.requests.count(method="GET", path_regex=PAUSE_LEASE) >= reads + 2 * len(NODES), timeout=60)
+        assert evictions(api) == quiet_from
+        held = [e for e in api.list_objects("events", "default") if e["reason"] == "RecoveryDrainHeld"]
+        assert {e["involvedObject"]["name"] for e in held} == set(NODES)
+        assert all("tester" in e["message"] and "e2e" in e["message"] for e in held)
+
+        assert main(["resume", "--kubeconfig", kubeconfig, "--by", "tester"]) == 0
+        wait_for(lambda: all(drain_state(api, n) == "running" for n in NODES), timeout=60)
+        wait_for(lambda: evictions(api) > quiet_from, timeout=60)
+    finally:
+        errors = [agent.stop() for agent in agents]
+    assert all(agent.proc.returncode == 0 for agent in agents), errors
