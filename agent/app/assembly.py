@@ -627,6 +627,28 @@ class NodeLabels:
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
 
+def agent_checks(settings: Settings) -> tuple[ScheduledCheck, ...]:
+    """The checks the agent runs of its own accord (flags, not configuration files): EC2 scheduled events
+    with ``--scheduled-maintenance`` (IMDSv2, the same client as the instance id; no AWS API, no IAM)."""
+    if not settings.scheduled_maintenance:
+        return ()
+    from agent.adapters.aws import InstanceMetadata
+    from agent.checks.maintenance import ScheduledMaintenanceCheck
+
+    check = ScheduledMaintenanceCheck(fetch=InstanceMetadata().get)
+    return (
+        ScheduledCheck(
+            check=check,
+            interval=check.interval,
+            timeout=check.timeout,
+            kind="python",
+            origin="the agent (--scheduled-maintenance)",
+            failure_threshold=1,
+            success_threshold=1,
+        ),
+    )
+
+
 def check_context(
     settings: Settings, *, labels: NodeLabels, run_process: Callable[..., Any] | None = None
 ) -> CheckContext:

@@ -51,8 +51,11 @@ BUILTIN_CONDITIONS: Mapping[str, Provenance] = {
     **dict.fromkeys(
         ("NeuronDevices", "NeuronUltraServer", "IbDev", "GpuCount", "GpuEcc", "GpuNvlink"), Provenance.BUILTIN_CHECK
     ),
+    "ScheduledMaintenance": Provenance.BUILTIN_CHECK,  # the agent's own (--scheduled-maintenance)
 }
 TRUSTED_FOR_BUILTIN = (Provenance.KERNEL_LOG, Provenance.BUILTIN_CHECK)
+SCHEDULED_CONDITION = "ScheduledMaintenance"  # its message names when the event begins (leadTime reads it)
+DEFAULT_LEAD_TIME = 3600.0  # cordon and drain this long before an EC2 scheduled event
 
 
 class Action(enum.StrEnum):
@@ -92,6 +95,9 @@ class PolicyRule:
     persist: float = 0.0
     source: str = ""  # file:line of the rule (for messages)
     sources: tuple[Provenance, ...] = ()  # whose problems it acts on (the condition's owner); () = anyone's
+    # act this long before the time the condition's message names (``notBefore=...``: ScheduledMaintenance)
+    # instead of as soon as it is True; None = not scheduled
+    lead_time: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,10 +174,13 @@ class Incident:
     budget_held: bool = False  # this node holds a place in the cluster budget for this incident
     healthy_since: float | None = None
     dry_run: bool = False  # decided while ENABLE_RECOVERY was off: "done" lists what would have been done
+    evidence: tuple[str, ...] = ()  # where the diagnostics bundles taken before a remedy are (agent.recovery.bundle)
 
     def to_json(self) -> dict:
         """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
+        extra = {"evidence": list(self.evidence)} if self.evidence else {}
         return {
+            **extra,
             "id": self.id,
             "condition": self.condition,
             "reason": self.reason,

@@ -116,7 +116,15 @@ def incident_from_json(data: Any) -> Incident:
         budget_held=flag("budgetHeld"),
         healthy_since=None if data.get("healthySince") is None else number("healthySince"),
         dry_run=flag("dryRun"),
+        evidence=_evidence(data.get("evidence")),
     )
+
+
+def _evidence(value: Any) -> tuple[str, ...]:
+    """The bundle locations of a record; what is not a list of strings is dropped (it only points to files)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(v[:1024] for v in value if isinstance(v, str))[-8:]
 
 
 def read_incident(node: Mapping[str, Any]) -> Incident | None:
