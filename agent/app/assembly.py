@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -26,6 +26,7 @@ from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import Inbox, SnapshotFeed
 from agent.core.memory import release_free_memory
+from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.supervisor import Component, Supervisor
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # loaded lazily at run time (memory): the Kubernetes client o
     from agent.app.http import AgentHTTPServer
     from agent.app.reload import ConfigWatcher, Fingerprint
     from agent.checks.scheduler import CheckScheduler
+    from agent.recovery.bundle import DiagnosticsBundle
     from agent.recovery.model import RecoveryPolicy
     from agent.sinks.events import EventSink
 
@@ -348,6 +350,8 @@ def build_runtime(
             components.append(seeder)
             details["node_seeder"] = lambda: seeder.last_error
     collectors: list[Any] = []
+    # The kernel log as read this boot, for the diagnostics bundle taken before a remedy (acting recovery only).
+    kernel_log = LineRing() if kube is not None and settings.enable_recovery and settings.diagnostics_keep else None
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
             settings=settings,
@@ -357,6 +361,8 @@ def build_runtime(
             policy=policy,
             clock=clock,
             conditions=declared,
+            kernel_log=kernel_log,
+            check_stats=(lambda: scheduler.stats) if scheduler is not None else None,
         )
         consumers.extend(extra)
         details.update(extra_details)
@@ -377,6 +383,7 @@ def build_runtime(
         state_dir=state_dir,
         acks=acks,
         monitors=monitor_pipelines,
+        kernel_log=kernel_log,
         clock=clock,
     )
     supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
@@ -420,6 +427,8 @@ def recovery_components(
     policy: Any,
     clock: Callable[[], float],
     conditions: Sequence[ConditionSpec] = (),
+    kernel_log: LineRing | None = None,
+    check_stats: Callable[[], Mapping[str, Any]] | None = None,
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
     """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
 
@@ -435,7 +444,9 @@ def recovery_components(
     details: dict[str, Callable[[], str | None]] = {}
     collectors: list[Any] = []
     actions = {a for rule in policy.rules for a in rule.actions}
-    needs_aws = settings.cloudwatch or (settings.enable_recovery and Action.MARK_UNHEALTHY in actions)
+    needs_aws = settings.cloudwatch or (
+        settings.enable_recovery and (Action.MARK_UNHEALTHY in actions or bool(settings.diagnostics_s3))
+    )
     clients: AwsClients | None = None
     imds: InstanceMetadata | None = None
     if needs_aws:
@@ -465,7 +476,7 @@ def recovery_components(
         from agent.recovery.loop import RecoveryLoop
         from agent.recovery.metrics import RecoveryCollector
 
-        budget = marker = drainer = None
+        budget = marker = drainer = bundle = None
         if settings.enable_recovery:
             from agent.recovery.budget import ClusterBudget, budget_lease_name
 
@@ -488,6 +499,17 @@ def recovery_components(
                 )
             if Action.DRAIN in actions:
                 drainer = drain_runner(kube=kube, policy=policy, clock=clock)
+            if settings.diagnostics_keep or settings.diagnostics_s3:
+                bundle = diagnostics_bundle(
+                    settings=settings,
+                    node_name=kube.node_name,
+                    feed=feed,
+                    policy=policy,
+                    kernel_log=kernel_log,
+                    check_stats=check_stats,
+                    clients=clients,
+                    clock=clock,
+                )
         loop = RecoveryLoop(
             feed=feed,
             inbox=inbox,
@@ -498,12 +520,71 @@ def recovery_components(
             budget=budget,
             mark_unhealthy=marker,
             drainer=drainer,
+            bundle=bundle.before_remedy if bundle is not None else None,
             clock=clock,
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
         collectors.append(RecoveryCollector(stats=lambda: loop.stats))
     return components, details, collectors
+
+
+def diagnostics_bundle(
+    *,
+    settings: Settings,
+    node_name: str,
+    feed: SnapshotFeed,
+    policy: Any,
+    kernel_log: LineRing | None,
+    check_stats: Callable[[], Mapping[str, Any]] | None,
+    clients: AwsClients | None,
+    clock: Callable[[], float],
+) -> DiagnosticsBundle:
+    """The evidence taken before a reboot or replace: state directory, and S3 with ``--diagnostics-s3``."""
+    from agent.recovery.bundle import DiagnosticsBundle, parse_s3_url
+    from agent.recovery.policyfile import policy_summary
+
+    put = None
+    if settings.diagnostics_s3:
+        from agent.adapters.aws import S3Uploader
+
+        put = S3Uploader(clients=aws_clients(clients), bucket=parse_s3_url(settings.diagnostics_s3)[0]).put
+
+    def checks() -> dict[str, Any]:
+        stats = check_stats() if check_stats is not None else {}
+        return {
+            name: {
+                "status": s.last_status.value if s.last_status else None,
+                "message": s.last_message,
+                "seconds": s.last_duration,
+                "lastSuccess": s.last_success,
+                "values": [{"name": v.name, "value": v.value, "labels": dict(v.labels)} for v in s.values][:256],
+                "cannotRun": s.cannot_run,
+                "kind": s.kind,
+                "origin": s.origin,
+            }
+            for name, s in stats.items()
+        }
+
+    def configuration() -> dict[str, Any]:
+        shown = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+        return {
+            **{k: v if isinstance(v, bool | int | float) or v is None else str(v) for k, v in shown.items()},
+            "recoveryPolicy": policy_summary(policy),
+        }
+
+    return DiagnosticsBundle(
+        state_dir=settings.state_dir,
+        node_name=node_name,
+        kernel_log=kernel_log.lines if kernel_log is not None else list,
+        checks=checks,
+        snapshot=lambda: feed.latest().snapshot,
+        configuration=configuration,
+        s3_url=settings.diagnostics_s3,
+        s3_put=put,
+        keep=settings.diagnostics_keep,
+        clock=clock,
+    )
 
 
 def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
