@@ -147,24 +147,37 @@ class DiagnosticsBundle:
     def before_remedy(self, action: Action, incident: Incident) -> Incident:
         """Take the bundle for ``incident`` before ``action`` (once per incident and remedy; a retried
         remedy reuses it) and return the incident with its locations added. Waits ``deadline`` at most."""
-        if action not in REMEDIES or self._keep <= 0 and self._s3 is None:
+        if action not in REMEDIES or (self._keep <= 0 and self._s3 is None):
             return incident
-        key = (incident.id, action.value)
-        result = self._taken.get(key)
-        if result is None:
-            result = self.collect(action=action, incident=incident)
-            self._taken[key] = result
-            while len(self._taken) > 64:  # one per remedy; bounded all the same
-                del self._taken[next(iter(self._taken))]
-        found = tuple(x for x in result.locations if x not in incident.evidence)
+        try:
+            key = (incident.id, action.value)
+            result = self._taken.get(key)
+            if result is None:
+                result = self.collect(action=action, incident=incident)
+                self._taken[key] = result
+                while len(self._taken) > 64:  # one per remedy; bounded all the same
+                    del self._taken[next(iter(self._taken))]
+            found = tuple(x for x in result.locations if x not in incident.evidence)
+        except Exception:  # a bug here must never hold the remedy
+            self.failures += 1
+            log.exception("diagnostics bundle for %s failed; the remedy goes on without it", incident.id)
+            return incident
         return dataclasses.replace(incident, evidence=(*incident.evidence, *found)[-8:]) if found else incident
 
     def collect(self, *, action: Action, incident: Incident) -> BundleResult:
         """Make, write and upload one bundle in a thread of its own; wait for it ``deadline`` at most."""
         started = self._monotonic()
         box: list[BundleResult] = []
+
+        def make() -> None:
+            try:
+                box.append(self._make(action=action, incident=incident, started=started))
+            except Exception as exc:  # a bug: reported like any trouble, never raised into the remedy
+                log.exception("diagnostics bundle for %s failed", incident.id)
+                box.append(BundleResult(problems=(f"the bundle failed: {type(exc).__name__}: {exc}",)))
+
         worker = threading.Thread(
-            target=lambda: box.append(self._make(action=action, incident=incident, started=started)),
+            target=make,
             name="diagnostics-bundle",
             daemon=True,  # a tool or a write that hangs past the deadline must not hold the agent's exit
         )

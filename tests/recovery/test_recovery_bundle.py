@@ -229,6 +229,16 @@ def test_a_part_that_fails_is_reported_and_the_rest_kept(tmp_path):
     assert doc["problems"] == ["cannot read the check results: RuntimeError: scheduler gone"]
 
 
+def test_a_bug_in_the_bundle_never_holds_the_remedy(tmp_path):
+    def broken_clock() -> float:
+        raise RuntimeError("clock gone")
+
+    bundle = make(tmp_path, clock=broken_clock)
+    assert bundle.before_remedy(Action.MARK_UNHEALTHY, INCIDENT) is INCIDENT
+    assert bundle.last is not None
+    assert bundle.last.problems == ("the bundle failed: RuntimeError: clock gone",)
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
