@@ -351,7 +351,8 @@ def build_runtime(
             details["node_seeder"] = lambda: seeder.last_error
     collectors: list[Any] = []
     # The kernel log as read this boot, for the diagnostics bundle taken before a remedy (acting recovery only).
-    kernel_log = LineRing() if kube is not None and settings.enable_recovery and settings.diagnostics_keep else None
+    bundles = settings.diagnostics_keep or settings.diagnostics_s3
+    kernel_log = LineRing() if kube is not None and settings.enable_recovery and bundles else None
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
             settings=settings,
