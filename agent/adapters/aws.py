@@ -2,7 +2,7 @@
 
 Importing this module costs nothing (boto3 + botocore are ~30 MiB of the agent's 80 MiB budget):
 they are imported when the first client is built, which happens only when CloudWatch publishing or
-Auto Scaling recovery is switched on.
+Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3.
 
 Configuration comes only from the standard AWS environment, so the same code runs against AWS and
 against moto in the tests: ``AWS_ENDPOINT_URL`` (and ``AWS_ENDPOINT_URL_<SERVICE>``), the region
@@ -45,6 +45,7 @@ CALLS: Mapping[tuple[str, str], str] = types.MappingProxyType(
         ("autoscaling", "DescribeAutoScalingInstances"): "autoscaling:DescribeAutoScalingInstances",
         ("autoscaling", "SetInstanceHealth"): "autoscaling:SetInstanceHealth",
         ("cloudwatch", "PutMetricData"): "cloudwatch:PutMetricData",
+        ("s3", "PutObject"): "s3:PutObject",
     }
 )
 ACTIONS = frozenset(CALLS.values())
@@ -502,6 +503,22 @@ class AutoScaling:
             HealthStatus="Unhealthy",
             ShouldRespectGracePeriod=respect_grace_period,
         )
+
+
+# ---- S3 ------------------------------------------------------------------------------------------
+
+
+class S3Uploader:
+    """``put(key, body)``: one ``PutObject`` into ``bucket`` (the diagnostics bundles; the IAM policy allows
+    it under the configured prefix only). The S3 client is built by the first put."""
+
+    def __init__(self, *, clients: AwsClients, bucket: str) -> None:
+        self._clients = clients
+        self.bucket = bucket
+
+    def put(self, key: str, body: bytes) -> None:
+        """Store ``body`` at ``key``; AwsError as every call (denied, throttled, unreachable)."""
+        self._clients.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=body, ContentType="application/gzip")
 
 
 # ---- CloudWatch ----------------------------------------------------------------------------------

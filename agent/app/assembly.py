@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -27,6 +27,7 @@ from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import Inbox, SnapshotFeed
 from agent.core.latency import Histogram
 from agent.core.memory import release_free_memory
+from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.supervisor import Component, Supervisor
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # loaded lazily at run time (memory): the Kubernetes client o
     from agent.app.http import AgentHTTPServer
     from agent.app.reload import ConfigWatcher, Fingerprint
     from agent.checks.scheduler import CheckScheduler
+    from agent.recovery.bundle import DiagnosticsBundle
     from agent.recovery.model import RecoveryPolicy
     from agent.sinks.events import EventSink
 
@@ -355,6 +357,9 @@ def build_runtime(
             details["node_seeder"] = lambda: seeder.last_error
     collectors: list[Any] = []
     supervisor_ref: list[Supervisor] = []
+    # The kernel log as read this boot, for the diagnostics bundle taken before a remedy (acting recovery only).
+    bundles = settings.diagnostics_keep or settings.diagnostics_s3
+    kernel_log = LineRing() if kube is not None and settings.enable_recovery and bundles else None
     if kube is not None or settings.cloudwatch:
         extra, extra_details, extra_collectors = recovery_components(
             settings=settings,
@@ -366,6 +371,8 @@ def build_runtime(
             conditions=declared,
             health=lambda: supervisor_ref[0].health(),
             stale=stale_checks(scheduler, clock=clock) if scheduler is not None else None,
+            kernel_log=kernel_log,
+            check_stats=(lambda: scheduler.stats) if scheduler is not None else None,
         )
         consumers.extend(extra)
         details.update(extra_details)
@@ -385,6 +392,7 @@ def build_runtime(
         state_dir=state_dir,
         acks=acks,
         monitors=monitor_pipelines,
+        kernel_log=kernel_log,
         clock=clock,
     )
     supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
@@ -431,6 +439,8 @@ def recovery_components(
     conditions: Sequence[ConditionSpec] = (),
     health: Callable[[], dict[str, bool]] | None = None,  # every component's health now (recovery's gate)
     stale: Callable[[], dict[str, str]] | None = None,  # condition type -> its check, stale (recovery's gate)
+    kernel_log: LineRing | None = None,
+    check_stats: Callable[[], Mapping[str, Any]] | None = None,
 ) -> tuple[list[Component], dict[str, Callable[[], str | None]], list[Any]]:
     """The ``recovery`` loop (Kubernetes mode: acting or report-only) and the ``cloudwatch`` sink (when on).
 
@@ -446,7 +456,9 @@ def recovery_components(
     details: dict[str, Callable[[], str | None]] = {}
     collectors: list[Any] = []
     actions = {a for rule in policy.rules for a in rule.actions}
-    needs_aws = settings.cloudwatch or (settings.enable_recovery and Action.MARK_UNHEALTHY in actions)
+    needs_aws = settings.cloudwatch or (
+        settings.enable_recovery and (Action.MARK_UNHEALTHY in actions or bool(settings.diagnostics_s3))
+    )
     clients: AwsClients | None = None
     imds: InstanceMetadata | None = None
     if needs_aws:
@@ -476,7 +488,7 @@ def recovery_components(
         from agent.recovery.loop import RecoveryLoop
         from agent.recovery.metrics import RecoveryCollector
 
-        budget = marker = drainer = None
+        budget = marker = drainer = bundle = None
         if settings.enable_recovery:
             from agent.recovery.budget import ClusterBudget, budget_lease_name
 
@@ -500,6 +512,17 @@ def recovery_components(
                 )
             if Action.DRAIN in actions:
                 drainer = drain_runner(kube=kube, policy=policy, clock=clock)
+            if settings.diagnostics_keep or settings.diagnostics_s3:
+                bundle = diagnostics_bundle(
+                    settings=settings,
+                    node_name=kube.node_name,
+                    feed=feed,
+                    policy=policy,
+                    kernel_log=kernel_log,
+                    check_stats=check_stats,
+                    clients=clients,
+                    clock=clock,
+                )
         loop = RecoveryLoop(
             feed=feed,
             inbox=inbox,
@@ -510,6 +533,7 @@ def recovery_components(
             budget=budget,
             mark_unhealthy=marker,
             drainer=drainer,
+            bundle=bundle.before_remedy if bundle is not None else None,
             clock=clock,
             holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale),
         )
@@ -560,6 +584,64 @@ def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], 
         return out
 
     return stale
+
+
+def diagnostics_bundle(
+    *,
+    settings: Settings,
+    node_name: str,
+    feed: SnapshotFeed,
+    policy: Any,
+    kernel_log: LineRing | None,
+    check_stats: Callable[[], Mapping[str, Any]] | None,
+    clients: AwsClients | None,
+    clock: Callable[[], float],
+) -> DiagnosticsBundle:
+    """The evidence taken before a reboot or replace: state directory, and S3 with ``--diagnostics-s3``."""
+    from agent.recovery.bundle import DiagnosticsBundle, parse_s3_url
+    from agent.recovery.policyfile import policy_summary
+
+    put = None
+    if settings.diagnostics_s3:
+        from agent.adapters.aws import S3Uploader
+
+        put = S3Uploader(clients=aws_clients(clients), bucket=parse_s3_url(settings.diagnostics_s3)[0]).put
+
+    def checks() -> dict[str, Any]:
+        stats = check_stats() if check_stats is not None else {}
+        return {
+            name: {
+                "status": s.last_status.value if s.last_status else None,
+                "message": s.last_message,
+                "seconds": s.last_duration,
+                "lastSuccess": s.last_success,
+                "values": [{"name": v.name, "value": v.value, "labels": dict(v.labels)} for v in s.values][:256],
+                "cannotRun": s.cannot_run,
+                "kind": s.kind,
+                "origin": s.origin,
+            }
+            for name, s in stats.items()
+        }
+
+    def configuration() -> dict[str, Any]:
+        shown = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+        return {
+            **{k: v if isinstance(v, bool | int | float) or v is None else str(v) for k, v in shown.items()},
+            "recoveryPolicy": policy_summary(policy),
+        }
+
+    return DiagnosticsBundle(
+        state_dir=settings.state_dir,
+        node_name=node_name,
+        kernel_log=kernel_log.lines if kernel_log is not None else list,
+        checks=checks,
+        snapshot=lambda: feed.latest().snapshot,
+        configuration=configuration,
+        s3_url=settings.diagnostics_s3,
+        s3_put=put,
+        keep=settings.diagnostics_keep,
+        clock=clock,
+    )
 
 
 def drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
@@ -681,6 +763,28 @@ class NodeLabels:
 
 
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+
+
+def agent_checks(settings: Settings) -> tuple[ScheduledCheck, ...]:
+    """The checks the agent runs of its own accord (flags, not configuration files): EC2 scheduled events
+    with ``--scheduled-maintenance`` (IMDSv2, the same client as the instance id; no AWS API, no IAM)."""
+    if not settings.scheduled_maintenance:
+        return ()
+    from agent.adapters.aws import InstanceMetadata
+    from agent.checks.maintenance import ScheduledMaintenanceCheck
+
+    check = ScheduledMaintenanceCheck(fetch=InstanceMetadata().get)
+    return (
+        ScheduledCheck(
+            check=check,
+            interval=check.interval,
+            timeout=check.timeout,
+            kind="python",
+            origin="the agent (--scheduled-maintenance)",
+            failure_threshold=1,
+            success_threshold=1,
+        ),
+    )
 
 
 def check_context(

@@ -257,6 +257,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-recovery (env NHA_CLOUDWATCH; needs --cluster-name and AWS credentials)",
     )
     rec.add_argument(
+        "--scheduled-maintenance",
+        default=env_default("scheduled-maintenance", "false"),
+        metavar="BOOL",
+        help="poll EC2 scheduled events (IMDSv2) every 5 min into condition ScheduledMaintenance (env "
+        "NHA_SCHEDULED_MAINTENANCE; docs/recovery.md)",
+    )
+    rec.add_argument(
+        "--diagnostics-keep",
+        default=env_default("diagnostics-keep", "5"),
+        metavar="N",
+        help="diagnostics bundles kept in the state directory, written before a reboot or replace (env "
+        "NHA_DIAGNOSTICS_KEEP; 0 = none)",
+    )
+    rec.add_argument(
+        "--diagnostics-s3",
+        default=env_default("diagnostics-s3", "") or None,
+        metavar="s3://BUCKET/PREFIX",
+        help="also put each diagnostics bundle to S3 under this prefix (env NHA_DIAGNOSTICS_S3; s3:PutObject)",
+    )
+    rec.add_argument(
         "--namespace",
         default=os.environ.get("POD_NAMESPACE") or "node-health-agent",
         metavar="NS",
@@ -582,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.core.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # before any thread starts
-    from agent.app.assembly import NodeLabels, check_context
+    from agent.app.assembly import NodeLabels, agent_checks, check_context
     from agent.app.assembly import run as run_agent
     from agent.app.config import load_configuration
     from agent.app.reload import fingerprint
@@ -592,7 +612,9 @@ def run(args: argparse.Namespace) -> int:
     cancel = threading.Event()  # set when the checks stop: tools still running are killed
     labels = NodeLabels()
     context = check_context(settings, labels=labels, run_process=functools.partial(run_process, cancel=cancel))
-    loaded = load_configuration(list(settings.rule_paths), context=context)  # as every reload does
+    loaded = load_configuration(  # as every reload does
+        list(settings.rule_paths), context=context, agent_checks=agent_checks(settings)
+    )
     from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
 
     policy = load_policy(settings.recovery_policy) if settings.recovery_policy else DEFAULT_POLICY

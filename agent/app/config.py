@@ -186,6 +186,7 @@ class Loaded:
     config: AgentConfig
     checks: tuple[ScheduledCheck, ...]  # declared checks, then custom-plugin checks, in declaration order
     conditions: tuple[ConditionSpec, ...]  # every condition type written, stamped with its one owner
+    agent_checks: tuple[ScheduledCheck, ...] = ()  # the agent's own checks (ScheduledMaintenance), kept by reloads
 
     @property
     def warnings(self) -> tuple[ConfigProblem, ...]:
@@ -199,6 +200,7 @@ def load_configuration(
     entry_points: Callable[[], Sequence[Any]] | None = None,
     previous: Loaded | None = None,
     stop: threading.Event | None = None,
+    agent_checks: Sequence[ScheduledCheck] | None = None,
 ) -> Loaded:
     """The one configuration loader, used at start and on every reload: every file read and validated,
     every check built, one owner per condition type. Raises ConfigError with every problem.
@@ -206,7 +208,11 @@ def load_configuration(
     Every check runs its tools through ``context``'s process runner (the one the agent cancels at
     shutdown), custom-plugin checks included. With ``previous`` (a reload), a declaration that did not
     change keeps its running check object and its memory (baselines, flap history); ``stop`` set
-    abandons plugin loads still running (see :func:`agent.checks.loader.build_checks`)."""
+    abandons plugin loads still running (see :func:`agent.checks.loader.build_checks`). ``agent_checks``
+    are checks the agent itself runs (built in assembly from flags, e.g. ``--scheduled-maintenance``):
+    scheduled after the configured ones and owning their conditions like any check (a plugin declaring
+    the same type is refused); None keeps ``previous``'s."""
+    own = tuple(agent_checks if agent_checks is not None else previous.agent_checks if previous else ())
     config = load_agent_config(paths, entry_points=entry_points, run_process=context.run_process)
     kept: dict[str, ScheduledCheck] = {}
     if previous is not None:
@@ -220,7 +226,17 @@ def load_configuration(
     order = [d.name for d in config.check_decls if d.enabled]
     order += [c.name for plugin in config.custom_plugins for c in plugin.checks]
     checks = tuple(kept.get(name) or built[name] for name in order if name in kept or name in built)
-    return Loaded(config=config, checks=checks, conditions=owned_conditions(config, checks))
+    taken = {c.name for c in checks}
+    clash = [c for c in own if c.name in taken]
+    if clash:
+        raise ConfigError(
+            [
+                ConfigProblem(file=c.origin, field="", message=f"check name {c.name!r} is the agent's own check")
+                for c in clash
+            ]
+        )
+    checks += own
+    return Loaded(config=config, checks=checks, conditions=owned_conditions(config, checks), agent_checks=own)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

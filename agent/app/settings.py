@@ -20,6 +20,7 @@ from agent.core.durations import parse_duration
 from agent.core.errors import ConfigError, ConfigProblem
 from agent.core.paths import builtin_plugins_dir
 from agent.core.types import reserved_condition
+from agent.recovery.bundle import parse_s3_url
 
 DEFAULT_LISTEN = "0.0.0.0:20257"
 DEFAULT_STATE_DIR = Path("/var/lib/node-health-agent")
@@ -99,6 +100,9 @@ class Settings:
     recovery_startup_delay: float | None = None  # None = the policy's (default 60 s)
     recovery_policy: Path | None = None  # None = the built-in default policy
     cloudwatch: bool = False  # publish unrecoverable problems to CloudWatch (independent of recovery)
+    scheduled_maintenance: bool = False  # poll EC2 scheduled events into condition ScheduledMaintenance
+    diagnostics_keep: int = 5  # diagnostics bundles kept in the state directory (0 = none written)
+    diagnostics_s3: str = ""  # s3://bucket/prefix for diagnostics bundles ("" = state directory only)
     pod_namespace: str = "node-health-agent"  # where the budget Lease lives (POD_NAMESPACE)
 
     @property
@@ -297,6 +301,22 @@ def recovery_args(args: argparse.Namespace, bad: Callable[..., None], *, standal
         bad("cloudwatch", str(exc))
     if out.get("cloudwatch") and not name:
         bad("cloudwatch", "needs --cluster-name (env CLUSTER_NAME): every metric carries the ClusterName dimension")
+    try:
+        out["scheduled_maintenance"] = parse_bool(getattr(args, "scheduled_maintenance", "false") or "false")
+    except ValueError as exc:
+        bad("scheduled-maintenance", str(exc))
+    keep = str(getattr(args, "diagnostics_keep", "5") or "5").strip()
+    if not keep.isdigit() or int(keep) > 100:
+        bad("diagnostics-keep", f"must be an integer from 0 to 100, got {keep!r}")
+    else:
+        out["diagnostics_keep"] = int(keep)
+    s3 = (getattr(args, "diagnostics_s3", None) or "").strip()
+    if s3:
+        try:
+            parse_s3_url(s3)
+        except ValueError as exc:
+            bad("diagnostics-s3", str(exc))
+        out["diagnostics_s3"] = s3
     namespace = (getattr(args, "namespace", None) or "node-health-agent").strip()
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
         bad("namespace", f"{namespace!r} is not a valid namespace name", "POD_NAMESPACE")

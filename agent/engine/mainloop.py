@@ -31,8 +31,10 @@ from agent.core.bus import (
     SnapshotFeed,
     iter_inputs,
 )
+from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
+from agent.core.timefmt import iso
 from agent.core.types import Event, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
@@ -65,6 +67,7 @@ class MainLoop:
         acks: Sequence[Callable[[], int]] = (),
         judge: CheckJudge | None = None,
         monitors: Mapping[str, DetectionPipeline] | None = None,
+        kernel_log: LineRing | None = None,  # keeps the kernel log lines read (the diagnostics bundle's copy)
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         tick: float = TICK,
@@ -82,6 +85,7 @@ class MainLoop:
         self._acks = list(acks)
         self.judge = judge or CheckJudge()
         self.monitors = dict(monitors or {})  # log monitor name -> its own rules
+        self._kernel_log = kernel_log
         self._clock = clock
         self._monotonic = monotonic
         self._tick = tick
@@ -147,6 +151,8 @@ class MainLoop:
                     events.extend(self.state.apply(finding))
                 self.records_processed += len(records)
                 return len(records), None  # not kernel log records: no kmsg cursor
+            if self._kernel_log is not None:
+                self._kernel_log.extend(f"{iso(r.timestamp)} {r.message}" for r in records)
             for run, replayed in self._replay.split(records, now=self._clock()):
                 for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
                     events.extend(self.state.apply(finding))

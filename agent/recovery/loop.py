@@ -105,6 +105,8 @@ class RecoveryLoop:
         mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
         # runs a drain: (stop, report(kind, message)) -> DrainResult; the loop turns reports into Events
         drainer: Callable[[threading.Event, Callable[[str, str], None]], DrainResult] | None = None,
+        # evidence before a remedy: (action, incident) -> incident with the bundle's locations (recovery.bundle)
+        bundle: Callable[[Action, Incident], Incident] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -122,6 +124,7 @@ class RecoveryLoop:
         self._budget = budget
         self._mark_unhealthy = mark_unhealthy
         self._drainer = drainer
+        self._bundle = bundle
         self._clock = clock
         self._monotonic = monotonic
         self._interval = interval
@@ -422,6 +425,9 @@ class RecoveryLoop:
 
         now = self._clock()
         what = f"{incident.condition}={incident.reason}"
+        if self._bundle is not None and (kept := self._bundle(action, incident)) != incident:
+            incident = kept  # a reboot or replace: its evidence is taken first (30 s at most) and recorded now
+            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
         if action is Action.CORDON:
             update = node_actions.cordon(
                 self._client, node_name=self._node_name, incident=incident, reason=incident.reason, now=now

@@ -53,8 +53,11 @@ BUILTIN_CONDITIONS: Mapping[str, Provenance] = {
     **dict.fromkeys(
         ("NeuronDevices", "NeuronUltraServer", "IbDev", "GpuCount", "GpuEcc", "GpuNvlink"), Provenance.BUILTIN_CHECK
     ),
+    "ScheduledMaintenance": Provenance.BUILTIN_CHECK,  # the agent's own (--scheduled-maintenance)
 }
 TRUSTED_FOR_BUILTIN = (Provenance.KERNEL_LOG, Provenance.BUILTIN_CHECK)
+SCHEDULED_CONDITION = "ScheduledMaintenance"  # its message names when the event begins (leadTime reads it)
+DEFAULT_LEAD_TIME = 3600.0  # cordon and drain this long before an EC2 scheduled event
 
 
 class Action(enum.StrEnum):
@@ -94,6 +97,9 @@ class PolicyRule:
     persist: float = 0.0
     source: str = ""  # file:line of the rule (for messages)
     sources: tuple[Provenance, ...] = ()  # whose problems it acts on (the condition's owner); () = anyone's
+    # act this long before the time the condition's message names (``notBefore=...``: ScheduledMaintenance)
+    # instead of as soon as it is True; None = not scheduled
+    lead_time: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -210,23 +216,29 @@ class Incident:
     # claiming the same node name stands back (agent.recovery.node.claim_mark).
     claim: str = ""
     claimed_at: float | None = None
+    evidence: tuple[str, ...] = ()  # where the diagnostics bundles taken before a remedy are (agent.recovery.bundle)
 
     def to_json(self) -> dict:
         """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
         claim = {"claim": self.claim, "claimedAt": self.claimed_at} if self.claim else {}
-        return claim | {
-            "id": self.id,
-            "condition": self.condition,
-            "reason": self.reason,
-            "since": self.since,
-            "opened": self.opened,
-            "done": [a.value for a in self.done],
-            "cordonedByUs": self.cordoned_by_us,
-            "drain": self.drain,
-            "budgetHeld": self.budget_held,
-            "healthySince": self.healthy_since,
-            "dryRun": self.dry_run,
-        }
+        extra = {"evidence": list(self.evidence)} if self.evidence else {}
+        return (
+            claim
+            | extra
+            | {
+                "id": self.id,
+                "condition": self.condition,
+                "reason": self.reason,
+                "since": self.since,
+                "opened": self.opened,
+                "done": [a.value for a in self.done],
+                "cordonedByUs": self.cordoned_by_us,
+                "drain": self.drain,
+                "budgetHeld": self.budget_held,
+                "healthySince": self.healthy_since,
+                "dryRun": self.dry_run,
+            }
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -127,7 +127,15 @@ def incident_from_json(data: Any, *, now: float | None = None) -> Incident:
         dry_run=flag("dryRun"),
         claim=text("claim", ""),
         claimed_at=None if data.get("claimedAt") is None else number("claimedAt"),
+        evidence=_evidence(data.get("evidence")),
     )
+
+
+def _evidence(value: Any) -> tuple[str, ...]:
+    """The bundle locations of a record; what is not a list of strings is dropped (it only points to files)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(v[:1024] for v in value if isinstance(v, str))[-8:]
 
 
 def check_time(field: str, value: float, *, now: float | None = None) -> float:

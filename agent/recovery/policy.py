@@ -46,8 +46,10 @@ Gates, in order (the first that applies decides)
        it is (it is what lets us uncordon later), nothing is done. Blocked ``RecoveryDisabled``.
        Conversely a report-only incident met with recovery enabled starts over as a real one (same id,
        nothing done: the "done" steps were never carried out).
-    4. No matching condition has persisted: ``now < condition.since + rule.persist`` for every one.
-       Blocked ``WaitingForPersistence`` (the incident is stored, nothing done).
+    4. No matching condition has persisted: ``now < condition.since + rule.persist`` for every one
+       (a rule with ``lead_time`` also waits until ``now >= notBefore - lead_time``, the scheduled time
+       its condition's message starts with). Blocked ``WaitingForPersistence`` (the incident is stored,
+       nothing done).
     5. Nothing left: the actions of every persisted matching rule (their union, in ACTION_ORDER)
        minus ``incident.done``, and minus CORDON when ``cordoned_by_us`` is False. Blocked ``NothingLeft``.
     6. Budget: the remaining actions are all disruptive and need ``budget is not None and
@@ -92,6 +94,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from agent.core.durations import format_duration
+from agent.core.timefmt import iso, read_not_before
 from agent.core.types import Condition, Provenance, Snapshot, Status
 from agent.recovery.model import (
     ACTION_ORDER,
@@ -134,8 +137,14 @@ class Match:
 
     @property
     def ripe_at(self) -> float:
-        """When the condition has persisted long enough for its rule."""
-        return self.condition.last_transition + self.rule.persist
+        """When the condition has persisted long enough for its rule, and, with a ``lead_time``, when the
+        scheduled time its message names is that close (an unreadable time: as soon as it persisted)."""
+        ripe = self.condition.last_transition + self.rule.persist
+        if self.rule.lead_time is not None:
+            not_before = read_not_before(self.condition.message)
+            if not_before is not None:
+                ripe = max(ripe, not_before - self.rule.lead_time)
+        return ripe
 
 
 def reason_matches(rule: PolicyRule, reason: str) -> bool:
@@ -295,8 +304,7 @@ def decide(
             blocked=Blocked.PERSIST,
             incident=current,
             rule=soonest.rule,
-            message=f"{_describe(soonest)} has been True for {format_duration(now - soonest.since)}; the rule "
-            f"waits for {format_duration(soonest.rule.persist)} ({format_duration(soonest.ripe_at - now)} more)",
+            message=_waiting(soonest, now=now),
         )
     primary = ripe[0]
 
@@ -332,6 +340,18 @@ def decide(
 
 def _names(actions: tuple[Action, ...]) -> str:
     return ", ".join(a.value for a in actions)
+
+
+def _waiting(match: Match, *, now: float) -> str:
+    if match.rule.lead_time is not None and match.ripe_at > match.since + match.rule.persist:
+        return (
+            f"{_describe(match)}: scheduled; the rule acts {format_duration(match.rule.lead_time)} ahead, at "
+            f"{iso(match.ripe_at)} ({format_duration(match.ripe_at - now)} from now)"
+        )
+    return (
+        f"{_describe(match)} has been True for {format_duration(now - match.since)}; the rule "
+        f"waits for {format_duration(match.rule.persist)} ({format_duration(match.ripe_at - now)} more)"
+    )
 
 
 def _describe(match: Match) -> str:

@@ -13,6 +13,10 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
         sources: [kernel-log, builtin-check]  # whose problems it acts on: the condition's owner, of
                                          # kernel-log, log-monitor, builtin-check, check, custom-plugin;
                                          # omitted = these two for a built-in condition type, anyone else
+      - condition: ScheduledMaintenance  # EC2 scheduled events (--scheduled-maintenance); not a built-in rule
+        actions: [cordon, drain]
+        leadTime: 1h                     # act this long before the event's NotBefore, not as soon as it is
+                                         # scheduled (this condition only; default 1h)
     drain:                     # how a rule's ``drain`` action drains
       podDeadline: 5m          # how long one pod may take to leave (evictions retried meanwhile)
       onDeadline: report       # report (leave it, stay cordoned) | delete (bypasses its PodDisruptionBudget)
@@ -62,6 +66,8 @@ from agent.recovery.budget import parse_max_unhealthy
 from agent.recovery.model import (
     ACTION_ORDER,
     BUILTIN_CONDITIONS,
+    DEFAULT_LEAD_TIME,
+    SCHEDULED_CONDITION,
     TRUSTED_FOR_BUILTIN,
     Action,
     BudgetSettings,
@@ -105,7 +111,7 @@ DEFAULT_POLICY = RecoveryPolicy(
 )
 
 TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
-RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources")
+RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources", "leadTime")
 SOURCE_NAMES = tuple(p.value for p in Provenance)
 DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
 BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector", "groups", "correlation")
@@ -275,6 +281,16 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
     actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
     persist = _duration(item, "persist", 0.0, col=col, path=path)
     sources = _check_sources(item, condition, col=col, path=path)
+    lead_time = DEFAULT_LEAD_TIME if condition == SCHEDULED_CONDITION else None
+    if "leadTime" in item:
+        if condition != SCHEDULED_CONDITION:
+            col.add(
+                (*path, "leadTime"),
+                f"only for {SCHEDULED_CONDITION} (its message names when the event begins); {condition} has no "
+                "scheduled time: use persist",
+            )
+        else:
+            lead_time = _duration(item, "leadTime", DEFAULT_LEAD_TIME, col=col, path=path)
     if len(col) != before or not isinstance(condition, str):
         return None
     line = col.doc.line(path)
@@ -285,6 +301,7 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
         persist=persist,
         source=f"{col.file}:{line}" if line is not None else f"{col.file}: {field_path(path)}",
         sources=sources,
+        lead_time=lead_time,
     )
 
 
@@ -549,6 +566,8 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
     for rule in policy.rules:
         reasons = ", ".join(rule.reasons) if rule.reasons else "any reason"
         wait = f", after {format_duration(rule.persist)} True" if rule.persist else ""
+        if rule.lead_time is not None:
+            wait += f", {format_duration(rule.lead_time)} before the scheduled time"
         trusted = f", raised by {' or '.join(p.value for p in rule.sources)}" if rule.sources else ""
         lines.append(f"  {rule.condition} [{reasons}{trusted}]: {', '.join(a.value for a in rule.actions)}{wait}")
     lines.append(

@@ -19,7 +19,16 @@ import pytest
 from botocore import xform_name
 from botocore.exceptions import ClientError
 
-from agent.adapters.aws import ACTIONS, CALLS, AutoScaling, AwsClients, AwsError, CloudWatchPublisher, MetricDatum
+from agent.adapters.aws import (
+    ACTIONS,
+    CALLS,
+    AutoScaling,
+    AwsClients,
+    AwsError,
+    CloudWatchPublisher,
+    MetricDatum,
+    S3Uploader,
+)
 from agent.sinks.cloudwatch import DEFAULT_NAMESPACE
 
 from helpers import REPO
@@ -29,11 +38,12 @@ ROOT = REPO
 AWS_PY = ROOT / "agent" / "adapters" / "aws.py"
 POLICY_FILE = ROOT / "iam" / "node-health-agent-policy.json"
 README = ROOT / "iam" / "README.md"
-PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}")
+PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}", "${DIAGNOSTICS_BUCKET}", "${DIAGNOSTICS_PREFIX}")
+BUCKET, PREFIX = "diagnostics-bucket", "node-health/bundles"
 # IAM's service prefix for each boto3 service name we call (CloudWatch's API endpoint is "monitoring").
-IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch"}
+IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "s3": "s3"}
 # Services the agent could plausibly be tempted to call directly (their operations must never appear as methods).
-NEIGHBOURS = ("autoscaling", "cloudwatch", "ec2", "sts", "iam", "logs", "eks")
+NEIGHBOURS = ("autoscaling", "cloudwatch", "ec2", "sts", "iam", "logs", "eks", "s3")
 
 
 def policy() -> dict:
@@ -129,6 +139,12 @@ def test_metrics_only_in_our_namespace():
     assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": DEFAULT_NAMESPACE}}
 
 
+def test_bundles_only_under_the_configured_prefix():
+    st = statement_for("s3:PutObject")
+    assert as_list(st["Resource"]) == ["arn:aws:s3:::${DIAGNOSTICS_BUCKET}/${DIAGNOSTICS_PREFIX}/*"]
+    assert "Condition" not in st
+
+
 def test_the_readme_substitutes_every_placeholder_and_names_the_service_account():
     text = README.read_text()
     raw = POLICY_FILE.read_text()
@@ -153,12 +169,14 @@ def rendered(group_name: str, *, for_moto: bool) -> str:
     and adds that alias. Resource and Condition are checked above, statically.
     """
     text = POLICY_FILE.read_text()
-    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name), strict=True):
+    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name, BUCKET, PREFIX), strict=True):
         text = text.replace(placeholder, value)
     if not for_moto:
         return text
     doc = json.loads(text)
     for st in doc["Statement"]:
+        if st["Action"] == "s3:PutObject":
+            continue  # moto checks S3 object ARNs: the prefix is enforced as written
         st["Resource"] = "*"
         actions = as_list(st["Action"])
         st["Action"] = actions + [
@@ -190,9 +208,10 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
     for name, value in credentials.items():
         monkeypatch.setenv(name, value)
     restricted = boto3.session.Session(region_name=REGION, **{k.lower(): v for k, v in credentials.items()})
-    autoscaling, ec2, cloudwatch = (
-        restricted.client(s, endpoint_url=aws.endpoint) for s in ("autoscaling", "ec2", "cloudwatch")
+    autoscaling, ec2, cloudwatch, s3 = (
+        restricted.client(s, endpoint_url=aws.endpoint) for s in ("autoscaling", "ec2", "cloudwatch", "s3")
     )
+    aws.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
 
     with aws.moto.iam_enforced():
         asg = AutoScaling(clients=AwsClients())
@@ -200,6 +219,7 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
         asg.set_unhealthy(instance, respect_grace_period=True)
         publisher = CloudWatchPublisher(clients=AwsClients(), sleep=lambda _: None)
         assert publisher.put_metrics(DEFAULT_NAMESPACE, [MetricDatum(name="NeuronHasError_DMA_ERROR", value=1.0)]) == 1
+        S3Uploader(clients=AwsClients(), bucket=BUCKET).put(f"{PREFIX}/ip-10-0-0-1/bundle.json.gz", b"\x1f\x8b")
 
         outside = {
             "autoscaling:DescribeAutoScalingGroups": autoscaling.describe_auto_scaling_groups,
@@ -210,11 +230,15 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
             ),
             "ec2:DescribeInstances": ec2.describe_instances,
             "cloudwatch:ListMetrics": cloudwatch.list_metrics,
+            "s3:PutObject outside the prefix": lambda: s3.put_object(Bucket=BUCKET, Key="elsewhere/x", Body=b"x"),
+            "s3:GetObject": lambda: s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/ip-10-0-0-1/bundle.json.gz"),
         }
         for action, call in outside.items():
             with pytest.raises(ClientError) as refused:
                 call()
             assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403, action
+    stored = aws.client("s3").get_object(Bucket=BUCKET, Key=f"{PREFIX}/ip-10-0-0-1/bundle.json.gz")
+    assert stored["Body"].read() == b"\x1f\x8b"
 
 
 def test_a_missing_permission_is_a_permanent_error_naming_the_policy(aws, monkeypatch):
