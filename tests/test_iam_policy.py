@@ -20,7 +20,16 @@ import pytest
 from botocore import xform_name
 from botocore.exceptions import ClientError
 
-from agent.adapters.aws import ACTIONS, CALLS, AutoScaling, AwsClients, AwsError, CloudWatchPublisher, MetricDatum
+from agent.adapters.aws import (
+    ACTIONS,
+    CALLS,
+    AutoScaling,
+    AwsClients,
+    AwsError,
+    CloudWatchPublisher,
+    Ec2Reboot,
+    MetricDatum,
+)
 from agent.sinks.cloudwatch import DEFAULT_NAMESPACE
 
 from awsfixtures import ACCOUNT, REGION, aws_fixture, moto_server_fixture  # noqa: F401 (the fixtures aws, moto_server)
@@ -29,9 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 AWS_PY = ROOT / "agent" / "adapters" / "aws.py"
 POLICY_FILE = ROOT / "iam" / "node-health-agent-policy.json"
 README = ROOT / "iam" / "README.md"
-PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}")
+PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}", "${CLUSTER_NAME}")
+CLUSTER = "walkthrough"
 # IAM's service prefix for each boto3 service name we call (CloudWatch's API endpoint is "monitoring").
-IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch"}
+IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ec2": "ec2"}
 # Services the agent could plausibly be tempted to call directly (their operations must never appear as methods).
 NEIGHBOURS = ("autoscaling", "cloudwatch", "ec2", "sts", "iam", "logs", "eks")
 
@@ -117,6 +127,13 @@ def test_set_instance_health_is_scoped_to_the_node_group():
     )
 
 
+def test_reboot_is_scoped_to_instances_tagged_as_the_clusters_own():
+    st = statement_for("ec2:RebootInstances")
+    assert as_list(st["Action"]) == ["ec2:RebootInstances"]
+    assert as_list(st["Resource"]) == ["arn:aws:ec2:${AWS_REGION}:${AWS_ACCOUNT_ID}:instance/*"]
+    assert st["Condition"] == {"StringEquals": {"ec2:ResourceTag/kubernetes.io/cluster/${CLUSTER_NAME}": "owned"}}
+
+
 def test_describe_is_the_only_unscoped_action():
     """DescribeAutoScalingInstances supports no resource-level permissions: IAM needs Resource "*"."""
     assert as_list(statement_for("autoscaling:DescribeAutoScalingInstances")["Resource"]) == ["*"]
@@ -150,16 +167,19 @@ def rendered(group_name: str, *, for_moto: bool) -> str:
 
     ``for_moto``: moto evaluates a policy's Action and Effect but authorizes Auto Scaling calls against
     Resource "*" only and names CloudWatch's actions ``monitoring:*``; so its copy widens the resource
-    and adds that alias. Resource and Condition are checked above, statically.
+    and adds that alias; it does not evaluate EC2's resource-tag condition (dropped). Resource and
+    Condition are checked above, statically.
     """
     text = POLICY_FILE.read_text()
-    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name), strict=True):
+    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name, CLUSTER), strict=True):
         text = text.replace(placeholder, value)
     if not for_moto:
         return text
     doc = json.loads(text)
     for st in doc["Statement"]:
         st["Resource"] = "*"
+        if any(a.startswith("ec2:") for a in as_list(st["Action"])):
+            st.pop("Condition", None)
         actions = as_list(st["Action"])
         st["Action"] = actions + [
             a.replace("cloudwatch:", "monitoring:") for a in actions if a.startswith("cloudwatch:")
@@ -200,6 +220,7 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
         asg.set_unhealthy(instance, respect_grace_period=True)
         publisher = CloudWatchPublisher(clients=AwsClients(), sleep=lambda _: None)
         assert publisher.put_metrics(DEFAULT_NAMESPACE, [MetricDatum(name="NeuronHasError_DMA_ERROR", value=1.0)]) == 1
+        Ec2Reboot(clients=AwsClients()).reboot(instance)
 
         outside = {
             "autoscaling:DescribeAutoScalingGroups": autoscaling.describe_auto_scaling_groups,
@@ -209,6 +230,9 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
                 )
             ),
             "ec2:DescribeInstances": ec2.describe_instances,
+            "ec2:StopInstances": lambda: ec2.stop_instances(InstanceIds=[instance]),
+            "ec2:TerminateInstances": lambda: ec2.terminate_instances(InstanceIds=[instance]),
+            "ec2:StartInstances": lambda: ec2.start_instances(InstanceIds=[instance]),
             "cloudwatch:ListMetrics": cloudwatch.list_metrics,
         }
         for action, call in outside.items():
