@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.app.config import Loaded, LogMonitor, provenance_of
@@ -66,9 +67,15 @@ def build_source(settings: Settings) -> Source:
     return KmsgReader(path=settings.kmsg_path, stats=stats)
 
 
-def current_boot_id() -> str:
+def current_boot_id(path: Path | None = None) -> str:
+    """This boot's id: ``path`` (--boot-id-file) when given, else /proc's."""
     try:
-        return read_boot_id()
+        if path is None:
+            return read_boot_id()
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+        if not text:
+            raise ValueError(f"the boot id file {path} is empty")
+        return text
     except (OSError, ValueError) as exc:
         log.warning("cannot read the boot id (%s); restart replay falls back to lookback", exc)
         return "unknown"
@@ -368,7 +375,9 @@ def build_runtime(
         state=state,
         pipeline=DetectionPipeline(rule_set=rule_set),
         replay=ReplayPolicy(
-            cursor=_load_cursor(cursor_store, state_dir), boot_id=current_boot_id(), lookback=settings.lookback
+            cursor=_load_cursor(cursor_store, state_dir),
+            boot_id=current_boot_id(settings.boot_id_file),
+            lookback=settings.lookback,
         ),
         health=lambda: supervisor_ref[0].health(),
         stall_timeout=settings.stall_timeout,
@@ -434,8 +443,15 @@ def recovery_components(
     components: list[Component] = []
     details: dict[str, Callable[[], str | None]] = {}
     collectors: list[Any] = []
+    from agent.recovery.model import Remedy
+
+    ladders = {r for rule in policy.rules for r in rule.ladder}
     actions = {a for rule in policy.rules for a in rule.actions}
-    needs_aws = settings.cloudwatch or (settings.enable_recovery and Action.MARK_UNHEALTHY in actions)
+    actions |= {Action.CORDON, Action.DRAIN, Action.REBOOT} if Remedy.REBOOT in ladders else set()
+    actions |= {Action.CORDON, Action.MARK_UNHEALTHY} if Remedy.REPLACE in ladders else set()
+    needs_aws = settings.cloudwatch or (
+        settings.enable_recovery and bool({Action.MARK_UNHEALTHY, Action.REBOOT} & actions)
+    )
     clients: AwsClients | None = None
     imds: InstanceMetadata | None = None
     if needs_aws:
@@ -465,7 +481,7 @@ def recovery_components(
         from agent.recovery.loop import RecoveryLoop
         from agent.recovery.metrics import RecoveryCollector
 
-        budget = marker = drainer = None
+        budget = marker = drainer = ladder = rebooter = None
         if settings.enable_recovery:
             from agent.recovery.budget import ClusterBudget, budget_lease_name
 
@@ -488,6 +504,21 @@ def recovery_components(
                 )
             if Action.DRAIN in actions:
                 drainer = drain_runner(kube=kube, policy=policy, clock=clock)
+            if Action.REBOOT in actions:
+                from agent.adapters.aws import Ec2Reboot  # its EC2 client is built by the first reboot only
+                from agent.recovery.ec2 import Ec2Rebooter
+
+                rebooter = Ec2Rebooter(ec2=Ec2Reboot(clients=aws_clients(clients)), imds=imds)
+        if ladders:
+            from agent.recovery.ladder import Ladder
+
+            boot_file = settings.boot_id_file
+            ladder = Ladder(
+                client=kube.client,
+                node_name=kube.node_name,
+                boot_id=lambda: current_boot_id(boot_file),
+                reboot=rebooter,
+            )
         loop = RecoveryLoop(
             feed=feed,
             inbox=inbox,
@@ -498,6 +529,7 @@ def recovery_components(
             budget=budget,
             mark_unhealthy=marker,
             drainer=drainer,
+            ladder=ladder,
             clock=clock,
         )
         components.append(loop)

@@ -84,6 +84,7 @@ class RecoveryLoop:
         mark_unhealthy: MarkUnhealthy | None = None,  # None: mark-unhealthy reports that AWS is off
         # runs a drain: (stop, report(kind, message)) -> DrainResult; the loop turns reports into Events
         drainer: Callable[[threading.Event, Callable[[str, str], None]], Any] | None = None,
+        ladder: Any = None,  # agent.recovery.ladder.Ladder: rules with a ladder (reboot, then replace)
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -100,6 +101,7 @@ class RecoveryLoop:
         self._budget = budget
         self._mark_unhealthy = mark_unhealthy
         self._drainer = drainer
+        self._ladder = ladder
         self._clock = clock
         self._monotonic = monotonic
         self._interval = interval
@@ -173,13 +175,18 @@ class RecoveryLoop:
         view = read_node_view(node)
         incident = read_incident(node) if self._enabled else self._dry
         now = self._clock()
+        policy = self._policy
+        if self._ladder is not None:  # the current rung of each ladder rule, from the history on the Node
+            policy = self._ladder.prepare(
+                policy, snapshot=snapshot, node=node, view=view, now=now, enabled=self._enabled
+            )
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
                 snapshot=snapshot,
                 node=view,
                 incident=incident,
-                policy=self._policy,
+                policy=policy,
                 now=now,
                 started_at=self._started_at,
                 budget=budget,
@@ -196,6 +203,9 @@ class RecoveryLoop:
                 decision = decided(answer)
                 if decision.incident is not None:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
+        if self._ladder is not None:
+            decision = self._ladder.refine(decision, stored=incident, now=now)
+            self._note_climb(decision)
         self.stats.incident = decision.incident
         self._note_blocked(decision)
         if self._enabled:
@@ -314,6 +324,9 @@ class RecoveryLoop:
             if outcome not in ("done", "skipped"):
                 node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
                 return incident, False
+        elif action is Action.REBOOT:
+            if not self._reboot(incident, view, now=now):
+                return incident, False  # not requested: reported, tried again later, never another remedy
         elif action is Action.MARK_UNHEALTHY:
             self._mark(incident, view)
         elif action is Action.UNCORDON:
@@ -341,6 +354,55 @@ class RecoveryLoop:
             self._beat = self._monotonic()
         self.stats.drains[result.outcome] += 1
         return result.outcome
+
+    def _reboot(self, incident: Incident, view: NodeView, *, now: float) -> bool:
+        """Request the reboot (agent.recovery.ladder); whether it is requested (now or before)."""
+        what = f"{incident.condition}={incident.reason}"
+        result = self._ladder.reboot(incident, view, now=now) if self._ladder is not None else None
+        if result is None or result.outcome == "no_ec2":
+            self._tell_once(
+                incident,
+                "reboot-skipped",
+                "Warning",
+                "RecoveryRebootSkipped",
+                f"{what}: reboot skipped: AWS is not configured for this agent; the node stays cordoned",
+            )
+            return False
+        if result.outcome == "rebooted":
+            self._event(
+                incident,
+                "Warning",
+                "RecoveryRebootRequested",
+                f"{what}: EC2 RebootInstances requested for "
+                f"{result.instance_id}; once it is back (a new boot id) it is watched before it is uncordoned",
+            )
+        elif result.outcome == "not_aws":
+            self._tell_once(
+                incident, "reboot-not-aws", "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}"
+            )
+        elif result.outcome == "failed":
+            self.stats.actions[(Action.REBOOT.value, f"failed:{result.code}")] += 1
+            self._tell_once(
+                incident,
+                f"reboot-failed-{result.code}",
+                "Warning",
+                "RecoveryRebootFailed",
+                f"{what}: {result.message}; the node stays cordoned and the reboot is tried again "
+                "later (no other remedy is taken instead)",
+            )
+        return result.outcome in ("rebooted", "already")
+
+    def _note_climb(self, decision: Decision) -> None:
+        incident = decision.incident
+        plan = self._ladder.plans.get(incident.id) if incident is not None and self._ladder is not None else None
+        if incident is not None and plan is not None and plan.climbed and decision.actions:
+            self._tell_once(
+                incident,
+                f"climb-{plan.step}",
+                "Warning",
+                "RecoveryLadderClimbed",
+                f"{plan.climbed}: next remedy {plan.remedy.value} (rung {plan.step + 1} of {len(plan.rule.ladder)})",
+            )
 
     def _mark(self, incident: Incident, view: NodeView) -> None:
         what = f"{incident.condition}={incident.reason}"

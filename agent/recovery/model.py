@@ -62,6 +62,7 @@ class Action(enum.StrEnum):
     CORDON = "cordon"  # spec.unschedulable=true + the incident annotation
     TAINT = "taint"  # NoSchedule taint TAINT_KEY
     DRAIN = "drain"  # evict the node's pods through the Eviction API
+    REBOOT = "reboot"  # EC2 RebootInstances (a ladder's reboot remedy: agent.recovery.ladder)
     MARK_UNHEALTHY = "mark-unhealthy"  # Auto Scaling SetInstanceHealth(Unhealthy)
     UNCORDON = "uncordon"  # only a node we cordoned, after the problem healed for uncordon_after
 
@@ -71,7 +72,17 @@ class Action(enum.StrEnum):
 
 
 # Order in which a rule's actions run (whatever order the policy file lists them in).
-ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY)
+ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.REBOOT, Action.MARK_UNHEALTHY)
+
+
+class Remedy(enum.StrEnum):
+    """A rung of a rule's ladder (agent.recovery.ladder): what is tried, in the ladder's order."""
+
+    REBOOT = "reboot"  # cordon, drain, EC2 RebootInstances; then an observation window
+    REPLACE = "replace"  # cordon, mark-unhealthy (Auto Scaling replaces the instance)
+
+
+DEFAULT_WINDOW = 1200.0  # seconds a node is watched after a reboot (Karpenter's 20 min)
 
 
 class OnDeadline(enum.StrEnum):
@@ -92,6 +103,10 @@ class PolicyRule:
     persist: float = 0.0
     source: str = ""  # file:line of the rule (for messages)
     sources: tuple[Provenance, ...] = ()  # whose problems it acts on (the condition's owner); () = anyone's
+    ladder: tuple[Remedy, ...] = ()  # remedies tried in turn (agent.recovery.ladder); () = ``actions`` only
+    window: float = DEFAULT_WINDOW  # observation after a reboot: healthy through it = uncordoned; again = climb
+    repeat_count: int = 0  # this many incidents of one reason within repeat_period climb too (0 = off)
+    repeat_period: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
