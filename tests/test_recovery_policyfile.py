@@ -436,14 +436,22 @@ def test_policy_summary_of_the_default():
         "recovery rules: 12",
         "  NeuronHealth [NeuronHasError_*, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
         "  GpuXid [GpuXid54, GpuXid64, GpuXid142, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuXid [GpuXid46, GpuXid48, GpuXid62, GpuXid74, GpuXid79, GpuXid95, GpuXid109, GpuXid110, GpuXid119, GpuXid120, GpuXid136, GpuXid140, GpuXid143, GpuXid144, GpuXid145, GpuXid146, GpuXid147, GpuXid148, GpuXid149, GpuXid150, GpuXid151, GpuXid154, GpuXid155, GpuXid156, GpuXid158, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuXid [GpuXid46, GpuXid48, GpuXid62, GpuXid74, GpuXid79, GpuXid95, GpuXid109, GpuXid110"
+        ", GpuXid119, GpuXid120, GpuXid136, GpuXid140, GpuXid143, GpuXid144, GpuXid145, GpuXid146, "
+        "GpuXid147, GpuXid148, GpuXid149, GpuXid150, GpuXid151, GpuXid154, GpuXid155, GpuXid156, Gp"
+        "uXid158, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window "
+        "20m, 3 within 168h climb)",
         "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon (report only)",
-        "  GpuDriverError [GpuFallenOffBus, GpuInitFailed, GpuProbeFailed, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuDriverError [GpuFallenOffBus, GpuInitFailed, GpuProbeFailed, raised by kernel-log or "
+        "builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
         "  GpuDriverError [any reason, raised by kernel-log or builtin-check]: cordon (report only)",
         "  GpuEcc [GpuRowRemapFailure, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuEcc [GpuEccUncorrectable, GpuRowRemapPending, GpuRetiredPagesPending, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuEcc [GpuEccUncorrectable, GpuRowRemapPending, GpuRetiredPagesPending, raised by kerne"
+        "l-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb"
+        ")",
         "  GpuEcc [any reason, raised by kernel-log or builtin-check]: cordon (report only)",
-        "  GpuCount [GpuLost, GpuResetRequired, GpuMissing, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuCount [GpuLost, GpuResetRequired, GpuMissing, raised by kernel-log or builtin-check]:"
+        " cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
         "  GpuCount [any reason, raised by kernel-log or builtin-check]: cordon (report only)",
         "  NeuronDevices [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
         "startup delay: 1m",

@@ -201,8 +201,9 @@ def step_for(
     if not own:
         return 0, ""
     last = own[-1]
-    if now < _window_end(last) and last.step < top:
-        return last.step + 1, f"{reason} again within the window after the {last.remedy.value}"
+    if now < _window_end(last):
+        step = min(top, last.step + 1)
+        return step, f"{reason} again within the window after the {last.remedy.value}" if step > last.step else ""
     if rule.repeat_count:
         recent = [r for r in own if r.at >= now - rule.repeat_period]
         if recent and len(recent) + 1 >= rule.repeat_count:
