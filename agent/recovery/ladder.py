@@ -447,20 +447,31 @@ class NotEc2Instance(Exception):
     """The Node's providerID names another cloud: there is no instance to reboot."""
 
 
-def describe(node: Mapping[str, Any], incident: Incident | None, policy: RecoveryPolicy, *, now: float) -> str:
-    """For ``status``: the ladder step of the node's incident and the window's end ("" = no ladder)."""
-    rungs = read_history(node)
+def ladder_state(
+    node: Mapping[str, Any], incident: Incident | None, policy: RecoveryPolicy, *, now: float
+) -> dict[str, Any] | None:
+    """For ``status``: the ladder step of the node's incident and the observation window's end (None = the
+    incident stands on no rung)."""
     if incident is None:
-        return ""
-    rung = last_reboot(rungs, incident.id)
-    rule = next((r for r in policy.rules if r.condition == incident.condition and r.ladder), None)
+        return None
+    rung = last_reboot(read_history(node), incident.id)
     if rung is None:
-        return ""
+        return None
+    rule = next((r for r in policy.rules if r.condition == incident.condition and rung.remedy in r.ladder), None)
     total = len(rule.ladder) if rule is not None else rung.step + 1
-    text = f"rung {rung.step + 1}/{total} {rung.remedy.value} ({rung.outcome})"
     if rung.outcome == FAILED:
-        return f"{text}: {rung.message[:120]}"
-    if rung.window_end is None:
-        return f"{text}: waiting for the reboot (requested {iso(rung.at)})"
-    state = "ends" if now < rung.window_end else "ended"
-    return f"{text}: window {state} {iso(rung.window_end)}"
+        state = f"request failed: {rung.message[:160]}"
+    elif rung.window_end is None:
+        state = f"waiting for the reboot (requested {iso(rung.at)}, boot id {rung.boot})"
+    else:
+        state = f"rebooted; window {'ends' if now < rung.window_end else 'ended'} {iso(rung.window_end)}"
+    return {
+        "step": rung.step + 1,
+        "of": total,
+        "remedy": rung.remedy.value,
+        "next": rule.ladder[rung.step + 1].value if rule is not None and rung.step + 1 < total else None,
+        "outcome": rung.outcome,
+        "requestedAt": rung.at,
+        "windowEnd": rung.window_end,
+        "text": f"{rung.remedy.value} (rung {rung.step + 1} of {total}): {state}",
+    }
