@@ -159,9 +159,9 @@ def rebooted_by_us(api: KubeApiServer, aws: AwsTestEnv, tmp_path: Path, front: F
     host = Host(tmp_path)
     first = Agent(host, api, endpoint=front.endpoint, window=window)
     try:
-        wait_for(lambda: (c := condition(api, "GpuXid")) and c["status"] == "False", timeout=30)
+        wait_for(lambda: (c := condition(api, "GpuXid")) and c["status"] == "False", timeout=90)
         host.xid()
-        wait_for(lambda: "reboot" in ((annotation(api, INCIDENT_ANNOTATION) or {}).get("done") or []), timeout=60)
+        wait_for(lambda: "reboot" in ((annotation(api, INCIDENT_ANNOTATION) or {}).get("done") or []), timeout=90)
     finally:
         first.stop()
     assert front.actions.count("RebootInstances") == 1
@@ -178,19 +178,18 @@ def test_xid_79_is_drained_rebooted_once_watched_and_uncordoned(api, aws, tmp_pa
         try:
             rung = wait_for(
                 lambda: (h := annotation(api, HISTORY_ANNOTATION)) and h["rungs"][0]["windowEnd"] and h["rungs"][0],
-                timeout=30,
+                timeout=90,
             )
             assert rung["finishedBoot"] == host.boot_id.read_text().strip() and rung["outcome"] == "ok"
             assert api.get_object("nodes", NODE)["spec"]["unschedulable"] is True, "watched before work comes back"
-            wait_for(lambda: not api.get_object("nodes", NODE)["spec"].get("unschedulable"), timeout=30)
+            wait_for(lambda: not api.get_object("nodes", NODE)["spec"].get("unschedulable"), timeout=90)
             assert time.time() >= rung["windowEnd"] - 0.5, "not before the window ended"
+            wait_for(lambda: events(api, "RecoveryUncordoned"), timeout=90)
         finally:
-            err = agent.stop()
-            print(err[-6000:], json.dumps(api.get_object("nodes", NODE), indent=1))
+            agent.stop()
     spec = api.get_object("nodes", NODE)["spec"]
     assert not any(t["key"] == TAINT_KEY for t in spec.get("taints") or [])
     assert annotation(api, INCIDENT_ANNOTATION) is None
-    assert events(api, "RecoveryUncordoned")
     assert front.actions.count("RebootInstances") == 1 and "SetInstanceHealth" not in front.actions
     assert health(aws, instance_id) == "HEALTHY"
 
@@ -199,10 +198,10 @@ def test_the_same_xid_again_within_the_window_is_replaced(api, aws, tmp_path):
     with FaultyFront(upstream=aws.endpoint, faults=[]) as front:
         host, agent, instance_id = rebooted_by_us(api, aws, tmp_path, front, window="10m")
         try:
-            wait_for(lambda: (h := annotation(api, HISTORY_ANNOTATION)) and h["rungs"][0]["windowEnd"], timeout=30)
+            wait_for(lambda: (h := annotation(api, HISTORY_ANNOTATION)) and h["rungs"][0]["windowEnd"], timeout=90)
             host.xid()
-            wait_for(lambda: health(aws, instance_id) == "UNHEALTHY", timeout=60)
-            climbed = wait_for(lambda: events(api, "RecoveryLadderClimbed"), timeout=30)
+            wait_for(lambda: health(aws, instance_id) == "UNHEALTHY", timeout=90)
+            climbed = wait_for(lambda: events(api, "RecoveryLadderClimbed"), timeout=90)
         finally:
             agent.stop()
     assert front.actions.count("RebootInstances") == 1 and front.actions.count("SetInstanceHealth") == 1

@@ -30,7 +30,7 @@ from agent.core.memory import release_free_memory
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.supervisor import Component, Supervisor
-from agent.core.types import ConditionSpec, Provenance, Severity
+from agent.core.types import Condition, ConditionSpec, Provenance, Severity, Status
 from agent.detectors.pipeline import DetectionPipeline
 from agent.detectors.rulepack import RuleSet
 from agent.engine.mainloop import MainLoop
@@ -258,14 +258,25 @@ def build_runtime(
         aggregate=settings.aggregate_condition,
         seeded=kube is None,
     )
+    cursor, boot_id = _load_cursor(cursor_store, state_dir), current_boot_id(settings.boot_id_file)
+    # A new boot (the cursor is of another): the kernel log that raised our kernel-log problems is gone, and
+    # this boot's log rebuilds those still there. Keeping them would hold a rebooted node broken forever.
+    last_boot = {t for t, spec in conditions.items() if spec.provenance is Provenance.KERNEL_LOG}
+    new_boot = cursor is not None and boot_id != "unknown" and cursor.boot_id != boot_id
+
+    def this_boot(found: Sequence[Condition]) -> list[Condition]:
+        return [c for c in found if not (new_boot and c.type in last_boot and c.status is Status.TRUE)]
+
     kept = condition_store.load()
     if kept is not None:
-        state.restore(kept)
+        state.restore(this_boot(kept))
     if kube is not None and kube.node is not None:
         from agent.sources.nodeseed import node_conditions, node_uid
 
         state.seed(
-            node_conditions(kube.node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock()),
+            this_boot(
+                node_conditions(kube.node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock())
+            ),
             node_uid=node_uid(kube.node),
         )
     inbox = Inbox()
@@ -375,8 +386,8 @@ def build_runtime(
         state=state,
         pipeline=DetectionPipeline(rule_set=rule_set),
         replay=ReplayPolicy(
-            cursor=_load_cursor(cursor_store, state_dir),
-            boot_id=current_boot_id(settings.boot_id_file),
+            cursor=cursor,
+            boot_id=boot_id,
             lookback=settings.lookback,
         ),
         health=lambda: supervisor_ref[0].health(),
