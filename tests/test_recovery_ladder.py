@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -602,3 +604,21 @@ def test_a_ladder_in_a_file(tmp_path):
         4,
         7 * 86400.0,
     )
+
+
+# ---- memory: the EC2 client only with a reboot ------------------------------------------------------------
+
+
+def test_the_ec2_client_is_built_by_the_first_reboot_only(aws):
+    """An agent that can reboot but has not holds no EC2 client (its service model is ~20 MiB)."""
+    code = (
+        "import sys; from agent.adapters.aws import AwsClients, Ec2Reboot; from agent.recovery.ec2 import Ec2Rebooter; "
+        "from agent.recovery.model import NodeView; clients = AwsClients(); "
+        "rebooter = Ec2Rebooter(ec2=Ec2Reboot(clients=clients)); print('boto3' in sys.modules); "
+        "clients.client('autoscaling'); print(sorted(clients._clients)); "
+        f"print(rebooter(NodeView(name='n', unschedulable=True, provider_id='aws:///{REGION}a/' + sys.argv[1]))); "
+        "print(sorted(clients._clients))"
+    )
+    instance = aws.lone_instance()
+    out = subprocess.run([sys.executable, "-c", code, instance], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:4] == ["False", "['autoscaling']", instance, "['autoscaling', 'ec2']"]
