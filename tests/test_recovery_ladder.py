@@ -490,14 +490,14 @@ def test_the_rung(rungs, incident, now, expected):
 
 
 @pytest.mark.parametrize(
-    ("fault", "code"),
+    ("fault", "code", "kind"),
     [
-        pytest.param(THROTTLING, "Throttling", id="throttled"),
-        pytest.param(ACCESS_DENIED, "AccessDenied", id="denied"),
-        pytest.param(INCORRECT_STATE, "IncorrectState", id="instance already stopping"),
+        pytest.param(THROTTLING, "Throttling", "throttled", id="throttled"),
+        pytest.param(ACCESS_DENIED, "AccessDenied", "denied", id="denied"),
+        pytest.param(INCORRECT_STATE, "IncorrectState", "wrong-state", id="instance already stopping"),
     ],
 )
-def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, fault, code, monkeypatch):
+def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, fault, code, kind, monkeypatch):
     instance = aws.lone_instance()
     with FaultyFront(upstream=aws.endpoint, faults=[fault]) as front:
         monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint)
@@ -510,6 +510,7 @@ def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, faul
         assert code in failed.message and "no other remedy" in failed.message
         assert "reboot" not in a.incident()["done"] and a.cordoned()
         assert a.marker.calls == []
+        assert a.loop.stats.actions[("reboot", kind)] == 1
         a.clock.now += 5  # within the retry backoff: not asked again
         a.step()
         assert front.actions == ["RebootInstances"]

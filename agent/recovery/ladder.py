@@ -337,7 +337,8 @@ class RebootResult:
 
     outcome: str
     message: str = ""
-    code: str = ""
+    code: str = ""  # AWS's error code
+    kind: str = ""  # of a failure, for metrics (a bounded set): throttled, denied, wrong-state, failed
     instance_id: str = ""
 
 
@@ -429,7 +430,7 @@ class Ladder:
             self._retry_delay[incident.id] = delay
             self._retry_at[incident.id] = self._monotonic() + delay
             self._record((*before, dataclasses.replace(rung, outcome=FAILED, message=str(exc)[:300])))
-            return RebootResult(outcome="failed", code=exc.code or "Unknown", message=str(exc))
+            return RebootResult(outcome="failed", code=exc.code or "Unknown", kind=failure_kind(exc), message=str(exc))
         except NotEc2Instance as exc:
             self._record(before)
             return RebootResult(outcome="not_aws", message=str(exc))
@@ -441,6 +442,17 @@ class Ladder:
     def _record(self, rungs: tuple[Rung, ...]) -> None:
         store_history(self._client, node_name=self._node_name, rungs=rungs)
         self._rungs = rungs[-MAX_RUNGS:]
+
+
+def failure_kind(exc: Any) -> str:
+    """A failed RebootInstances (an AwsError) as one of a few words: throttled, denied, wrong-state, failed."""
+    from agent.adapters.aws import ACCESS_DENIED_CODES, INSTANCE_STATE_CODES
+
+    if exc.code in INSTANCE_STATE_CODES:
+        return "wrong-state"
+    if exc.code in ACCESS_DENIED_CODES or exc.status == 403:
+        return "denied"
+    return "throttled" if exc.transient else "failed"
 
 
 class NotEc2Instance(Exception):

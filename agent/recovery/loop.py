@@ -381,7 +381,7 @@ class RecoveryLoop:
                 incident, "reboot-not-aws", "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}"
             )
         elif result.outcome == "failed":
-            self.stats.actions[(Action.REBOOT.value, f"failed:{result.code}")] += 1
+            self.stats.actions[(Action.REBOOT.value, result.kind)] += 1
             self._tell_once(
                 incident,
                 f"reboot-failed-{result.code}",
