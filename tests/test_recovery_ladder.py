@@ -510,7 +510,7 @@ def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, faul
         assert code in failed.message and "no other remedy" in failed.message
         assert "reboot" not in a.incident()["done"] and a.cordoned()
         assert a.marker.calls == []
-        assert a.loop.stats.actions[("reboot", kind)] == 1
+        assert a.loop.stats.actions[("reboot", kind)] == 1 and a.loop.stats.actions[("reboot", "ok")] == 0
         a.clock.now += 5  # within the retry backoff: not asked again
         a.step()
         assert front.actions == ["RebootInstances"]
@@ -519,6 +519,7 @@ def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, faul
     assert front.actions == ["RebootInstances", "RebootInstances"]
     assert a.incident()["done"] == ["cordon", "drain", "reboot"] and a.marker.calls == []
     assert [r.outcome for r in a.history()] == ["ok"]
+    assert a.loop.stats.actions[("reboot", "ok")] == 1
 
 
 # ---- the policy file ---------------------------------------------------------------------------------------

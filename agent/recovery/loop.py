@@ -274,7 +274,8 @@ class RecoveryLoop:
             except Exception:
                 self.stats.actions[(action.value, "failed")] += 1
                 raise
-            self.stats.actions[(action.value, "ok")] += 1
+            if go_on or action is not Action.REBOOT:  # a reboot not requested counts by its failure's kind
+                self.stats.actions[(action.value, "ok")] += 1
             if action is Action.UNCORDON:
                 incident = None
             self.stats.incident = incident
