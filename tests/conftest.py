@@ -28,8 +28,11 @@ SLOW_MODULES = frozenset(
         "test_manifests",
         "test_monitoring",
         "test_project_rules",
+        "test_boot_restore",
         "test_recovery_e2e",
         "test_recovery_fleet",
+        "test_recovery_ladder",
+        "test_recovery_ladder_e2e",
         "test_value_bounds",
     }
 )

@@ -26,8 +26,6 @@ from awsfixtures import REGION, AwsTestEnv, FaultyFront, aws_fixture, moto_serve
 from helpers import wait_for
 from kubeapi import KubeApiServer
 
-pytestmark = pytest.mark.slow
-
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"
 OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
 NAMESPACE = "node-health-agent"
