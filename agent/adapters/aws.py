@@ -2,7 +2,9 @@
 
 Importing this module costs nothing (boto3 + botocore are ~30 MiB of the agent's 80 MiB budget):
 they are imported when the first client is built, which happens only when CloudWatch publishing or
-Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3.
+Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3. The EC2 client (its
+service model alone is ~20 MiB) is built only when a reboot is requested (:class:`Ec2Reboot`), never
+on the idle path.
 
 Configuration comes only from the standard AWS environment, so the same code runs against AWS and
 against moto in the tests: ``AWS_ENDPOINT_URL`` (and ``AWS_ENDPOINT_URL_<SERVICE>``), the region
@@ -46,6 +48,7 @@ CALLS: Mapping[tuple[str, str], str] = types.MappingProxyType(
         ("autoscaling", "SetInstanceHealth"): "autoscaling:SetInstanceHealth",
         ("cloudwatch", "PutMetricData"): "cloudwatch:PutMetricData",
         ("s3", "PutObject"): "s3:PutObject",
+        ("ec2", "RebootInstances"): "ec2:RebootInstances",
     }
 )
 ACTIONS = frozenset(CALLS.values())
@@ -519,6 +522,27 @@ class S3Uploader:
     def put(self, key: str, body: bytes) -> None:
         """Store ``body`` at ``key``; AwsError as every call (denied, throttled, unreachable)."""
         self._clients.call("s3", "PutObject", Bucket=self.bucket, Key=key, Body=body, ContentType="application/gzip")
+
+
+# ---- EC2 ------------------------------------------------------------------------------------------
+
+# RebootInstances answers for an instance that cannot be rebooted now (stopping, stopped, terminated).
+INSTANCE_STATE_CODES = frozenset({"IncorrectState", "IncorrectInstanceState", "InvalidInstanceID.NotFound"})
+
+
+class Ec2Reboot:
+    """``reboot(instance_id)``: EC2 ``RebootInstances`` for one instance (in place: same host, same id).
+
+    Holding one costs nothing: the EC2 client is built by the first :meth:`reboot` (``AwsClients``
+    builds clients on first use), so an agent that never reboots never loads the EC2 service model."""
+
+    def __init__(self, *, clients: AwsClients) -> None:
+        self._clients = clients
+
+    def reboot(self, instance_id: str) -> None:
+        """Ask EC2 to reboot the instance; AwsError as every call (``code`` tells throttled, denied, wrong state)."""
+        _check_instance_id(instance_id)
+        self._clients.call("ec2", "RebootInstances", InstanceIds=[instance_id])
 
 
 # ---- CloudWatch ----------------------------------------------------------------------------------

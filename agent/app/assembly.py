@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.app.config import Loaded, LogMonitor, provenance_of
@@ -31,7 +32,7 @@ from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.supervisor import Component, Supervisor
-from agent.core.types import ConditionSpec, Provenance, Severity
+from agent.core.types import Condition, ConditionSpec, Provenance, Severity, Status
 from agent.detectors.pipeline import DetectionPipeline
 from agent.detectors.rulepack import RuleSet
 from agent.engine.mainloop import MainLoop
@@ -69,9 +70,15 @@ def build_source(settings: Settings) -> Source:
     return KmsgReader(path=settings.kmsg_path, stats=stats)
 
 
-def current_boot_id() -> str:
+def current_boot_id(path: Path | None = None) -> str:
+    """This boot's id: ``path`` (--boot-id-file) when given, else /proc's."""
     try:
-        return read_boot_id()
+        if path is None:
+            return read_boot_id()
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+        if not text:
+            raise ValueError(f"the boot id file {path} is empty")
+        return text
     except (OSError, ValueError) as exc:
         log.warning("cannot read the boot id (%s); restart replay falls back to lookback", exc)
         return "unknown"
@@ -256,14 +263,25 @@ def build_runtime(
         aggregate=settings.aggregate_condition,
         seeded=kube is None,
     )
+    cursor, boot_id = _load_cursor(cursor_store, state_dir), current_boot_id(settings.boot_id_file)
+    # A new boot (the cursor is of another): the kernel log that raised our kernel-log problems is gone, and
+    # this boot's log rebuilds those still there. Keeping them would hold a rebooted node broken forever.
+    last_boot = {t for t, spec in conditions.items() if spec.provenance is Provenance.KERNEL_LOG}
+    new_boot = cursor is not None and boot_id != "unknown" and cursor.boot_id != boot_id
+
+    def this_boot(found: Sequence[Condition]) -> list[Condition]:
+        return [c for c in found if not (new_boot and c.type in last_boot and c.status is Status.TRUE)]
+
     kept = condition_store.load()
     if kept is not None:
-        state.restore(kept)
+        state.restore(this_boot(kept))
     if kube is not None and kube.node is not None:
         from agent.sources.nodeseed import node_conditions, node_uid
 
         state.seed(
-            node_conditions(kube.node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock()),
+            this_boot(
+                node_conditions(kube.node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock())
+            ),
             node_uid=node_uid(kube.node),
         )
     inbox = Inbox()
@@ -383,7 +401,9 @@ def build_runtime(
         state=state,
         pipeline=DetectionPipeline(rule_set=rule_set),
         replay=ReplayPolicy(
-            cursor=_load_cursor(cursor_store, state_dir), boot_id=current_boot_id(), lookback=settings.lookback
+            cursor=cursor,
+            boot_id=boot_id,
+            lookback=settings.lookback,
         ),
         health=lambda: supervisor_ref[0].health(),
         stall_timeout=settings.stall_timeout,
@@ -455,9 +475,15 @@ def recovery_components(
     components: list[Component] = []
     details: dict[str, Callable[[], str | None]] = {}
     collectors: list[Any] = []
+    from agent.recovery.model import Remedy
+
+    ladders = {r for rule in policy.rules for r in rule.ladder}
     actions = {a for rule in policy.rules for a in rule.actions}
+    actions |= {Action.CORDON, Action.DRAIN, Action.REBOOT} if Remedy.REBOOT in ladders else set()
+    actions |= {Action.CORDON, Action.MARK_UNHEALTHY} if Remedy.REPLACE in ladders else set()
     needs_aws = settings.cloudwatch or (
-        settings.enable_recovery and (Action.MARK_UNHEALTHY in actions or bool(settings.diagnostics_s3))
+        settings.enable_recovery
+        and (bool({Action.MARK_UNHEALTHY, Action.REBOOT} & actions) or bool(settings.diagnostics_s3))
     )
     clients: AwsClients | None = None
     imds: InstanceMetadata | None = None
@@ -488,7 +514,7 @@ def recovery_components(
         from agent.recovery.loop import RecoveryLoop
         from agent.recovery.metrics import RecoveryCollector
 
-        budget = marker = drainer = bundle = None
+        budget = marker = drainer = bundle = ladder = rebooter = None
         if settings.enable_recovery:
             from agent.recovery.budget import ClusterBudget, budget_lease_name
 
@@ -523,6 +549,21 @@ def recovery_components(
                     clients=clients,
                     clock=clock,
                 )
+            if Action.REBOOT in actions:
+                from agent.adapters.aws import Ec2Reboot  # its EC2 client is built by the first reboot only
+                from agent.recovery.ec2 import Ec2Rebooter
+
+                rebooter = Ec2Rebooter(ec2=Ec2Reboot(clients=aws_clients(clients)), imds=imds)
+        if ladders:
+            from agent.recovery.ladder import Ladder
+
+            boot_file = settings.boot_id_file
+            ladder = Ladder(
+                client=kube.client,
+                node_name=kube.node_name,
+                boot_id=lambda: current_boot_id(boot_file),
+                reboot=rebooter,
+            )
         loop = RecoveryLoop(
             feed=feed,
             inbox=inbox,
@@ -534,6 +575,7 @@ def recovery_components(
             mark_unhealthy=marker,
             drainer=drainer,
             bundle=bundle.before_remedy if bundle is not None else None,
+            ladder=ladder,
             clock=clock,
             holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale),
         )

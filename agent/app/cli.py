@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--kmsg-path", default=env_default("kmsg-path", str(DEFAULT_KMSG)), help="kernel log device")
     run.add_argument(
+        "--boot-id-file",
+        default=env_default("boot-id-file", "/proc/sys/kernel/random/boot_id"),
+        metavar="FILE",
+        help="this boot's id (a new one tells kmsg replay and recovery that the host rebooted)",
+    )
+    run.add_argument(
         "--kmsg-relay",
         default=env_default("kmsg-relay"),
         metavar="SOCKET",

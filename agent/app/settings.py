@@ -77,6 +77,7 @@ class Settings:
     config_files: tuple[Path, ...]
     plugins_dirs: tuple[Path, ...]
     kmsg_path: Path
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")  # this boot's id: kmsg replay, finished reboots
     kmsg_relay: Path | None
     listen: Listen | None  # None = HTTP server disabled
     serve_conditions: bool = False  # /conditions: on by default only with --standalone (kernel-log text)
@@ -228,6 +229,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         config_files=config_files,
         plugins_dirs=plugins_dirs,
         kmsg_path=Path(args.kmsg_path),
+        boot_id_file=Path(getattr(args, "boot_id_file", None) or "/proc/sys/kernel/random/boot_id"),
         kmsg_relay=Path(relay) if relay else None,
         listen=listen,
         serve_conditions=serve_conditions,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the funct
     from agent.adapters.kube import KubeClient
     from agent.recovery.budget import ClusterBudget
     from agent.recovery.drain import DrainResult
+    from agent.recovery.ladder import Ladder
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ class MarkUnhealthy(Protocol):
 
 
 # The phases recovery times, each from the problem's own time (Incident.since): the node cordoned, drained,
-# its remedy requested (the instance marked unhealthy), and the incident closed (healed).
+# its remedy requested (the instance marked unhealthy or rebooted), and the incident closed (healed).
 PHASES = ("cordoned", "drained", "remedy", "closed")
-REMEDIES = (Action.MARK_UNHEALTHY,)  # the action that hands the node to a remedy
+REMEDIES = (Action.MARK_UNHEALTHY, Action.REBOOT)  # the actions that request a remedy (replace, reboot)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class RecoveryLoop:
         drainer: Callable[[threading.Event, Callable[[str, str], None]], DrainResult] | None = None,
         # evidence before a remedy: (action, incident) -> incident with the bundle's locations (recovery.bundle)
         bundle: Callable[[Action, Incident], Incident] | None = None,
+        ladder: Ladder | None = None,  # rules with a ladder (reboot, then replace)
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         interval: float = INTERVAL,
@@ -125,6 +127,7 @@ class RecoveryLoop:
         self._mark_unhealthy = mark_unhealthy
         self._drainer = drainer
         self._bundle = bundle
+        self._ladder = ladder
         self._clock = clock
         self._monotonic = monotonic
         self._interval = interval
@@ -206,6 +209,10 @@ class RecoveryLoop:
         policy = flaps.damped(self._policy, self._flaps, incident)  # a flapping node is held cordoned longer
         if policy is not self._policy and incident is not None:
             self._note_flapping(incident, policy)
+        if self._ladder is not None:  # the current rung of each ladder rule, from the history on the Node
+            policy = self._ladder.prepare(
+                policy, snapshot=snapshot, node=node, view=view, now=now, enabled=self._enabled
+            )
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
@@ -242,6 +249,9 @@ class RecoveryLoop:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
             elif answer.correlated:
                 decision = decided(answer)  # held, not blocked: the zone or pool fails together
+        if self._ladder is not None:
+            decision = self._ladder.refine(decision, stored=incident, now=now)
+            self._note_climb(decision)
         self.stats.incident = decision.incident
         self._note_blocked(decision)
         if self._enabled:
@@ -381,8 +391,9 @@ class RecoveryLoop:
             except Exception:
                 self.stats.actions[(action.value, "failed")] += 1
                 raise
-            self.stats.actions[(action.value, "ok")] += 1
-            self._observe(action, incident)
+            if go_on or action is not Action.REBOOT:  # a reboot not requested counts by its failure's kind
+                self.stats.actions[(action.value, "ok")] += 1
+                self._observe(action, incident)
             if action is Action.UNCORDON:
                 incident = None
             self.stats.incident = incident
@@ -456,6 +467,9 @@ class RecoveryLoop:
             if outcome not in ("done", "skipped"):
                 node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
                 return incident, False
+        elif action is Action.REBOOT:
+            if not self._reboot(incident, view, now=now):
+                return incident, False  # not requested: reported, tried again later, never another remedy
         elif action is Action.MARK_UNHEALTHY:
             incident = self._claim(incident, now)
             self._mark(incident, view)
@@ -518,6 +532,55 @@ class RecoveryLoop:
             status=409,
             reason="Conflict",
         )
+
+    def _reboot(self, incident: Incident, view: NodeView, *, now: float) -> bool:
+        """Request the reboot (agent.recovery.ladder); whether it is requested (now or before)."""
+        what = f"{incident.condition}={incident.reason}"
+        result = self._ladder.reboot(incident, view, now=now) if self._ladder is not None else None
+        if result is None or result.outcome == "no_ec2":
+            self._tell_once(
+                incident,
+                "reboot-skipped",
+                "Warning",
+                "RecoveryRebootSkipped",
+                f"{what}: reboot skipped: AWS is not configured for this agent; the node stays cordoned",
+            )
+            return False
+        if result.outcome == "rebooted":
+            self._event(
+                incident,
+                "Warning",
+                "RecoveryRebootRequested",
+                f"{what}: EC2 RebootInstances requested for "
+                f"{result.instance_id}; once it is back (a new boot id) it is watched before it is uncordoned",
+            )
+        elif result.outcome == "not_aws":
+            self._tell_once(
+                incident, "reboot-not-aws", "Normal", "RecoveryNotAnEC2Instance", f"{what}: {result.message}"
+            )
+        elif result.outcome == "failed":
+            self.stats.actions[(Action.REBOOT.value, result.kind)] += 1
+            self._tell_once(
+                incident,
+                f"reboot-failed-{result.code}",
+                "Warning",
+                "RecoveryRebootFailed",
+                f"{what}: {result.message}; the node stays cordoned and the reboot is tried again "
+                "later (no other remedy is taken instead)",
+            )
+        return result.outcome in ("rebooted", "already")
+
+    def _note_climb(self, decision: Decision) -> None:
+        incident = decision.incident
+        plan = self._ladder.plans.get(incident.id) if incident is not None and self._ladder is not None else None
+        if incident is not None and plan is not None and plan.climbed and decision.actions:
+            self._tell_once(
+                incident,
+                f"climb-{plan.step}",
+                "Warning",
+                "RecoveryLadderClimbed",
+                f"{plan.climbed}: next remedy {plan.remedy.value} (rung {plan.step + 1} of {len(plan.rule.ladder)})",
+            )
 
     def _mark(self, incident: Incident, view: NodeView) -> None:
         what = f"{incident.condition}={incident.reason}"

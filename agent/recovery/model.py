@@ -67,6 +67,7 @@ class Action(enum.StrEnum):
     CORDON = "cordon"  # spec.unschedulable=true + the incident annotation
     TAINT = "taint"  # NoSchedule taint TAINT_KEY
     DRAIN = "drain"  # evict the node's pods through the Eviction API
+    REBOOT = "reboot"  # EC2 RebootInstances (a ladder's reboot remedy: agent.recovery.ladder)
     MARK_UNHEALTHY = "mark-unhealthy"  # Auto Scaling SetInstanceHealth(Unhealthy)
     UNCORDON = "uncordon"  # only a node we cordoned, after the problem healed for uncordon_after
 
@@ -76,7 +77,17 @@ class Action(enum.StrEnum):
 
 
 # Order in which a rule's actions run (whatever order the policy file lists them in).
-ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY)
+ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.REBOOT, Action.MARK_UNHEALTHY)
+
+
+class Remedy(enum.StrEnum):
+    """A rung of a rule's ladder (agent.recovery.ladder): what is tried, in the ladder's order."""
+
+    REBOOT = "reboot"  # cordon, drain, EC2 RebootInstances; then an observation window
+    REPLACE = "replace"  # cordon, mark-unhealthy (Auto Scaling replaces the instance)
+
+
+DEFAULT_WINDOW = 1200.0  # seconds a node is watched after a reboot (Karpenter's 20 min)
 
 
 class OnDeadline(enum.StrEnum):
@@ -100,6 +111,10 @@ class PolicyRule:
     # act this long before the time the condition's message names (``notBefore=...``: ScheduledMaintenance)
     # instead of as soon as it is True; None = not scheduled
     lead_time: float | None = None
+    ladder: tuple[Remedy, ...] = ()  # remedies tried in turn (agent.recovery.ladder); () = ``actions`` only
+    window: float = DEFAULT_WINDOW  # observation after a reboot: healthy through it = uncordoned; again = climb
+    repeat_count: int = 0  # this many incidents of one reason within repeat_period climb too (0 = off)
+    repeat_period: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -62,11 +62,13 @@ from agent.core.configdoc import Problems, field_path, read_pack
 from agent.core.durations import format_duration, parse_duration
 from agent.core.errors import ConfigError
 from agent.core.types import Condition, Provenance, Status, reserved_condition
+from agent.recovery import xid
 from agent.recovery.budget import parse_max_unhealthy
 from agent.recovery.model import (
     ACTION_ORDER,
     BUILTIN_CONDITIONS,
     DEFAULT_LEAD_TIME,
+    DEFAULT_WINDOW,
     SCHEDULED_CONDITION,
     TRUSTED_FOR_BUILTIN,
     Action,
@@ -77,29 +79,47 @@ from agent.recovery.model import (
     OnDeadline,
     PolicyRule,
     RecoveryPolicy,
+    Remedy,
 )
 from agent.recovery.policy import rule_for
 
 __all__ = ["DEFAULT_POLICY", "load_policy", "policy_summary", "published"]
 
-_DEFAULT_ACTIONS = (Action.CORDON, Action.MARK_UNHEALTHY)
-DEFAULT_RULES = tuple(
-    PolicyRule(
+_DEFAULT_ACTIONS = (Action.CORDON, Action.MARK_UNHEALTHY)  # replace
+_REPORT = (Action.CORDON,)  # unknown reasons: cordon and report only
+_REBOOT_FIRST = (Remedy.REBOOT, Remedy.REPLACE)
+_LEMON = (3, 7 * 86400.0)  # the third incident of one reason on one instance within 7 days climbs
+
+
+def _builtin(condition: str, reasons: tuple[str, ...], actions: tuple[Action, ...], ladder: tuple = ()) -> PolicyRule:
+    count, period = _LEMON if ladder else (0, 0.0)
+    return PolicyRule(
         condition=condition,
         reasons=reasons,
-        actions=_DEFAULT_ACTIONS,
+        actions=actions,
         persist=0.0,
         source="built-in",
         sources=TRUSTED_FOR_BUILTIN,
+        ladder=ladder,
+        repeat_count=count,
+        repeat_period=period,
     )
-    for condition, reasons in (
-        ("NeuronHealth", ("NeuronHasError_*",)),
-        ("GpuXid", ()),
-        ("GpuDriverError", ()),
-        ("GpuEcc", ()),
-        ("GpuCount", ()),
-        ("NeuronDevices", ()),
-    )
+
+
+# NVIDIA: the Xid catalog's immediate action decides (agent.recovery.xid); Neuron keeps the seed's replace.
+DEFAULT_RULES = (
+    _builtin("NeuronHealth", ("NeuronHasError_*",), _DEFAULT_ACTIONS),
+    _builtin("GpuXid", xid.reasons(xid.REPLACE), _DEFAULT_ACTIONS),
+    _builtin("GpuXid", xid.reasons(xid.REBOOT_FIRST), _REPORT, _REBOOT_FIRST),
+    _builtin("GpuXid", (), _REPORT),
+    _builtin("GpuDriverError", ("GpuFallenOffBus", "GpuInitFailed", "GpuProbeFailed"), _REPORT, _REBOOT_FIRST),
+    _builtin("GpuDriverError", (), _REPORT),
+    _builtin("GpuEcc", ("GpuRowRemapFailure",), _DEFAULT_ACTIONS),
+    _builtin("GpuEcc", ("GpuEccUncorrectable", "GpuRowRemapPending", "GpuRetiredPagesPending"), _REPORT, _REBOOT_FIRST),
+    _builtin("GpuEcc", (), _REPORT),
+    _builtin("GpuCount", ("GpuLost", "GpuResetRequired", "GpuMissing"), _REPORT, _REBOOT_FIRST),
+    _builtin("GpuCount", (), _REPORT),
+    _builtin("NeuronDevices", (), _DEFAULT_ACTIONS),
 )
 DEFAULT_POLICY = RecoveryPolicy(
     rules=DEFAULT_RULES,
@@ -111,14 +131,17 @@ DEFAULT_POLICY = RecoveryPolicy(
 )
 
 TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
-RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources", "leadTime")
+RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources", "leadTime", "ladder", "window", "repeat")
+REPEAT_KEYS = ("count", "within")
+REMEDY_NAMES = tuple(r.value for r in Remedy)
 SOURCE_NAMES = tuple(p.value for p in Provenance)
 DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
 BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector", "groups", "correlation")
 GROUP_KEYS = ("label", "maxUnhealthy", "maxUnhealthyCap")
 CORRELATION_KEYS = ("labels", "share", "minNodes", "newNodeWindow", "newNodeRepeats")
 _PERCENT_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-RULE_ACTIONS = tuple(a.value for a in ACTION_ORDER)  # uncordon is not a rule action
+# uncordon is not a rule action (it follows healing); reboot is a ladder's remedy (it comes with a window)
+RULE_ACTIONS = tuple(a.value for a in ACTION_ORDER if a is not Action.REBOOT)
 _CONDITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 
 
@@ -278,7 +301,13 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
                 if not isinstance(glob, str) or not glob.strip():
                     col.add((*path, "reasons", j), f"must be a non-empty reason or glob, got {glob!r}")
             reasons = tuple(g for g in raw_reasons if isinstance(g, str) and g.strip())
-    actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
+    ladder = _check_ladder(item, col=col, path=path)
+    if ladder and "actions" not in item:
+        actions: tuple[Action, ...] = (Action.CORDON,)  # the rungs bring their own actions
+    else:
+        actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
+    if ladder and Action.MARK_UNHEALTHY in actions:
+        col.add((*path, "actions"), "mark-unhealthy is the ladder's replace: leave it out of actions")
     persist = _duration(item, "persist", 0.0, col=col, path=path)
     sources = _check_sources(item, condition, col=col, path=path)
     lead_time = DEFAULT_LEAD_TIME if condition == SCHEDULED_CONDITION else None
@@ -291,6 +320,10 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
             )
         else:
             lead_time = _duration(item, "leadTime", DEFAULT_LEAD_TIME, col=col, path=path)
+    window = _duration(item, "window", DEFAULT_WINDOW, col=col, path=path, positive=True)
+    if "window" in item and Remedy.REBOOT not in ladder:
+        col.add((*path, "window"), "the observation window follows a reboot: it needs ladder with reboot")
+    count, period = _check_repeat(item, ladder, col=col, path=path)
     if len(col) != before or not isinstance(condition, str):
         return None
     line = col.doc.line(path)
@@ -302,7 +335,62 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
         source=f"{col.file}:{line}" if line is not None else f"{col.file}: {field_path(path)}",
         sources=sources,
         lead_time=lead_time,
+        ladder=ladder,
+        window=window,
+        repeat_count=count,
+        repeat_period=period,
     )
+
+
+def _check_ladder(item: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[Remedy, ...]:
+    """The remedies tried in turn: each known, each once (a rung repeated would loop), replace last."""
+    if "ladder" not in item:
+        return ()
+    raw = item["ladder"]
+    known = ", ".join(REMEDY_NAMES)
+    if not isinstance(raw, list) or not raw:
+        col.add((*path, "ladder"), f"must be a non-empty list of remedies, e.g. [reboot, replace] (known: {known})")
+        return ()
+    found: list[Remedy] = []
+    for j, name in enumerate(raw):
+        if not isinstance(name, str) or name not in REMEDY_NAMES:
+            col.add((*path, "ladder", j), f"unknown remedy {name!r} (known: {known})")
+        elif Remedy(name) in found:
+            col.add(
+                (*path, "ladder", j),
+                f"the ladder loops: {name} is already rung {found.index(Remedy(name)) + 1} (each remedy once, "
+                "climbing only up)",
+            )
+        elif found and found[-1] is Remedy.REPLACE:
+            col.add((*path, "ladder", j), f"nothing can follow replace (the instance is gone), got {name!r}")
+        else:
+            found.append(Remedy(name))
+    return tuple(found)
+
+
+def _check_repeat(
+    item: Mapping[str, Any], ladder: tuple[Remedy, ...], *, col: Problems, path: tuple
+) -> tuple[int, float]:
+    """``repeat: {count: N, within: DUR}``: the N-th incident of one reason within DUR climbs a rung."""
+    if "repeat" not in item:
+        return 0, 0.0
+    raw = item["repeat"]
+    where = (*path, "repeat")
+    if not ladder:
+        col.add(where, "repeat climbs a ladder: it needs ladder")
+        return 0, 0.0
+    if not isinstance(raw, dict):
+        col.add(where, "must be a mapping {count: N, within: DURATION}")
+        return 0, 0.0
+    _unknown_keys(raw, known=REPEAT_KEYS, path=where, col=col)
+    count = raw.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+        col.add((*where, "count"), f"must be an integer of at least 2, got {count!r}")
+        count = 0
+    if "within" not in raw:
+        col.add((*where, "within"), "required: the period the incidents are counted in, e.g. 7d or 24h")
+        return 0, 0.0
+    return count, _duration(raw, "within", 0.0, col=col, path=where, positive=True)
 
 
 def _check_sources(item: Mapping[str, Any], condition: object, *, col: Problems, path: tuple) -> tuple[Provenance, ...]:
@@ -332,6 +420,8 @@ def _check_actions(raw: Any, *, col: Problems, path: tuple) -> tuple[Action, ...
     for j, name in enumerate(raw):
         if name == Action.UNCORDON.value:
             col.add((*path, j), "uncordon is not a rule action: it follows healing (set uncordonAfter)")
+        elif name == Action.REBOOT.value:
+            col.add((*path, j), "reboot is a remedy: put it in the rule's ladder, e.g. ladder: [reboot, replace]")
         elif not isinstance(name, str) or name not in RULE_ACTIONS:
             col.add((*path, j), f"unknown action {name!r} (known: {known})")
         elif Action(name) in found:
@@ -569,7 +659,17 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
         if rule.lead_time is not None:
             wait += f", {format_duration(rule.lead_time)} before the scheduled time"
         trusted = f", raised by {' or '.join(p.value for p in rule.sources)}" if rule.sources else ""
-        lines.append(f"  {rule.condition} [{reasons}{trusted}]: {', '.join(a.value for a in rule.actions)}{wait}")
+        what = ", ".join(a.value for a in rule.actions)
+        if rule.ladder:
+            what += "; ladder " + " -> ".join(r.value for r in rule.ladder)
+            if Remedy.REBOOT in rule.ladder:
+                what += f" (window {format_duration(rule.window)}"
+                if rule.repeat_count:
+                    what += f", {rule.repeat_count} within {format_duration(rule.repeat_period)} climb"
+                what += ")"
+        elif rule.actions == (Action.CORDON,):
+            what += " (no remedy)"
+        lines.append(f"  {rule.condition} [{reasons}{trusted}]: {what}{wait}")
     lines.append(
         f"startup delay: {format_duration(policy.startup_delay)}" if policy.startup_delay else "startup delay: none"
     )
@@ -586,7 +686,7 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
         + " the Auto Scaling health check grace period"
     )
     d = policy.drain
-    if any(Action.DRAIN in r.actions for r in policy.rules):
+    if any(Action.DRAIN in r.actions or Remedy.REBOOT in r.ladder for r in policy.rules):
         lines.append(
             f"drain: {d.evictions_per_second:g} evictions/s, each pod {format_duration(d.pod_deadline)} then "
             f"{d.on_deadline.value}, wait {format_duration(d.wait_for_deletion)} for deletion, whole drain "

@@ -83,7 +83,7 @@ def test_json_lists_problem_nodes_with_what_was_done_or_would_be(api, tmp_path, 
     assert set(rows) == {"a", "b"}, "a healthy node is not listed"
     assert rows["a"]["recovery"]["done"] == ["cordon", "mark-unhealthy"]
     assert rows["a"]["recovery"]["cordonedByUs"] is True
-    assert rows["b"]["wouldDo"] == ["cordon", "mark-unhealthy"]
+    assert rows["b"]["wouldDo"] == ["cordon", "drain", "reboot"]  # Xid 79: the ladder's first rung
     assert rows["b"]["problems"] == [{"condition": "GpuXid", "reason": "GpuXid79", "since": T_EPOCH, "policy": True}]
     assert view["budget"]["state"].startswith("not created yet")
     assert view["nodesListed"] == 3
@@ -107,8 +107,43 @@ def test_the_table_and_the_budget_holders(api, tmp_path, capsys):
     assert code == 0
     assert "2 of 3 nodes with problems or a recovery incident" in out
     assert "done: cordon, mark-unhealthy" in out
-    assert "would: cordon, mark-unhealthy" in out
+    assert "would: cordon, drain, reboot" in out
     assert "places held: 1" in out and "a: a since" in out
+
+
+def test_the_ladder_step_and_the_windows_end(api, tmp_path, capsys):
+    """A node rebooted by recovery for Xid 79 and watched: status says which rung and when the window ends."""
+    from agent.recovery.ladder import HISTORY_ANNOTATION
+
+    incident = {**INCIDENT, "id": "GpuXid/GpuXid79/uid-d/1795341600", "condition": "GpuXid", "reason": "GpuXid79"}
+    incident["done"] = ["cordon", "drain", "reboot"]
+    rung = {
+        "incident": incident["id"],
+        "condition": "GpuXid",
+        "reason": "GpuXid79",
+        "remedy": "reboot",
+        "step": 0,
+        "at": T_EPOCH,
+        "boot": "boot-1",
+        "window": 1200.0,
+        "outcome": "ok",
+        "message": "",
+        "finishedAt": T_EPOCH + 300,
+        "finishedBoot": "boot-2",
+        "windowEnd": T_EPOCH + 1500,
+    }
+    annotations = {INCIDENT_ANNOTATION: json.dumps(incident), HISTORY_ANNOTATION: json.dumps({"rungs": [rung]})}
+    api.put_object(
+        node("d", conditions=[cond("GpuXid", "False", "GpuXidGood")], annotations=annotations, unschedulable=True)
+    )
+    code, out, _ = run_status(api, tmp_path, capsys, "--json")
+    assert code == 0
+    (row,) = [r for r in json.loads(out)["nodes"] if r["node"] == "d"]
+    ladder = row["recovery"]["ladder"]
+    assert (ladder["step"], ladder["of"], ladder["remedy"], ladder["next"]) == (1, 2, "reboot", "replace")
+    assert ladder["windowEnd"] == T_EPOCH + 1500
+    code, out, _ = run_status(api, tmp_path, capsys)
+    assert "reboot (rung 1 of 2): rebooted; window ende" in out and "2026-11-22T10:25:00" in out
 
 
 def test_a_corrupt_budget_is_shown_as_such(api, tmp_path, capsys):
@@ -141,7 +176,7 @@ def test_a_bad_policy_file_exits_2(api, tmp_path, capsys):
     bad = tmp_path / "policy.yaml"
     bad.write_text("rules:\n  - condition: GpuXid\n    actions: [reboot]\n")
     code, _, err = run_status(api, tmp_path, capsys, "--recovery-policy", str(bad))
-    assert code == 2 and "unknown action 'reboot'" in err and "policy.yaml:3" in err
+    assert code == 2 and "reboot is a remedy" in err and "policy.yaml:3" in err
 
 
 def test_kubectl_plugin_shim(api, tmp_path):

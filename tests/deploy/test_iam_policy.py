@@ -26,6 +26,7 @@ from agent.adapters.aws import (
     AwsClients,
     AwsError,
     CloudWatchPublisher,
+    Ec2Reboot,
     MetricDatum,
     S3Uploader,
 )
@@ -38,10 +39,18 @@ ROOT = REPO
 AWS_PY = ROOT / "agent" / "adapters" / "aws.py"
 POLICY_FILE = ROOT / "iam" / "node-health-agent-policy.json"
 README = ROOT / "iam" / "README.md"
-PLACEHOLDERS = ("${AWS_REGION}", "${AWS_ACCOUNT_ID}", "${ASG_NAME}", "${DIAGNOSTICS_BUCKET}", "${DIAGNOSTICS_PREFIX}")
+PLACEHOLDERS = (
+    "${AWS_REGION}",
+    "${AWS_ACCOUNT_ID}",
+    "${ASG_NAME}",
+    "${CLUSTER_NAME}",
+    "${DIAGNOSTICS_BUCKET}",
+    "${DIAGNOSTICS_PREFIX}",
+)
+CLUSTER = "walkthrough"
 BUCKET, PREFIX = "diagnostics-bucket", "node-health/bundles"
 # IAM's service prefix for each boto3 service name we call (CloudWatch's API endpoint is "monitoring").
-IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "s3": "s3"}
+IAM_PREFIX = {"autoscaling": "autoscaling", "cloudwatch": "cloudwatch", "ec2": "ec2", "s3": "s3"}
 # Services the agent could plausibly be tempted to call directly (their operations must never appear as methods).
 NEIGHBOURS = ("autoscaling", "cloudwatch", "ec2", "sts", "iam", "logs", "eks", "s3")
 
@@ -127,6 +136,13 @@ def test_set_instance_health_is_scoped_to_the_node_group():
     )
 
 
+def test_reboot_is_scoped_to_instances_tagged_as_the_clusters_own():
+    st = statement_for("ec2:RebootInstances")
+    assert as_list(st["Action"]) == ["ec2:RebootInstances"]
+    assert as_list(st["Resource"]) == ["arn:aws:ec2:${AWS_REGION}:${AWS_ACCOUNT_ID}:instance/*"]
+    assert st["Condition"] == {"StringEquals": {"ec2:ResourceTag/kubernetes.io/cluster/${CLUSTER_NAME}": "owned"}}
+
+
 def test_describe_is_the_only_unscoped_action():
     """DescribeAutoScalingInstances supports no resource-level permissions: IAM needs Resource "*"."""
     assert as_list(statement_for("autoscaling:DescribeAutoScalingInstances")["Resource"]) == ["*"]
@@ -166,10 +182,11 @@ def rendered(group_name: str, *, for_moto: bool) -> str:
 
     ``for_moto``: moto evaluates a policy's Action and Effect but authorizes Auto Scaling calls against
     Resource "*" only and names CloudWatch's actions ``monitoring:*``; so its copy widens the resource
-    and adds that alias. Resource and Condition are checked above, statically.
+    and adds that alias; it does not evaluate EC2's resource-tag condition (dropped). Resource and
+    Condition are checked above, statically.
     """
     text = POLICY_FILE.read_text()
-    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name, BUCKET, PREFIX), strict=True):
+    for placeholder, value in zip(PLACEHOLDERS, (REGION, ACCOUNT, group_name, CLUSTER, BUCKET, PREFIX), strict=True):
         text = text.replace(placeholder, value)
     if not for_moto:
         return text
@@ -178,6 +195,8 @@ def rendered(group_name: str, *, for_moto: bool) -> str:
         if st["Action"] == "s3:PutObject":
             continue  # moto checks S3 object ARNs: the prefix is enforced as written
         st["Resource"] = "*"
+        if any(a.startswith("ec2:") for a in as_list(st["Action"])):
+            st.pop("Condition", None)
         actions = as_list(st["Action"])
         st["Action"] = actions + [
             a.replace("cloudwatch:", "monitoring:") for a in actions if a.startswith("cloudwatch:")
@@ -220,6 +239,7 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
         publisher = CloudWatchPublisher(clients=AwsClients(), sleep=lambda _: None)
         assert publisher.put_metrics(DEFAULT_NAMESPACE, [MetricDatum(name="NeuronHasError_DMA_ERROR", value=1.0)]) == 1
         S3Uploader(clients=AwsClients(), bucket=BUCKET).put(f"{PREFIX}/ip-10-0-0-1/bundle.json.gz", b"\x1f\x8b")
+        Ec2Reboot(clients=AwsClients()).reboot(instance)
 
         outside = {
             "autoscaling:DescribeAutoScalingGroups": autoscaling.describe_auto_scaling_groups,
@@ -229,6 +249,9 @@ def test_the_agent_works_with_only_the_policy_and_nothing_else_is_allowed(aws, m
                 )
             ),
             "ec2:DescribeInstances": ec2.describe_instances,
+            "ec2:StopInstances": lambda: ec2.stop_instances(InstanceIds=[instance]),
+            "ec2:TerminateInstances": lambda: ec2.terminate_instances(InstanceIds=[instance]),
+            "ec2:StartInstances": lambda: ec2.start_instances(InstanceIds=[instance]),
             "cloudwatch:ListMetrics": cloudwatch.list_metrics,
             "s3:PutObject outside the prefix": lambda: s3.put_object(Bucket=BUCKET, Key="elsewhere/x", Body=b"x"),
             "s3:GetObject": lambda: s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/ip-10-0-0-1/bundle.json.gz"),

@@ -419,7 +419,7 @@ FULL = Incident(
         pytest.param(incident_text(FULL), FULL, id="round trip"),
         pytest.param(incident_text(INCIDENT), INCIDENT, id="defaults"),
         pytest.param(
-            json.dumps({**FULL.to_json(), "done": ["cordon", "reboot", "drain"]}), FULL, id="unknown action ignored"
+            json.dumps({**FULL.to_json(), "done": ["cordon", "reimage", "drain"]}), FULL, id="unknown action ignored"
         ),
         pytest.param(
             json.dumps(

@@ -374,7 +374,7 @@ def test_report_only_tells_about_a_new_problem_after_the_first_healed(harness):
     h.step()
     assert h.loop.stats.incident is None
     h.clock.now += 5
-    h.publish(healthy(since=T0 + DELAY), problem("GpuXid", "XidCritical", since=h.clock.now))
+    h.publish(healthy(since=T0 + DELAY), problem("GpuXid", "GpuXid64", since=h.clock.now))
     decision = h.step()
     assert decision.actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.loop.stats.would == {"cordon": 2, "mark-unhealthy": 2}

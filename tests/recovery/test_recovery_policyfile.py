@@ -24,6 +24,7 @@ from agent.recovery.model import (
     OnDeadline,
     PolicyRule,
     RecoveryPolicy,
+    Remedy,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary, published, selector_problem
 
@@ -34,6 +35,7 @@ NO_NODE = (
     else "expected the node content, but found '<stream end>'"
 )
 CORDON, TAINT, DRAIN, MARK = Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY
+REBOOT_IS_A_REMEDY = "reboot is a remedy: put it in the rule's ladder, e.g. ladder: [reboot, replace]"
 
 
 def write(tmp_path: Path, text: str, name: str = "policy.yaml") -> Path:
@@ -64,14 +66,25 @@ def test_default_policy():
     assert DEFAULT_POLICY.budget == BudgetSettings(
         max_unhealthy="10%", max_unhealthy_cap=10, max_actions=10, window=600
     )
-    assert [(r.condition, r.reasons, r.actions, r.persist) for r in DEFAULT_POLICY.rules] == [
-        ("NeuronHealth", ("NeuronHasError_*",), (CORDON, MARK), 0.0),
-        ("GpuXid", (), (CORDON, MARK), 0.0),
-        ("GpuDriverError", (), (CORDON, MARK), 0.0),
-        ("GpuEcc", (), (CORDON, MARK), 0.0),
-        ("GpuCount", (), (CORDON, MARK), 0.0),
-        ("NeuronDevices", (), (CORDON, MARK), 0.0),
+    # Neuron keeps the seed's replace; NVIDIA reboots first where the Xid catalog says reset/reboot,
+    # replaces hardware faults, and only cordons and reports what it does not know (tests/test_recovery_ladder.py).
+    ladder = (Remedy.REBOOT, Remedy.REPLACE)
+    assert [(r.condition, bool(r.reasons), r.actions, r.ladder) for r in DEFAULT_POLICY.rules] == [
+        ("NeuronHealth", True, (CORDON, MARK), ()),
+        ("GpuXid", True, (CORDON, MARK), ()),
+        ("GpuXid", True, (CORDON,), ladder),
+        ("GpuXid", False, (CORDON,), ()),
+        ("GpuDriverError", True, (CORDON,), ladder),
+        ("GpuDriverError", False, (CORDON,), ()),
+        ("GpuEcc", True, (CORDON, MARK), ()),
+        ("GpuEcc", True, (CORDON,), ladder),
+        ("GpuEcc", False, (CORDON,), ()),
+        ("GpuCount", True, (CORDON,), ladder),
+        ("GpuCount", False, (CORDON,), ()),
+        ("NeuronDevices", False, (CORDON, MARK), ()),
     ]
+    assert DEFAULT_POLICY.rules[0].reasons == ("NeuronHasError_*",)
+    assert all(r.persist == 0.0 for r in DEFAULT_POLICY.rules)
     assert not any(DRAIN in r.actions for r in DEFAULT_POLICY.rules)
 
 
@@ -200,7 +213,7 @@ KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
               - condition: GpuXid
                 actions: [reboot, cordon]
             """,
-            [f"policy.yaml:5: rules[1].actions[0]: unknown action 'reboot' {KNOWN_ACTIONS}"],
+            [f"policy.yaml:5: rules[1].actions[0]: {REBOOT_IS_A_REMEDY}"],
         ),
         (
             "uncordonAftr: 5m\n",
@@ -447,7 +460,7 @@ def test_every_problem_of_a_file_at_once_in_line_order(tmp_path):
     )
     assert found == [
         "policy.yaml:1: startupDelay: invalid duration 'later' (use e.g. '30s', '5m', '1h30m')",
-        f"policy.yaml:4: rules[0].actions[0]: unknown action 'reboot' {KNOWN_ACTIONS}",
+        f"policy.yaml:4: rules[0].actions[0]: {REBOOT_IS_A_REMEDY}",
         "policy.yaml:5: rules[0].persist: invalid duration '1 minute' (use e.g. '30s', '5m', '1h30m')",
         "policy.yaml:7: rules[1].actions: drain needs cordon in the same rule: without it the scheduler puts pods "
         "back onto the node being drained",
@@ -500,17 +513,31 @@ def test_selector_problem(selector, ok):
 
 def test_policy_summary_of_the_default():
     assert policy_summary(DEFAULT_POLICY) == [
-        "recovery rules: 6",
+        "recovery rules: 12",
         "  NeuronHealth [NeuronHasError_*, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuDriverError [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuEcc [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
-        "  GpuCount [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuXid [GpuXid54, GpuXid64, GpuXid142, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuXid [GpuXid46, GpuXid48, GpuXid62, GpuXid74, GpuXid79, GpuXid95, GpuXid109, GpuXid110"
+        ", GpuXid119, GpuXid120, GpuXid136, GpuXid140, GpuXid143, GpuXid144, GpuXid145, GpuXid146, "
+        "GpuXid147, GpuXid148, GpuXid149, GpuXid150, GpuXid151, GpuXid154, GpuXid155, GpuXid156, Gp"
+        "uXid158, raised by kernel-log or builtin-check]: cordon; ladder reboot -> replace (window "
+        "20m, 3 within 168h climb)",
+        "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon (no remedy)",
+        "  GpuDriverError [GpuFallenOffBus, GpuInitFailed, GpuProbeFailed, raised by kernel-log or "
+        "builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuDriverError [any reason, raised by kernel-log or builtin-check]: cordon (no remedy)",
+        "  GpuEcc [GpuRowRemapFailure, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuEcc [GpuEccUncorrectable, GpuRowRemapPending, GpuRetiredPagesPending, raised by kerne"
+        "l-log or builtin-check]: cordon; ladder reboot -> replace (window 20m, 3 within 168h climb"
+        ")",
+        "  GpuEcc [any reason, raised by kernel-log or builtin-check]: cordon (no remedy)",
+        "  GpuCount [GpuLost, GpuResetRequired, GpuMissing, raised by kernel-log or builtin-check]:"
+        " cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
+        "  GpuCount [any reason, raised by kernel-log or builtin-check]: cordon (no remedy)",
         "  NeuronDevices [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
         "startup delay: 1m",
         "uncordon: never (a node we cordoned stays cordoned until an operator uncordons it)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
-        "drain: no rule drains",
+        "drain: 5 evictions/s, each pod 5m then report, wait 2m for deletion, whole drain 30m",
         "budget: 10% of the failure domains (rounded up, at least 1, at most 10) of all nodes disrupted at once; "
         "10 disruptive actions per 10m",
         "correlated failure: held where more than 30% (at least 3) of a group's nodes, or 2 created within 1h, show "

@@ -87,6 +87,7 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
     from agent.adapters.kube import KubeError
     from agent.core.types import Snapshot, Status
     from agent.recovery.budget import BUDGET_ANNOTATION, budget_lease_name, decode_state
+    from agent.recovery.ladder import effective_policy, ladder_state, read_history
     from agent.recovery.model import BUILTIN_CONDITIONS
     from agent.recovery.node import read_incident, read_node_view
     from agent.recovery.policy import decide, rule_for
@@ -122,13 +123,18 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
                 "drain": incident.drain,
                 "healthySince": incident.healthy_since,
             }
+            ladder = ladder_state(node, incident, policy, now=now)
+            if ladder is not None:
+                row["recovery"]["ladder"] = ladder
         else:
+            # The owners are those of the built-in configuration: the cluster does not say.
+            snapshot = Snapshot(conditions=tuple(conditions), generated_at=now, provenance=BUILTIN_CONDITIONS)
+            rungs = read_history(node)  # the ladder's rung for each problem, as the agent would choose it
             decision = decide(
-                # The owners are those of the built-in configuration: the cluster does not say.
-                snapshot=Snapshot(conditions=tuple(conditions), generated_at=now, provenance=BUILTIN_CONDITIONS),
+                snapshot=snapshot,
                 node=view,
                 incident=None,
-                policy=policy,
+                policy=effective_policy(policy, snapshot=snapshot, view=view, rungs=rungs, now=now)[0],
                 now=now,
                 started_at=float("-inf"),
                 budget=None,
@@ -231,6 +237,8 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
                 what = f"done: {what}" + ("" if rec["cordonedByUs"] else " (cordon not ours)")
                 if rec["drain"]:
                     what += f"; drain {rec['drain']}"
+                if rec.get("ladder"):
+                    what += f"; {rec['ladder']['text']}"
             else:
                 what = "would: " + (", ".join(row["wouldDo"]) or "nothing")
                 if row.get("blocked"):

@@ -1,0 +1,489 @@
+"""Remedies as a ladder: reboot first, replace when the reboot did not help.
+
+A policy rule with ``ladder: [reboot, replace]`` tries its remedies in turn, per condition reason:
+
+* **reboot**: cordon, drain, then EC2 ``RebootInstances`` (:class:`Rebooter`). The request is recorded
+  on the Node *before* the call, with this boot's id (``/proc/sys/kernel/random/boot_id``), in the
+  history annotation :data:`HISTORY_ANNOTATION`; a restarted agent never requests it twice.
+* A reboot is **finished** when an agent sees a boot id other than the one recorded with the request.
+  Only a reboot we requested is ever finished: a node rebooted by someone else has no request on
+  record (or one of an older boot already finished), so its new boot id changes nothing.
+* The **observation window** (``window``, default 20 min) starts when an agent on the new boot first
+  sees it, by that agent's clock (recorded as ``windowEnd``): the requesting agent's clock, which may
+  be skewed, never shortens it; a clock that went back only lengthens it.
+* Healthy through the window: our cordon and taint are removed (never someone else's cordon) and the
+  incident is closed. The history stays (bounded), for the climbing rules:
+* **Climbing** to the next rung: the same condition reason comes back within the window (a new
+  episode), or it is still there when the window ends (it survived the reboot), or the rule's
+  ``repeat`` count of reboots for that reason falls within its period on this instance (a "lemon").
+  A failed request (throttled, denied, an instance already stopping) is no rung: it is reported and
+  retried, and never turns into a replace.
+* The last rung is the last: ``replace`` is cordon and ``mark-unhealthy``.
+
+The decision stays in :func:`agent.recovery.policy.decide`: :meth:`Ladder.prepare` turns each ladder
+rule into a plain rule with the current rung's actions (for the reasons seen now), and
+:meth:`Ladder.refine` holds the uncordon of a rebooted node until its window has passed.
+Everything the ladder decides is re-read from the Node at every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.durations import format_duration
+from agent.core.timefmt import iso
+from agent.core.types import Snapshot, Status
+from agent.recovery.model import (
+    ACTION_ORDER,
+    DEFAULT_WINDOW,
+    DOMAIN,
+    Action,
+    Decision,
+    Incident,
+    NodeView,
+    PolicyRule,
+    RecoveryPolicy,
+    Remedy,
+)
+from agent.recovery.policy import incident_id, rule_for
+
+log = logging.getLogger(__name__)
+
+HISTORY_ANNOTATION = f"{DOMAIN}/recovery-history"  # JSON {"rungs": [Rung.to_json(), ...]}, oldest first
+MAX_RUNGS = 20  # history kept on the Node (the oldest are dropped)
+REBOOT_GRACE = 3600.0  # a requested reboot not seen finished this long no longer counts as "within the window"
+RETRY_INITIAL = 30.0  # seconds before a failed RebootInstances is tried again (doubling)
+RETRY_MAX = 600.0
+
+REQUESTED, OK, FAILED = "requested", "ok", "failed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rung:
+    """One reboot recovery asked for, as recorded on the Node."""
+
+    incident: str
+    condition: str
+    reason: str
+    remedy: Remedy
+    step: int  # its place in the rule's ladder (0 = first rung)
+    at: float  # requested, by the requesting agent's clock
+    boot: str  # boot id when requested
+    window: float
+    outcome: str  # REQUESTED (before the call), OK, FAILED
+    message: str = ""
+    finished_at: float | None = None  # an agent on a new boot first saw it (that agent's clock)
+    finished_boot: str = ""
+    window_end: float | None = None
+
+    @property
+    def counts(self) -> bool:
+        """A rung the ladder stands on: requested or done, not a failed request."""
+        return self.outcome != FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "incident": self.incident,
+            "condition": self.condition,
+            "reason": self.reason,
+            "remedy": self.remedy.value,
+            "step": self.step,
+            "at": self.at,
+            "boot": self.boot,
+            "window": self.window,
+            "outcome": self.outcome,
+            "message": self.message,
+            "finishedAt": self.finished_at,
+            "finishedBoot": self.finished_boot,
+            "windowEnd": self.window_end,
+        }
+
+    @staticmethod
+    def from_json(data: Any) -> Rung:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
+
+        def number(key: str, *, optional: bool = False) -> Any:
+            value = data.get(key)
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{key!r} must be a number, got {value!r}")
+            return value
+
+        def text(key: str) -> str:
+            value = data.get(key, "")
+            if not isinstance(value, str):
+                raise ValueError(f"{key!r} must be a string, got {value!r}")
+            return value
+
+        return Rung(
+            incident=text("incident"),
+            condition=text("condition"),
+            reason=text("reason"),
+            remedy=Remedy(text("remedy")),
+            step=int(number("step")),
+            at=float(number("at")),
+            boot=text("boot"),
+            window=float(number("window")),
+            outcome=text("outcome"),
+            message=text("message"),
+            finished_at=number("finishedAt", optional=True),
+            finished_boot=text("finishedBoot"),
+            window_end=number("windowEnd", optional=True),
+        )
+
+
+def read_history(node: Mapping[str, Any]) -> tuple[Rung, ...]:
+    """The rungs recorded on the Node, oldest first; () when none or unreadable (logged)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(HISTORY_ANNOTATION)
+    if not text:
+        return ()
+    try:
+        data = json.loads(text)
+        return tuple(Rung.from_json(r) for r in data["rungs"])
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning(
+            "ignoring annotation %s, which is not a recovery history (%s): %.200r", HISTORY_ANNOTATION, exc, text
+        )
+        return ()
+
+
+def history_text(rungs: tuple[Rung, ...]) -> str:
+    kept = rungs[-MAX_RUNGS:]
+    return json.dumps({"rungs": [r.to_json() for r in kept]}, sort_keys=True, separators=(",", ":"))
+
+
+def store_history(client: Any, *, node_name: str, rungs: tuple[Rung, ...]) -> None:
+    """Write the history annotation (a strategic merge patch of that one annotation)."""
+    client.patch_node(node_name, {"metadata": {"annotations": {HISTORY_ANNOTATION: history_text(rungs)}}})
+
+
+# ---- the pure parts --------------------------------------------------------------------------------
+
+
+def rung_actions(rule: PolicyRule, remedy: Remedy) -> tuple[Action, ...]:
+    """The actions of ``rule`` at ``remedy``: its own plus the remedy's, in ACTION_ORDER."""
+    extra = {
+        Remedy.REBOOT: {Action.CORDON, Action.DRAIN, Action.REBOOT},
+        Remedy.REPLACE: {Action.CORDON, Action.MARK_UNHEALTHY},
+    }[remedy]
+    wanted = set(rule.actions) | extra
+    return tuple(a for a in ACTION_ORDER if a in wanted)
+
+
+def _window_end(rung: Rung) -> float:
+    """When being "within the window" of ``rung`` ends (a reboot never seen finished expires too)."""
+    if rung.window_end is not None:
+        return rung.window_end
+    return rung.at + REBOOT_GRACE + rung.window
+
+
+def step_for(
+    rule: PolicyRule, *, incident: str, condition: str, reason: str, rungs: tuple[Rung, ...], now: float
+) -> tuple[int, str]:
+    """The rung (index into ``rule.ladder``) for the incident ``incident`` of ``condition=reason`` now, and
+    why it climbed ("" = it did not)."""
+    top = len(rule.ladder) - 1
+    own = [r for r in rungs if r.counts and r.condition == condition and r.reason == reason]
+    mine = [r for r in own if r.incident == incident]
+    if mine:  # this incident stands on a rung already: stay there, unless the problem outlived the window
+        last = mine[-1]
+        if last.window_end is not None and now >= last.window_end and last.step < top:
+            return last.step + 1, f"still {reason} when the window after the {last.remedy.value} ended"
+        return min(last.step, top), ""
+    if not own:
+        return 0, ""
+    last = own[-1]
+    if now < _window_end(last):
+        step = min(top, last.step + 1)
+        return step, f"{reason} again within the window after the {last.remedy.value}" if step > last.step else ""
+    if rule.repeat_count:
+        recent = [r for r in own if r.at >= now - rule.repeat_period]
+        if recent and len(recent) + 1 >= rule.repeat_count:
+            step = min(top, recent[-1].step + 1)
+            if step > 0:
+                return step, (
+                    f"{reason} for the {len(recent) + 1}th time within {format_duration(rule.repeat_period)} "
+                    "on this instance"
+                )
+    return 0, ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """The rung chosen for one incident (by its would-be id) at the last :meth:`Ladder.prepare`."""
+
+    rule: PolicyRule  # the policy's ladder rule
+    step: int
+    climbed: str  # why it climbed ("" = it did not)
+
+    @property
+    def remedy(self) -> Remedy:
+        return self.rule.ladder[self.step]
+
+
+def _escape(reason: str) -> str:
+    """``reason`` as a glob matching only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in reason)
+
+
+def effective_policy(
+    policy: RecoveryPolicy, *, snapshot: Snapshot, view: NodeView, rungs: tuple[Rung, ...], now: float
+) -> tuple[RecoveryPolicy, dict[str, Plan]]:
+    """``policy`` with, ahead of its rules, one plain rule per True condition a ladder rule governs:
+    that reason only, with the actions of its current rung; and the plans by incident id."""
+    plans: dict[str, Plan] = {}
+    specials: list[PolicyRule] = []
+    for condition in snapshot.conditions:
+        if condition.status is not Status.TRUE:
+            continue
+        hit = rule_for(policy, condition, snapshot.provenance.get(condition.type))
+        if hit is None or not hit[1].ladder:
+            continue
+        rule = hit[1]
+        iid = incident_id(condition=condition.type, reason=condition.reason, node=view, since=condition.last_transition)
+        step, climbed = step_for(
+            rule, incident=iid, condition=condition.type, reason=condition.reason, rungs=rungs, now=now
+        )
+        plan = Plan(rule=rule, step=step, climbed=climbed)
+        plans[iid] = plan
+        specials.append(
+            dataclasses.replace(
+                rule,
+                reasons=(_escape(condition.reason),),
+                actions=rung_actions(rule, plan.remedy),
+                source=f"{rule.source} (rung {step + 1}: {plan.remedy.value})",
+            )
+        )
+    if not specials:
+        return policy, plans
+    return dataclasses.replace(policy, rules=(*specials, *policy.rules)), plans
+
+
+def finish_reboots(rungs: tuple[Rung, ...], *, boot: str, now: float) -> tuple[Rung, ...] | None:
+    """The history with every requested reboot whose boot id is no longer this one marked finished (the
+    window starts now); None when nothing changed. An unknown boot id finishes nothing."""
+    if not boot or boot == "unknown":
+        return None
+    changed = False
+    out = []
+    for rung in rungs:
+        if rung.counts and rung.remedy is Remedy.REBOOT and rung.finished_at is None and rung.boot != boot:
+            rung = dataclasses.replace(rung, finished_at=now, finished_boot=boot, window_end=now + rung.window)
+            changed = True
+        out.append(rung)
+    return tuple(out) if changed else None
+
+
+def last_reboot(rungs: tuple[Rung, ...], incident: str) -> Rung | None:
+    found = [r for r in rungs if r.counts and r.remedy is Remedy.REBOOT and r.incident == incident]
+    return found[-1] if found else None
+
+
+def refine(decision: Decision, *, stored: Incident | None, rungs: tuple[Rung, ...], now: float) -> Decision:
+    """Hold a rebooted node cordoned until the reboot finished and it stayed healthy through the window,
+    then uncordon it (ours only). Other decisions pass unchanged."""
+    if decision.blocked is not None or (decision.actions and decision.actions != (Action.UNCORDON,)):
+        return decision
+    incident = decision.incident if decision.incident is not None else stored
+    if incident is None or incident.dry_run or Action.MARK_UNHEALTHY in incident.done:
+        return decision
+    rung = last_reboot(rungs, incident.id)
+    if rung is None:
+        return decision
+    uncordoning = decision.actions == (Action.UNCORDON,)
+    healed = decision.incident.healthy_since if decision.incident is not None else None
+    if not uncordoning and healed is None:
+        return decision  # the problem is there (or closed as nothing of ours is in effect): not ours to hold
+    since = healed if healed is not None else (stored.healthy_since if stored and stored.healthy_since else now)
+    kept = dataclasses.replace(incident, healthy_since=since)
+    if rung.finished_at is None or rung.window_end is None:
+        return Decision(
+            incident=kept,
+            message=f"incident {incident.id}: waiting for the reboot requested at {iso(rung.at)} (boot id still "
+            f"{rung.boot}); the node stays cordoned",
+        )
+    end = max(rung.window_end, since + rung.window)
+    if now < end:
+        return Decision(
+            incident=kept,
+            message=f"incident {incident.id}: rebooted; observing until {iso(end)} "
+            f"({format_duration(end - now)} left); the node stays cordoned",
+        )
+    return Decision(
+        actions=(Action.UNCORDON,),
+        incident=None,
+        release_budget=True,
+        message=f"incident {incident.id}: healthy through the {format_duration(rung.window)} window after the "
+        "reboot: uncordon",
+    )
+
+
+# ---- the stateful helper the loop holds ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RebootResult:
+    """``rebooted``: RebootInstances was called now; ``already``: it was requested earlier on this boot;
+    ``failed``: it failed (``code``; reported, retried later, never a replace instead); ``waiting``: a
+    failed request waits for its retry; ``not_aws`` / ``no_ec2``: not an EC2 instance / AWS not configured."""
+
+    outcome: str
+    message: str = ""
+    code: str = ""  # AWS's error code
+    kind: str = ""  # of a failure, for metrics (a bounded set): throttled, denied, wrong-state, failed
+    instance_id: str = ""
+
+
+class Ladder:
+    """Reads and writes the history on the Node, chooses rungs, and requests reboots.
+
+    ``reboot(view) -> instance id`` calls EC2 (:class:`agent.recovery.ec2.Ec2Rebooter`; None: AWS is not
+    configured); ``boot_id()`` reads this boot's id."""
+
+    def __init__(
+        self,
+        *,
+        client: Any,
+        node_name: str,
+        boot_id: Callable[[], str],
+        reboot: Callable[[NodeView], str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._node_name = node_name
+        self._boot_id = boot_id
+        self._reboot = reboot
+        self._monotonic = monotonic
+        self._rungs: tuple[Rung, ...] = ()
+        self._boot = ""
+        self.plans: dict[str, Plan] = {}
+        self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
+        self._retry_delay: dict[str, float] = {}
+
+    @property
+    def rungs(self) -> tuple[Rung, ...]:
+        return self._rungs
+
+    def prepare(
+        self,
+        policy: RecoveryPolicy,
+        *,
+        snapshot: Snapshot,
+        node: Mapping[str, Any],
+        view: NodeView,
+        now: float,
+        enabled: bool,
+    ) -> RecoveryPolicy:
+        """The policy to decide with now (see :func:`effective_policy`); marks finished reboots on the Node."""
+        self._rungs = read_history(node)
+        self._boot = self._boot_id()
+        if enabled:
+            finished = finish_reboots(self._rungs, boot=self._boot, now=now)
+            if finished is not None:
+                store_history(self._client, node_name=self._node_name, rungs=finished)
+                self._rungs = finished
+                log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
+        effective, self.plans = effective_policy(policy, snapshot=snapshot, view=view, rungs=self._rungs, now=now)
+        return effective
+
+    def refine(self, decision: Decision, *, stored: Incident | None, now: float) -> Decision:
+        return refine(decision, stored=stored, rungs=self._rungs, now=now)
+
+    def reboot(self, incident: Incident, view: NodeView, *, now: float) -> RebootResult:
+        """Request the reboot of this node's instance for ``incident`` (at most once per boot)."""
+        from agent.adapters.aws import AwsError
+
+        requested = [r for r in self._rungs if r.incident == incident.id and r.remedy is Remedy.REBOOT and r.counts]
+        if requested and requested[-1].boot == self._boot:
+            return RebootResult(outcome="already", message=f"requested at {iso(requested[-1].at)}")
+        if self._reboot is None:
+            return RebootResult(outcome="no_ec2", message="AWS is not configured for this agent")
+        if self._monotonic() < self._retry_at.get(incident.id, float("-inf")):
+            return RebootResult(outcome="waiting")
+        plan = self.plans.get(incident.id)
+        rung = Rung(
+            incident=incident.id,
+            condition=incident.condition,
+            reason=incident.reason,
+            remedy=Remedy.REBOOT,
+            step=plan.step if plan is not None else 0,
+            at=now,
+            boot=self._boot,
+            window=plan.rule.window if plan is not None else DEFAULT_WINDOW,
+            outcome=REQUESTED,
+        )
+        # Recorded before the call: a restart between the call and the record never reboots twice.
+        before = tuple(r for r in self._rungs if not (r.incident == incident.id and r.outcome == FAILED))
+        self._record((*before, rung))
+        try:
+            instance_id = self._reboot(view)
+        except AwsError as exc:
+            delay = min(RETRY_MAX, self._retry_delay.get(incident.id, RETRY_INITIAL / 2) * 2)
+            self._retry_delay[incident.id] = delay
+            self._retry_at[incident.id] = self._monotonic() + delay
+            self._record((*before, dataclasses.replace(rung, outcome=FAILED, message=str(exc)[:300])))
+            return RebootResult(outcome="failed", code=exc.code or "Unknown", kind=failure_kind(exc), message=str(exc))
+        except NotEc2Instance as exc:
+            self._record(before)
+            return RebootResult(outcome="not_aws", message=str(exc))
+        self._retry_at.pop(incident.id, None)
+        self._retry_delay.pop(incident.id, None)
+        self._record((*before, dataclasses.replace(rung, outcome=OK, message=f"instance {instance_id}")))
+        return RebootResult(outcome="rebooted", instance_id=instance_id, message=f"instance {instance_id}")
+
+    def _record(self, rungs: tuple[Rung, ...]) -> None:
+        store_history(self._client, node_name=self._node_name, rungs=rungs)
+        self._rungs = rungs[-MAX_RUNGS:]
+
+
+def failure_kind(exc: Any) -> str:
+    """A failed RebootInstances (an AwsError) as one of a few words: throttled, denied, wrong-state, failed."""
+    from agent.adapters.aws import ACCESS_DENIED_CODES, INSTANCE_STATE_CODES
+
+    if exc.code in INSTANCE_STATE_CODES:
+        return "wrong-state"
+    if exc.code in ACCESS_DENIED_CODES or exc.status == 403:
+        return "denied"
+    return "throttled" if exc.transient else "failed"
+
+
+class NotEc2Instance(Exception):
+    """The Node's providerID names another cloud: there is no instance to reboot."""
+
+
+def ladder_state(
+    node: Mapping[str, Any], incident: Incident | None, policy: RecoveryPolicy, *, now: float
+) -> dict[str, Any] | None:
+    """For ``status``: the ladder step of the node's incident and the observation window's end (None = the
+    incident stands on no rung)."""
+    if incident is None:
+        return None
+    rung = last_reboot(read_history(node), incident.id)
+    if rung is None:
+        return None
+    rule = next((r for r in policy.rules if r.condition == incident.condition and rung.remedy in r.ladder), None)
+    total = len(rule.ladder) if rule is not None else rung.step + 1
+    if rung.outcome == FAILED:
+        state = f"request failed: {rung.message[:160]}"
+    elif rung.window_end is None:
+        state = f"waiting for the reboot (requested {iso(rung.at)}, boot id {rung.boot})"
+    else:
+        state = f"rebooted; window {'ends' if now < rung.window_end else 'ended'} {iso(rung.window_end)}"
+    return {
+        "step": rung.step + 1,
+        "of": total,
+        "remedy": rung.remedy.value,
+        "next": rule.ladder[rung.step + 1].value if rule is not None and rung.step + 1 < total else None,
+        "outcome": rung.outcome,
+        "requestedAt": rung.at,
+        "windowEnd": rung.window_end,
+        "text": f"{rung.remedy.value} (rung {rung.step + 1} of {total}): {state}",
+    }

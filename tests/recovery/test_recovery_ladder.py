@@ -1,0 +1,618 @@
+"""Remedies as a ladder (agent.recovery.ladder): reboot first, replace when it did not help.
+
+The loop is driven step by step, with the real KubeClient against tests/kubeapi, a real ClusterBudget,
+an injected clock and boot id, a drain that succeeds at once and a recording reboot (our own seams).
+The EC2 side (RebootInstances throttled, denied, an instance already stopping) runs against moto's
+server through tests/awsfixtures.FaultyFront.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.adapters.aws import AwsClients, AwsError, Ec2Reboot
+from agent.adapters.kube import KubeClient
+from agent.app.cli import main
+from agent.core.bus import Inbox, Notice, SnapshotFeed
+from agent.core.errors import ConfigError
+from agent.core.types import Condition, Event, Snapshot, Status
+from agent.recovery.asg import MarkResult
+from agent.recovery.budget import ClusterBudget
+from agent.recovery.drain import DrainResult
+from agent.recovery.ec2 import Ec2Rebooter
+from agent.recovery.ladder import Ladder, Rung, read_history, step_for
+from agent.recovery.loop import RecoveryLoop
+from agent.recovery.model import (
+    BUILTIN_CONDITIONS,
+    DEFAULT_LEASE,
+    INCIDENT_ANNOTATION,
+    TAINT_KEY,
+    Action,
+    BudgetSettings,
+    NodeView,
+    PolicyRule,
+    RecoveryPolicy,
+    Remedy,
+)
+from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
+
+from helpers import kube_clients
+from helpers.aws import ACCESS_DENIED, REGION, THROTTLING, Fault, FaultyFront
+from kubeapi.server import KubeApiServer
+
+pytest_plugins = ["kubeapi.fixtures"]
+
+NS = "node-health-agent"
+NODE = "ip-10-0-0-1.us-west-2.compute.internal"
+OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
+T0 = 1_767_225_600.0
+WINDOW = 1200.0
+XID79 = ("GpuXid", "GpuXid79")
+POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
+LADDER = (Remedy.REBOOT, Remedy.REPLACE)
+INSTANCE = "i-0123456789abcdef0"
+INCORRECT_STATE = Fault(
+    status=400, code="IncorrectState", message="The instance 'i-...' is not in a state from which it can be rebooted."
+)
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Boot:
+    """The boot id file as the agent reads it."""
+
+    def __init__(self) -> None:
+        self.id = "boot-1"
+
+    def __call__(self) -> str:
+        return self.id
+
+
+class Reboots:
+    """A recording reboot (the ``Ladder``'s seam): raises the queued errors first."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls: list[str] = []
+
+    def __call__(self, node: NodeView) -> str:
+        self.calls.append(node.name)
+        if self.errors:
+            raise self.errors.pop(0)
+        return INSTANCE
+
+
+class Marker:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, node: NodeView) -> MarkResult:
+        self.calls.append(node.name)
+        return MarkResult(outcome="marked", instance_id=INSTANCE, group="ng", message="marked")
+
+
+def node_object(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"providerID": f"aws:///us-west-2a/{INSTANCE}"},
+    }
+
+
+def problem(condition: str = XID79[0], reason: str = XID79[1], *, since: float = T0 - 10) -> Condition:
+    return Condition(
+        type=condition, status=Status.TRUE, reason=reason, message="test", last_transition=since, last_update=since
+    )
+
+
+def healthy(condition: str = XID79[0], *, since: float) -> Condition:
+    return Condition(
+        type=condition, status=Status.FALSE, reason="GpuXidGood", message="ok", last_transition=since, last_update=since
+    )
+
+
+@pytest.fixture
+def api(kube_api_server: KubeApiServer) -> KubeApiServer:
+    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for other in OTHERS:
+        kube_api_server.put_object(node_object(other))
+    kube_api_server.put_object(node_object(NODE))
+    return kube_api_server
+
+
+@pytest.fixture
+def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
+    with kube_clients(api, tmp_path, timeout=5.0) as make:
+        yield make
+
+
+class Agent:
+    """One agent's recovery loop on NODE (a new one = the agent restarted); state lives on the Node."""
+
+    def __init__(
+        self,
+        api: KubeApiServer,
+        client: KubeClient,
+        *,
+        clock: Clock,
+        boot: Boot,
+        reboots: Reboots | None = None,
+        enabled: bool = True,
+        policy: RecoveryPolicy = POLICY,
+        reboot: Callable[[NodeView], str] | None = None,
+    ) -> None:
+        self.api, self.clock, self.boot = api, clock, boot
+        self.reboots = reboots if reboots is not None else Reboots()
+        self.marker = Marker()
+        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=clock(), seeded=False))
+        self.inbox = Inbox()
+        self.told: list[Event] = []
+        self.drains = 0
+        budget = (
+            ClusterBudget(
+                client=client,
+                namespace=NS,
+                lease_name=DEFAULT_LEASE,
+                node_name=NODE,
+                settings=policy.budget,
+                clock=clock,
+                sleep=lambda s: None,
+            )
+            if enabled
+            else None
+        )
+        self.ladder = Ladder(
+            client=client, node_name=NODE, boot_id=boot, reboot=reboot or self.reboots, monotonic=clock
+        )
+        self.loop = RecoveryLoop(
+            feed=self.feed,
+            inbox=self.inbox,
+            client=client,
+            node_name=NODE,
+            policy=policy,
+            enabled=enabled,
+            budget=budget,
+            mark_unhealthy=self.marker,
+            drainer=self._drain,
+            ladder=self.ladder,
+            clock=clock,
+        )
+
+    def _drain(self, stop: object, report: Callable[[str, str], None]) -> DrainResult:
+        self.drains += 1
+        return DrainResult(outcome="done")
+
+    def publish(self, *conditions: Condition) -> None:
+        snapshot = Snapshot(
+            conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=BUILTIN_CONDITIONS
+        )
+        self.feed.publish(snapshot=snapshot, events=[], health={})
+
+    def step(self):
+        decision = self.loop.step()
+        while (item := self.inbox.get_nowait()) is not None:
+            assert isinstance(item, Notice)
+            self.told.extend(item.events)
+        return decision
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.told]
+
+    def node(self) -> dict:
+        found = self.api.get_object("nodes", NODE)
+        assert found is not None
+        return found
+
+    def incident(self) -> dict | None:
+        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
+        return None if text is None else json.loads(text)
+
+    def history(self) -> tuple[Rung, ...]:
+        return read_history(self.node())
+
+    def cordoned(self) -> bool:
+        return bool(self.node()["spec"].get("unschedulable"))
+
+
+@pytest.fixture
+def agent(api, kube) -> Callable[..., Agent]:
+    clock, boot = Clock(), Boot()
+
+    def make(**kwargs) -> Agent:
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("boot", boot)
+        return Agent(api, kube(), **kwargs)
+
+    return make
+
+
+def rebooted(first: Agent, *, after: float = 120.0, skew: float = 0.0) -> Agent:
+    """The host rebooted: a new boot id, the kernel log without the Xid, a new agent process (its clock
+    ``skew`` seconds off the first one's)."""
+    first.clock.now += after
+    first.boot.id = "boot-2"
+    second = Agent(
+        first.api,
+        first.loop._client,
+        clock=Clock(first.clock.now + skew),
+        boot=first.boot,
+        reboots=first.reboots,
+    )
+    second.publish(healthy(since=second.clock.now))
+    return second
+
+
+# ---- the walkthrough: reboot, watch, uncordon; again within the window: replace ----------------------------
+
+
+def test_a_fallen_off_gpu_is_drained_and_rebooted_once_then_watched_and_uncordoned(agent):
+    a = agent()
+    a.publish(problem())
+    decision = a.step()
+    assert decision.actions == (Action.CORDON, Action.DRAIN, Action.REBOOT)
+    assert (a.reboots.calls, a.drains, a.marker.calls) == ([NODE], 1, [])
+    assert a.incident()["done"] == ["cordon", "drain", "reboot"]
+    (rung,) = a.history()
+    assert (rung.remedy, rung.step, rung.boot, rung.outcome, rung.window_end) == (
+        Remedy.REBOOT,
+        0,
+        "boot-1",
+        "ok",
+        None,
+    )
+    assert "RecoveryRebootRequested" in a.reasons()
+
+    a.clock.now += 30  # the reboot has not happened yet: nothing more
+    a.step()
+    assert a.reboots.calls == [NODE] and a.cordoned()
+
+    b = rebooted(a)
+    b.step()
+    (rung,) = b.history()
+    assert (rung.finished_boot, rung.finished_at, rung.window_end) == ("boot-2", b.clock.now, b.clock.now + WINDOW)
+    assert b.cordoned(), "watched through the window before it takes work again"
+    b.clock.now += WINDOW - 1
+    b.step()
+    assert b.cordoned()
+    b.clock.now += 1
+    decision = b.step()
+    assert decision.actions == (Action.UNCORDON,)
+    node = b.node()
+    assert not node["spec"].get("unschedulable") and not any(
+        t["key"] == TAINT_KEY for t in node["spec"].get("taints") or []
+    )
+    assert b.incident() is None and len(b.history()) == 1, "the history outlives the incident"
+    assert a.reboots.calls == [NODE] and a.marker.calls == [] and b.marker.calls == []
+
+
+def test_the_same_xid_again_within_the_window_is_replaced(agent):
+    a = agent()
+    a.publish(problem())
+    a.step()
+    b = rebooted(a)
+    b.step()
+    b.clock.now += WINDOW / 2
+    b.publish(problem(since=b.clock.now))
+    decision = b.step()
+    assert decision.actions == (Action.MARK_UNHEALTHY,)  # cordon is still ours from the first episode
+    assert b.marker.calls == [NODE] and b.reboots.calls == [NODE], "one reboot, then replace"
+    assert "RecoveryLadderClimbed" in b.reasons()
+    (climbed,) = [e for e in b.told if e.reason == "RecoveryLadderClimbed"]
+    assert "again within the window after the reboot" in climbed.message and "replace" in climbed.message
+    assert b.cordoned()
+    b.publish(healthy(since=b.clock.now + 1))
+    b.clock.now += 10 * WINDOW
+    b.step()
+    assert b.cordoned(), "a node marked for replacement is never uncordoned"
+
+
+def test_a_problem_that_survives_the_reboot_climbs_when_the_window_ends(agent):
+    """A check's condition (GpuCount=GpuLost) still True after the reboot, same episode."""
+    lost = ("GpuCount", "GpuLost")
+    a = agent()
+    a.publish(problem(*lost))
+    a.step()
+    a.clock.now += 120
+    a.boot.id = "boot-2"
+    a.step()
+    a.clock.now += WINDOW - 1
+    assert a.step().actions == ()
+    a.clock.now += 1
+    assert a.step().actions == (Action.MARK_UNHEALTHY,)
+    assert a.marker.calls == [NODE] and a.reboots.calls == [NODE]
+
+
+def test_a_restart_mid_ladder_resumes_at_the_same_step(agent):
+    a = agent()
+    a.publish(problem())
+    a.step()
+    again = agent(reboots=a.reboots)  # restarted before the reboot took the host down: same boot
+    again.publish(problem())
+    again.step()
+    assert a.reboots.calls == [NODE] and again.drains == 0
+    b = rebooted(a)
+    b.step()
+    end = b.history()[0].window_end
+    b.clock.now += WINDOW / 2
+    c = Agent(b.api, b.loop._client, clock=b.clock, boot=b.boot, reboots=b.reboots)  # restarted in the window
+    c.publish(healthy(since=c.clock.now))
+    c.step()
+    assert c.history()[0].window_end == end and c.cordoned()
+    c.clock.now = end
+    assert c.step().actions == (Action.UNCORDON,)
+
+
+def test_clock_skew_between_agents_does_not_shorten_the_window(agent):
+    """The agent that asked for the reboot ran an hour behind: the window is still measured from the new
+    boot, by the clock of the agent there."""
+    a = agent(clock=Clock(T0 - 3600))
+    a.publish(problem(since=T0 - 3700))
+    a.step()
+    b = rebooted(a, skew=3600)
+    b.step()
+    b.clock.now += WINDOW - 1
+    b.step()
+    assert b.cordoned()
+    b.clock.now += 1
+    assert b.step().actions == (Action.UNCORDON,)
+
+
+def test_a_node_rebooted_by_someone_else_is_not_mistaken_for_ours(agent):
+    """Our RebootInstances was refused; someone reboots the node anyway: no window, no uncordon, no climb."""
+    denied = AwsError("ec2:RebootInstances failed: UnauthorizedOperation", code="UnauthorizedOperation", status=403)
+    a = agent(reboots=Reboots(denied))
+    a.publish(problem())
+    a.step()
+    assert "reboot" not in a.incident()["done"]
+    (rung,) = a.history()
+    assert rung.outcome == "failed"
+    a.clock.now += 300
+    a.boot.id = "boot-2"
+    a.publish(healthy(since=a.clock.now))
+    a.step()
+    assert a.history()[0].finished_at is None, "a failed request is never finished by someone else's reboot"
+    a.clock.now += 10 * WINDOW
+    a.step()
+    assert a.cordoned(), "not our reboot: uncordonAfter (off) decides, not the window"
+    a.publish(problem(since=a.clock.now))
+    decision = a.step()
+    assert Action.MARK_UNHEALTHY not in decision.actions and a.marker.calls == []
+
+
+def test_the_nth_incident_of_a_reason_within_the_period_climbs(agent):
+    rule = PolicyRule(
+        condition="GpuXid",
+        reasons=("GpuXid79",),
+        actions=(Action.CORDON,),
+        ladder=LADDER,
+        window=60.0,
+        repeat_count=3,
+        repeat_period=86400.0,
+    )
+    policy = dataclasses.replace(POLICY, rules=(rule,), uncordon_after=None)
+    a = agent(policy=policy)
+    for n in range(2):
+        a.publish(problem(since=a.clock.now))
+        a.step()
+        a.boot.id = f"boot-{n + 2}"
+        a.clock.now += 10
+        a.publish(healthy(since=a.clock.now))
+        a.step()
+        a.clock.now += 61
+        assert a.step().actions == (Action.UNCORDON,)
+        a.clock.now += 3600
+    a.publish(problem(since=a.clock.now))
+    assert a.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert len(a.reboots.calls) == 2 and a.marker.calls == [NODE]
+
+
+def test_report_only_says_it_would_reboot_and_touches_nothing(agent, api):
+    a = agent(enabled=False)
+    a.publish(problem())
+    decision = a.step()
+    assert decision.actions == (Action.CORDON, Action.DRAIN, Action.REBOOT)
+    assert a.reboots.calls == [] and a.history() == () and a.incident() is None
+    assert any("would reboot" in e.message for e in a.told)
+    assert api.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}$") == 0
+
+
+# ---- the rung, as a table -----------------------------------------------------------------------------------
+
+
+def rung(
+    *, incident: str = "old", step: int = 0, at: float = T0, end: float | None = None, outcome: str = "ok"
+) -> Rung:
+    return Rung(
+        incident=incident,
+        condition="GpuXid",
+        reason="GpuXid79",
+        remedy=Remedy.REBOOT,
+        step=step,
+        at=at,
+        boot="b",
+        window=WINDOW,
+        outcome=outcome,
+        finished_at=None if end is None else end - WINDOW,
+        window_end=end,
+    )
+
+
+LEMON = PolicyRule(condition="GpuXid", ladder=LADDER, repeat_count=3, repeat_period=86400.0)
+
+
+@pytest.mark.parametrize(
+    ("rungs", "incident", "now", "expected"),
+    [
+        pytest.param((), "new", T0, 0, id="nothing before: first rung"),
+        pytest.param((rung(incident="new"),), "new", T0 + 60, 0, id="this incident's reboot pending: same rung"),
+        pytest.param((rung(incident="new", end=T0 + 100),), "new", T0 + 99, 0, id="in its window: same rung"),
+        pytest.param((rung(incident="new", end=T0 + 100),), "new", T0 + 100, 1, id="outlived its window: climbs"),
+        pytest.param((rung(end=T0 + 100),), "new", T0 + 99, 1, id="again within the window: climbs"),
+        pytest.param((rung(end=T0 + 100),), "new", T0 + 100, 0, id="after the window: first rung again"),
+        pytest.param((rung(),), "new", T0 + 3600 + WINDOW - 1, 1, id="reboot never seen finished: within grace"),
+        pytest.param((rung(),), "new", T0 + 3600 + WINDOW, 0, id="reboot never seen finished: expired"),
+        pytest.param((rung(end=T0 + 100, outcome="failed"),), "new", T0 + 99, 0, id="a failed request is no rung"),
+        pytest.param((rung(end=T0 + 1), rung(end=T0 + 2)), "new", T0 + 3600, 1, id="third within the period"),
+        pytest.param((rung(end=T0 + 1), rung(end=T0 + 2)), "new", T0 + 86401, 0, id="the period passed"),
+        pytest.param((rung(end=T0 + 100, step=1),), "new", T0 + 10, 1, id="the last rung is the last"),
+    ],
+)
+def test_the_rung(rungs, incident, now, expected):
+    step, why = step_for(LEMON, incident=incident, condition="GpuXid", reason="GpuXid79", rungs=rungs, now=now)
+    assert step == expected
+    assert bool(why) == (expected > 0 and rungs[-1].step == 0)
+
+
+# ---- RebootInstances against moto: failures are reported, never a replace -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "kind"),
+    [
+        pytest.param(THROTTLING, "Throttling", "throttled", id="throttled"),
+        pytest.param(ACCESS_DENIED, "AccessDenied", "denied", id="denied"),
+        pytest.param(INCORRECT_STATE, "IncorrectState", "wrong-state", id="instance already stopping"),
+    ],
+)
+def test_reboot_instances_failures_are_reported_never_a_replace(agent, aws, fault, code, kind, monkeypatch):
+    instance = aws.lone_instance()
+    with FaultyFront(upstream=aws.endpoint, faults=[fault]) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint)
+        ec2 = Ec2Rebooter(ec2=Ec2Reboot(clients=AwsClients()))
+        a = agent(reboot=ec2)
+        a.api.put_object({**node_object(NODE), "spec": {"providerID": f"aws:///{REGION}a/{instance}"}})
+        a.publish(problem())
+        a.step()
+        (failed,) = [e for e in a.told if e.reason == "RecoveryRebootFailed"]
+        assert code in failed.message and "no other remedy" in failed.message
+        assert "reboot" not in a.incident()["done"] and a.cordoned()
+        assert a.marker.calls == []
+        assert a.loop.stats.actions[("reboot", kind)] == 1 and a.loop.stats.actions[("reboot", "ok")] == 0
+        a.clock.now += 5  # within the retry backoff: not asked again
+        a.step()
+        assert front.actions == ["RebootInstances"]
+        a.clock.now += 60  # then retried, and this time it goes through
+        a.step()
+    assert front.actions == ["RebootInstances", "RebootInstances"]
+    assert a.incident()["done"] == ["cordon", "drain", "reboot"] and a.marker.calls == []
+    assert [r.outcome for r in a.history()] == ["ok"]
+    assert a.loop.stats.actions[("reboot", "ok")] == 1
+
+
+# ---- the policy file ---------------------------------------------------------------------------------------
+
+
+def problems_of(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    with pytest.raises(ConfigError) as info:
+        load_policy(path)
+    return [str(p).replace(str(path), "policy.yaml") for p in info.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        pytest.param(
+            "ladder: [reboot, reimage]",
+            "policy.yaml:3: rules[0].ladder[1]: unknown remedy 'reimage' (known: reboot, replace)",
+            id="unknown remedy",
+        ),
+        pytest.param(
+            "ladder: [reboot, reboot]",
+            "policy.yaml:3: rules[0].ladder[1]: the ladder loops: reboot is already rung 1 (each remedy once, "
+            "climbing only up)",
+            id="loop",
+        ),
+        pytest.param(
+            "ladder: [replace, reboot]",
+            "policy.yaml:3: rules[0].ladder[1]: nothing can follow replace (the instance is gone), got 'reboot'",
+            id="after replace",
+        ),
+        pytest.param(
+            "ladder: [reboot, replace]\n    window: 0s",
+            "policy.yaml:4: rules[0].window: must be longer than 0, got '0s'",
+            id="window zero",
+        ),
+        pytest.param(
+            "ladder: [reboot, replace]\n    window: -5m",
+            "policy.yaml:4: rules[0].window: ",
+            id="window negative",
+        ),
+        pytest.param(
+            "ladder: [reboot, replace]\n    repeat: {count: 1, within: 1h}",
+            "policy.yaml:4: rules[0].repeat.count: must be an integer of at least 2, got 1",
+            id="repeat once",
+        ),
+        pytest.param(
+            "actions: [cordon]\n    window: 10m",
+            "policy.yaml:4: rules[0].window: the observation window follows a reboot: it needs ladder with reboot",
+            id="window without a reboot",
+        ),
+        pytest.param(
+            "ladder: []",
+            "policy.yaml:3: rules[0].ladder: must be a non-empty list of remedies, e.g. [reboot, replace] (known: "
+            "reboot, replace)",
+            id="empty ladder",
+        ),
+    ],
+)
+def test_bad_ladders_name_file_and_line(tmp_path, rule, expected):
+    found = problems_of(tmp_path, f"rules:\n  - condition: GpuXid\n    {rule}\n")
+    assert any(f.startswith(expected) for f in found), found
+
+
+def test_a_bad_ladder_exits_2_with_file_and_line(tmp_path, capsys):
+    path = tmp_path / "policy.yaml"
+    path.write_text("rules:\n  - condition: GpuXid\n    ladder: [reboot, reboot]\n")
+    assert main(["validate-config", "--recovery-policy", str(path)]) == 2
+    assert f"{path}:3: rules[0].ladder[1]: the ladder loops" in capsys.readouterr().err
+
+
+def test_a_ladder_in_a_file(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "rules:\n  - condition: GpuXid\n    reasons: [GpuXid79]\n    ladder: [reboot, replace]\n    window: 5m\n"
+        "    repeat: {count: 4, within: 7d}\n"
+    )
+    (rule,) = load_policy(path).rules
+    assert (rule.actions, rule.ladder, rule.window, rule.repeat_count, rule.repeat_period) == (
+        (Action.CORDON,),
+        LADDER,
+        300.0,
+        4,
+        7 * 86400.0,
+    )
+
+
+# ---- memory: the EC2 client only with a reboot ------------------------------------------------------------
+
+
+def test_the_ec2_client_is_built_by_the_first_reboot_only(aws):
+    """An agent that can reboot but has not holds no EC2 client (its service model is ~20 MiB)."""
+    code = (
+        "import sys; from agent.adapters.aws import AwsClients, Ec2Reboot; from agent.recovery.ec2 import Ec2Rebooter; "
+        "from agent.recovery.model import NodeView; clients = AwsClients(); "
+        "rebooter = Ec2Rebooter(ec2=Ec2Reboot(clients=clients)); print('boto3' in sys.modules); "
+        "clients.client('autoscaling'); print(sorted(clients._clients)); "
+        f"print(rebooter(NodeView(name='n', unschedulable=True, provider_id='aws:///{REGION}a/' + sys.argv[1]))); "
+        "print(sorted(clients._clients))"
+    )
+    instance = aws.lone_instance()
+    out = subprocess.run([sys.executable, "-c", code, instance], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:4] == ["False", "['autoscaling']", instance, "['autoscaling', 'ec2']"]
