@@ -342,8 +342,7 @@ def generate(extract_text: str) -> str:
         "      - 'NVIDIA/open-gpu-kernel-modules:kernel-open/nvidia/*.c: nv_printf(NV_DBG_ERRORS, \"NVRM: ...\")'",
         f"      - 'plugins/nvidia/nvrm-print-sites.tsv: the {error_covered} error-level sites of {release} whose"
         " text uses the vocabulary'",
-        "    pattern: "
-        + _yaml_quote(rf"\bNVRM:? +(?:(?P<head>[^\s:]+)[^\n]*?)??(?P<failure>{alternation})\b.*"),
+        "    pattern: " + _yaml_quote(rf"\bNVRM:? +(?:(?P<head>[^\s:]+)[^\n]*?)??(?P<failure>{alternation})\b.*"),
         "    where: {head: {notIn: [Xid]}}",
     ]
     for n, start in enumerate(range(0, len(phrases), PHRASES_PER_RULE)):
