@@ -3,7 +3,8 @@
 Each line of ``kernel-lines.jsonl`` is matched alone, as ``simulate`` would. Figures:
 
 - recall: lines labelled as a problem that yield a finding (context lines of a multi-line incident,
-  which only need to follow a detected line, are left out), overall and per category;
+  which only need to follow a detected line, are left out), overall and per family (a row's
+  ``family``, else its ``category``);
 - false positives: lines labelled healthy that yield a finding;
 - Xid node-impact agreement: Xid lines whose finding sets condition ``GpuXid`` exactly when the
   catalog says the node (not the application) needs action.
@@ -30,7 +31,7 @@ class Accuracy:
     false_positives: int
     xid_lines: int
     xid_agree: int
-    by_category: dict[str, tuple[int, int]]  # category -> (caught, problems)
+    by_category: dict[str, tuple[int, int]]  # family (else category) -> (caught, problems)
     missed: tuple[str, ...]
     false_alarms: tuple[str, ...]
 
@@ -58,9 +59,10 @@ def score(path: Path) -> Accuracy:
                 fp += 1
                 false_alarms.append(row["text"])
             continue
-        total[row["category"]] += 1
+        family = row.get("family") or row["category"]
+        total[family] += 1
         if found:
-            caught[row["category"]] += 1
+            caught[family] += 1
         else:
             missed.append(row["text"])
         if "xid" in label:
@@ -79,3 +81,23 @@ def score(path: Path) -> Accuracy:
         missed=tuple(missed),
         false_alarms=tuple(false_alarms),
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python bench/accuracy.py FILE.jsonl ...``: the figures for other labelled files (same format)."""
+    import sys
+
+    for name in argv if argv is not None else sys.argv[1:]:
+        acc = score(Path(name))
+        print(f"{name}: recall {acc.caught}/{acc.problems}, false positives {acc.false_positives}/{acc.healthy}")
+        for family, (caught, total) in acc.by_category.items():
+            print(f"  {family}: {caught}/{total}")
+        for text in acc.missed:
+            print(f"  missed: {text[:150]}")
+        for text in acc.false_alarms:
+            print(f"  false alarm: {text[:150]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -251,6 +251,7 @@ def _best_literal(items: list[Any]) -> list[str] | None:
 COMMON_TAGS = (
     "NVRM: GPU ",
     "NVRM: ",
+    "NVRM",  # the colon-less form of the 515-525 drivers ("NVRM <function>: ")
     "nvidia-nvswitch",
     "nvidia",
     "EXT4-fs (",

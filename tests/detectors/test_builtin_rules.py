@@ -4,6 +4,8 @@ lines that mention the same words stay silent."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -16,13 +18,14 @@ from helpers import FIXTURES
 
 def _examples() -> dict:
     """Every examples file merged: examples by rule (a rule's examples live in one file), benign lines."""
-    merged: dict = {"examples": {}, "benign": []}
+    merged: dict = {"examples": {}, "benign": [], "quiet": {}}
     for path in sorted((FIXTURES / "rules").glob("*-examples.yaml")):
         doc = yaml.safe_load(path.read_text())
         twice = set(merged["examples"]) & set(doc.get("examples") or {})
         assert not twice, f"{path.name}: examples for {sorted(twice)} are also in another file"
         merged["examples"].update(doc.get("examples") or {})
         merged["benign"].extend(doc.get("benign") or [])
+        merged["quiet"].update(doc.get("quiet") or {})
     return merged
 
 
@@ -32,9 +35,9 @@ CASES = [(rule, i, ex) for rule, exs in FIXTURE["examples"].items() for i, ex in
 
 
 def test_every_builtin_rule_has_an_example():
-    missing = sorted({r.name for r in RULE_SET.rules} - set(FIXTURE["examples"]))
+    missing = sorted({r.name for r in RULE_SET.rules} - set(FIXTURE["examples"]) - set(FIXTURE["quiet"]))
     assert missing == [], f"built-in rules without a recorded example: {missing}"
-    unknown = sorted(set(FIXTURE["examples"]) - {r.name for r in RULE_SET.rules})
+    unknown = sorted((set(FIXTURE["examples"]) | set(FIXTURE["quiet"])) - {r.name for r in RULE_SET.rules})
     assert unknown == [], f"examples for rules that do not exist: {unknown}"
 
 
@@ -50,6 +53,23 @@ def test_rule_fires_on_its_example(engine_cls, rule, index, example):
     assert last.reason == example["reason"]
     for name, value in (example.get("fields") or {}).items():
         assert last.fields.get(name) == value, (name, dict(last.fields))
+
+
+QUIET = [(rule, lines) for rule, examples in FIXTURE["quiet"].items() for lines in examples]
+
+
+@pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
+@pytest.mark.parametrize(("rule", "lines"), QUIET, ids=[r for r, _ in QUIET])
+def test_a_quiet_rule_keeps_its_familys_fallback_silent(engine_cls, rule, lines):
+    """A rule that matches lines another finding speaks for (informational prints, a report's detail
+    lines) and never fires: nothing is reported for the last line, and without the rule a fallback would."""
+
+    def on_last_line(rule_set):
+        findings = engine_cls(rule_set=rule_set).feed(lines, times=0.0, line_numbers=1)
+        return [f.rule for f in findings if f.line == len(lines)]
+
+    assert on_last_line(RULE_SET) == []
+    assert on_last_line(dataclasses.replace(RULE_SET, rules=tuple(r for r in RULE_SET.rules if r.name != rule)))
 
 
 @pytest.mark.parametrize("line", FIXTURE["benign"])

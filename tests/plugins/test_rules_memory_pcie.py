@@ -669,6 +669,89 @@ BENIGN += [
 
 
 # ---------------------------------------------------------------------------------------------
+# AER report detail lines read alone (drivers/pci/pcie/aer.c __aer_print_error, aer_print_error;
+# aerdrv_errprint.c before 4.19): every error-bit name of both generations, each prefix form.
+
+AER_CORRECTABLE = ["RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF"]
+AER_CORRECTABLE_OLD = [
+    "Receiver Error",
+    "Bad TLP",
+    "Bad DLLP",
+    "RELAY_NUM Rollover",
+    "Replay Timer Timeout",
+    "Advisory Non-Fatal",
+    "Corrected Internal Error",
+    "Header Log Overflow",
+]
+AER_UNCORRECTABLE = [
+    "Undefined",
+    "DLP",
+    "SDES",
+    "TLP",
+    "FCP",
+    "CmpltTO",
+    "CmpltAbrt",
+    "UnxCmplt",
+    "RxOF",
+    "MalfTLP",
+    "ECRC",
+    "UnsupReq",
+    "ACSViol",
+    "UncorrIntErr",
+    "BlockedTLP",
+    "AtomicOpBlocked",
+    "TLPBlockedErr",
+    "PoisonTLPBlocked",
+    "DMWrReqBlocked",
+    "IDECheck",
+    "MisIDETLP",
+    "PCRC_CHECK",
+    "TLPXlatBlocked",
+]
+AER_UNCORRECTABLE_OLD = [
+    "Data Link Protocol",
+    "Surprise Down Error",
+    "Poisoned TLP",
+    "Flow Control Protocol",
+    "Completion Timeout",
+    "Completer Abort",
+    "Unexpected Completion",
+    "Receiver Overflow",
+    "Malformed TLP",
+    "ECRC",
+    "Unsupported Request",
+    "ACS Violation",
+    "Uncorrectable Internal Error",
+    "MC Blocked TLP",
+    "AtomicOp Egress Blocked",
+    "TLP Prefix Blocked Error",
+    "Unknown Error Bit",
+]
+AER_BIT = "   [%2d] %-22s%s\n"
+AER_STATUS = "  device [%04x:%04x] error status/mask=%08x/%08x\n"
+
+
+def _aer_detail_lines(names: list[str]) -> Iterator[tuple[str, dict[str, str]]]:
+    prefixes = itertools.cycle([p for p in pci_prefixes("AER: ") if p[1]] + [p for p in pci_prefixes("") if p[1]])
+    for (i, name), (prefix, fields) in zip(enumerate(names), prefixes, strict=False):
+        first = " (First)" if i % 2 else ""
+        text = prefix + kformat(AER_BIT, i % 32, name, first)  # the format's three spaces follow the prefix
+        yield text.strip(), {**fields, "error": name, "bit": str(i % 32)}
+
+
+for _line, _fields in _aer_detail_lines(AER_CORRECTABLE + AER_CORRECTABLE_OLD):
+    add("kernel/pcie-aer-detail-corrected", "PCIeCorrectedError", _line, _fields)
+for _line, _fields in _aer_detail_lines(AER_UNCORRECTABLE + AER_UNCORRECTABLE_OLD):
+    add("kernel/pcie-aer-detail-uncorrected", "PCIeUncorrectableErrorDetail", _line, _fields)
+for (_prefix, _fields), (_vendor, _device, _status, _mask) in zip(
+    [p for p in pci_prefixes("AER: ") if p[1]],
+    [(0x8086, 0xA29A, 1, 0x2000), (0xFFFF, 0, 0xFFFFFFFF, 0), (0x10DE, 0x2330, 0x4000, 0), (0, 0xFFFF, 0, 0xFFFFFFFF)],
+    strict=False,
+):
+    _line = (_prefix + kformat(AER_STATUS, _vendor, _device, _status, _mask)).strip()
+    add("kernel/pcie-aer-status", "PCIeErrorReport", _line, {**_fields, "vendor": kformat("%04x", _vendor)})
+
+# ---------------------------------------------------------------------------------------------
 # Tests
 
 
@@ -696,8 +779,38 @@ def test_benign_rendered_line_stays_silent(engine_cls, line: str):
     assert engine_cls(rule_set=RULE_SET).feed([line]) == []
 
 
+QUIET = {"kernel/pcie-aer-detail-in-report"}  # matches and stays quiet: see the report tests below
+
+
 def test_every_rule_of_the_family_has_rendered_cases():
-    assert FAMILY - {c.rule for c in CASES} == set()
+    assert FAMILY - QUIET - {c.rule for c in CASES} == set()
+
+
+AER_HEADERS = [
+    ("PCIe Bus Error: severity=%s, type=%s, (%s)\n", "Corrected", "kernel/pcie-corrected"),
+    ("PCIe Bus Error: severity=%s, type=%s, (%s)\n", "Uncorrected (Non-Fatal)", "kernel/pcie-uncorrected-nonfatal"),
+    ("PCIe Bus Error: severity=%s, type=%s, (%s)\n", "Uncorrectable (Fatal)", "kernel/pcie-uncorrected-fatal"),
+]
+
+
+@ENGINES
+@pytest.mark.parametrize(("fmt", "severity", "rule"), AER_HEADERS, ids=[h[1] for h in AER_HEADERS])
+@pytest.mark.parametrize("dev_fmt", ["AER: ", ""], ids=["4.19+", "before"])
+def test_a_reports_detail_lines_are_read_in_its_context(engine_cls, fmt, severity, rule, dev_fmt):
+    """Header, status line, every bit line, TLP header: only the header speaks for the report."""
+    prefix = f"nvidia 0000:3b:00.0: {dev_fmt}"
+    names = AER_CORRECTABLE if severity == "Corrected" else AER_UNCORRECTABLE_OLD[:6]
+    report = [
+        prefix + kformat(fmt, severity, "Transaction Layer", "Requester ID").strip(),
+        (prefix + kformat(AER_STATUS, 0x10DE, 0x2330, 0x4000, 0)).strip(),
+        *[(prefix + kformat(AER_BIT, i, name, "")).strip() for i, name in enumerate(names)],
+        (prefix + kformat("  TLP Header: %08x %08x %08x %08x\n", 0x40000001, 0x0000000F, 0xF7C00000, 0)).strip(),
+        (prefix + kformat("  Error of this Agent is reported first\n")).strip(),
+    ]
+    engine = engine_cls(rule_set=RULE_SET)
+    count = THRESHOLDS.get(rule, {}).get("count", 1)
+    found = [f for _ in range(count) for f in engine.feed(report, times=0.0, line_numbers=1)]
+    assert {(f.rule, f.line) for f in found} == {(rule, 1)}, [(f.rule, f.line) for f in found]
 
 
 def test_every_rule_names_its_source():

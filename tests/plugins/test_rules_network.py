@@ -543,7 +543,53 @@ def efa() -> Iterator[Case]:
                     )
 
 
-CASES = [c for gen in (nic_link_down, bonding, tx_watchdog, nic_faults, ena, mlx5_rules, efa) for c in gen()]
+def nic_resets_and_load_failures() -> Iterator[Case]:
+    """Issue 18: the ENA reset trigger, mlx5 load failures, NIC probe failures (drivers/base/dd.c)."""
+    for pci, ifname in itertools.product(PCI, ["eth0", "ens5"]):
+        for prefix, fields in ena_prefixes(pci, ifname):
+            if prefix != "ena0: ":
+                yield case("kernel/ena-reset-triggered", "ENAResetTriggered", prefix + "Trigger reset is on", fields)
+    for pci in PCI[:5]:
+        for prefix, fields in mlx5_prefixes(pci):
+            for step, fmt, err in [
+                ("mlx5_load_one", "mlx5_load_one failed with error code %d\n", -22),
+                ("mlx5_init_one", "mlx5_init_one failed with error code %d\n", -28),
+                ("mlx5_pci_init", "mlx5_pci_init failed with error code %d\n", 0),
+                ("mlx5_load_one", "mlx5_pci_resume: mlx5_load_one failed with error code: %d\n", -2147483648),
+            ]:
+                yield case(
+                    "kernel/mlx5-load-failed",
+                    "MLX5LoadFailed",
+                    prefix + cformat(fmt, err),
+                    {**fields, "step": step, "error": err},
+                )
+            yield case(
+                "kernel/mlx5-load-failed",
+                "MLX5LoadFailed",
+                prefix + "handle_hca_cap failed",
+                {**fields, "step": "handle_hca_cap"},
+            )
+    for driver, pci, err in itertools.product(["ena", "mlx5_core", "efa", "ixgbe", "bnxt_en"], PCI[:5], [-22, -1]):
+        fields = {"pci": pci, "error": err}
+        yield case(
+            "kernel/nic-probe-failed",
+            "NICProbeFailed",
+            cformat("%s: probe of %s failed with error %d\n", driver, pci, err),
+            {**fields, "driver": driver},
+        )
+        yield case(
+            "kernel/nic-probe-failed",
+            "NICProbeFailed",
+            cformat("%s %s: probe with driver %s failed with error %d\n", driver, pci, driver, err),
+            {**fields, "probe_driver": driver},
+        )
+
+
+CASES = [
+    c
+    for gen in (nic_link_down, bonding, tx_watchdog, nic_faults, ena, mlx5_rules, efa, nic_resets_and_load_failures)
+    for c in gen()
+]
 BY_RULE: dict[str, list[Case]] = {}
 for _c in CASES:
     BY_RULE.setdefault(_c[2], []).append(_c)

@@ -526,8 +526,44 @@ OTHER_CASES = (
     ]
 )
 
+DISPLAY_CASES = [
+    Case(f"display-{text}", [text], "nvidia/display-error", "NvidiaDisplayError", fields)
+    for text, fields in [
+        *[
+            (printf("%s%s%s%s", "nvidia-modeset: ", "ERROR: ", prefix, msg), extra)
+            for (prefix, extra), msg in itertools.product(
+                [("GPU:0: ", {"gpu": "0"}), ("GPU:15: ", {"gpu": "15"}), ("", {})],
+                ["Idling display engine timed out: 0x0000c67e:0:0:1128", "Failed to allocate memory", ""],
+            )
+        ],
+        *[
+            (printf("[drm:%s [nvidia_drm]] *ERROR* [nvidia-drm] %s%s", func, gpu, msg), extra)
+            for func, (gpu, extra), msg in itertools.product(
+                ["nv_drm_dev_load", "__nv_drm_gem_nvkms_map"],
+                [("[GPU ID 0x00000100] ", {"gpu_id": "0x00000100"}), ("", {})],
+                ["Failed to allocate NvKmsKapiDevice", "Failed to map NvKmsKapiMemory 0x0000000012345678"],
+            )
+        ],
+    ]
+] + [
+    Case(
+        f"fw-{text}",
+        [text],
+        "nvidia/firmware-load-failed",
+        "GpuFirmwareLoadFailed",
+        {"pci": pci, "firmware": fw, "error": err},
+    )
+    for pci, fw, err in itertools.product(
+        ["0000:01:00.0", "0008:3b:00.0", "10000:e1:00.0"],
+        ["nvidia/570.133.20/gsp_ga10x.bin", "nvidia/535.54.03/gsp_tu10x.bin"],
+        [-2, -4, 0],
+    )
+    for text in [printf("nvidia %s: Direct firmware load for %s failed with error %d\n", pci, fw, err).strip()]
+]
+
 CASES = (
-    _xid_cases()
+    DISPLAY_CASES
+    + _xid_cases()
     + _nvlink5_cases()
     + _recovery_cases()
     + _message_cases()

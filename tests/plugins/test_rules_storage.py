@@ -861,6 +861,54 @@ SOURCES: list[Source] = [
         "NFSServerNotResponding",
         {"program": 0, "server": 1},
     ),
+    # --- issue 18: SCSI sense keys, loop write errors, rate-limited error bursts ---
+    Source(
+        "drivers/scsi/scsi_logging.c",
+        "Sense Key : %s [%s]%s",
+        edges(["Medium Error", "Hardware Error"], ["current", "deferred"], ["", " [descriptor]"]),
+        "kernel/scsi-disk-error",
+        "SCSIDiskError",
+        {"sense_key": 0},
+        prefixes=("sd 3:0:0:0: [sdb] tag#3 ", "sd 0:0:0:0: [sda] ", "sd 10:0:1:255: [sdaa]  ", ""),
+    ),
+    Source(
+        "drivers/scsi/scsi_logging.c",
+        "Sense Key : %s [%s]%s",
+        edges(["Aborted Command"], ["current", "deferred"], ["", " [descriptor]"]),
+        "kernel/scsi-command-aborted",
+        "SCSICommandAborted",
+        {"sense_key": 0},
+        prefixes=("sd 0:0:0:0: [sda] tag#0 ", "sr 1:0:0:0: [sr0] ", ""),
+    ),
+    Source(
+        "drivers/block/loop.c",
+        "loop: Write error at byte offset %llu, length %i.\n",
+        edges([0, 1140506624, 18446744073709551615], [4096, 0, -1]),
+        "kernel/loop-write-error",
+        "LoopWriteError",
+        {"offset": 0, "length": 1},
+    ),
+    Source(
+        "lib/ratelimit.c",
+        "%s: %d callbacks suppressed\n",
+        edges(
+            [
+                "EXT4-fs error",
+                "print_req_error",
+                "blk_print_req_error",
+                "blk_update_request",
+                "buffer_io_error",
+                "end_buffer_async_write",
+                "scsi_io_completion",
+                "scsi_io_completion_action",
+                "nvme_log_error",
+            ],
+            [59, 1, 2147483647],
+        ),
+        "kernel/io-errors-suppressed",
+        "IOErrorsSuppressed",
+        {"source": 0, "suppressed": 1},
+    ),
 ]
 
 # node-problem-detector's rules (kernel-monitor.yaml, unchanged) on the same subsystems' printers:

@@ -134,7 +134,9 @@ def test_lead_time_in_the_policy_file(tmp_path):
     assert policy.rules[0].sources == TRUSTED_FOR_BUILTIN  # built-in owners only, as every built-in condition
     policy = load(tmp_path, "rules:\n  - {condition: ScheduledMaintenance, actions: [cordon], leadTime: 6h}\n")
     assert policy.rules[0].lead_time == 6 * 3600.0
-    line = "  ScheduledMaintenance [any reason, raised by kernel-log or builtin-check]: cordon (no remedy), 6h before the "
+    line = (
+        "  ScheduledMaintenance [any reason, raised by kernel-log or builtin-check]: cordon (no remedy), 6h before the "
+    )
     assert line + "scheduled time" in policy_summary(policy)
 
 

@@ -1,0 +1,213 @@
+"""The NVRM family rules (plugins/nvidia/nvrm-family.yaml) against the driver's own print sites.
+
+The pack is generated from plugins/nvidia/nvrm-print-sites.tsv (NV_PRINTF / NV_DEV_PRINTF / nv_printf
+sites of NVIDIA/open-gpu-kernel-modules with their levels) by plugins/nvidia/generate_rules.py. Every
+error-level site that uses the failure vocabulary, rendered as the driver prints it (each prefix
+generation), gives exactly one finding; every informational site, rendered the same way, gives none
+(except the few the generated file lists as having no phrase of their own).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+from agent.detectors.rules import ReferenceEngine, RuleEngine
+
+from helpers.kprintf import kprintf
+
+NVIDIA = builtin_plugins_dir() / "nvidia"
+EXTRACT = NVIDIA / "nvrm-print-sites.tsv"
+GENERATED = NVIDIA / "nvrm-family.yaml"
+RULE_SET = load_rule_set([builtin_plugins_dir()])
+ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("nvrm_generate_rules", NVIDIA / "generate_rules.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _generator()
+RELEASE, SITES, TOTALS = GEN.read_extract(EXTRACT.read_text())
+WORDS = {w for w, _, _ in GEN.vocabulary(SITES)}
+_, UNCOVERED = GEN.informational_phrases(SITES, WORDS)
+
+# Prefixes of each driver generation: NV_PRINTF with GPU and function (recent), with the function
+# only, the 515-525 form without a colon; NV_DEV_PRINTF with the device.
+NV_PRINTF_PREFIXES = ["NVRM: GPU0 rmFunction_IMPL: ", "NVRM: rmFunction_IMPL: ", "NVRM rmFunction_IMPL: "]
+NV_DEV_PREFIX = "NVRM: GPU 0000:3b:00.0: "
+_CONV = re.compile(
+    r"%(?P<flags>[-#0 +]*)(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+))?(?P<len>hh|h|ll|l|L|z|j|t)?"
+    r"(?:(?P<ptr>p[A-Za-z]*)|(?P<conv>[%cdiouxXs]))"
+)
+
+
+def _values(fmt: str) -> list:
+    values: list = []
+    for m in _CONV.finditer(fmt):
+        values += [8] * (m["width"] == "*") + [3] * (m["prec"] == "*")
+        conv = m["conv"]
+        if m["ptr"]:
+            values.append(0xFFFF8881DEAD0000)
+        elif conv == "s":
+            values.append("GR0")
+        elif conv == "c":
+            values.append("c")
+        elif conv in ("d", "i"):
+            values.append(-1)
+        elif conv != "%":
+            values.append(0x1F)
+    return values
+
+
+def render(site) -> list[str]:
+    """The lines a site prints, one per prefix generation; none for a multi-line message."""
+    text = re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), site.text)
+    if "\n" in text.rstrip("\n") or "%n" in text:
+        return []
+    message = kprintf(text, *_values(text)).strip()
+    if site.level.startswith("NV_DBG_"):
+        return [message] if message.startswith("NVRM") else [NV_DEV_PREFIX + message]
+    return [prefix + message for prefix in NV_PRINTF_PREFIXES]
+
+
+def _findings_per_line(engine_cls, lines: list[str]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = defaultdict(list)
+    for finding in engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1):
+        found[finding.line].append(finding.rule)
+    return found
+
+
+def test_the_committed_pack_is_what_the_generator_makes_of_the_committed_extract():
+    assert GENERATED.read_text() == GEN.generate(EXTRACT.read_text()), (
+        "regenerate: python plugins/nvidia/generate_rules.py generate plugins/nvidia/nvrm-print-sites.tsv "
+        "> plugins/nvidia/nvrm-family.yaml"
+    )
+
+
+def test_the_extract_names_its_release_and_totals():
+    assert re.fullmatch(r"\d+\.\d+(?:\.\d+)?", RELEASE)
+    assert TOTALS["LEVEL_ERROR"] > 1000 and all(s.where.count(":") == 1 for s in SITES)
+
+
+@pytest.mark.parametrize("word", ["failed", "error", "timeout", "timed", "invalid", "unable", "cannot", "mismatch"])
+def test_the_vocabulary_holds_the_drivers_common_failure_words(word):
+    assert word in WORDS
+
+
+def test_general_words_are_not_failure_vocabulary():
+    assert not WORDS & {"not", "no", "disabled", "unknown", "successful", "loading"}
+
+
+def _error_lines() -> list[tuple[str, str]]:
+    return [
+        (site.where, line)
+        for site in SITES
+        if site.level in GEN.ERROR_LEVELS and GEN._words(site.text) & WORDS
+        for line in render(site)
+    ]
+
+
+@ENGINES
+def test_every_error_print_using_the_vocabulary_gives_one_finding(engine_cls):
+    lines = _error_lines()
+    assert len(lines) > 3000
+    found = _findings_per_line(engine_cls, [line for _, line in lines])
+    wrong = [(where, line, found.get(i + 1, [])) for i, (where, line) in enumerate(lines) if len(found[i + 1]) != 1]
+    assert not wrong, f"{len(wrong)} of {len(lines)} lines: {wrong[:5]}"
+
+
+@ENGINES
+def test_a_family_line_no_specific_rule_knows_is_a_warning_event(engine_cls):
+    line = "NVRM: GPU3 _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP"
+    (finding,) = engine_cls(rule_set=RULE_SET).feed([line])
+    assert (finding.rule, finding.reason, finding.type.value, finding.severity.value) == (
+        "nvidia/nvrm-failure",
+        "NvidiaDriverError",
+        "temporary",
+        "warning",
+    )
+    assert (finding.fields["head"], finding.fields["failure"]) == ("GPU3", "unexpected")
+
+
+@ENGINES
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",  # the Xid rules' line
+        "NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x62:0x40:2168)",  # a specific rule's line
+        "NVRM: Xid (GPU0): 13, Graphics Exception: failed",  # the Xid fallback's line
+    ],
+)
+def test_lines_other_rules_speak_for_get_only_their_finding(engine_cls, line):
+    findings = engine_cls(rule_set=RULE_SET).feed([line])
+    assert len(findings) == 1 and findings[0].rule != "nvidia/nvrm-failure"
+
+
+@ENGINES
+def test_informational_prints_stay_silent(engine_cls):
+    uncovered = {s.where for s in UNCOVERED}
+    lines = [
+        (site.where, line)
+        for site in SITES
+        if site.level in GEN.INFO_LEVELS and site.where not in uncovered
+        for line in render(site)
+    ]
+    assert len(lines) > 500
+    found = _findings_per_line(engine_cls, [line for _, line in lines])
+    loud = [(where, line, found[i + 1]) for i, (where, line) in enumerate(lines) if found.get(i + 1)]
+    assert not loud, f"{len(loud)} of {len(lines)} lines: {loud[:5]}"
+
+
+@ENGINES
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  595.45.04  Release Build  (dvs-builder@U16)",
+        "NVRM: GPU at PCI:0000:01:00: GPU-02187fd8-22a1-3f71-cd52-22af54f42481",
+        "NVRM: GPU Board Serial Number: 1650123456789",
+        "NVRM kgspExecuteBooterUnloadIfNeeded_TU102: skipping executing Booter Unload as WPR is not up",
+        "NVRM: kgspCheckGspRmCcCleanup_GH100: CC secret cleanup successful!",
+        "NVRM: Persistence mode is deprecated and will be removed in a future release. Please use"
+        " nvidia-persistenced instead.",
+    ],
+)
+def test_the_drivers_normal_lines_stay_silent(engine_cls, line):
+    assert engine_cls(rule_set=RULE_SET).feed([line]) == []
+
+
+def test_informational_sites_without_a_phrase_are_listed_in_the_pack():
+    text = GENERATED.read_text()
+    assert all(f"{s.level} {s.where}" in text for s in UNCOVERED)
+    assert len(UNCOVERED) < 0.02 * sum(TOTALS[level] for level in GEN.INFO_LEVELS)
+
+
+def test_extract_reads_print_sites_with_levels_from_c_source(tmp_path: Path):
+    (tmp_path / "a.c").write_text(
+        "#define NV_PRINTF(level, fmt, ...) x\n"
+        'void f(void) {\n    NV_PRINTF(LEVEL_ERROR, "failed to map 0x%" NvU64_fmtx " (%s)\\n",\n'
+        "              addr, name);  // a comment, (with parens\n"
+        '    NV_PRINTF_COND(c, LEVEL_INFO, LEVEL_ERROR, "timeout %d\\n", t);\n'
+        '    nv_printf(NV_DBG_INFO, "NVRM: loading, %s\\n", f(a, "x,y"));\n}\n'
+    )
+    sites, totals = GEN.extract(tmp_path)
+    assert [(s.level, s.where, s.text) for s in sites] == [
+        ("LEVEL_ERROR", "a.c:3", "failed to map 0x%llx (%s)\\n"),
+        ("LEVEL_ERROR", "a.c:5", "timeout %d\\n"),
+        ("NV_DBG_INFO", "a.c:6", "NVRM: loading, %s\\n"),
+    ]
+    assert totals == {"LEVEL_ERROR": 2, "NV_DBG_INFO": 1}
+    text = GEN.write_extract(sites, totals, release="1.2.3")
+    assert GEN.read_extract(text) == ("1.2.3", sites[:2], totals)  # the loading line holds no lexicon word
