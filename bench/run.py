@@ -521,7 +521,7 @@ def bench_accuracy() -> list[Figure]:
 def bench_recovery() -> list[Figure]:
     """Recovery: the cluster budget with the whole loop, and detection to Unhealthy with a real agent.
 
-    ``fleet.actions_over_budget``: bench/fleet.py's scenario (15 of 50 nodes fail at once, one recovery
+    ``recovery.fleet50_actions_over_budget``: bench/fleet.py's scenario (15 of 50 nodes fail at once, one recovery
     loop each, the built-in budget of 5 places): disruptive steps that left more than the limit disrupted.
 
     ``recovery.detect_to_unhealthy_s``: a real agent process (``run --kmsg-path FILE``, ENABLE_RECOVERY=true,
@@ -542,7 +542,7 @@ def bench_recovery() -> list[Figure]:
     from bench.fleet import simulate_fleet
 
     fleet = simulate_fleet()
-    figures = [Figure(name="fleet.actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")]
+    figures = [Figure(name="recovery.fleet50_actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")]
     print(
         f"  fleet: limit {fleet.limit}, at most {fleet.max_disrupted} disrupted, "
         f"{fleet.blocked_events} RecoveryBlocked, {fleet.duplicate_calls} duplicate calls, "
@@ -643,6 +643,83 @@ def bench_recovery() -> list[Figure]:
     return figures
 
 
+# The fleet benchmark's sizes. The issue asks for 2,000 agents; where this 2-core machine (which also runs
+# the API server, in Python) cannot hold a scenario at that size it is scaled down, and the reason printed.
+FLEET_AGENTS = 1000
+FLEET_AGENTS_WHY = (
+    "2,000 agents are 10,000 threads whose waits wake about 1 core of Python at a 12x clock, and their 24,000 "
+    "writes an hour another; with the API server beside them that is more than this shared 2-core machine has"
+)
+FLEET_PROCESSES = 2
+FLEET_SCALE = 12.0  # simulated seconds per real second: the steady hour takes 300 s
+FLEET_MISFIRE_AGENTS = 100
+FLEET_MISFIRE_WHY = (
+    "every blocked agent LISTs every Node on each 5 s step (the budget counts the fleet): at N agents that is "
+    "N/5 LISTs of N Nodes per second; tests/kubeapi serves a 2,000-Node LIST in about 2 s, so 2,000 agents would "
+    "need 800 s of server time per simulated second"
+)
+FLEET_OUTAGE_AGENTS = 300
+FLEET_OUTAGE_WHY = "as in 1, and the run must stay within its 10 minutes"
+FLEET_WEEK_NODES = 200
+FLEET_WEEK_WHY = (
+    "the budget LISTs every Node per step; 200 Nodes at 10x the per-node fault rate keep the fleet's fault "
+    "arrivals (8 a day, as 2,000 nodes at 4 per 1,000 node-days) and the same limit (10)"
+)
+
+
+def bench_fleet() -> list[Figure]:
+    """Fleet figures: bench/fleetsim.py (agents as threads in worker processes against tests/kubeapi on a
+    scaled clock; scenarios 1-3) and bench/fleetweek.py (scenario 4, a stepped clock)."""
+    from bench import fleetsim
+
+    figures: list[Figure] = []
+    notes: list[str] = []
+
+    def take(measured: fleetsim.Measured, targets: dict[str, str]) -> None:
+        for name, value in measured.figures.items():
+            figures.append(Figure(name=name, value=value, target=targets.get(name, ""), unit=_FLEET_UNITS.get(name, "")))
+        for note in measured.notes:
+            print(f"  {note}", flush=True)
+        notes.extend(measured.notes)
+
+    print(
+        f"  1. steady state, one simulated hour: scaled to {FLEET_AGENTS} agents in {FLEET_PROCESSES} processes: "
+        f"{FLEET_AGENTS_WHY}",
+        flush=True,
+    )
+    take(
+        fleetsim.steady_state(agents=FLEET_AGENTS, processes=FLEET_PROCESSES, scale=FLEET_SCALE),
+        {"fleet.writes_per_node_hour": "<= 12", "fleet.max_writes_10s_over_mean": "<= 2"},
+    )
+    print(f"  2. misfire on every node: scaled to {FLEET_MISFIRE_AGENTS} agents: {FLEET_MISFIRE_WHY}", flush=True)
+    take(
+        fleetsim.misfire(agents=FLEET_MISFIRE_AGENTS, processes=2, scale=10.0),
+        {"fleet.actions_over_budget": "<= 0"},
+    )
+    print("  fleet.pause_effective_s          n/a (pause not built)", flush=True)
+    print(f"  3. API server down 10 min: scaled to {FLEET_OUTAGE_AGENTS} agents: {FLEET_OUTAGE_WHY}", flush=True)
+    take(
+        fleetsim.outage(agents=FLEET_OUTAGE_AGENTS, processes=FLEET_PROCESSES, scale=FLEET_SCALE),
+        {"fleet.outage_requests_per_node_min": "<= 2", "fleet.events_lost": "<= 0", "fleet.conditions_wrong": "<= 0"},
+    )
+    print(f"  4. a week of faults: {FLEET_WEEK_NODES} nodes: {FLEET_WEEK_WHY}", flush=True)
+    take(
+        fleetsim.week(nodes=FLEET_WEEK_NODES, rate_per_1000_node_days=40.0, burst=20),
+        {"fleet.week_steady_blocked": "<= 0", "fleet.week_actions_over_budget": "<= 0", "fleet.week_burst_held": ">= 1"},
+    )
+    return figures
+
+
+_FLEET_UNITS = {
+    "fleet.writes_per_node_hour": "/node-h",
+    "fleet.reads_per_node_hour": "/node-h",
+    "fleet.outage_requests_per_node_min": "/node-min",
+    "fleet.converge_s": "s",
+    "fleet.converge_blocked_s": "s",
+    "fleet.misfire_peak_requests_per_s": "req/s",
+}
+
+
 BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
@@ -650,6 +727,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "checks": bench_checks,
     "accuracy": bench_accuracy,
     "recovery": bench_recovery,
+    "fleet": bench_fleet,
 }
 
 
