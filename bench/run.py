@@ -219,7 +219,131 @@ def bench_kubernetes() -> list[Figure]:
     figures.append(Figure(name="writes_per_node_hour", value=_steady_state_writes(), target="<= 12"))
     figures.append(Figure(name="rss_mib", value=_agent_rss_mib(deployed=True), target="<= 72", unit="MiB"))
     figures.append(Figure(name="rss_mib_dev_venv", value=_agent_rss_mib(deployed=False), target="", unit="MiB"))
+    acting, note = _acting_rss_mib()
+    print(f"  {note}", flush=True)
+    figures.append(Figure(name="rss_mib_acting", value=acting, target="<= 80", unit="MiB"))
     return figures
+
+
+class _MotoAsg:
+    """moto's server with an Auto Scaling group of one instance (``with``): ``endpoint``, ``instance_id``,
+    ``health()`` (the instance's health as Auto Scaling reports it), ``env`` (what an agent process needs)."""
+
+    region = "us-west-2"
+
+    def __enter__(self) -> _MotoAsg:
+        import logging
+        import os
+        import socket
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        self._moto.start()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=self.region
+        )
+        ec2 = session.client("ec2", endpoint_url=self.endpoint)
+        self.asg = session.client("autoscaling", endpoint_url=self.endpoint)
+        self.cloudwatch = session.client("cloudwatch", endpoint_url=self.endpoint)
+        ec2.create_launch_template(
+            LaunchTemplateName="bench-lt", LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"}
+        )
+        self.asg.create_auto_scaling_group(
+            AutoScalingGroupName="bench-ng",
+            LaunchTemplate={"LaunchTemplateName": "bench-lt", "Version": "$Latest"},
+            MinSize=1,
+            MaxSize=1,
+            DesiredCapacity=1,
+            AvailabilityZones=[f"{self.region}a"],
+        )
+        (instance,) = self.asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bench-ng"])["AutoScalingGroups"][0][
+            "Instances"
+        ]
+        self.instance_id = instance["InstanceId"]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.env.update(
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_REGION=self.region,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_CONFIG_FILE="/nonexistent/aws-config",
+            AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials",
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        return self
+
+    def health(self) -> str:
+        answer = self.asg.describe_auto_scaling_instances(InstanceIds=[self.instance_id])
+        return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
+
+    def __exit__(self, *exc: object) -> None:
+        self._moto.stop()
+
+
+def _acting_rss_mib() -> tuple[float, str]:
+    """RSS of a real agent process as deployed (without the test extras) in Kubernetes mode with every pack
+    and check, recovery on and CloudWatch on, after the built-in policy's replace remedy ran: a DMA error
+    cordoned the Node and marked its instance Unhealthy in Auto Scaling (moto's server), and the problem was
+    published to CloudWatch. (A reboot remedy, which needs an EC2 client, is not built on this branch.)"""
+    import subprocess
+    import tempfile
+
+    usec = lambda: int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmpdir, _MotoAsg() as aws:
+        tmp = Path(tmpdir)
+        server, client = _kube_setup(tmp)
+        client.close()
+        node = f"ip-10-0-0-1.{aws.region}.compute.internal"
+        server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-health-agent"}})
+        server.put_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"kubernetes.io/os": "linux"}},
+                "spec": {"providerID": f"aws:///{aws.region}a/{aws.instance_id}"},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            }
+        )
+        kmsg = tmp / "kmsg"
+        kmsg.write_text(f"6,1,{usec()},-;boot\n")
+        env = dict(
+            aws.env,
+            ENABLE_RECOVERY="true",
+            RECOVERY_STARTUP_DELAY="0",
+            CLUSTER_NAME="bench",
+            NHA_CLOUDWATCH="true",
+            POD_NAMESPACE="node-health-agent",
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            + ["--node-name", node, "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "0", "--aggregate-condition", "true"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{node}/status$") >= 1, 60)
+            with kmsg.open("a") as f:
+                f.write(f"3,2,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
+            _wait(lambda: aws.health() == "UNHEALTHY", 60, interval=0.05)
+            _wait(lambda: bool(aws.cloudwatch.list_metrics().get("Metrics")), 60, interval=0.1)
+            time.sleep(1.0)
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+            server.stop()
+    return rss_kib / 1024, "acting: cordoned, instance marked Unhealthy (Auto Scaling), CloudWatch published"
 
 
 def _steady_state_writes() -> float:
@@ -645,21 +769,21 @@ def bench_recovery() -> list[Figure]:
 
 # The fleet benchmark's sizes. The issue asks for 2,000 agents; where this 2-core machine (which also runs
 # the API server, in Python) cannot hold a scenario at that size it is scaled down, and the reason printed.
-FLEET_AGENTS = 1000
+FLEET_AGENTS = 300
 FLEET_AGENTS_WHY = (
-    "2,000 agents are 10,000 threads whose waits wake about 1 core of Python at a 12x clock, and their 24,000 "
-    "writes an hour another; with the API server beside them that is more than this shared 2-core machine has"
+    "2,000 agents (10,000 threads in 3 processes) overloaded this shared 2-core machine: load average above "
+    "300, the API server's answers late past the agents' 10 s timeout, so the figures measured the machine"
 )
 FLEET_PROCESSES = 2
-FLEET_SCALE = 12.0  # simulated seconds per real second: the steady hour takes 300 s
+FLEET_SCALE = 20.0  # simulated seconds per real second: the steady hour takes 180 s
 FLEET_MISFIRE_AGENTS = 100
 FLEET_MISFIRE_WHY = (
     "every blocked agent LISTs every Node on each 5 s step (the budget counts the fleet): at N agents that is "
     "N/5 LISTs of N Nodes per second; tests/kubeapi serves a 2,000-Node LIST in about 2 s, so 2,000 agents would "
     "need 800 s of server time per simulated second"
 )
-FLEET_OUTAGE_AGENTS = 300
-FLEET_OUTAGE_WHY = "as in 1, and the run must stay within its 10 minutes"
+FLEET_OUTAGE_AGENTS = 200
+FLEET_OUTAGE_WHY = "as in 1; every agent resyncs at once when the server returns"
 FLEET_WEEK_NODES = 200
 FLEET_WEEK_WHY = (
     "the budget LISTs every Node per step; 200 Nodes at 10x the per-node fault rate keep the fleet's fault "
