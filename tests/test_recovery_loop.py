@@ -19,7 +19,7 @@ from agent.core.types import Condition, Event, Provenance, Snapshot, Status
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
-from agent.recovery.loop import RecoveryLoop
+from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     CONTROL_PLANE_LABELS,
@@ -518,9 +518,29 @@ def test_a_spent_budget_blocks_once_then_the_next_step_acts(harness, kube, api):
     assert h.holders() == [OTHERS[0]]
 
     other.release()
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)  # a refused node asks again after its backoff
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.cordoned() and h.marker.marked == [NODE] and h.holders() == [NODE]
     assert h.reasons() == ["RecoveryBlocked", "RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+def test_a_refused_node_asks_the_budget_again_only_after_a_growing_backoff(harness, kube, api):
+    """Every ask LISTs every Node: a fleet of blocked nodes asking on each 5 s step would storm the API server."""
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    ).acquire(incident_id="x")
+    h.publish(problem())
+    h.clock.now += DELAY
+    api.reset_requests()
+    for _ in range(240):  # 20 minutes of 5 s steps, all blocked
+        assert h.step().blocked is Blocked.BUDGET
+        h.clock.now += 5
+    asks = api.requests.count(method="GET", path_regex=r"/api/v1/nodes$")
+    # backoffs of 30, 60, 120, 240, 480, 600 s (each within +-50%): between 4 and 9 asks, not 240
+    assert 4 <= asks <= 9
+    assert len(h.events("RecoveryBlocked")) == 1
 
 
 def test_a_replaced_holder_frees_its_place(harness, kube, api):
@@ -534,6 +554,7 @@ def test_a_replaced_holder_frees_its_place(harness, kube, api):
     h.clock.now += DELAY
     assert h.step().blocked is Blocked.BUDGET
     api.delete_object("nodes", OTHERS[0])
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.holders() == [NODE]
 
