@@ -371,18 +371,20 @@ class AwsClients:
             if client is not None:
                 return client
             region = self._resolved_region()
-            import boto3
+            # botocore's own session, not boto3's: the same clients, credential chain, region and endpoint
+            # configuration, without boto3 importing s3transfer (and with it multiprocessing, concurrent)
+            import botocore.session
             from botocore.config import Config
 
             if self._session is None:
-                self._session = boto3.session.Session()  # a session of our own: no global default session
+                self._session = botocore.session.get_session()  # a session of our own: no global default
             config = Config(
                 connect_timeout=self._connect_timeout,
                 read_timeout=self._read_timeout,
                 retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves, with backoff
                 user_agent_appid="node-health-agent",
             )
-            client = self._session.client(service, region_name=region, config=config)
+            client = self._session.create_client(service, region_name=region, config=config)
             self._clients[service] = client
             return client
 
