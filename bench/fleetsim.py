@@ -501,7 +501,12 @@ def cordoned_over(records: Iterable[Any], limit: int) -> tuple[int, int]:
     cordoned: set[str] = set()
     over = peak = 0
     for r in records:
-        if r.method != "PATCH" or r.status != 200 or not r.path.startswith("/api/v1/nodes/") or r.path.endswith("/status"):
+        if (
+            r.method != "PATCH"
+            or r.status != 200
+            or not r.path.startswith("/api/v1/nodes/")
+            or r.path.endswith("/status")
+        ):
             continue
         spec = (r.body or {}).get("spec") if isinstance(r.body, dict) else None
         if not spec or "unschedulable" not in spec:
@@ -569,7 +574,11 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             f"at x{scale:g}: "
             f"{len(writes)} writes, {len(reads)} reads; 10 s windows: mean {mean:.1f}, max {max(bins)} "
             f"({bins.index(max(bins)) * 10} s in); simulated s between a node's writes: "
-            + (f"median {gaps[len(gaps) // 2]:.0f}, max {gaps[-1]:.0f} (heartbeats 300-330 s apart, the first 300-600)" if gaps else "none")
+            + (
+                f"median {gaps[len(gaps) // 2]:.0f}, max {gaps[-1]:.0f} (heartbeats 300-330 s apart, the first 300-600)"
+                if gaps
+                else "none"
+            )
         ],
     )
 
@@ -646,9 +655,9 @@ def _answered(fleet: Fleet, *, since: float) -> dict[str, float]:
         if reason == "RecoveryBlocked":
             out.setdefault(node, fleet.sim.at(at))
     for r in records:
-        if r.method == "PATCH" and r.status == 200 and r.path.startswith("/api/v1/nodes/") and not r.path.endswith("/status"):
-            if isinstance(r.body, dict) and ((r.body.get("spec") or {}).get("unschedulable") is True):
-                out.setdefault(r.path.rsplit("/", 1)[-1], fleet.sim.at(r.at))
+        cordon = isinstance(r.body, dict) and (r.body.get("spec") or {}).get("unschedulable") is True
+        if cordon and r.method == "PATCH" and r.status == 200 and not r.path.endswith("/status"):
+            out.setdefault(r.path.rsplit("/", 1)[-1], fleet.sim.at(r.at))
     return out
 
 

@@ -52,9 +52,9 @@ def simulate_week(*, nodes: int, rate: float, burst: int, seed: int = 0, replace
     from agent.recovery.loop import RecoveryLoop
     from agent.recovery.model import BUILTIN_CONDITIONS
     from agent.recovery.policyfile import DEFAULT_POLICY
-
     from bench.fleet import _Clock, _disrupted, _Marker
     from bench.fleetsim import node_object
+
     from kubeapi.server import KubeApiServer
 
     rng = random.Random(seed)

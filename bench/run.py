@@ -253,7 +253,8 @@ class _MotoAsg:
         self.asg = session.client("autoscaling", endpoint_url=self.endpoint)
         self.cloudwatch = session.client("cloudwatch", endpoint_url=self.endpoint)
         ec2.create_launch_template(
-            LaunchTemplateName="bench-lt", LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"}
+            LaunchTemplateName="bench-lt",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
         )
         self.asg.create_auto_scaling_group(
             AutoScalingGroupName="bench-ng",
@@ -666,7 +667,9 @@ def bench_recovery() -> list[Figure]:
     from bench.fleet import simulate_fleet
 
     fleet = simulate_fleet()
-    figures = [Figure(name="recovery.fleet50_actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")]
+    figures = [
+        Figure(name="recovery.fleet50_actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")
+    ]
     print(
         f"  fleet: limit {fleet.limit}, at most {fleet.max_disrupted} disrupted, "
         f"{fleet.blocked_events} RecoveryBlocked, {fleet.duplicate_calls} duplicate calls, "
@@ -802,7 +805,9 @@ def bench_fleet() -> list[Figure]:
 
     def take(measured: fleetsim.Measured, targets: dict[str, str]) -> None:
         for name, value in measured.figures.items():
-            figures.append(Figure(name=name, value=value, target=targets.get(name, ""), unit=_FLEET_UNITS.get(name, "")))
+            figures.append(
+                Figure(name=name, value=value, target=targets.get(name, ""), unit=_FLEET_UNITS.get(name, ""))
+            )
         for note in measured.notes:
             print(f"  {note}", flush=True)
         notes.extend(measured.notes)
@@ -830,7 +835,11 @@ def bench_fleet() -> list[Figure]:
     print(f"  4. a week of faults: {FLEET_WEEK_NODES} nodes: {FLEET_WEEK_WHY}", flush=True)
     take(
         fleetsim.week(nodes=FLEET_WEEK_NODES, rate_per_1000_node_days=40.0, burst=20),
-        {"fleet.week_steady_blocked": "<= 0", "fleet.week_actions_over_budget": "<= 0", "fleet.week_burst_held": ">= 1"},
+        {
+            "fleet.week_steady_blocked": "<= 0",
+            "fleet.week_actions_over_budget": "<= 0",
+            "fleet.week_burst_held": ">= 1",
+        },
     )
     return figures
 

@@ -12,6 +12,7 @@ import pytest
 
 from bench import fleetsim
 from bench.fleetweek import simulate_week
+
 from kubeapi.requestlog import RequestRecord
 
 
