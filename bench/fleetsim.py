@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import multiprocessing
 import random
 import sys
@@ -568,6 +569,7 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             "fleet.writes_per_node_hour": len(writes) / agents / hours,
             "fleet.reads_per_node_hour": len(reads) / agents / hours,
             "fleet.max_writes_10s_over_mean": max(bins) / mean if mean else 0.0,
+            "fleet.max_writes_10s_over_mean_unpulsed": noise_floor(mean, len(bins)),
         },
         notes=[
             f"steady: {agents} agents, {processes} processes, warm after {warm:.0f} s, then {hours:g} simulated h "
@@ -581,6 +583,24 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             )
         ],
     )
+
+
+def noise_floor(mean: float, windows: int, *, trials: int = 200, seed: int = 0) -> float:
+    """The largest of ``windows`` 10 s windows over their mean for writes arriving at random (a Poisson
+    process: no pulse at all), averaged over ``trials``: what a small fleet shows without any pulse."""
+    rng = random.Random(seed)
+    if mean <= 0 or windows <= 0:
+        return 0.0
+    limit = math.exp(-mean)
+
+    def draw() -> int:  # Knuth's method; the means here are small
+        k, p = 0, rng.random()
+        while p > limit:
+            k += 1
+            p *= rng.random()
+        return k
+
+    return sum(max(draw() for _ in range(windows)) for _ in range(trials)) / trials / mean
 
 
 def _write_gaps(records: Iterable[Any], sim: SimTime) -> list[float]:

@@ -70,10 +70,12 @@ def steady() -> Any:
 
 
 def test_a_tiny_steady_fleet_writes_heartbeats_only(steady: Any) -> None:
-    # 15 simulated minutes: the first write, then a heartbeat every 300-330 s: 3 writes a node
-    assert steady.figures["fleet.writes_per_node_hour"] == pytest.approx(12.0, abs=4.0)
-    assert steady.figures["fleet.reads_per_node_hour"] > 0
+    # 15 simulated minutes after every node's first write: the first heartbeat 300-600 s after it, then one
+    # every 300-330 s: 2 or 3 writes a node, and no reads (a healthy node's recovery loop reads nothing)
+    assert 4.0 <= steady.figures["fleet.writes_per_node_hour"] <= 12.0
+    assert steady.figures["fleet.reads_per_node_hour"] == 0
     assert steady.figures["fleet.max_writes_10s_over_mean"] >= 1.0
+    assert steady.figures["fleet.max_writes_10s_over_mean_unpulsed"] >= 1.0
 
 
 def test_a_tiny_misfire_never_disrupts_more_than_the_budget() -> None:
