@@ -543,6 +543,25 @@ def test_a_refused_node_asks_the_budget_again_only_after_a_growing_backoff(harne
     assert len(h.events("RecoveryBlocked")) == 1
 
 
+def test_a_new_incident_after_a_healed_one_asks_the_budget_at_once(harness, kube, api):
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    ).acquire(incident_id="x")
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().blocked is Blocked.BUDGET  # refused: the next ask waits for the backoff
+    h.clock.now += 5
+    h.publish(healthy(since=h.clock.now))
+    assert h.step().blocked is None
+    h.clock.now += 5
+    h.publish(problem(since=h.clock.now))
+    api.reset_requests()
+    assert h.step().blocked is Blocked.BUDGET
+    assert api.requests.count(method="GET", path_regex=r"/api/v1/nodes$") == 1, "asked at once, no old backoff"
+
+
 def test_a_replaced_holder_frees_its_place(harness, kube, api):
     one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
     h = harness(policy=one)

@@ -208,6 +208,9 @@ class RecoveryLoop:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
             else:  # refused: still blocked, and not asking again on every step
                 self._budget_retry_at = now + self._budget_backoff.next_delay()
+        elif decision.blocked is not Blocked.BUDGET:  # no longer waiting: a later incident asks at once
+            self._budget_backoff.reset()
+            self._budget_retry_at = float("-inf")
         self.stats.incident = decision.incident
         self._note_blocked(decision)
         if self._enabled:
