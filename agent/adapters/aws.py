@@ -1,6 +1,6 @@
-"""The AWS seam: the only module that imports boto3/botocore, and only inside functions.
+"""The AWS seam: the only module that imports botocore, and only inside functions.
 
-Importing this module costs nothing (boto3 + botocore are ~30 MiB of the agent's 80 MiB budget):
+Importing this module costs nothing (botocore and its clients are ~20 MiB of the agent's 80 MiB budget):
 they are imported when the first client is built, which happens only when CloudWatch publishing or
 Auto Scaling recovery is switched on.
 
@@ -329,10 +329,10 @@ def resolve_region(*, environ: Mapping[str, str], imds: Callable[[], str]) -> st
 
 
 class AwsClients:
-    """boto3 clients from the standard AWS environment, one per service, built on first use.
+    """botocore clients from the standard AWS environment, one per service, built on first use.
 
     ``region`` None = :func:`resolve_region` (environment, else IMDS) when the first client is built.
-    boto3 is imported then, not before.
+    botocore is imported then, not before.
     """
 
     def __init__(
@@ -365,7 +365,7 @@ class AwsClients:
         return self._region
 
     def client(self, service: str) -> Any:
-        """The boto3 client for ``service`` (built once; boto3 clients are thread-safe)."""
+        """The botocore client for ``service`` (built once; botocore clients are thread-safe)."""
         with self._lock:
             client = self._clients.get(service)
             if client is not None:
