@@ -219,7 +219,136 @@ def bench_kubernetes() -> list[Figure]:
     figures.append(Figure(name="writes_per_node_hour", value=_steady_state_writes(), target="<= 12"))
     figures.append(Figure(name="rss_mib", value=_agent_rss_mib(deployed=True), target="<= 72", unit="MiB"))
     figures.append(Figure(name="rss_mib_dev_venv", value=_agent_rss_mib(deployed=False), target="", unit="MiB"))
+    acting, note = _acting_rss_mib()
+    print(f"  {note}", flush=True)
+    figures.append(Figure(name="rss_mib_acting", value=acting, target="<= 80", unit="MiB"))
     return figures
+
+
+class _MotoAsg:
+    """moto's server with an Auto Scaling group of one instance (``with``): ``endpoint``, ``instance_id``,
+    ``health()`` (the instance's health as Auto Scaling reports it), ``env`` (what an agent process needs)."""
+
+    region = "us-west-2"
+
+    def __enter__(self) -> _MotoAsg:
+        import logging
+        import os
+        import socket
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        self._moto.start()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=self.region
+        )
+        ec2 = session.client("ec2", endpoint_url=self.endpoint)
+        self.asg = session.client("autoscaling", endpoint_url=self.endpoint)
+        self.cloudwatch = session.client("cloudwatch", endpoint_url=self.endpoint)
+        ec2.create_launch_template(
+            LaunchTemplateName="bench-lt",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
+        )
+        self.asg.create_auto_scaling_group(
+            AutoScalingGroupName="bench-ng",
+            LaunchTemplate={"LaunchTemplateName": "bench-lt", "Version": "$Latest"},
+            MinSize=1,
+            MaxSize=1,
+            DesiredCapacity=1,
+            AvailabilityZones=[f"{self.region}a"],
+        )
+        (instance,) = self.asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bench-ng"])["AutoScalingGroups"][0][
+            "Instances"
+        ]
+        self.instance_id = instance["InstanceId"]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.env.update(
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_REGION=self.region,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_CONFIG_FILE="/nonexistent/aws-config",
+            AWS_SHARED_CREDENTIALS_FILE="/nonexistent/aws-credentials",
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        return self
+
+    def health(self) -> str:
+        answer = self.asg.describe_auto_scaling_instances(InstanceIds=[self.instance_id])
+        return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
+
+    def __exit__(self, *exc: object) -> None:
+        self._moto.stop()
+
+
+def _acting_rss_mib() -> tuple[float, str]:
+    """RSS of a real agent process as deployed (without the test extras) in Kubernetes mode with every pack
+    and check, recovery on and CloudWatch on, after the built-in policy's replace remedy ran: a DMA error
+    cordoned the Node and marked its instance Unhealthy in Auto Scaling (moto's server), and the problem was
+    published to CloudWatch. (A reboot remedy, which needs an EC2 client, is not built on this branch.)"""
+    import subprocess
+    import tempfile
+
+    usec = lambda: int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmpdir, _MotoAsg() as aws:
+        tmp = Path(tmpdir)
+        server, client = _kube_setup(tmp)
+        client.close()
+        node = f"ip-10-0-0-1.{aws.region}.compute.internal"
+        server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-health-agent"}})
+        server.put_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"kubernetes.io/os": "linux"}},
+                "spec": {"providerID": f"aws:///{aws.region}a/{aws.instance_id}"},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            }
+        )
+        kmsg = tmp / "kmsg"
+        kmsg.write_text(f"6,1,{usec()},-;boot\n")
+        env = dict(
+            aws.env,
+            ENABLE_RECOVERY="true",
+            RECOVERY_STARTUP_DELAY="0",
+            CLUSTER_NAME="bench",
+            NHA_CLOUDWATCH="true",
+            POD_NAMESPACE="node-health-agent",
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            + ["--node-name", node, "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "0", "--aggregate-condition", "true"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{node}/status$") >= 1, 60)
+            with kmsg.open("a") as f:
+                f.write(f"3,2,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
+            _wait(lambda: aws.health() == "UNHEALTHY", 60, interval=0.05)
+            _wait(lambda: bool(aws.cloudwatch.list_metrics().get("Metrics")), 60, interval=0.1)
+            time.sleep(1.0)
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a loaded machine: never leave the agent behind
+                proc.kill()
+                proc.wait(timeout=10)
+            server.stop()
+    return rss_kib / 1024, "acting: cordoned, instance marked Unhealthy (Auto Scaling), CloudWatch published"
 
 
 def _steady_state_writes() -> float:
@@ -521,7 +650,7 @@ def bench_accuracy() -> list[Figure]:
 def bench_recovery() -> list[Figure]:
     """Recovery: the cluster budget with the whole loop, and detection to Unhealthy with a real agent.
 
-    ``fleet.actions_over_budget``: bench/fleet.py's scenario (15 of 50 nodes fail at once, one recovery
+    ``recovery.fleet50_actions_over_budget``: bench/fleet.py's scenario (15 of 50 nodes fail at once, one recovery
     loop each, the built-in budget of 5 places): disruptive steps that left more than the limit disrupted.
 
     ``recovery.detect_to_unhealthy_s``: a real agent process (``run --kmsg-path FILE``, ENABLE_RECOVERY=true,
@@ -542,7 +671,9 @@ def bench_recovery() -> list[Figure]:
     from bench.fleet import simulate_fleet
 
     fleet = simulate_fleet()
-    figures = [Figure(name="fleet.actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")]
+    figures = [
+        Figure(name="recovery.fleet50_actions_over_budget", value=float(fleet.actions_over_budget), target="<= 0")
+    ]
     print(
         f"  fleet: limit {fleet.limit}, at most {fleet.max_disrupted} disrupted, "
         f"{fleet.blocked_events} RecoveryBlocked, {fleet.duplicate_calls} duplicate calls, "
@@ -643,6 +774,91 @@ def bench_recovery() -> list[Figure]:
     return figures
 
 
+# The fleet benchmark's sizes. The issue asks for 2,000 agents; where this 2-core machine (which also runs
+# the API server, in Python) cannot hold a scenario at that size it is scaled down, and the reason printed.
+FLEET_AGENTS = 300
+FLEET_AGENTS_WHY = (
+    "2,000 agents (10,000 threads in 3 processes) overloaded this shared 2-core machine: load average above "
+    "300, the API server's answers late past the agents' 10 s timeout, so the figures measured the machine; "
+    "600 did not finish the hour in 6 minutes"
+)
+FLEET_PROCESSES = 2
+FLEET_SCALE = 20.0  # simulated seconds per real second: the steady hour takes 180 s
+FLEET_MISFIRE_AGENTS = 100
+FLEET_MISFIRE_WHY = (
+    "every blocked agent LISTs every Node on each 5 s step (the budget counts the fleet): at N agents that is "
+    "N/5 LISTs of N Nodes per second; tests/kubeapi serves a 2,000-Node LIST in about 2 s, so 2,000 agents would "
+    "need 800 s of server time per simulated second"
+)
+FLEET_OUTAGE_AGENTS = 200
+FLEET_OUTAGE_WHY = "as in 1; every agent resyncs at once when the server returns"
+FLEET_WEEK_NODES = 200
+FLEET_WEEK_WHY = (
+    "the budget LISTs every Node per step; 200 Nodes at 10x the per-node fault rate keep the fleet's fault "
+    "arrivals (8 a day, as 2,000 nodes at 4 per 1,000 node-days) and the same limit (10)"
+)
+
+
+def bench_fleet() -> list[Figure]:
+    """Fleet figures: bench/fleetsim.py (agents as threads in worker processes against tests/kubeapi on a
+    scaled clock; scenarios 1-3) and bench/fleetweek.py (scenario 4, a stepped clock)."""
+    from bench import fleetsim
+
+    figures: list[Figure] = []
+    notes: list[str] = []
+
+    def take(measured: fleetsim.Measured, targets: dict[str, str]) -> None:
+        for name, value in measured.figures.items():
+            figures.append(
+                Figure(name=name, value=value, target=targets.get(name, ""), unit=_FLEET_UNITS.get(name, ""))
+            )
+        for note in measured.notes:
+            print(f"  {note}", flush=True)
+        notes.extend(measured.notes)
+
+    print(
+        f"  1. steady state, one simulated hour: scaled to {FLEET_AGENTS} agents in {FLEET_PROCESSES} processes: "
+        f"{FLEET_AGENTS_WHY}",
+        flush=True,
+    )
+    take(
+        fleetsim.steady_state(agents=FLEET_AGENTS, processes=FLEET_PROCESSES, scale=FLEET_SCALE),
+        {"fleet.writes_per_node_hour": "<= 12", "fleet.max_writes_10s_over_mean": "<= 2"},
+    )
+    print(f"  2. misfire on every node: scaled to {FLEET_MISFIRE_AGENTS} agents: {FLEET_MISFIRE_WHY}", flush=True)
+    take(
+        fleetsim.misfire(agents=FLEET_MISFIRE_AGENTS, processes=2, scale=10.0),
+        {"fleet.actions_over_budget": "<= 0"},
+    )
+    print("  fleet.pause_effective_s          n/a (pause not built)", flush=True)
+    print(f"  3. API server down 10 min: scaled to {FLEET_OUTAGE_AGENTS} agents: {FLEET_OUTAGE_WHY}", flush=True)
+    take(
+        fleetsim.outage(agents=FLEET_OUTAGE_AGENTS, processes=FLEET_PROCESSES, scale=FLEET_SCALE),
+        {"fleet.outage_requests_per_node_min": "<= 2", "fleet.events_lost": "<= 0", "fleet.conditions_wrong": "<= 0"},
+    )
+    print(f"  4. a week of faults: {FLEET_WEEK_NODES} nodes: {FLEET_WEEK_WHY}", flush=True)
+    take(
+        fleetsim.week(nodes=FLEET_WEEK_NODES, rate_per_1000_node_days=40.0, burst=20),
+        {
+            "fleet.week_steady_blocked": "<= 0",
+            "fleet.week_actions_over_budget": "<= 0",
+            "fleet.week_burst_held": ">= 1",
+        },
+    )
+    return figures
+
+
+_FLEET_UNITS = {
+    "fleet.max_writes_10s_over_mean_unpulsed": "(chance)",
+    "fleet.writes_per_node_hour": "/node-h",
+    "fleet.reads_per_node_hour": "/node-h",
+    "fleet.outage_requests_per_node_min": "/node-min",
+    "fleet.converge_s": "s",
+    "fleet.converge_blocked_s": "s",
+    "fleet.misfire_peak_requests_per_s": "req/s",
+}
+
+
 BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
@@ -650,6 +866,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "checks": bench_checks,
     "accuracy": bench_accuracy,
     "recovery": bench_recovery,
+    "fleet": bench_fleet,
 }
 
 

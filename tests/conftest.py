@@ -42,6 +42,7 @@ SLOW_MODULES = frozenset(
         "test_components_ops",
         "test_config_limits",
         "test_faults",
+        "test_fleet_sim",
         "test_helm",
         "test_iam_policy",
         "test_image_pipeline",

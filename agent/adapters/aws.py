@@ -1,6 +1,6 @@
-"""The AWS seam: the only module that imports boto3/botocore, and only inside functions.
+"""The AWS seam: the only module that imports botocore, and only inside functions.
 
-Importing this module costs nothing (boto3 + botocore are ~30 MiB of the agent's 80 MiB budget):
+Importing this module costs nothing (botocore and its clients are ~20 MiB of the agent's 80 MiB budget):
 they are imported when the first client is built, which happens only when CloudWatch publishing or
 Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3. The EC2 client (its
 service model alone is ~20 MiB) is built only when a reboot is requested (:class:`Ec2Reboot`), never
@@ -333,10 +333,10 @@ def resolve_region(*, environ: Mapping[str, str], imds: Callable[[], str]) -> st
 
 
 class AwsClients:
-    """boto3 clients from the standard AWS environment, one per service, built on first use.
+    """botocore clients from the standard AWS environment, one per service, built on first use.
 
     ``region`` None = :func:`resolve_region` (environment, else IMDS) when the first client is built.
-    boto3 is imported then, not before.
+    botocore is imported then, not before.
     """
 
     def __init__(
@@ -369,24 +369,26 @@ class AwsClients:
         return self._region
 
     def client(self, service: str) -> Any:
-        """The boto3 client for ``service`` (built once; boto3 clients are thread-safe)."""
+        """The botocore client for ``service`` (built once; botocore clients are thread-safe)."""
         with self._lock:
             client = self._clients.get(service)
             if client is not None:
                 return client
             region = self._resolved_region()
-            import boto3
+            # botocore's own session, not boto3's: the same clients, credential chain, region and endpoint
+            # configuration, without boto3 importing s3transfer (and with it multiprocessing, concurrent)
+            import botocore.session
             from botocore.config import Config
 
             if self._session is None:
-                self._session = boto3.session.Session()  # a session of our own: no global default session
+                self._session = botocore.session.get_session()  # a session of our own: no global default
             config = Config(
                 connect_timeout=self._connect_timeout,
                 read_timeout=self._read_timeout,
                 retries={"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves, with backoff
                 user_agent_appid="node-health-agent",
             )
-            client = self._session.client(service, region_name=region, config=config)
+            client = self._session.create_client(service, region_name=region, config=config)
             self._clients[service] = client
             return client
 

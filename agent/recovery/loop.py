@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 INTERVAL = 5.0  # seconds between steps when nothing is published
 MAX_BACKOFF = 60.0
+# A node the budget refused asks again only after a jittered backoff growing up to the budget's default
+# window: every ask reads the Lease and LISTs every Node, so N blocked nodes asking every step would make
+# N/5 LISTs of N Nodes a second (a fleet-wide misfire at 2,000 nodes: 400 a second).
+BUDGET_RETRY = 30.0
+BUDGET_RETRY_MAX = 600.0
+BUDGET_RETRY_JITTER = 0.5
 DRAIN_GRACE = 60.0  # beyond a drain's own timeout before a drain that does not return counts as stalled
 SOURCE = "recovery"
 UNTRUSTED = "UntrustedSource"  # blocked-counter key: a problem whose owner the rule does not trust
@@ -136,6 +142,8 @@ class RecoveryLoop:
         self._beat = monotonic()
         self._draining_until = float("-inf")  # while a drain runs: alive until its timeout (+ grace)
         self._backoff = Backoff(initial=interval, maximum=MAX_BACKOFF)
+        self._budget_backoff = Backoff(initial=BUDGET_RETRY, maximum=BUDGET_RETRY_MAX, jitter=BUDGET_RETRY_JITTER)
+        self._budget_retry_at = float("-inf")  # clock time before which a refused node does not ask again
         self._dry: Incident | None = None  # report-only keeps its incident here, never on the Node
         # The last step found no open incident: until the policy matches a problem, the Node need not be
         # read every interval (one GET per node every 5 s adds up across a fleet). False at start, so the
@@ -235,7 +243,7 @@ class RecoveryLoop:
                 return dataclasses.replace(decision, actions=(), message=hold.message)
         else:
             self.holds.clear()
-        if decision.blocked is Blocked.BUDGET and self._enabled:
+        if decision.blocked is Blocked.BUDGET and self._enabled and now >= self._budget_retry_at:
             pending = decision.incident or incident
             assert pending is not None
             assert self._budget is not None  # enabled: required in __init__
@@ -244,11 +252,21 @@ class RecoveryLoop:
             )
             self.stats.budget = answer
             if answer.granted:
+                self._budget_backoff.reset()
+                self._budget_retry_at = float("-inf")
                 decision = decided(answer)
                 if decision.incident is not None:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
-            elif answer.correlated:
-                decision = decided(answer)  # held, not blocked: the zone or pool fails together
+            elif answer.correlated:  # held, not blocked: the zone or pool fails together
+                decision = decided(answer)
+                self._budget_retry_at = now + self._budget_backoff.next_delay()
+            else:  # refused: still blocked, and not asking again on every step
+                self._budget_retry_at = now + self._budget_backoff.next_delay()
+        elif decision.blocked is Blocked.BUDGET and self._enabled and self.stats.budget is not None:
+            decision = decided(self.stats.budget)  # backing off: the last refusal still says why
+        elif decision.blocked is not Blocked.BUDGET:  # no longer waiting: a later incident asks at once
+            self._budget_backoff.reset()
+            self._budget_retry_at = float("-inf")
         if self._ladder is not None:
             decision = self._ladder.refine(decision, stored=incident, now=now)
             self._note_climb(decision)

@@ -8,7 +8,8 @@
 - Leading-edge coalescing: the first change after a quiet period is written at once; changes
   within ``coalesce`` seconds of a write merge into one write at the end of that window.
 - A heartbeat re-sends every condition ``heartbeat`` to ``heartbeat * (1 + jitter)`` seconds after
-  the last write (one-sided jitter, so a fleet does not pulse and never writes more often).
+  the last write (one-sided jitter: never more often); the first one ``heartbeat`` to ``2 * heartbeat``
+  after the first write, so agents started together do not beat together (no pulse at the API server).
 - Failures are handled by :class:`~agent.sinks.worker.SinkWorker`: transient ones are retried with
   backoff (never sooner than ``resync`` nor the server's ``Retry-After``); a permanent one drops
   that write until the next change or heartbeat.
@@ -186,4 +187,8 @@ class ConditionSink(SinkWorker):
         self._reported = problems
 
     def _schedule_heartbeat(self, now: float) -> None:
-        self._next_heartbeat = now + self._heartbeat * (1 + self._jitter * self._rng())
+        # The first heartbeat comes one to two periods after the first write, anywhere in between: agents
+        # that start together (a rollout, a node pool created at once) then beat at spread-out phases. With
+        # only the one-sided jitter they would beat together, hours on: a pulse of writes at the API server.
+        spread = 1.0 if self._next_heartbeat == float("-inf") else self._jitter
+        self._next_heartbeat = now + self._heartbeat * (1 + spread * self._rng())

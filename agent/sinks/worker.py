@@ -35,7 +35,9 @@ from agent.core.bus import Publication, SnapshotFeed
 log = logging.getLogger(__name__)
 
 RESYNC = 10.0  # the shortest wait after a failed write
-MAX_BACKOFF = 60.0
+# Two sinks a node write to the API server (conditions, Events): backing off to 2 minutes keeps a fleet at
+# under 2 requests per node-minute while the server is down (at 60 s: about 2.3, the ramp included).
+MAX_BACKOFF = 120.0
 BACKOFF_JITTER = 0.2
 STALL = 60.0  # a loop that has not beaten this long after its planned wake-up is wedged
 IDLE = 60.0  # the longest pause (a new publication ends it early); the loop beats at least this often

@@ -125,6 +125,9 @@ class RequestHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         owner = self.server.owner
         if owner.outage_mode is not None:
+            owner.outage_requests.append(
+                RequestRecord(self.command, urlsplit(self.path).path, {}, None, None, fault="outage")
+            )
             self._drop()
             return
         split = urlsplit(self.path)

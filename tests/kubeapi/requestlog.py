@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class RequestRecord:
     """One request.  ``status`` is ``None`` when no response was sent (drop, timeout, outage);
-    ``fault`` names the injected fault kind that answered it, if any."""
+    ``fault`` names the injected fault kind that answered it, if any; ``at`` is when it arrived
+    (``time.monotonic()``: one clock for every process on the machine)."""
 
     method: str
     path: str
@@ -21,6 +23,7 @@ class RequestRecord:
     status: int | None
     body: Any = None
     fault: str | None = None
+    at: float = field(default_factory=time.monotonic)
 
 
 class RequestLog:

@@ -68,6 +68,7 @@ class KubeApiServer:
         self.store = Store(history_size=history_size)
         self.faults = FaultInjector()
         self.requests = RequestLog()
+        self.outage_requests = RequestLog()  # requests that arrived during a "drop" outage (never answered)
         self.authorizer = Authorizer()
         self.schema = load_schema(release)
         self.resources: list[ResourceType] = default_resources()

@@ -45,14 +45,17 @@ def test_fifteen_of_fifty_fail_at_once_with_the_default_budget(seed):
     assert sorted(result.handled) == sorted(result.failing) and len(result.handled) == 15
     assert result.marks_by_node == dict.fromkeys(result.failing, 1)
     assert result.cordons_by_node == dict.fromkeys(result.failing, 1)
-    # Waves of 5; the default 10 disruptive steps per 600 s make the third wave wait for the window.
-    assert result.window_waits == 1 and result.rounds == 4
+    # Waves of 5. A refused node asks again after its backoff (30 s, then 60 s, each +-50%), so the round
+    # after a wave makes no progress and the simulation moves the clock a window on (which also frees the
+    # default 10 disruptive steps per 600 s for the next wave).
+    assert result.window_waits == 2 and result.rounds == 5
 
 
 def test_a_larger_budget_is_used_and_not_exceeded():
     result = simulate_fleet(seed=3, budget=BudgetSettings(max_unhealthy="20%", max_actions=100))
     assert (result.limit, result.max_disrupted, result.actions_over_budget) == (10, 10, 0)
-    assert (result.blocked_events, result.duplicate_calls, result.window_waits) == (5, 0, 0)
+    # the 5 refused ask again after their backoff: one round without progress, then they act
+    assert (result.blocked_events, result.duplicate_calls, result.window_waits) == (5, 0, 1)
     assert sorted(result.handled) == sorted(result.failing)
 
 

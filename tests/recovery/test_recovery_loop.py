@@ -20,7 +20,7 @@ from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import Drainer, DrainResult
 from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
-from agent.recovery.loop import RecoveryLoop
+from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     CONTROL_PLANE_LABELS,
@@ -521,9 +521,48 @@ def test_a_spent_budget_blocks_once_then_the_next_step_acts(harness, kube, api):
     assert h.holders() == [OTHERS[0]]
 
     other.release()
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)  # a refused node asks again after its backoff
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.cordoned() and h.marker.marked == [NODE] and h.holders() == [NODE]
     assert h.reasons() == ["RecoveryBlocked", "RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+def test_a_refused_node_asks_the_budget_again_only_after_a_growing_backoff(harness, kube, api):
+    """Every ask LISTs every Node: a fleet of blocked nodes asking on each 5 s step would storm the API server."""
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    ).acquire(incident_id="x")
+    h.publish(problem())
+    h.clock.now += DELAY
+    api.reset_requests()
+    for _ in range(240):  # 20 minutes of 5 s steps, all blocked
+        assert h.step().blocked is Blocked.BUDGET
+        h.clock.now += 5
+    asks = api.requests.count(method="GET", path_regex=r"/api/v1/nodes$")
+    # backoffs of 30, 60, 120, 240, 480, 600 s (each within +-50%): between 4 and 9 asks, not 240
+    assert 4 <= asks <= 9
+    assert len(h.events("RecoveryBlocked")) == 1
+
+
+def test_a_new_incident_after_a_healed_one_asks_the_budget_at_once(harness, kube, api):
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    ).acquire(incident_id="x")
+    h.publish(problem())
+    h.clock.now += DELAY
+    assert h.step().blocked is Blocked.BUDGET  # refused: the next ask waits for the backoff
+    h.clock.now += 5
+    h.publish(healthy(since=h.clock.now))
+    assert h.step().blocked is None
+    h.clock.now += 5
+    h.publish(problem(since=h.clock.now))
+    api.reset_requests()
+    assert h.step().blocked is Blocked.BUDGET
+    assert api.requests.count(method="GET", path_regex=r"/api/v1/nodes$") == 1, "asked at once, no old backoff"
 
 
 def test_a_replaced_holder_frees_its_place(harness, kube, api):
@@ -537,6 +576,7 @@ def test_a_replaced_holder_frees_its_place(harness, kube, api):
     h.clock.now += DELAY
     assert h.step().blocked is Blocked.BUDGET
     api.delete_object("nodes", OTHERS[0])
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.holders() == [NODE]
 
@@ -993,7 +1033,7 @@ def test_the_budget_lease_deleted_mid_incident(harness, kube, api, when):
     else:
         assert h.step().actions == (Action.CORDON,)
     api.delete_object("leases", DEFAULT_LEASE, NS)
-    h.clock.now += 5
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)  # past a refused node's backoff
     if when == "while held, then healed":
         h.publish(healthy(since=h.clock.now))
         h.step()
@@ -1029,6 +1069,7 @@ def test_a_zone_failing_together_holds_with_one_event_and_goes_on_when_it_clears
     assert h.loop.stats.blocked["RecoveryHeldCorrelated"] == 3
     for other in OTHERS[:2]:  # two of them recover: 2 of 4 is still 50 %, but fewer than minNodes (3)
         api.put_object(node_object(other, zone))
+    h.clock.now += BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)  # a held node asks again after its backoff
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
     assert h.cordoned() and h.marker.marked == [NODE]
 

@@ -6,8 +6,10 @@ reads what reached the Node and when (the recorder notes the simulated time of e
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import heapq
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -176,9 +178,56 @@ def test_heartbeat_resends_every_heartbeat_to_heartbeat_times_one_plus_jitter(se
         s.sim.advance(3000)
     times = s.patch_times()
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert 9 <= len(gaps) <= 10 and all(300.0 <= gap <= 330.0 for gap in gaps), gaps
+    # the first heartbeat one to two periods after the first write (phases spread), then the jitter only
+    assert 300.0 <= gaps[0] <= 600.0, gaps
+    assert 8 <= len(gaps) <= 10 and all(300.0 <= gap <= 330.0 for gap in gaps[1:]), gaps
     heartbeats = [sent["NeuronHealth"]["lastHeartbeatTime"] for sent in s.sent()]
     assert len(set(heartbeats)) == len(heartbeats)
+
+
+class _PatchTimes:
+    """The sinks' client seam (``patch_node_status``), recording when each write was sent."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.times: list[float] = []
+
+    def patch_node_status(self, name: str, body: dict) -> dict:
+        self.times.append(self.now())
+        return {}
+
+
+def test_sinks_started_together_do_not_heartbeat_together():
+    """1,000 agents that start at one instant (a rollout, a node pool created at once): past the start, no
+    10 s window gets more than twice the mean of the fleet's heartbeat writes (no pulse)."""
+    clock = [0.0]
+    client = _PatchTimes(lambda: clock[0])
+    rng = random.Random(7)
+    feed = SnapshotFeed(initial=snapshot(PROBLEM))
+    sinks = [
+        ConditionSink(
+            client=client,  # type: ignore[arg-type]
+            feed=feed,
+            node_name=f"n{i}",
+            heartbeat=300.0,
+            clock=lambda: 1_767_225_600.0 + clock[0],
+            monotonic=lambda: clock[0],
+            rng=rng.random,
+        )
+        for i in range(1000)
+    ]
+    due = [(0.0, i) for i in range(len(sinks))]
+    for sink in sinks:
+        sink.take(feed.latest())
+    while due[0][0] < 3 * 3600.0:
+        at, i = heapq.heappop(due)
+        clock[0] = at
+        heapq.heappush(due, (at + max(sinks[i].work(at), 0.001), i))
+    steady = [t for t in client.times if t >= 600.0]  # past the start and the first heartbeats' spread
+    windows = collections.Counter(int(t // 10) for t in steady)
+    mean = len(steady) / ((3 * 3600.0 - 600.0) / 10)
+    assert len(client.times) == pytest.approx(1000 * (1 + 3 * 3600 / 315), rel=0.1)
+    assert max(windows.values()) <= 2 * mean, (max(windows.values()), mean)
 
 
 def test_removed_condition_types_are_deleted_once(setup, api):

@@ -215,6 +215,17 @@ def test_transient_failures_back_off_no_faster_than_retry_after_and_resync(retry
     assert worker.last_error is None, "a success clears the last error"
 
 
+def test_an_outage_costs_a_sink_at_most_one_write_a_minute():
+    """Each node has two sinks writing to the API server: the fleet's bound while it is down is 2 requests
+    per node-minute, the backoff's ramp (10, 20, 40 s, ...) included."""
+    sim = SimTime()
+    down = KubeError("no answer from the API server", status=None)
+    worker = probe([down] * 100, sim)  # the default resync and backoff
+    with running(worker, sim):
+        sim.advance(600)
+    assert 5 <= len(worker.attempts) <= 10, worker.attempts
+
+
 def test_permanent_failures_are_dropped_counted_by_status_and_logged_once(caplog):
     sim = SimTime()
     invalid = KubeError("422 no", status=422, reason="Invalid")

@@ -1,0 +1,101 @@
+"""The fleet benchmark's simulation (bench/fleetsim.py, bench/fleetweek.py) kept from rotting: its measures
+as tables, and each scenario end to end with a tiny fleet."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from bench import fleetsim
+from bench.fleetweek import simulate_week
+
+from kubeapi.requestlog import RequestRecord
+
+
+def _patch(node: str, unschedulable: bool, *, status: int = 200) -> RequestRecord:
+    return RequestRecord("PATCH", f"/api/v1/nodes/{node}", {}, None, status, {"spec": {"unschedulable": unschedulable}})
+
+
+@pytest.mark.parametrize(
+    ("records", "limit", "expected"),
+    [
+        ([], 2, (0, 0)),
+        ([_patch("a", True), _patch("b", True)], 2, (0, 2)),
+        ([_patch("a", True), _patch("b", True), _patch("c", True)], 2, (1, 3)),
+        ([_patch("a", True), _patch("a", True), _patch("b", True)], 1, (1, 2)),  # a repeated cordon counts once
+        ([_patch("a", True), _patch("a", False), _patch("b", True)], 1, (0, 1)),  # an uncordon frees the place
+        ([_patch("a", True), _patch("b", True, status=409)], 1, (0, 1)),  # a refused write disrupts nothing
+        (
+            [_patch("a", True), RequestRecord("PATCH", "/api/v1/nodes/b/status", {}, None, 200, {"spec": {}})],
+            1,
+            (0, 1),
+        ),
+    ],
+)
+def test_cordons_over_the_limit_are_counted_from_the_servers_view(
+    records: list[RequestRecord], limit: int, expected: tuple[int, int]
+) -> None:
+    assert fleetsim.cordoned_over(records, limit) == expected
+
+
+@pytest.mark.parametrize(
+    ("times", "width", "expected"),
+    [
+        ([], 10.0, [0, 0, 0]),
+        ([0.0, 9.9, 10.0, 29.9], 10.0, [2, 1, 1]),
+        ([-1.0, 30.0], 10.0, [0, 0, 0]),  # outside the span
+    ],
+)
+def test_window_counts(times: list[float], width: float, expected: list[int]) -> None:
+    assert fleetsim.window_counts(times, start=0.0, end=30.0, width=width) == expected
+
+
+def test_simulated_time_runs_scale_times_faster_in_every_wait() -> None:
+    sim = fleetsim.SimTime(origin=time.monotonic(), scale=100.0)
+    stop = fleetsim.ScaledStop(threading.Event(), 100.0)
+    before = time.monotonic()
+    assert stop.wait(5.0) is False  # 5 simulated seconds: 50 ms
+    assert 0.04 <= time.monotonic() - before < 2.0
+    assert sim.mono() >= 5.0
+    assert math.isclose(sim.now() - fleetsim.T0, sim.mono(), abs_tol=1.0)
+
+
+@pytest.fixture(scope="module")
+def steady() -> Any:
+    return fleetsim.steady_state(agents=6, processes=2, scale=120.0, hours=0.25)
+
+
+def test_a_tiny_steady_fleet_writes_heartbeats_only(steady: Any) -> None:
+    # 15 simulated minutes after every node's first write: the first heartbeat 300-600 s after it, then one
+    # every 300-330 s: 2 or 3 writes a node, and no reads (a healthy node's recovery loop reads nothing)
+    assert 4.0 <= steady.figures["fleet.writes_per_node_hour"] <= 12.0
+    assert steady.figures["fleet.reads_per_node_hour"] == 0
+    assert steady.figures["fleet.max_writes_10s_over_mean"] >= 1.0
+    assert steady.figures["fleet.max_writes_10s_over_mean_unpulsed"] >= 1.0
+
+
+def test_a_tiny_misfire_never_disrupts_more_than_the_budget() -> None:
+    measured = fleetsim.misfire(agents=12, processes=2, scale=20.0, settle=600.0)
+    assert measured.figures["fleet.actions_over_budget"] == 0
+    assert measured.figures["fleet.converge_blocked_s"] < 600.0
+    assert measured.figures["fleet.lease_requests_per_grant"] >= 2  # a read and a write at least
+
+
+def test_a_tiny_outage_loses_no_event_and_converges() -> None:
+    measured = fleetsim.outage(agents=6, processes=2, scale=60.0, down=300.0, settle=600.0)
+    assert measured.figures["fleet.events_lost"] == 0
+    assert measured.figures["fleet.conditions_wrong"] == 0
+    assert measured.figures["fleet.converge_s"] < 600.0
+    assert measured.figures["fleet.outage_requests_per_node_min"] > 0  # the agents kept trying, with backoff
+
+
+def test_a_week_of_steady_faults_is_never_blocked_and_the_burst_is_held() -> None:
+    result = simulate_week(nodes=40, rate=100.0, burst=8, seed=3)
+    assert result.limit == 4  # 10% of 40
+    assert (result.over, result.steady_blocked) == (0, 0)
+    assert result.burst_held >= result.burst - result.limit
+    assert result.max_disrupted <= result.limit
