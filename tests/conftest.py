@@ -7,7 +7,10 @@ test, :mod:`helpers.aws`); ``api`` (the test API server holding the walkthrough'
 
 ``pytest -m "not slow"`` runs the fast lane (the README gives its time): everything but the modules
 below, which start agent processes, drive the test API server or moto's server through many
-scenarios, render with Helm and kubectl, build packages, or run the linters. The README's test
+scenarios, render with Helm and kubectl, build packages, or run the linters, and the exhaustive rule
+tables tests/plugins/test_rules_* (every format string of a family's print sites in both engines:
+thousands of cases; the fast lane keeps every rule's recorded example,
+tests/detectors/test_builtin_rules.py). The README's test
 command (and CI) runs everything; the fast lane is for the edit-test loop.
 """
 
@@ -59,6 +62,15 @@ SLOW_MODULES = frozenset(
         "test_recovery_ladder_e2e",
         "test_recovery_pause_e2e",
         "test_reload",
+        "test_rules_cpu_kernel",
+        "test_rules_kernel_integrity",
+        "test_rules_memory_pcie",
+        "test_rules_network",
+        "test_rules_neuron",
+        "test_rules_npd_kernel",
+        "test_rules_nvidia",
+        "test_rules_nvrm_family",
+        "test_rules_storage",
         "test_value_bounds",
     }
 )

@@ -71,9 +71,10 @@ def steady() -> Any:
 
 def test_a_tiny_steady_fleet_writes_heartbeats_only(steady: Any) -> None:
     # 15 simulated minutes after every node's first write: the first heartbeat 300-600 s after it, then one
-    # every 300-330 s: 2 or 3 writes a node, and no reads (a healthy node's recovery loop reads nothing)
+    # every 300-330 s: 2 or 3 writes a node. A healthy node's recovery loop reads its Node once, at its first
+    # step, and never again; that one read may land just inside the quarter hour measured: at most 1 a node.
     assert 4.0 <= steady.figures["fleet.writes_per_node_hour"] <= 12.0
-    assert steady.figures["fleet.reads_per_node_hour"] == 0
+    assert steady.figures["fleet.reads_per_node_hour"] * 0.25 <= 1.0
     assert steady.figures["fleet.max_writes_10s_over_mean"] >= 1.0
     assert steady.figures["fleet.max_writes_10s_over_mean_unpulsed"] >= 1.0
 
