@@ -54,7 +54,6 @@ A corrupt annotation (not JSON, a wrong shape, or a newer format version)
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -70,6 +69,7 @@ from typing import Any
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.timefmt import MAX_TIME
 from agent.recovery.correlation import correlated_hold, counted, labels_of
+from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
@@ -430,28 +430,15 @@ class ClusterBudget:
         return ((lease.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
 
     def _write(self, lease: dict[str, Any] | None, state: BudgetState, *, now: float) -> None:
-        if lease is None:
-            body: dict[str, Any] = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self._lease_name,
-                    "namespace": self._namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "node-health-agent"},
-                },
-                "spec": {},
-            }
-        else:
-            body = copy.deepcopy(lease)  # keeps metadata.resourceVersion: the write is conditional
-        metadata = body.setdefault("metadata", {})
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), BUDGET_ANNOTATION: encode_state(state)}
-        spec = body.get("spec") or {}
-        spec.update(holderIdentity=self._node, renewTime=_micro_time(now))
-        body["spec"] = spec
-        if lease is None:
-            self._client.create_lease(self._namespace, body)
-        else:
-            self._client.replace_lease(self._namespace, self._lease_name, body)
+        write_lease_annotation(
+            self._client,
+            lease,
+            namespace=self._namespace,
+            name=self._lease_name,
+            annotation=BUDGET_ANNOTATION,
+            value=encode_state(state),
+            spec={"holderIdentity": self._node, "renewTime": _micro_time(now)},
+        )
 
     # ---- reading the cluster -------------------------------------------------------------------------
 

@@ -45,7 +45,6 @@ Nothing here writes the Node; :class:`HoldGate` is what the recovery loop asks.
 
 from __future__ import annotations
 
-import copy
 import enum
 import fnmatch
 import json
@@ -62,6 +61,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent.adapters.kube import KubeError
 from agent.core.bus import Publication
+from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, Incident
 
 log = logging.getLogger(__name__)
@@ -248,25 +248,14 @@ class PauseStore:
             raise
 
     def _write(self, lease: dict[str, Any] | None, pauses: Pauses) -> None:
-        if lease is None:
-            body: dict[str, Any] = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self._lease_name,
-                    "namespace": self._namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "node-health-agent"},
-                },
-                "spec": {},
-            }
-        else:
-            body = copy.deepcopy(lease)  # keeps metadata.resourceVersion: the write is conditional
-        metadata = body.setdefault("metadata", {})
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), PAUSE_ANNOTATION: encode_pauses(pauses)}
-        if lease is None:
-            self._client.create_lease(self._namespace, body)
-        else:
-            self._client.replace_lease(self._namespace, self._lease_name, body)
+        write_lease_annotation(
+            self._client,
+            lease,
+            namespace=self._namespace,
+            name=self._lease_name,
+            annotation=PAUSE_ANNOTATION,
+            value=encode_pauses(pauses),
+        )
 
 
 def corrupt_message(where: str, problem: str) -> str:
