@@ -26,11 +26,17 @@ class Prefilter:
 
     @classmethod
     def build(cls, literals: Iterable[str]) -> Prefilter:
-        texts = sorted(set(literals))
-        encoded = {lit: lit.encode() for lit in texts}
-        covers = {
-            raw: tuple(other for other in texts if encoded[other].startswith(raw)) for raw in set(encoded.values())
-        }
+        # In byte order, the literals that begin with ``raw`` follow it without a gap: each literal
+        # looks only at its own run (a quadratic scan took 0.1 s for the built-in packs' 1,300).
+        by_bytes = sorted((lit.encode(), lit) for lit in set(literals))
+        covers: dict[bytes, tuple[str, ...]] = {}
+        for i, (raw, _) in enumerate(by_bytes):
+            if raw in covers:
+                continue
+            end = i
+            while end < len(by_bytes) and by_bytes[end][0].startswith(raw):
+                end += 1
+            covers[raw] = tuple(sorted(text for _, text in by_bytes[i:end]))
         return cls(find=literal_finder(list(covers)), covers=covers)
 
     def hits(self, data: bytes) -> list[tuple[int, tuple[str, ...]]]:

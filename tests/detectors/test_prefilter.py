@@ -48,3 +48,21 @@ def test_no_occurrence_is_missed(literals: list[str], lines: list[str]) -> None:
     prefilter = Prefilter.build(literals)
     data = "\n".join(lines).encode()
     assert _reported(prefilter, data) == _expected(data, literals)
+
+
+@settings(max_examples=200, deadline=None)
+@given(literals=st.lists(st.text(alphabet="aäb€ :", min_size=1, max_size=5), min_size=1, max_size=40))
+def test_each_found_literal_stands_for_exactly_the_literals_that_begin_with_it(literals: list[str]) -> None:
+    covers = Prefilter.build(literals).covers
+    unique = sorted(set(literals))
+    assert set(covers) == {lit.encode() for lit in unique}
+    for raw, standing in covers.items():
+        assert standing == tuple(lit for lit in unique if lit.encode().startswith(raw)), raw
+
+
+def test_many_literals_sharing_prefixes_each_cover_their_own_extensions() -> None:
+    """1,350 literals sharing prefixes, as the generated packs' do ("error 1" covers "error 10".."error 199")."""
+    literals = [f"NVRM: {word} {i}" for word in ("failed", "timeout", "error") for i in range(450)]
+    covers = Prefilter.build(literals).covers
+    assert covers[b"NVRM: error 1"] == tuple(sorted(lit for lit in literals if lit.startswith("NVRM: error 1")))
+    assert len(covers) == len(literals)
