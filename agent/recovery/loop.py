@@ -462,7 +462,11 @@ class RecoveryLoop:
                 self._client, node_name=self._node_name, incident=incident, reason=incident.reason, now=now
             )
             assert update.incident is not None
-            if update.incident.cordoned_by_us:
+            if not update.changed:
+                # Already so, with a record saying it: another agent given this node name got there first
+                # (a conflict, then a read) and reports it; a second Event would tell it twice.
+                log.info("node %s: %s: already cordoned with the incident recorded", self._node_name, what)
+            elif update.incident.cordoned_by_us:
                 self._event(
                     update.incident, "Warning", "RecoveryCordoned", f"{what}: cordoned (no new pods) and tainted"
                 )
