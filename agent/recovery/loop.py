@@ -120,6 +120,7 @@ class RecoveryLoop:
         interval: float = INTERVAL,
         stall_timeout: float = 600.0,
         holds: HoldGate | None = None,  # pauses, vetoes, agent health (None: health and vetoes only)
+        budget_retry: float = BUDGET_RETRY,  # first wait of a refused node before it asks again (grows x20)
     ) -> None:
         if enabled and budget is None:
             raise ValueError("recovery that acts needs the cluster budget")
@@ -142,7 +143,9 @@ class RecoveryLoop:
         self._beat = monotonic()
         self._draining_until = float("-inf")  # while a drain runs: alive until its timeout (+ grace)
         self._backoff = Backoff(initial=interval, maximum=MAX_BACKOFF)
-        self._budget_backoff = Backoff(initial=BUDGET_RETRY, maximum=BUDGET_RETRY_MAX, jitter=BUDGET_RETRY_JITTER)
+        self._budget_backoff = Backoff(
+            initial=budget_retry, maximum=budget_retry * BUDGET_RETRY_MAX / BUDGET_RETRY, jitter=BUDGET_RETRY_JITTER
+        )
         self._budget_retry_at = float("-inf")  # clock time before which a refused node does not ask again
         self._dry: Incident | None = None  # report-only keeps its incident here, never on the Node
         # The last step found no open incident: until the policy matches a problem, the Node need not be

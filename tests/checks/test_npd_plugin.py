@@ -558,8 +558,9 @@ def test_a_fifo_as_plugin_is_a_warning_not_a_hang(tmp_path: Path) -> None:
             f"'./plugin/check.sh' -> {fifo} is not a regular file, not a program"
         ]
     finally:
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's open return
-        writer.join(10)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open return: kept open until
+        writer.join(10)  # it has (closed at once, the writer could miss it and wait out the join)
+        os.close(reader)
 
 
 def test_condition_on_a_temporary_rule_is_ignored_with_a_warning(tmp_path: Path) -> None:

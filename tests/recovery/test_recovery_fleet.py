@@ -98,7 +98,8 @@ def server() -> Iterator[KubeApiServer]:
 def test_fifteen_loops_in_threads_never_disrupt_more_than_five(server, tmp_path: Path):
     """The loops' own ``run()`` (own client each, interval 20 ms, the real clock): the disrupted nodes are
     polled as the loops go and every version of the budget Lease is replayed at the end. The action window
-    cannot be waited out on the real clock, so ``max_actions`` is raised to 100 (the places stay 10%)."""
+    cannot be waited out on the real clock, so ``max_actions`` is raised to 100 (the places stay 10%), and
+    a refused node asks again after 0.2 s, not 30 s."""
     names = [f"n{i:02d}" for i in range(50)]
     failing = names[::3][:15]
     server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
@@ -144,6 +145,7 @@ def test_fifteen_loops_in_threads_never_disrupt_more_than_five(server, tmp_path:
                 ),
                 mark_unhealthy=marker,
                 interval=0.02,
+                budget_retry=0.2,  # a refused node asks again soon (30 s in production), as the real clock runs
             )
             stop = threading.Event()
             running[name] = (threading.Thread(target=loop.run, args=(stop,), daemon=True), stop, inbox)
