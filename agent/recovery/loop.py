@@ -172,12 +172,13 @@ class RecoveryLoop:
         seen = 0
         wait = self._interval
         while not stop.is_set():
-            pub = self._feed.wait_newer(seen, timeout=wait)
+            pub = self._feed.wait_newer(seen, timeout=min(wait, self.holds.due_in()))
             if stop.is_set():
                 return
             if pub is not None:
                 seen = pub.number
             self._beat = self._monotonic()
+            self.holds.poll(self.stats.incident)  # the pause Lease, when due: idle agents know of a pause too
             try:
                 self.step()
             except Exception as exc:  # an API outage or a bug: never fatal, retried with backoff
