@@ -28,7 +28,7 @@ from agent.recovery.asg import MarkResult
 from agent.recovery.budget import ClusterBudget
 from agent.recovery.drain import DrainResult
 from agent.recovery.ec2 import Ec2Rebooter
-from agent.recovery.ladder import Ladder, Rung, read_history, step_for
+from agent.recovery.ladder import Ladder, Rung, read_history, read_opened, step_for
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
@@ -315,6 +315,8 @@ def test_the_same_xid_again_within_the_window_is_replaced(agent):
     (climbed,) = [e for e in b.told if e.reason == "RecoveryLadderClimbed"]
     assert "again within the window after the reboot" in climbed.message and "replace" in climbed.message
     assert b.cordoned()
+    assert len(read_opened(b.node())) == 2 and len(b.history()) == 1, "the ladder's writes keep both"
+    assert b.loop.stats.between.snapshot().count == 1  # the second incident, timed from the first
     b.publish(healthy(since=b.clock.now + 1))
     b.clock.now += 10 * WINDOW
     b.step()

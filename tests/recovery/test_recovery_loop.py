@@ -20,6 +20,7 @@ from agent.recovery.asg import AsgMarker, MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import Drainer, DrainResult
 from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
+from agent.recovery.ladder import HISTORY_ANNOTATION, MAX_OPENED, Opened, with_opened
 from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
@@ -31,6 +32,7 @@ from agent.recovery.model import (
     Action,
     Blocked,
     BudgetSettings,
+    Incident,
     NodeView,
     PolicyRule,
     RecoveryPolicy,
@@ -162,7 +164,7 @@ class Harness:
             if enabled
             else None
         )
-        self.loop = RecoveryLoop(
+        self._loop_args = dict(
             feed=self.feed,
             inbox=self.inbox,
             client=client,
@@ -174,6 +176,11 @@ class Harness:
             clock=self.clock,
             interval=interval,
         )
+        self.loop = RecoveryLoop(**self._loop_args)
+
+    def restart(self) -> None:
+        """A new agent process: a fresh loop; the Node keeps what the last one wrote."""
+        self.loop = RecoveryLoop(**self._loop_args)
 
     def publish(self, *conditions: Condition, provenance: Mapping[str, Provenance] = BUILTIN_CONDITIONS) -> None:
         """Publish ``conditions``, owned as in the built-in configuration unless ``provenance`` says."""
@@ -1133,3 +1140,65 @@ def test_the_collector_exports_the_histograms_and_the_incident_counter(harness):
         'node_health_agent_recovery_incidents_total{condition="NeuronHealth",outcome="remedy-requested",'
         'remedy="mark-unhealthy"} 1.0' in text
     )
+
+
+def opened_on_node(h: Harness) -> list[dict]:
+    text = (h.node()["metadata"].get("annotations") or {}).get(HISTORY_ANNOTATION)
+    return json.loads(text)["opened"] if text else []
+
+
+def test_the_time_between_incidents_is_observed_from_the_node_s_history(harness):
+    """Each incident opened is recorded on the Node (id, condition type, the problem's time: no message);
+    the next one observes the interval, also in a restarted agent."""
+    h = harness(policy=CORDON_ONLY)
+
+    def incident_at(since: float) -> None:
+        h.clock.now = max(h.clock.now, since)
+        h.publish(problem(since=since))
+        h.step()
+        assert h.cordoned()
+        h.clock.now += 10
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += 300
+        assert h.step().actions == (Action.UNCORDON,)
+
+    h.clock.now += DELAY
+    incident_at(T0 - 10)
+    assert h.loop.stats.between.snapshot().count == 0  # nothing before the first
+    incident_at(T0 + 86400)  # a day later (not a flap: that is within an hour of the uncordon)
+    reading = h.loop.stats.between.snapshot()
+    assert (reading.count, reading.total) == (1, 86410)
+    h.restart()
+    h.clock.now += DELAY
+    incident_at(T0 + 3 * 86400)
+    assert h.loop.stats.between.snapshot().total == 2 * 86400  # from the history, not this process
+    on_node = opened_on_node(h)
+    assert [o["at"] for o in on_node] == [T0 - 10, T0 + 86400, T0 + 3 * 86400]
+    assert {tuple(sorted(o)) for o in on_node} == {("at", "condition", "incident")}
+    assert {o["condition"] for o in on_node} == {DMA[0]}
+
+
+def test_the_collector_exports_the_time_between_incidents(harness):
+    from prometheus_client import generate_latest
+
+    from agent.recovery.metrics import RecoveryCollector
+    from agent.sinks.metrics import build_registry
+
+    h = harness()
+    h.loop.stats.between.observe(7200)
+    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats))).decode()
+    assert 'node_health_agent_recovery_time_between_incidents_seconds_bucket{le="10800.0"} 1.0' in text
+    assert "node_health_agent_recovery_time_between_incidents_seconds_count 1.0" in text
+
+
+def test_the_incident_history_is_bounded_and_an_incident_is_recorded_once():
+    opened: tuple[Opened, ...] = ()
+    gaps = []
+    for i in range(MAX_OPENED + 5):
+        incident = Incident(id=f"i{i}", condition=DMA[0], reason=DMA[1], since=T0 + 60 * i, opened=T0 + 60 * i)
+        opened, between = with_opened(opened, incident)
+        gaps.append(between)
+    assert len(opened) == MAX_OPENED and opened[0].incident == "i5"
+    assert gaps[0] is None and set(gaps[1:]) == {60.0}
+    assert with_opened(opened, incident) == (opened, None)  # on record already: not observed again
