@@ -2,12 +2,18 @@
 zone, the same Neuron fault written to three of their kernel logs at once. The zone budget (one place) and
 the correlated-failure hold (more than 30 % and at least 3 of the zone's nodes with the same problem type)
 let at most one node act; the others report ``RecoveryHeldCorrelated`` and wait. The node without a fault
-and the node of the other zone are never touched."""
+and the node of the other zone are never touched.
+
+Then ``pause --pool b`` and ``pause --pool a``, pools named by the operator's own label in ``budget.groups``:
+within 10 s the agents of that pool, the idle one of pool b as well as the held ones of pool a, export
+``node_health_agent_recovery_paused 1`` (each reads the pause Lease every 5 s, busy or idle), and no agent
+of another pool does."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from agent.app.cli import main
 from agent.recovery.model import INCIDENT_ANNOTATION
 
-from helpers import wait_for
+from helpers import free_port, http_get, wait_for
 from kubeapi import KubeApiServer
 
-pytestmark = pytest.mark.slow  # four agent processes: about 20 s
+pytestmark = pytest.mark.slow  # four agent processes: about 30 s
 
 NAMESPACE = "node-health-agent"
 ZONE = "topology.kubernetes.io/zone"
+POOL = "example.com/pool"  # the operator's own pool label
 AGENTS = ("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")  # zone us-west-2a, one agent each
 FAULTY = AGENTS[:3]
 ELSEWHERE = "ip-10-0-1-1"  # zone us-west-2b, no agent
@@ -44,6 +52,8 @@ budget:
   groups:
     - label: {ZONE}
       maxUnhealthy: 1
+    - label: {POOL}
+      maxUnhealthy: 10
   correlation:
     labels: [{ZONE}]
     share: 30%
@@ -51,15 +61,18 @@ budget:
 """
 
 
+PAUSE_BOUND = 10.0  # seconds from a pause to every agent it covers holding (the issue's figure)
+
+
 def recent_usec() -> int:
     return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
 
 
-def node(name: str, zone: str) -> dict:
+def node(name: str, zone: str, pool: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", ZONE: zone}},
+        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", ZONE: zone, POOL: pool}},
         "spec": {},
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
     }
@@ -71,8 +84,8 @@ def api() -> Iterator[KubeApiServer]:
     server.start()
     server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     for name in AGENTS:
-        server.put_object(node(name, "us-west-2a"))
-    server.put_object(node(ELSEWHERE, "us-west-2b"))
+        server.put_object(node(name, "us-west-2a", "a" if name in FAULTY else "b"))
+    server.put_object(node(ELSEWHERE, "us-west-2b", "b"))
     try:
         yield server
     finally:
@@ -84,6 +97,7 @@ class Agent:
 
     def __init__(self, tmp: Path, api: KubeApiServer, name: str, policy: Path) -> None:
         tmp.mkdir()
+        self.port = free_port()
         self.kmsg = tmp / "kmsg"
         self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
         env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
@@ -91,7 +105,7 @@ class Agent:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
             + ["--node-name", name, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
-            + ["--listen", "0", "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
+            + ["--listen", f"127.0.0.1:{self.port}", "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -101,6 +115,12 @@ class Agent:
     def fault(self) -> None:
         with self.kmsg.open("a") as f:
             f.write(f"3,2,{recent_usec()},-;{DMA_LINE}\n")
+
+    def paused(self) -> str:
+        """The value of node_health_agent_recovery_paused ("" while nothing answers)."""
+        _, body = http_get(f"http://127.0.0.1:{self.port}/metrics")
+        found = re.search(r"^node_health_agent_recovery_paused (\S+)$", body, re.M)
+        return found.group(1) if found else ""
 
     def stop(self) -> str:
         self.proc.terminate()
@@ -152,6 +172,18 @@ def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path
             if (text := (api.get_object("nodes", n)["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION))
         }
         assert all(i["done"] == [] for n, i in incidents.items() if n in told), "held: nothing done"
+
+        assert {a.paused() for a in agents.values()} == {"0.0"}
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "cli-kubeconfig"))
+        for pool, members in (("b", AGENTS[3:]), ("a", FAULTY)):  # b: the idle agent; a: the held ones
+            started = time.monotonic()
+            assert main(["pause", "--kubeconfig", kubeconfig, "--pool", pool, "--by", "tester"]) == 0
+            wait_for(lambda members=members: all(agents[n].paused() == "1.0" for n in members), timeout=60)
+            took = time.monotonic() - started
+            print(f"pause --pool {pool} -> its {len(members)} agents export paused: {took:.2f}s")
+            assert took <= PAUSE_BOUND, f"{took:.1f}s from the pause to every agent of pool {pool} paused"
+            if pool == "b":
+                assert {agents[n].paused() for n in FAULTY} == {"0.0"}, "pool a is not paused by pool b's pause"
     finally:
         errors = [agent.stop() for agent in agents.values()]
     assert all(agent.proc.returncode == 0 for agent in agents.values()), errors
