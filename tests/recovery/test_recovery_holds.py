@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,9 +20,8 @@ from agent.app.assembly import stale_checks
 from agent.app.cli import main
 from agent.checks.model import ScheduledCheck
 from agent.checks.scheduler import CheckStats
-from agent.core.bus import Inbox, Notice, Publication, SnapshotFeed
-from agent.core.types import Condition, ConditionSpec, Event, Snapshot, Status
-from agent.recovery.asg import MarkResult
+from agent.core.bus import Inbox, Publication, SnapshotFeed
+from agent.core.types import ConditionSpec, Snapshot
 from agent.recovery.budget import ClusterBudget
 from agent.recovery.drain import DrainOutcome, DrainResult
 from agent.recovery.holds import (
@@ -47,26 +46,33 @@ from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEASE,
-    INCIDENT_ANNOTATION,
     ZONE_LABEL,
     Action,
     BudgetSettings,
     GroupBudget,
-    NodeView,
     PolicyRule,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
 
-from helpers import kube_clients, wait_for
+from helpers import wait_for
+from helpers.recovery import (
+    DMA,
+    NODE,
+    NS,
+    T0,
+    Clock,
+    LoopHarness,
+    kube_fixture,
+    node_object,
+    prepare,
+    problem,
+)
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
+__all__ = ["kube_fixture"]  # fixture: kube
 
-NS = "node-health-agent"
-NODE = "ip-10-0-0-1.us-west-2.compute.internal"
-T0 = 1_767_225_600.0
 LEASE = pause_lease_name()
-DMA = ("NeuronHealth", "NeuronHasError_DMA_ERROR")
 POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
 DRAINING = dataclasses.replace(
     POLICY,
@@ -90,39 +96,9 @@ class Quiet:
         raise AssertionError
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def node_object(name: str = NODE, *, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {}) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", **labels}, "annotations": dict(annotations)},
-        "spec": {"providerID": "aws:///us-west-2a/i-0123456789abcdef0"},
-    }
-
-
-def problem(condition: str = DMA[0], reason: str = DMA[1]) -> Condition:
-    return Condition(
-        type=condition, status=Status.TRUE, reason=reason, message="t", last_transition=T0 - 10, last_update=T0 - 10
-    )
-
-
 @pytest.fixture
 def api(kube_api_server: KubeApiServer) -> KubeApiServer:
-    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    return kube_api_server
-
-
-@pytest.fixture
-def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
-    with kube_clients(api, tmp_path, timeout=5.0) as make:
-        yield make
+    return prepare(kube_api_server)
 
 
 def put_pauses(api: KubeApiServer, text: str) -> None:
@@ -140,26 +116,14 @@ def pause(api: KubeApiServer, *pauses: Pause) -> None:
     put_pauses(api, encode_pauses(Pauses(pauses=pauses)))
 
 
-class Harness:
+class Harness(LoopHarness):
+    """The loop with its hold gate: the pause Lease, vetoes, the agent's health (``live``: the supervisor's
+    view now; ``stale``: condition type -> the check that went quiet), on ``ticks`` (monotonic seconds)."""
+
     def __init__(self, api: KubeApiServer, client: KubeClient, *, policy=POLICY, node: dict | None = None) -> None:
-        self.api, self.client, self.clock = api, client, Clock()
-        api.put_object(node or node_object())
-        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=False))
-        self.inbox = Inbox()
-        self.told: list[Event] = []
-        self.marked: list[str] = []
         self.ticks = Clock(0.0)  # monotonic seconds, moved by the test
-        self.live: dict[str, bool] = {}  # the supervisor's health now
-        self.stale: dict[str, str] = {}  # condition type -> the check that went quiet
-        budget = ClusterBudget(
-            client=client,
-            namespace=NS,
-            lease_name=DEFAULT_LEASE,
-            node_name=NODE,
-            settings=policy.budget,
-            clock=self.clock,
-            sleep=lambda s: None,
-        )
+        self.live: dict[str, bool] = {}
+        self.stale: dict[str, str] = {}
         self.gate = HoldGate(
             store=PauseStore(client=client, namespace=NS, lease_name=LEASE),
             client=client,
@@ -170,54 +134,7 @@ class Harness:
             stale=lambda: self.stale,
             pools=pool_labels(policy.budget),  # as assembly wires it
         )
-        self.loop = RecoveryLoop(
-            feed=self.feed,
-            inbox=self.inbox,
-            client=client,
-            node_name=NODE,
-            policy=policy,
-            enabled=True,
-            budget=budget,
-            mark_unhealthy=self.mark,
-            clock=self.clock,
-            holds=self.gate,
-        )
-
-    def mark(self, node: NodeView) -> MarkResult:
-        self.marked.append(node.name)
-        return MarkResult(outcome="marked", instance_id="i-0", group="g", message="marked")
-
-    def publish(self, *conditions: Condition, health: Mapping[str, bool] | None = None) -> None:
-        snapshot = Snapshot(
-            conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=BUILTIN_CONDITIONS
-        )
-        self.feed.publish(snapshot=snapshot, events=[], health=health or {})
-
-    def step(self):
-        try:
-            return self.loop.step()
-        finally:
-            while (item := self.inbox.get_nowait()) is not None:
-                assert isinstance(item, Notice)
-                self.told.extend(item.events)
-
-    def reasons(self) -> list[str]:
-        return [e.reason for e in self.told]
-
-    def node(self) -> dict:
-        found = self.api.get_object("nodes", NODE)
-        assert found is not None
-        return found
-
-    def cordoned(self) -> bool:
-        return bool(self.node()["spec"].get("unschedulable"))
-
-    def incident(self) -> dict | None:
-        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
-        return None if text is None else json.loads(text)
-
-    def budget_written(self) -> bool:
-        return self.api.get_object("leases", DEFAULT_LEASE, NS) is not None
+        super().__init__(api, client, policy=policy, node=node, holds=self.gate)
 
 
 @pytest.fixture
@@ -326,7 +243,7 @@ def test_a_cluster_pause_stops_new_actions_and_resume_lets_them_go(harness, api)
         decision = h.step()
         h.clock.now += 5
     assert decision.actions == () and "cluster by alice" in decision.message and "bad rule rollout" in decision.message
-    assert not h.cordoned() and h.incident() is None and h.marked == [] and not h.budget_written()
+    assert not h.cordoned() and h.incident() is None and h.marker.marked == [] and not h.budget_written()
     assert h.reasons() == ["RecoveryPaused"]  # told once, not every step
     assert h.loop.stats.blocked["Paused"] == 3
     metrics = {m.name: m for m in HoldCollector(stats=lambda: h.gate.stats, clock=h.clock).collect()}
@@ -334,7 +251,7 @@ def test_a_cluster_pause_stops_new_actions_and_resume_lets_them_go(harness, api)
     assert metrics["node_health_agent_recovery_paused_seconds"].samples[0].value == pytest.approx(60 + 15)
     put_pauses(api, encode_pauses(Pauses()))
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
-    assert h.cordoned() and h.marked == [NODE]
+    assert h.cordoned() and h.marker.marked == [NODE]
 
 
 @pytest.mark.parametrize(
@@ -363,7 +280,7 @@ def test_a_corrupt_pause_lease_is_a_cluster_wide_pause_and_says_so(harness, api)
     put_pauses(api, "{not json")
     h.publish(problem())
     decision = h.step()
-    assert decision.actions == () and not h.cordoned() and h.marked == []
+    assert decision.actions == () and not h.cordoned() and h.marker.marked == []
     (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
     assert "unreadable" in event.message and "treated as a cluster-wide pause" in event.message
 
@@ -381,7 +298,7 @@ def test_no_action_while_a_producer_is_unhealthy(harness):
     h = harness()
     h.publish(problem(), health={"kmsg_reader": False, "main_loop": True})
     assert h.step().actions == ()
-    assert not h.cordoned() and h.marked == [] and not h.budget_written()
+    assert not h.cordoned() and h.marker.marked == [] and not h.budget_written()
     assert h.reasons() == ["RecoveryAgentUnhealthy"] and "kmsg_reader unhealthy" in h.told[0].message
     h.publish(problem(), health={"kmsg_reader": True, "main_loop": True})
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
@@ -469,7 +386,7 @@ def test_a_drain_stops_before_the_next_pod(harness, api, how):
     h.publish(problem())
     h.step()
     assert 2 <= len(evicted) <= 4
-    assert h.marked == [] and h.incident()["drain"] == "stopped"
+    assert h.marker.marked == [] and h.incident()["drain"] == "stopped"
     assert "RecoveryDrainHeld" in h.reasons()
 
 
