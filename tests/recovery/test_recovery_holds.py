@@ -672,3 +672,13 @@ def test_the_running_loop_polls_while_idle(api, kube):
         stop.set()
         runner.join(timeout=30)
     assert api.get_object("leases", DEFAULT_LEASE, NS) is None  # idle: the budget was never asked
+
+
+def test_status_names_the_pool_labels_and_the_nodes_a_pool_pause_covers(api, tmp_path, capsys):
+    (tmp_path / "policy.yaml").write_text(POOL_POLICY)
+    for name, pool in (("n-a1", "gpu-a"), ("n-a2", "gpu-a"), ("n-b1", "gpu-b")):
+        api.put_object(node_object(name, {POOL: pool}))
+    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice") == 0
+    capsys.readouterr()
+    assert run_cli(api, tmp_path, "status", "--recovery-policy", str(tmp_path / "policy.yaml")) == 0
+    assert f"pool=gpu-a ({POOL}: 2 nodes) by alice" in capsys.readouterr().out
