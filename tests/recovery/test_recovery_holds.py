@@ -649,6 +649,16 @@ def test_a_step_that_reads_the_pause_lease_counts_as_the_intervals_read(harness,
     assert lease_reads(api) == reads  # not due again yet
 
 
+def test_the_poll_reads_from_the_api_server_cache_and_the_read_before_acting_does_not(harness, api):
+    """resourceVersion=0: the poll (every agent, every 5 s) never reaches etcd; acting reads it fresh."""
+    h = harness()
+    h.loop.holds.poll()
+    h.publish(problem())
+    h.step()
+    queries = [r.query for r in api.requests.filter(method="GET", path_regex=rf"/leases/{LEASE}$")]
+    assert queries == [{"resourceVersion": "0"}, {}]
+
+
 def test_the_running_loop_polls_while_idle(api, kube):
     """``run`` with no problem at all (nothing to step for): the pause still shows within the poll interval."""
     client = kube()
