@@ -237,9 +237,11 @@ class KubeClient:
             query={"gracePeriodSeconds": grace_period},
         )
 
-    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        """The Lease; a missing one is ``KubeError`` with status 404."""
-        return self._call(f"get lease {namespace}/{name}", "GET", _lease_path(namespace, name))
+    def get_lease(self, namespace: str, name: str, *, cached: bool = False) -> dict[str, Any]:
+        """The Lease; a missing one is ``KubeError`` with status 404. ``cached``: served from the API
+        server's watch cache (``resourceVersion=0``: no etcd read, possibly a moment old), for polls."""
+        query = {"resourceVersion": "0"} if cached else None
+        return self._call(f"get lease {namespace}/{name}", "GET", _lease_path(namespace, name), query=query)
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create; a Lease of that name already there is ``KubeError.already_exists``."""

@@ -577,7 +577,7 @@ def recovery_components(
             bundle=bundle.before_remedy if bundle is not None else None,
             ladder=ladder,
             clock=clock,
-            holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale),
+            holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale, policy=policy),
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
@@ -594,9 +594,10 @@ def hold_gate(
     kube: KubeSetup,
     health: Callable[[], dict[str, bool]] | None,
     stale: Callable[[], dict[str, str]] | None = None,
+    policy: RecoveryPolicy,  # its budget groups name the pool labels `pause --pool` matches
 ) -> Any:
-    """Pauses (the pause Lease, read only when recovery acts), vetoes and the agent's health."""
-    from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name
+    """Pauses (the pause Lease, read every 5 s when recovery acts), vetoes and the agent's health."""
+    from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name, pool_labels
 
     store = (
         PauseStore(
@@ -605,7 +606,15 @@ def hold_gate(
         if settings.enable_recovery
         else None
     )
-    return HoldGate(store=store, client=kube.client, node_name=kube.node_name, health=health, stale=stale)
+    return HoldGate(
+        store=store,
+        client=kube.client,
+        node_name=kube.node_name,
+        health=health,
+        stale=stale,
+        pools=pool_labels(policy.budget),
+        node=kube.node,
+    )
 
 
 def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], dict[str, str]]:

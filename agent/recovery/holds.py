@@ -24,17 +24,24 @@ Pauses (``paused``)
         {"version": 1, "pauses": [{"scope": "cluster", "value": "", "by": "alice", "why": "bad rule",
                                    "since": 1767225600.0}, ...]}
 
-    A pause covers the whole cluster, one pool (``--pool VALUE``: a node whose pool label, one of
-    ``POOL_LABELS``, has that value), one node (``--node NAME``) or the problems whose reason
-    matches a shell glob (``--condition-reason GLOB``; a glob with ``/`` matches
-    ``<condition>/<reason>``). Agents only read it (RBAC ``leases get``, which recovery already
-    has; the admission policy lets them write only the budget Lease): an agent can never lift a pause.
+    A pause covers the whole cluster, one pool (``--pool VALUE``: a node whose pool label has that
+    value; the pool labels are those of the policy's ``budget.groups`` other than the zone label,
+    :func:`pool_labels`, or ``POOL_LABELS`` when the groups name none: the pause records the value,
+    each agent judges its own node with its own configured labels), one node (``--node NAME``) or
+    the problems whose reason matches a shell glob (``--condition-reason GLOB``; a glob with ``/``
+    matches ``<condition>/<reason>``). Agents only read it (RBAC ``leases get``, which recovery
+    already has; the admission policy lets them write only the budget Lease): an agent can never
+    lift a pause.
 
-    **Fleet cost.** An agent reads the Lease only when it is about to act (a step whose decision has
-    actions, before it asks the budget) and every ``recheck`` seconds while a drain runs. Agents with
-    nothing to do read nothing, so a 2,000-node fleet costs no more calls than the few nodes that
-    act; those see a pause at their next step (every 5 s) or within ``recheck`` during a drain: a
-    drain stops before its next pod. No rollout: the Lease is read, not mounted.
+    **Fleet cost.** An agent reads the Lease once every ``poll`` seconds (5 s, jittered ±20 %,
+    backing off up to a minute while the read fails: :meth:`HoldGate.poll`), so a pause shows on
+    every agent, idle or not, within about 6 s (``node_health_agent_recovery_paused``); it reads it
+    again when it is about to act (a step whose decision has actions, before it asks the budget;
+    that read counts as the interval's) and every ``recheck`` seconds while a drain runs: a drain
+    stops before its next pod. The poll is one GET of one small object per agent every 5 s (400 a
+    second for 2,000 nodes) with ``resourceVersion=0``: served from the API server's watch cache,
+    never a read of etcd; the read before acting is a quorum read. No rollout: the Lease is read,
+    not mounted.
 
     **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
     counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
@@ -50,19 +57,21 @@ import fnmatch
 import json
 import logging
 import math
+import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent.adapters.kube import KubeError
+from agent.core.backoff import Backoff
 from agent.core.bus import Publication
 from agent.recovery.leases import write_lease_annotation
-from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, Incident
+from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, ZONE_LABEL, BudgetSettings, Incident
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,9 @@ POOL_LABELS = (
     "node.kubernetes.io/pool",
 )
 RECHECK = 2.0  # seconds between fresh reads of the pause Lease and the Node while a drain runs
+POLL = 5.0  # seconds between reads of the pause Lease on every agent, idle or not
+POLL_JITTER = 0.2  # ± this fraction of POLL, so a fleet's reads spread out
+POLL_MAX = 60.0  # a failing read is retried after POLL x 2, x 4, ... up to this
 ATTEMPTS = 5  # read-modify-write rounds of pause/resume before a conflict is given up
 MAX_WHY = 1024  # bytes of an operator's text kept
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
@@ -103,13 +115,23 @@ class Pause:
     def key(self) -> str:
         return self.scope.value if self.scope is Scope.CLUSTER else f"{self.scope.value}={self.value}"
 
-    def covers(self, *, node: str, labels: Mapping[str, str], condition: str, reason: str) -> bool:
+    def covers(
+        self,
+        *,
+        node: str,
+        labels: Mapping[str, str],
+        condition: str,
+        reason: str,
+        pools: Collection[str] = POOL_LABELS,
+    ) -> bool:
+        """Whether this pause holds recovery of ``condition=reason`` on ``node`` (with ``labels``);
+        ``pools``: the labels whose value names a node's pool (:func:`pool_labels`)."""
         if self.scope is Scope.CLUSTER:
             return True
         if self.scope is Scope.NODE:
             return self.value == node
         if self.scope is Scope.POOL:
-            return any(labels.get(label) == self.value for label in POOL_LABELS)
+            return any(labels.get(label) == self.value for label in pools)
         subject = f"{condition}/{reason}" if "/" in self.value else reason
         return bool(reason) and fnmatch.fnmatchcase(subject, self.value)
 
@@ -124,6 +146,13 @@ class Pauses:
     pauses: tuple[Pause, ...] = ()
     problem: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept on write
+
+
+def pool_labels(budget: BudgetSettings) -> tuple[str, ...]:
+    """The labels ``pause --pool VALUE`` matches: those of the budget's groups (``budget.groups``) other
+    than the zone label, in their order; ``POOL_LABELS`` when the groups name none."""
+    configured = tuple(dict.fromkeys(g.label for g in budget.groups if g.label != ZONE_LABEL))
+    return configured or POOL_LABELS
 
 
 class CorruptPauses(ValueError):
@@ -194,7 +223,7 @@ def _annotation(lease: Mapping[str, Any] | None) -> str | None:
 class LeaseClient(Protocol):
     """The part of :class:`agent.adapters.kube.KubeClient` the pause store uses."""
 
-    def get_lease(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def get_lease(self, namespace: str, name: str, *, cached: bool = False) -> dict[str, Any]: ...
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -213,9 +242,10 @@ class PauseStore:
     def where(self) -> str:
         return f"{self._namespace}/{self._lease_name}"
 
-    def read(self) -> Pauses:
-        """The pauses now; an unreadable annotation gives ``problem`` (never raises for it)."""
-        lease = self._get()
+    def read(self, *, cached: bool = False) -> Pauses:
+        """The pauses now; an unreadable annotation gives ``problem`` (never raises for it). ``cached``: from
+        the API server's watch cache (a poll), not a quorum read (before acting)."""
+        lease = self._get(cached=cached)
         try:
             return decode_pauses(_annotation(lease))
         except CorruptPauses as exc:
@@ -239,8 +269,10 @@ class PauseStore:
             return before, after
         raise KubeError(f"pause Lease {self.where}: still conflicting after {ATTEMPTS} attempts", status=409)
 
-    def _get(self) -> dict[str, Any] | None:
+    def _get(self, *, cached: bool = False) -> dict[str, Any] | None:
         try:
+            if cached:
+                return self._client.get_lease(self._namespace, self._lease_name, cached=True)
             return self._client.get_lease(self._namespace, self._lease_name)
         except KubeError as exc:
             if exc.status == 404:
@@ -321,13 +353,24 @@ def veto_hold(node: Mapping[str, Any]) -> Hold | None:
     return None
 
 
-def pause_hold(pauses: Pauses, *, node: Mapping[str, Any], condition: str, reason: str) -> Hold | None:
+def pause_hold(
+    pauses: Pauses,
+    *,
+    node: Mapping[str, Any],
+    condition: str,
+    reason: str,
+    pools: Collection[str] = POOL_LABELS,
+) -> Hold | None:
     if pauses.problem:
         return Hold(kind=HoldKind.PAUSED, message=pauses.problem)
     metadata = node.get("metadata") or {}
     name = str(metadata.get("name", ""))
     labels = metadata.get("labels") or {}
-    covering = [p for p in pauses.pauses if p.covers(node=name, labels=labels, condition=condition, reason=reason)]
+    if not isinstance(labels, Mapping):  # a Node's labels are hostile input: not a map = no labels
+        labels = {}
+    covering = [
+        p for p in pauses.pauses if p.covers(node=name, labels=labels, condition=condition, reason=reason, pools=pools)
+    ]
     if not covering:
         return None
     first = min(covering, key=lambda p: p.since)
@@ -396,17 +439,22 @@ class _Halt(threading.Event):
 
 @dataclass
 class HoldStats:
-    """What the collector exports: the hold found by the last check (None = free to act)."""
+    """What the collector exports: the hold found by the last check (None = free to act), and the pause
+    covering this node as last read (``paused``: by the poll or a check; None = not paused)."""
 
     current: Hold | None = None
+    paused: Hold | None = None
     checks: int = 0
     pause_reads: int = 0
+    pause_read_failures: int = 0
 
 
 class HoldGate:
     """What the recovery loop asks before acting, and the stop it gives a drain.
 
-    ``store`` None: no pause Lease is read (pauses cannot be set: tests and standalone use)."""
+    ``store`` None: no pause Lease is read (pauses cannot be set: report-only, tests and standalone use).
+    ``pools``: the labels naming a node's pool (:func:`pool_labels`); ``node``: this Node as read at
+    startup (its name and labels; every later read of the Node replaces it), for :meth:`poll`."""
 
     def __init__(
         self,
@@ -418,6 +466,10 @@ class HoldGate:
         monotonic: Callable[[], float] = time.monotonic,
         health: Callable[[], Mapping[str, bool]] | None = None,  # every component's health now (supervisor)
         stale: Callable[[], Mapping[str, str]] | None = None,  # condition type -> its check, gone quiet
+        pools: Collection[str] = POOL_LABELS,
+        node: Mapping[str, Any] | None = None,
+        poll: float = POLL,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
         self._health = health
@@ -426,11 +478,17 @@ class HoldGate:
         self._node_name = node_name
         self._recheck = recheck
         self._monotonic = monotonic
+        self._pools = tuple(pools)
+        self._node: Mapping[str, Any] = node or {"metadata": {"name": node_name}}
+        self._poll = Backoff(initial=poll, maximum=max(poll, POLL_MAX), jitter=POLL_JITTER, rng=rng)
+        self._poll_at = float("-inf")  # monotonic time of the next read by poll()
+        self._told = ""  # the last unreadable-annotation problem logged (logged once until it changes)
         self.stats = HoldStats()
 
     def check(self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
         """The hold in force for acting on ``incident`` now (fresh read of the pause Lease), or None."""
         self.stats.checks += 1
+        self._node = node
         hold = (
             unhealthy_hold(publication, self._live())
             or self._stale_hold(incident)
@@ -444,6 +502,25 @@ class HoldGate:
         """No action was due this step: nothing is held now."""
         self.stats.current = None
 
+    def due_in(self) -> float:
+        """Seconds until :meth:`poll` reads the pause Lease again (inf: it never does)."""
+        if self._store is None:
+            return math.inf
+        return max(0.0, self._poll_at - self._monotonic())
+
+    def poll(self, incident: Incident | None = None) -> None:
+        """Read the pause Lease when due (every ``poll`` seconds, jittered; a failed read backs off), so
+        an agent with nothing to do knows, and exports, the pause covering its node. ``incident``: the
+        open one, for a per-reason pause. Never raises: a failed read keeps what was last read."""
+        if self._store is None or self._monotonic() < self._poll_at:
+            return
+        try:
+            self._read(self._node, incident, cached=True)
+        except Exception as exc:  # API trouble: told in the log and counted, retried with backoff
+            self.stats.pause_read_failures += 1
+            self._poll_at = self._monotonic() + self._poll.next_delay()
+            log.warning("recovery: cannot read the pause Lease %s (retrying): %s", self._store.where, exc)
+
     def halt(
         self, stop: threading.Event, *, publication: Callable[[], Publication], incident: Incident | None
     ) -> _Halt:
@@ -453,6 +530,7 @@ class HoldGate:
             hold = unhealthy_hold(publication(), self._live()) or self._stale_hold(incident)
             if hold is None:
                 node = self._client.get_node(self._node_name)
+                self._node = node
                 hold = veto_hold(node) or self._paused(node, incident)
             if hold is not None:
                 self.stats.current = hold
@@ -478,24 +556,38 @@ class HoldGate:
     def _paused(self, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
         if self._store is None:
             return None
+        return self._read(node, incident)
+
+    def _read(self, node: Mapping[str, Any], incident: Incident | None, *, cached: bool = False) -> Hold | None:
+        """One read of the pause Lease (it counts as the poll's for this interval): the pause covering
+        ``node`` for ``incident`` (None: none). ``cached``: a poll, from the API server's watch cache."""
+        assert self._store is not None
         self.stats.pause_reads += 1
-        pauses = self._store.read()
-        if pauses.problem:
+        pauses = self._store.read(cached=cached)
+        self._poll.reset()
+        self._poll_at = self._monotonic() + self._poll.next_delay()
+        if pauses.problem and pauses.problem != self._told:
             log.error("recovery: %s", pauses.problem)
+        self._told = pauses.problem
         condition, reason = (incident.condition, incident.reason) if incident is not None else ("", "")
-        return pause_hold(pauses, node=node, condition=condition, reason=reason)
+        hold = pause_hold(pauses, node=node, condition=condition, reason=reason, pools=self._pools)
+        self.stats.paused = hold
+        return hold
 
 
 class HoldCollector:
-    """``node_health_agent_recovery_held{kind}`` (1 while recovery on this node is held, by kind) and
-    ``node_health_agent_recovery_paused_seconds`` (how long the pause holding it has been in force)."""
+    """``node_health_agent_recovery_held{kind}`` (1 while recovery on this node is held, by kind),
+    ``node_health_agent_recovery_paused`` (1 while a pause covers this node, as last read: every agent
+    reads the pause Lease every few seconds, idle or not; a pause Lease that cannot be read counts) and
+    ``node_health_agent_recovery_paused_seconds`` (how long that pause has been in force)."""
 
     def __init__(self, *, stats: Callable[[], HoldStats], clock: Callable[[], float] = time.time) -> None:
         self._stats = stats
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        current = self._stats().current
+        stats = self._stats()
+        current = stats.current
         held = GaugeMetricFamily(
             "node_health_agent_recovery_held",
             "1 while recovery on this node is held (paused, vetoed, agent unhealthy), by kind.",
@@ -504,7 +596,13 @@ class HoldCollector:
         for kind in HoldKind:
             held.add_metric([kind.value], int(current is not None and current.kind is kind))
         yield held
-        since = current.since if current is not None and current.since is not None else None
+        pause = current if current is not None and current.kind is HoldKind.PAUSED else stats.paused
+        yield GaugeMetricFamily(
+            "node_health_agent_recovery_paused",
+            "1 while a pause covers recovery on this node (as last read; an unreadable pause Lease counts).",
+            value=int(pause is not None),
+        )
+        since = pause.since if pause is not None else None
         yield GaugeMetricFamily(
             "node_health_agent_recovery_paused_seconds",
             "Seconds since the pause that holds recovery on this node was set (0: not paused).",

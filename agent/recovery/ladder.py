@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ from agent.recovery.policy import incident_id, rule_for
 
 log = logging.getLogger(__name__)
 
-HISTORY_ANNOTATION = f"{DOMAIN}/recovery-history"  # JSON {"rungs": [Rung.to_json(), ...]}, oldest first
+# JSON {"rungs": [Rung.to_json(), ...], "opened": [Opened.to_json(), ...]}, each oldest first
+HISTORY_ANNOTATION = f"{DOMAIN}/recovery-history"
 MAX_RUNGS = 20  # history kept on the Node (the oldest are dropped)
+MAX_OPENED = 20  # incident opens kept on the Node (the oldest are dropped)
 REBOOT_GRACE = 3600.0  # a requested reboot not seen finished this long no longer counts as "within the window"
 RETRY_INITIAL = 30.0  # seconds before a failed RebootInstances is tried again (doubling)
 RETRY_MAX = 600.0
@@ -140,29 +143,106 @@ class Rung:
         )
 
 
-def read_history(node: Mapping[str, Any]) -> tuple[Rung, ...]:
-    """The rungs recorded on the Node, oldest first; () when none or unreadable (logged)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Opened:
+    """One incident recovery opened on this node: its id, condition type and the problem's own time."""
+
+    incident: str
+    condition: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incident": self.incident, "condition": self.condition, "at": self.at}
+
+    @staticmethod
+    def from_json(data: Any) -> Opened:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
+        incident, condition, at = data.get("incident"), data.get("condition"), data.get("at")
+        if not isinstance(incident, str) or not isinstance(condition, str):
+            raise ValueError("'incident' and 'condition' must be strings")
+        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+            raise ValueError(f"'at' must be a time in seconds, got {at!r}")
+        return Opened(incident=incident, condition=condition, at=float(at))
+
+
+def _history_data(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(HISTORY_ANNOTATION)
     if not text:
-        return ()
+        return None
     try:
         data = json.loads(text)
+    except ValueError as exc:
+        log.warning("ignoring annotation %s, which is not JSON (%s): %.200r", HISTORY_ANNOTATION, exc, text)
+        return None
+    if not isinstance(data, Mapping):
+        log.warning("ignoring annotation %s, which is not a JSON object: %.200r", HISTORY_ANNOTATION, text)
+        return None
+    return data
+
+
+def read_history(node: Mapping[str, Any]) -> tuple[Rung, ...]:
+    """The rungs recorded on the Node, oldest first; () when none or unreadable (logged)."""
+    data = _history_data(node)
+    if data is None:
+        return ()
+    try:
         return tuple(Rung.from_json(r) for r in data["rungs"])
     except (ValueError, KeyError, TypeError) as exc:
         log.warning(
-            "ignoring annotation %s, which is not a recovery history (%s): %.200r", HISTORY_ANNOTATION, exc, text
+            "ignoring annotation %s, which is not a recovery history (%s): %.200r", HISTORY_ANNOTATION, exc, data
         )
         return ()
 
 
-def history_text(rungs: tuple[Rung, ...]) -> str:
-    kept = rungs[-MAX_RUNGS:]
-    return json.dumps({"rungs": [r.to_json() for r in kept]}, sort_keys=True, separators=(",", ":"))
+def read_opened(node: Mapping[str, Any]) -> tuple[Opened, ...]:
+    """The incident opens recorded on the Node, oldest first; () when none (an entry that cannot be read
+    is skipped: a history written by an older agent has none)."""
+    data = _history_data(node)
+    raw = data.get("opened") if data is not None else None
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for entry in raw:
+        try:
+            out.append(Opened.from_json(entry))
+        except ValueError:
+            continue
+    return tuple(out)
 
 
-def store_history(client: Any, *, node_name: str, rungs: tuple[Rung, ...]) -> None:
+def history_text(rungs: tuple[Rung, ...], opened: tuple[Opened, ...] = ()) -> str:
+    data: dict[str, Any] = {"rungs": [r.to_json() for r in rungs[-MAX_RUNGS:]]}
+    if opened:
+        data["opened"] = [o.to_json() for o in opened[-MAX_OPENED:]]
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def store_history(client: Any, *, node_name: str, rungs: tuple[Rung, ...], opened: tuple[Opened, ...] = ()) -> None:
     """Write the history annotation (a strategic merge patch of that one annotation)."""
-    client.patch_node(node_name, {"metadata": {"annotations": {HISTORY_ANNOTATION: history_text(rungs)}}})
+    client.patch_node(node_name, {"metadata": {"annotations": {HISTORY_ANNOTATION: history_text(rungs, opened)}}})
+
+
+def with_opened(opened: tuple[Opened, ...], incident: Incident) -> tuple[tuple[Opened, ...], float | None]:
+    """``opened`` with ``incident`` added (bounded), and the seconds since the previous incident opened
+    (from its problem's time to this one's; None: no previous one, or this one is on record already)."""
+    if any(o.incident == incident.id for o in opened):
+        return opened, None
+    entry = Opened(incident=incident.id, condition=incident.condition, at=incident.since)
+    between = max(0.0, incident.since - opened[-1].at) if opened else None
+    return (*opened, entry)[-MAX_OPENED:], between
+
+
+def record_opened(
+    client: Any, *, node_name: str, node: Mapping[str, Any], incident: Incident
+) -> tuple[tuple[Opened, ...], float | None]:
+    """Record on the Node (read as ``node``) that ``incident`` opened; (the opens now, seconds since the
+    previous one). Used when no :class:`Ladder` holds the history."""
+    rungs, before = read_history(node), read_opened(node)
+    opened, between = with_opened(before, incident)
+    if opened != before:
+        store_history(client, node_name=node_name, rungs=rungs, opened=opened)
+    return opened, between
 
 
 # ---- the pure parts --------------------------------------------------------------------------------
@@ -363,6 +443,7 @@ class Ladder:
         self._reboot = reboot
         self._monotonic = monotonic
         self._rungs: tuple[Rung, ...] = ()
+        self._opened: tuple[Opened, ...] = ()
         self._boot = ""
         self.plans: dict[str, Plan] = {}
         self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
@@ -384,11 +465,12 @@ class Ladder:
     ) -> RecoveryPolicy:
         """The policy to decide with now (see :func:`effective_policy`); marks finished reboots on the Node."""
         self._rungs = read_history(node)
+        self._opened = read_opened(node)
         self._boot = self._boot_id()
         if enabled:
             finished = finish_reboots(self._rungs, boot=self._boot, now=now)
             if finished is not None:
-                store_history(self._client, node_name=self._node_name, rungs=finished)
+                store_history(self._client, node_name=self._node_name, rungs=finished, opened=self._opened)
                 self._rungs = finished
                 log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
         effective, self.plans = effective_policy(policy, snapshot=snapshot, view=view, rungs=self._rungs, now=now)
@@ -396,6 +478,15 @@ class Ladder:
 
     def refine(self, decision: Decision, *, stored: Incident | None, now: float) -> Decision:
         return refine(decision, stored=stored, rungs=self._rungs, now=now)
+
+    def note_opened(self, incident: Incident) -> float | None:
+        """Record that ``incident`` opened (in the history read at this step's :meth:`prepare`); the seconds
+        since the previous incident opened on this node (None: none before, or already on record)."""
+        opened, between = with_opened(self._opened, incident)
+        if opened != self._opened:
+            store_history(self._client, node_name=self._node_name, rungs=self._rungs, opened=opened)
+            self._opened = opened
+        return between
 
     def reboot(self, incident: Incident, view: NodeView, *, now: float) -> RebootResult:
         """Request the reboot of this node's instance for ``incident`` (at most once per boot)."""
@@ -440,7 +531,7 @@ class Ladder:
         return RebootResult(outcome="rebooted", instance_id=instance_id, message=f"instance {instance_id}")
 
     def _record(self, rungs: tuple[Rung, ...]) -> None:
-        store_history(self._client, node_name=self._node_name, rungs=rungs)
+        store_history(self._client, node_name=self._node_name, rungs=rungs, opened=self._opened)
         self._rungs = rungs[-MAX_RUNGS:]
 
 

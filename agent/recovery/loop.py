@@ -70,6 +70,8 @@ class MarkUnhealthy(Protocol):
 # its remedy requested (the instance marked unhealthy or rebooted), and the incident closed (healed).
 PHASES = ("cordoned", "drained", "remedy", "closed")
 REMEDIES = (Action.MARK_UNHEALTHY, Action.REBOOT)  # the actions that request a remedy (replace, reboot)
+# Seconds between incidents on one node: a flap within minutes up to a month of quiet.
+BETWEEN_BOUNDS = (60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 86400.0, 3 * 86400.0, 7 * 86400.0, 30 * 86400.0)
 
 
 @dataclass
@@ -92,6 +94,8 @@ class RecoveryStats:
     )
     # (condition, remedy, outcome) -> incidents
     incidents: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # Seconds between consecutive incidents opened on this node (their problems' own times), from its history.
+    between: Histogram = dataclasses.field(default_factory=lambda: Histogram(bounds=BETWEEN_BOUNDS))
 
 
 class RecoveryLoop:
@@ -152,6 +156,7 @@ class RecoveryLoop:
         # read every interval (one GET per node every 5 s adds up across a fleet). False at start, so the
         # first step reads the Node and finds an incident a previous run left.
         self._quiet = False
+        self._node: Mapping[str, Any] = {}  # the Node as read at this step
         self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
         self._flaps: flaps.FlapRecord | None = None  # the flap record read at this step
         self._token = uuid.uuid4().hex  # this agent process, in a claim on the Node (never a secret)
@@ -175,12 +180,13 @@ class RecoveryLoop:
         seen = 0
         wait = self._interval
         while not stop.is_set():
-            pub = self._feed.wait_newer(seen, timeout=wait)
+            pub = self._feed.wait_newer(seen, timeout=min(wait, self.holds.due_in()))
             if stop.is_set():
                 return
             if pub is not None:
                 seen = pub.number
             self._beat = self._monotonic()
+            self.holds.poll(self.stats.incident)  # the pause Lease, when due: idle agents know of a pause too
             try:
                 self.step()
             except Exception as exc:  # an API outage or a bug: never fatal, retried with backoff
@@ -213,6 +219,7 @@ class RecoveryLoop:
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
         node = self._client.get_node(self._node_name)
+        self._node = node  # as read this step (the incident history on it: _note_opened)
         view = read_node_view(node)
         now = self._clock()
         incident = self._stored_incident(node, now) if self._enabled else self._dry
@@ -399,6 +406,8 @@ class RecoveryLoop:
 
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
+        if decision.incident is not None and (stored is None or stored.id != decision.incident.id):
+            self._note_opened(decision.incident)  # recorded first: a failed store below meets it on record
         if decision.actions and decision.incident is not None and decision.incident != stored:
             node_actions.store_incident(
                 self._client, node_name=self._node_name, incident=incident, expect=stored, now=self._clock()
@@ -439,6 +448,23 @@ class RecoveryLoop:
         elif action in REMEDIES:
             self.stats.phases["remedy"].observe(elapsed)
             self.stats.incidents[(incident.condition, action.value, "remedy-requested")] += 1
+
+    def _note_opened(self, incident: Incident) -> None:
+        """A new incident: record it in the Node's history and time it from the previous one's opening. A
+        figure only: a failed write is logged, never a reason to hold the step."""
+        from agent.adapters.kube import KubeError
+        from agent.recovery.ladder import record_opened
+
+        try:
+            if self._ladder is not None:  # it holds the history read this step: one writer of the annotation
+                between = self._ladder.note_opened(incident)
+            else:
+                _, between = record_opened(self._client, node_name=self._node_name, node=self._node, incident=incident)
+        except KubeError as exc:
+            log.warning("recovery: cannot record incident %s in the Node's history: %s", incident.id, exc)
+            return
+        if between is not None:
+            self.stats.between.observe(between)
 
     def _closed(self, incident: Incident) -> None:
         """The incident healed and was closed: how long it was open, and with what remedy."""

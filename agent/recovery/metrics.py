@@ -16,6 +16,9 @@
 - ``node_health_agent_recovery_incidents_total{condition,remedy,outcome}``: incidents by condition type
   (owned types only), remedy (the last disruptive action, or ``none``) and outcome (``remedy-requested``,
   ``healed``): bounded, no message text or device id.
+- ``node_health_agent_recovery_time_between_incidents_seconds`` (histogram, no labels): from the previous
+  incident opened on this node to the next (the problems' own times, from the history on the Node, so it
+  spans agent restarts and reboots), observed when the next one opens.
 """
 
 from __future__ import annotations
@@ -84,6 +87,12 @@ class RecoveryCollector:
         yield incidents
         for phase, doc in PHASE_DOCS.items():
             yield histogram_metric(PREFIX + phase + "_seconds", doc, s.phases[PHASE_KEYS[phase]].snapshot())
+        yield histogram_metric(
+            PREFIX + "time_between_incidents_seconds",
+            "Seconds between consecutive incidents opened on this node (their problems' own times), observed "
+            "when the later one opens; from the Node's recovery history.",
+            s.between.snapshot(),
+        )
         if s.budget is not None:
             yield GaugeMetricFamily(
                 PREFIX + "budget_holders", "Failure domains holding a budget place.", value=len(s.budget.holders)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -306,6 +307,10 @@ def test_image_follows_the_release() -> None:
         (("aws.podIdentityAssociation.create=true", "clusterName=c"), "'/aws/podIdentityAssociation/roleArn'"),
         (("image.digest=latest",), "'/image/digest'"),
         (("recovery.startupDelay=soon",), "'/recovery/startupDelay'"),
+        (("recovery.diagnostics.s3=my-bucket/nha",), "'/recovery/diagnostics/s3'"),
+        (("recovery.diagnostics.keep=-1",), "'/recovery/diagnostics/keep'"),
+        (("bootIdFile=boot_id",), "'/bootIdFile'"),
+        (("scheduledMaintenance.enabled=yes",), "'/scheduledMaintenance/enabled'"),
         (("networkPolicy.scraper=null",), "missing property 'scraper'"),
         (("extraConfigFiles.rules\\.yaml=x",), "invalid propertyName 'rules.yaml'"),
         (("unknownKey=1",), "additional properties 'unknownKey' not allowed"),
@@ -336,3 +341,54 @@ def test_schema_describes_every_value() -> None:
                 assert sub.get("description"), f"{path}.{key} has no description"
 
     walk(values, schema, "")
+
+
+RECOVERY_FLAG_VARS = ("NHA_DIAGNOSTICS_KEEP", "NHA_DIAGNOSTICS_S3", "NHA_BOOT_ID_FILE", "NHA_SCHEDULED_MAINTENANCE")
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        # recovery off: no bundles (report-only takes none), the rest as set
+        ((), {"diagnostics_keep": 5, "diagnostics_s3": "", "scheduled_maintenance": False}),
+        (
+            (
+                "recovery.enabled=true",
+                "recovery.diagnostics.keep=3",
+                "recovery.diagnostics.s3=s3://my-bucket/node-health",
+                "bootIdFile=/host/boot_id",
+                "scheduledMaintenance.enabled=true",
+            ),
+            {
+                "diagnostics_keep": 3,
+                "diagnostics_s3": "s3://my-bucket/node-health",
+                "boot_id_file": Path("/host/boot_id"),
+                "scheduled_maintenance": True,
+            },
+        ),
+    ],
+    ids=["defaults", "set"],
+)
+def test_the_recovery_flags_reach_every_agent_as_the_agent_reads_them(sets, expected, monkeypatch) -> None:
+    """recovery.diagnostics, bootIdFile and scheduledMaintenance become the NHA_* variables of the flags
+    --diagnostics-keep/-s3, --boot-id-file and --scheduled-maintenance: each agent's env, parsed by the agent."""
+    from agent.app.cli import build_parser
+    from agent.app.settings import build_settings
+
+    agents = [
+        c
+        for o in helm_template(sets=sets)
+        if o["kind"] == "DaemonSet"
+        for c in o["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "agent"
+    ]
+    assert agents
+    for agent in agents:
+        with monkeypatch.context() as m:
+            for name in [n for n in os.environ if n.startswith("NHA_")]:
+                m.delenv(name)
+            for env in agent["env"]:  # these flags only: others name host paths this machine lacks
+                if env["name"] in RECOVERY_FLAG_VARS:
+                    m.setenv(env["name"], env["value"])
+            settings = build_settings(build_parser().parse_args(["run"]))
+        assert {key: getattr(settings, key) for key in expected} == expected

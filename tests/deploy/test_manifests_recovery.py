@@ -120,5 +120,6 @@ def test_the_components_turn_recovery_and_cloudwatch_on(rendered):
     assert env["RECOVERY_STARTUP_DELAY"]["value"] == "60s"
     assert env["NHA_AGGREGATE_CONDITION"]["value"] == "true"
     assert env["NHA_CLOUDWATCH"]["value"] == "true"
+    assert env["NHA_DIAGNOSTICS_KEEP"]["value"] == "5", "bundles before a remedy, in the state directory"
     assert env["CLUSTER_NAME"]["value"] == "", "the user sets it; the agent exits 2 naming CLUSTER_NAME until then"
     assert (DAEMONSET / "aws" / "cloudwatch-alarms.cfn.yaml").is_file()

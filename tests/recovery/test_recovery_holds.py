@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,13 +20,13 @@ from agent.app.assembly import stale_checks
 from agent.app.cli import main
 from agent.checks.model import ScheduledCheck
 from agent.checks.scheduler import CheckStats
-from agent.core.bus import Inbox, Notice, Publication, SnapshotFeed
-from agent.core.types import Condition, ConditionSpec, Event, Snapshot, Status
-from agent.recovery.asg import MarkResult
+from agent.core.bus import Inbox, Publication, SnapshotFeed
+from agent.core.types import ConditionSpec, Snapshot
 from agent.recovery.budget import ClusterBudget
 from agent.recovery.drain import DrainOutcome, DrainResult
 from agent.recovery.holds import (
     PAUSE_ANNOTATION,
+    POOL_LABELS,
     VETO_ANNOTATION,
     CorruptPauses,
     HoldCollector,
@@ -39,30 +39,40 @@ from agent.recovery.holds import (
     decode_pauses,
     encode_pauses,
     pause_lease_name,
+    pool_labels,
     with_pause,
 )
 from agent.recovery.loop import RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEASE,
-    INCIDENT_ANNOTATION,
+    ZONE_LABEL,
     Action,
     BudgetSettings,
-    NodeView,
+    GroupBudget,
     PolicyRule,
 )
-from agent.recovery.policyfile import DEFAULT_POLICY
+from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
 
-from helpers import kube_clients
+from helpers import wait_for
+from helpers.recovery import (
+    DMA,
+    NODE,
+    NS,
+    T0,
+    Clock,
+    LoopHarness,
+    kube_fixture,
+    node_object,
+    prepare,
+    problem,
+)
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
+__all__ = ["kube_fixture"]  # fixture: kube
 
-NS = "node-health-agent"
-NODE = "ip-10-0-0-1.us-west-2.compute.internal"
-T0 = 1_767_225_600.0
 LEASE = pause_lease_name()
-DMA = ("NeuronHealth", "NeuronHasError_DMA_ERROR")
 POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
 DRAINING = dataclasses.replace(
     POLICY,
@@ -86,39 +96,9 @@ class Quiet:
         raise AssertionError
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def node_object(name: str = NODE, *, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {}) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", **labels}, "annotations": dict(annotations)},
-        "spec": {"providerID": "aws:///us-west-2a/i-0123456789abcdef0"},
-    }
-
-
-def problem(condition: str = DMA[0], reason: str = DMA[1]) -> Condition:
-    return Condition(
-        type=condition, status=Status.TRUE, reason=reason, message="t", last_transition=T0 - 10, last_update=T0 - 10
-    )
-
-
 @pytest.fixture
 def api(kube_api_server: KubeApiServer) -> KubeApiServer:
-    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    return kube_api_server
-
-
-@pytest.fixture
-def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
-    with kube_clients(api, tmp_path, timeout=5.0) as make:
-        yield make
+    return prepare(kube_api_server)
 
 
 def put_pauses(api: KubeApiServer, text: str) -> None:
@@ -136,26 +116,14 @@ def pause(api: KubeApiServer, *pauses: Pause) -> None:
     put_pauses(api, encode_pauses(Pauses(pauses=pauses)))
 
 
-class Harness:
+class Harness(LoopHarness):
+    """The loop with its hold gate: the pause Lease, vetoes, the agent's health (``live``: the supervisor's
+    view now; ``stale``: condition type -> the check that went quiet), on ``ticks`` (monotonic seconds)."""
+
     def __init__(self, api: KubeApiServer, client: KubeClient, *, policy=POLICY, node: dict | None = None) -> None:
-        self.api, self.client, self.clock = api, client, Clock()
-        api.put_object(node or node_object())
-        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=False))
-        self.inbox = Inbox()
-        self.told: list[Event] = []
-        self.marked: list[str] = []
         self.ticks = Clock(0.0)  # monotonic seconds, moved by the test
-        self.live: dict[str, bool] = {}  # the supervisor's health now
-        self.stale: dict[str, str] = {}  # condition type -> the check that went quiet
-        budget = ClusterBudget(
-            client=client,
-            namespace=NS,
-            lease_name=DEFAULT_LEASE,
-            node_name=NODE,
-            settings=policy.budget,
-            clock=self.clock,
-            sleep=lambda s: None,
-        )
+        self.live: dict[str, bool] = {}
+        self.stale: dict[str, str] = {}
         self.gate = HoldGate(
             store=PauseStore(client=client, namespace=NS, lease_name=LEASE),
             client=client,
@@ -164,55 +132,9 @@ class Harness:
             monotonic=self.ticks,
             health=lambda: self.live,
             stale=lambda: self.stale,
+            pools=pool_labels(policy.budget),  # as assembly wires it
         )
-        self.loop = RecoveryLoop(
-            feed=self.feed,
-            inbox=self.inbox,
-            client=client,
-            node_name=NODE,
-            policy=policy,
-            enabled=True,
-            budget=budget,
-            mark_unhealthy=self.mark,
-            clock=self.clock,
-            holds=self.gate,
-        )
-
-    def mark(self, node: NodeView) -> MarkResult:
-        self.marked.append(node.name)
-        return MarkResult(outcome="marked", instance_id="i-0", group="g", message="marked")
-
-    def publish(self, *conditions: Condition, health: Mapping[str, bool] | None = None) -> None:
-        snapshot = Snapshot(
-            conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=BUILTIN_CONDITIONS
-        )
-        self.feed.publish(snapshot=snapshot, events=[], health=health or {})
-
-    def step(self):
-        try:
-            return self.loop.step()
-        finally:
-            while (item := self.inbox.get_nowait()) is not None:
-                assert isinstance(item, Notice)
-                self.told.extend(item.events)
-
-    def reasons(self) -> list[str]:
-        return [e.reason for e in self.told]
-
-    def node(self) -> dict:
-        found = self.api.get_object("nodes", NODE)
-        assert found is not None
-        return found
-
-    def cordoned(self) -> bool:
-        return bool(self.node()["spec"].get("unschedulable"))
-
-    def incident(self) -> dict | None:
-        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
-        return None if text is None else json.loads(text)
-
-    def budget_written(self) -> bool:
-        return self.api.get_object("leases", DEFAULT_LEASE, NS) is not None
+        super().__init__(api, client, policy=policy, node=node, holds=self.gate)
 
 
 @pytest.fixture
@@ -277,6 +199,39 @@ def test_what_a_pause_covers(scope, value, labels, subject, covers):
     assert pause_.covers(node=NODE, labels=labels, condition=subject[0], reason=subject[1]) is covers
 
 
+POOL = "example.com/gpu-pool"  # an operator's own pool label
+
+
+@pytest.mark.parametrize(
+    ("groups", "pools"),
+    [
+        ((), POOL_LABELS),  # no groups: the well-known pool labels
+        ((GroupBudget(label=ZONE_LABEL, max_unhealthy=1),), POOL_LABELS),  # a zone is no pool
+        ((GroupBudget(label=ZONE_LABEL, max_unhealthy=1), GroupBudget(label=POOL, max_unhealthy=1)), (POOL,)),
+        (
+            (GroupBudget(label=POOL, max_unhealthy=1), GroupBudget(label="karpenter.sh/nodepool", max_unhealthy=2)),
+            (POOL, "karpenter.sh/nodepool"),
+        ),
+    ],
+)
+def test_the_pool_labels_are_those_of_the_budget_groups(groups, pools):
+    assert pool_labels(BudgetSettings(groups=groups)) == pools
+
+
+@pytest.mark.parametrize(
+    ("labels", "pools", "covers"),
+    [
+        ({POOL: "gpu-a"}, (POOL,), True),
+        ({POOL: "gpu-b"}, (POOL,), False),
+        ({"eks.amazonaws.com/nodegroup": "gpu-a"}, (POOL,), False),  # not a configured pool label
+        ({POOL: "gpu-a"}, POOL_LABELS, False),  # the operator's label, not configured
+    ],
+)
+def test_a_pool_pause_matches_the_configured_pool_labels(labels, pools, covers):
+    pause_ = Pause(scope=Scope.POOL, value="gpu-a")
+    assert pause_.covers(node=NODE, labels=labels, condition=DMA[0], reason=DMA[1], pools=pools) is covers
+
+
 # ---- the loop honours them ------------------------------------------------------------------------------
 
 
@@ -288,15 +243,15 @@ def test_a_cluster_pause_stops_new_actions_and_resume_lets_them_go(harness, api)
         decision = h.step()
         h.clock.now += 5
     assert decision.actions == () and "cluster by alice" in decision.message and "bad rule rollout" in decision.message
-    assert not h.cordoned() and h.incident() is None and h.marked == [] and not h.budget_written()
+    assert not h.cordoned() and h.incident() is None and h.marker.marked == [] and not h.budget_written()
     assert h.reasons() == ["RecoveryPaused"]  # told once, not every step
     assert h.loop.stats.blocked["Paused"] == 3
-    metrics = list(HoldCollector(stats=lambda: h.gate.stats, clock=h.clock).collect())
-    assert {s.labels["kind"]: s.value for s in metrics[0].samples}["Paused"] == 1
-    assert metrics[1].samples[0].value == pytest.approx(60 + 15)
+    metrics = {m.name: m for m in HoldCollector(stats=lambda: h.gate.stats, clock=h.clock).collect()}
+    assert {s.labels["kind"]: s.value for s in metrics["node_health_agent_recovery_held"].samples}["Paused"] == 1
+    assert metrics["node_health_agent_recovery_paused_seconds"].samples[0].value == pytest.approx(60 + 15)
     put_pauses(api, encode_pauses(Pauses()))
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
-    assert h.cordoned() and h.marked == [NODE]
+    assert h.cordoned() and h.marker.marked == [NODE]
 
 
 @pytest.mark.parametrize(
@@ -325,7 +280,7 @@ def test_a_corrupt_pause_lease_is_a_cluster_wide_pause_and_says_so(harness, api)
     put_pauses(api, "{not json")
     h.publish(problem())
     decision = h.step()
-    assert decision.actions == () and not h.cordoned() and h.marked == []
+    assert decision.actions == () and not h.cordoned() and h.marker.marked == []
     (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
     assert "unreadable" in event.message and "treated as a cluster-wide pause" in event.message
 
@@ -343,7 +298,7 @@ def test_no_action_while_a_producer_is_unhealthy(harness):
     h = harness()
     h.publish(problem(), health={"kmsg_reader": False, "main_loop": True})
     assert h.step().actions == ()
-    assert not h.cordoned() and h.marked == [] and not h.budget_written()
+    assert not h.cordoned() and h.marker.marked == [] and not h.budget_written()
     assert h.reasons() == ["RecoveryAgentUnhealthy"] and "kmsg_reader unhealthy" in h.told[0].message
     h.publish(problem(), health={"kmsg_reader": True, "main_loop": True})
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
@@ -431,7 +386,7 @@ def test_a_drain_stops_before_the_next_pod(harness, api, how):
     h.publish(problem())
     h.step()
     assert 2 <= len(evicted) <= 4
-    assert h.marked == [] and h.incident()["drain"] == "stopped"
+    assert h.marker.marked == [] and h.incident()["drain"] == "stopped"
     assert "RecoveryDrainHeld" in h.reasons()
 
 
@@ -534,3 +489,206 @@ def test_kubectl_node_health_pause_and_resume(api, tmp_path, command):
     assert proc.returncode == 0, proc.stderr
     assert [p.key for p in lease_pauses(api).pauses] == ([f"node={NODE}"] if command == "pause" else [])
     assert f"recovery {'paused' if command == 'pause' else 'resumed'}" in proc.stdout
+
+
+# ---- the pause Lease read periodically, and pools as the policy names them ---------------------------------
+
+POOL_POLICY = f"""\
+startupDelay: 0s
+budget:
+  maxActions: 100
+  groups:
+    - label: {ZONE_LABEL}
+      maxUnhealthy: 1
+    - label: {POOL}
+      maxUnhealthy: 1
+"""
+
+
+def test_pause_by_pool_pauses_exactly_the_nodes_of_that_pool_by_the_configured_label(api, kube, tmp_path):
+    """``pause --pool gpu-a`` with ``budget.groups`` on the operator's own label: every agent judges its own
+    node with that label; a node of another pool, or with gpu-a under a label not configured, goes on."""
+    (tmp_path / "policy.yaml").write_text(POOL_POLICY)
+    policy = load_policy(tmp_path / "policy.yaml")
+    nodes = {
+        "n-a1": {POOL: "gpu-a", ZONE_LABEL: "us-west-2a"},
+        "n-a2": {POOL: "gpu-a", ZONE_LABEL: "us-west-2b"},
+        "n-b1": {POOL: "gpu-b", ZONE_LABEL: "us-west-2a"},
+        "n-ng": {"eks.amazonaws.com/nodegroup": "gpu-a", ZONE_LABEL: "us-west-2a"},
+        "n-zone": {ZONE_LABEL: "gpu-a"},
+    }
+    ticks = Clock(0.0)
+    gates = {
+        name: HoldGate(
+            store=PauseStore(client=kube(), namespace=NS, lease_name=LEASE),
+            client=None,
+            node_name=name,
+            monotonic=ticks,
+            pools=pool_labels(policy.budget),
+            node=node_object(name, labels=labels),
+        )
+        for name, labels in nodes.items()
+    }
+    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice", "--reason", "driver rollout") == 0
+    for gate in gates.values():
+        gate.poll()
+    paused = {name for name, gate in gates.items() if gate.stats.paused is not None}
+    assert paused == {"n-a1", "n-a2"}
+    assert "pool=gpu-a by alice" in gates["n-a1"].stats.paused.message
+
+
+def test_the_loop_holds_a_node_of_a_paused_pool_by_the_configured_label(harness, api, tmp_path):
+    (tmp_path / "policy.yaml").write_text(POOL_POLICY)
+    policy = load_policy(tmp_path / "policy.yaml")
+    h = harness(policy=policy, node=node_object(labels={POOL: "gpu-a"}))
+    pause(api, Pause(scope=Scope.POOL, value="gpu-a", by="bob", since=T0))
+    h.publish(problem())
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryPaused"]
+
+
+def lease_reads(api: KubeApiServer) -> int:
+    return api.requests.count(method="GET", path_regex=rf"/leases/{LEASE}$")
+
+
+def idle_gate(api: KubeApiServer, client: KubeClient, *, rng: Callable[[], float] = lambda: 0.5, **kw) -> HoldGate:
+    return HoldGate(
+        store=PauseStore(client=client, namespace=NS, lease_name=LEASE),
+        client=client,
+        node_name=NODE,
+        node=node_object(),
+        rng=rng,
+        **kw,
+    )
+
+
+def test_an_idle_agent_reads_the_pause_lease_once_per_interval_and_exports_the_pause(api, kube):
+    ticks = Clock(0.0)
+    clock = Clock()
+    gate = idle_gate(api, kube(), monotonic=ticks)
+    collector = HoldCollector(stats=lambda: gate.stats, clock=clock)
+
+    def exported() -> tuple[float, float]:
+        metrics = {m.name: m.samples[0].value for m in collector.collect()}
+        return metrics["node_health_agent_recovery_paused"], metrics["node_health_agent_recovery_paused_seconds"]
+
+    gate.poll()
+    assert lease_reads(api) == 1 and exported() == (0, 0)
+    pause(api, Pause(scope=Scope.CLUSTER, by="alice", since=T0 - 30))
+    for _ in range(4):  # before the interval is over: nothing read
+        ticks.now += 1.0
+        gate.poll()
+    assert lease_reads(api) == 1 and gate.due_in() == pytest.approx(1.0)
+    ticks.now += 1.0
+    gate.poll()
+    assert lease_reads(api) == 2 and exported() == (1, 30)
+    put_pauses(api, encode_pauses(Pauses()))
+    ticks.now += 5.0
+    gate.poll()
+    assert lease_reads(api) == 3 and exported() == (0, 0)
+
+
+@pytest.mark.parametrize(("rng", "interval"), [(0.0, 4.0), (0.5, 5.0), (1.0, 6.0)])
+def test_the_interval_is_jittered_within_a_fifth(api, kube, rng, interval):
+    ticks = Clock(0.0)
+    gate = idle_gate(api, kube(), monotonic=ticks, rng=lambda: rng)
+    gate.poll()
+    assert gate.due_in() == pytest.approx(interval)
+
+
+def test_a_failing_read_backs_off_and_keeps_what_was_last_read(api, kube):
+    ticks = Clock(0.0)
+    gate = idle_gate(api, kube(), monotonic=ticks)
+    pause(api, Pause(scope=Scope.NODE, value=NODE, by="alice", since=T0))
+    gate.poll()
+    assert gate.stats.paused is not None
+    api.faults.add(method="GET", path_regex=rf"/leases/{LEASE}$", status=403, count=None)
+    delays = []
+    for _ in range(6):
+        ticks.now += gate.due_in()
+        gate.poll()
+        delays.append(gate.due_in())
+    assert delays == pytest.approx([10.0, 20.0, 40.0, 60.0, 60.0, 60.0])
+    assert gate.stats.pause_read_failures == 6 and gate.stats.paused is not None  # still paused as last read
+    api.faults.clear()
+    ticks.now += gate.due_in()
+    gate.poll()
+    assert gate.due_in() == pytest.approx(5.0) and gate.stats.paused is not None
+
+
+def test_a_corrupt_pause_lease_reads_as_paused_on_an_idle_agent_and_is_logged_once(api, kube, caplog):
+    ticks = Clock(0.0)
+    gate = idle_gate(api, kube(), monotonic=ticks)
+    put_pauses(api, "{not json")
+    for _ in range(3):
+        gate.poll()
+        ticks.now += 5.0
+    assert gate.stats.paused is not None and "treated as a cluster-wide pause" in gate.stats.paused.message
+    metrics = {m.name: m.samples[0].value for m in HoldCollector(stats=lambda: gate.stats).collect()}
+    assert metrics["node_health_agent_recovery_paused"] == 1
+    assert sum("unreadable" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_per_reason_pause_shows_on_an_idle_agent_only_for_its_open_incident(api, kube):
+    ticks = Clock(0.0)
+    gate = idle_gate(api, kube(), monotonic=ticks)
+    pause(api, Pause(scope=Scope.REASON, value="NeuronHasError_*", by="alice", since=T0))
+    gate.poll()
+    assert gate.stats.paused is None
+    ticks.now += 5.0
+    gate.poll(SimpleNamespace(condition=DMA[0], reason=DMA[1]))  # the open incident's condition and reason
+    assert gate.stats.paused is not None
+
+
+def test_a_step_that_reads_the_pause_lease_counts_as_the_intervals_read(harness, api):
+    h = harness()
+    h.publish(problem())
+    h.step()  # about to act: reads the Lease
+    reads = lease_reads(api)
+    h.loop.holds.poll()
+    assert lease_reads(api) == reads  # not due again yet
+
+
+def test_the_poll_reads_from_the_api_server_cache_and_the_read_before_acting_does_not(harness, api):
+    """resourceVersion=0: the poll (every agent, every 5 s) never reaches etcd; acting reads it fresh."""
+    h = harness()
+    h.loop.holds.poll()
+    h.publish(problem())
+    h.step()
+    queries = [r.query for r in api.requests.filter(method="GET", path_regex=rf"/leases/{LEASE}$")]
+    assert queries == [{"resourceVersion": "0"}, {}]
+
+
+def test_the_running_loop_polls_while_idle(api, kube):
+    """``run`` with no problem at all (nothing to step for): the pause still shows within the poll interval."""
+    client = kube()
+    api.put_object(node_object())
+    feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=True, provenance=BUILTIN_CONDITIONS))
+    gate = idle_gate(api, client, poll=0.05)
+    budget = ClusterBudget(
+        client=client, namespace=NS, lease_name=DEFAULT_LEASE, node_name=NODE, settings=POLICY.budget, clock=Clock()
+    )
+    loop = RecoveryLoop(
+        feed=feed, inbox=Inbox(), client=client, node_name=NODE, policy=POLICY, enabled=True, budget=budget, holds=gate
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=loop.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: lease_reads(api) >= 1, timeout=30)
+        pause(api, Pause(scope=Scope.CLUSTER, by="alice", since=T0))
+        wait_for(lambda: gate.stats.paused is not None, timeout=30)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    assert api.get_object("leases", DEFAULT_LEASE, NS) is None  # idle: the budget was never asked
+
+
+def test_status_names_the_pool_labels_and_the_nodes_a_pool_pause_covers(api, tmp_path, capsys):
+    (tmp_path / "policy.yaml").write_text(POOL_POLICY)
+    for name, pool in (("n-a1", "gpu-a"), ("n-a2", "gpu-a"), ("n-b1", "gpu-b")):
+        api.put_object(node_object(name, {POOL: pool}))
+    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice") == 0
+    capsys.readouterr()
+    assert run_cli(api, tmp_path, "status", "--recovery-policy", str(tmp_path / "policy.yaml")) == 0
+    assert f"pool=gpu-a ({POOL}: 2 nodes) by alice" in capsys.readouterr().out

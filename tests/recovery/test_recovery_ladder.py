@@ -9,11 +9,10 @@ server through tests/awsfixtures.FaultyFront.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,12 @@ import pytest
 from agent.adapters.aws import AwsClients, AwsError, Ec2Reboot
 from agent.adapters.kube import KubeClient
 from agent.app.cli import main
-from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.errors import ConfigError
-from agent.core.types import Condition, Event, Snapshot, Status
-from agent.recovery.asg import MarkResult
-from agent.recovery.budget import ClusterBudget
+from agent.core.types import Condition
 from agent.recovery.drain import DrainResult
 from agent.recovery.ec2 import Ec2Rebooter
-from agent.recovery.ladder import Ladder, Rung, read_history, step_for
-from agent.recovery.loop import RecoveryLoop
+from agent.recovery.ladder import Ladder, Rung, read_history, read_opened, step_for
 from agent.recovery.model import (
-    BUILTIN_CONDITIONS,
-    DEFAULT_LEASE,
-    INCIDENT_ANNOTATION,
     TAINT_KEY,
     Action,
     BudgetSettings,
@@ -44,32 +36,21 @@ from agent.recovery.model import (
 )
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
 
-from helpers import kube_clients
+from helpers import recovery
 from helpers.aws import ACCESS_DENIED, REGION, THROTTLING, Fault, FaultyFront
+from helpers.recovery import INSTANCE, NODE, OTHERS, T0, Clock, LoopHarness, kube_fixture, node_object, prepare
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
+__all__ = ["kube_fixture"]  # fixture: kube
 
-NS = "node-health-agent"
-NODE = "ip-10-0-0-1.us-west-2.compute.internal"
-OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
-T0 = 1_767_225_600.0
 WINDOW = 1200.0
 XID79 = ("GpuXid", "GpuXid79")
 POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
 LADDER = (Remedy.REBOOT, Remedy.REPLACE)
-INSTANCE = "i-0123456789abcdef0"
 INCORRECT_STATE = Fault(
     status=400, code="IncorrectState", message="The instance 'i-...' is not in a state from which it can be rebooted."
 )
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Boot:
@@ -96,53 +77,22 @@ class Reboots:
         return INSTANCE
 
 
-class Marker:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def __call__(self, node: NodeView) -> MarkResult:
-        self.calls.append(node.name)
-        return MarkResult(outcome="marked", instance_id=INSTANCE, group="ng", message="marked")
-
-
-def node_object(name: str) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
-        "spec": {"providerID": f"aws:///us-west-2a/{INSTANCE}"},
-    }
-
-
 def problem(condition: str = XID79[0], reason: str = XID79[1], *, since: float = T0 - 10) -> Condition:
-    return Condition(
-        type=condition, status=Status.TRUE, reason=reason, message="test", last_transition=since, last_update=since
-    )
+    return recovery.problem(condition, reason, since=since)
 
 
 def healthy(condition: str = XID79[0], *, since: float) -> Condition:
-    return Condition(
-        type=condition, status=Status.FALSE, reason="GpuXidGood", message="ok", last_transition=since, last_update=since
-    )
+    return recovery.healthy(condition, since=since, reason="GpuXidGood")
 
 
 @pytest.fixture
 def api(kube_api_server: KubeApiServer) -> KubeApiServer:
-    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    for other in OTHERS:
-        kube_api_server.put_object(node_object(other))
-    kube_api_server.put_object(node_object(NODE))
-    return kube_api_server
+    return prepare(kube_api_server, *(node_object(name) for name in (*OTHERS, NODE)))
 
 
-@pytest.fixture
-def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
-    with kube_clients(api, tmp_path, timeout=5.0) as make:
-        yield make
-
-
-class Agent:
-    """One agent's recovery loop on NODE (a new one = the agent restarted); state lives on the Node."""
+class Agent(LoopHarness):
+    """One agent's recovery loop on NODE (a new one = the agent restarted); state lives on the Node. Its
+    ladder reads ``boot`` and reboots through ``reboots`` (or ``reboot``); a drain succeeds at once."""
 
     def __init__(
         self,
@@ -156,77 +106,29 @@ class Agent:
         policy: RecoveryPolicy = POLICY,
         reboot: Callable[[NodeView], str] | None = None,
     ) -> None:
-        self.api, self.clock, self.boot = api, clock, boot
+        self.boot = boot
         self.reboots = reboots if reboots is not None else Reboots()
-        self.marker = Marker()
-        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=clock(), seeded=False))
-        self.inbox = Inbox()
-        self.told: list[Event] = []
         self.drains = 0
-        budget = (
-            ClusterBudget(
-                client=client,
-                namespace=NS,
-                lease_name=DEFAULT_LEASE,
-                node_name=NODE,
-                settings=policy.budget,
-                clock=clock,
-                sleep=lambda s: None,
-            )
-            if enabled
-            else None
-        )
         self.ladder = Ladder(
             client=client, node_name=NODE, boot_id=boot, reboot=reboot or self.reboots, monotonic=clock
         )
-        self.loop = RecoveryLoop(
-            feed=self.feed,
-            inbox=self.inbox,
-            client=client,
-            node_name=NODE,
+        super().__init__(
+            api,
+            client,
             policy=policy,
             enabled=enabled,
-            budget=budget,
-            mark_unhealthy=self.marker,
+            put_node=False,  # the Node keeps what an earlier agent wrote
+            clock=clock,
             drainer=self._drain,
             ladder=self.ladder,
-            clock=clock,
         )
 
     def _drain(self, stop: object, report: Callable[[str, str], None]) -> DrainResult:
         self.drains += 1
         return DrainResult(outcome="done")
 
-    def publish(self, *conditions: Condition) -> None:
-        snapshot = Snapshot(
-            conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=BUILTIN_CONDITIONS
-        )
-        self.feed.publish(snapshot=snapshot, events=[], health={})
-
-    def step(self):
-        decision = self.loop.step()
-        while (item := self.inbox.get_nowait()) is not None:
-            assert isinstance(item, Notice)
-            self.told.extend(item.events)
-        return decision
-
-    def reasons(self) -> list[str]:
-        return [e.reason for e in self.told]
-
-    def node(self) -> dict:
-        found = self.api.get_object("nodes", NODE)
-        assert found is not None
-        return found
-
-    def incident(self) -> dict | None:
-        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
-        return None if text is None else json.loads(text)
-
     def history(self) -> tuple[Rung, ...]:
         return read_history(self.node())
-
-    def cordoned(self) -> bool:
-        return bool(self.node()["spec"].get("unschedulable"))
 
 
 @pytest.fixture
@@ -310,11 +212,13 @@ def test_the_same_xid_again_within_the_window_is_replaced(agent):
     b.publish(problem(since=b.clock.now))
     decision = b.step()
     assert decision.actions == (Action.MARK_UNHEALTHY,)  # cordon is still ours from the first episode
-    assert b.marker.calls == [NODE] and b.reboots.calls == [NODE], "one reboot, then replace"
+    assert b.marker.calls == [(NODE, 1)] and b.reboots.calls == [NODE], "one reboot, then replace"
     assert "RecoveryLadderClimbed" in b.reasons()
     (climbed,) = [e for e in b.told if e.reason == "RecoveryLadderClimbed"]
     assert "again within the window after the reboot" in climbed.message and "replace" in climbed.message
     assert b.cordoned()
+    assert len(read_opened(b.node())) == 2 and len(b.history()) == 1, "the ladder's writes keep both"
+    assert b.loop.stats.between.snapshot().count == 1  # the second incident, timed from the first
     b.publish(healthy(since=b.clock.now + 1))
     b.clock.now += 10 * WINDOW
     b.step()
@@ -334,7 +238,7 @@ def test_a_problem_that_survives_the_reboot_climbs_when_the_window_ends(agent):
     assert a.step().actions == ()
     a.clock.now += 1
     assert a.step().actions == (Action.MARK_UNHEALTHY,)
-    assert a.marker.calls == [NODE] and a.reboots.calls == [NODE]
+    assert a.marker.calls == [(NODE, 1)] and a.reboots.calls == [NODE]
 
 
 def test_a_restart_mid_ladder_resumes_at_the_same_step(agent):
@@ -418,7 +322,7 @@ def test_the_nth_incident_of_a_reason_within_the_period_climbs(agent):
         a.clock.now += 3600
     a.publish(problem(since=a.clock.now))
     assert a.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
-    assert len(a.reboots.calls) == 2 and a.marker.calls == [NODE]
+    assert len(a.reboots.calls) == 2 and a.marker.calls == [(NODE, 1)]
 
 
 def test_report_only_says_it_would_reboot_and_touches_nothing(agent, api):

@@ -7,22 +7,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from agent.adapters.aws import AutoScaling, AwsClients, AwsError, InstanceMetadata
-from agent.adapters.kube import KubeClient, KubeError
-from agent.core.bus import Inbox, Notice, SnapshotFeed
-from agent.core.types import Condition, Event, Provenance, Snapshot, Status
-from agent.recovery.asg import AsgMarker, MarkResult
+from agent.adapters.kube import KubeError
+from agent.core.types import Provenance
+from agent.recovery.asg import AsgMarker
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import Drainer, DrainResult
 from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
-from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
+from agent.recovery.ladder import HISTORY_ANNOTATION, MAX_OPENED, Opened, with_opened
+from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER
 from agent.recovery.model import (
-    BUILTIN_CONDITIONS,
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
     INCIDENT_ANNOTATION,
@@ -31,26 +29,36 @@ from agent.recovery.model import (
     Action,
     Blocked,
     BudgetSettings,
-    NodeView,
+    Incident,
     PolicyRule,
-    RecoveryPolicy,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY
 
-from helpers import kube_clients, wait_for
+from helpers import wait_for
 from helpers.aws import ACCESS_DENIED, THROTTLING, AwsTestEnv, FaultyFront, closed_endpoint
+from helpers.recovery import (
+    DMA,
+    NODE,
+    NODE_PATH,
+    NS,
+    OTHERS,
+    T0,
+    Clock,
+    LoopHarness,
+    Marker,
+    healthy,
+    kube_fixture,
+    node_object,
+    prepare,
+    problem,
+)
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
+__all__ = ["kube_fixture"]  # fixture: kube
 
-NS = "node-health-agent"
-NODE = "ip-10-0-0-1.us-west-2.compute.internal"
-OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
-T0 = 1_767_225_600.0
 DELAY = 60.0
-NODE_PATH = rf"/nodes/{NODE}$"
 LEASE_PATH = rf"/namespaces/{NS}/leases"
-DMA = ("NeuronHealth", "NeuronHasError_DMA_ERROR")
 POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=DELAY, budget=BudgetSettings(max_actions=100))
 CORDON_ONLY = dataclasses.replace(
     POLICY,
@@ -59,179 +67,14 @@ CORDON_ONLY = dataclasses.replace(
 )
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Marker:
-    """A recording ``mark_unhealthy``: raises the queued errors first, then marks. ``calls`` has every
-    call (node name, call number); ``marked`` the successful ones."""
-
-    def __init__(self, *errors: Exception) -> None:
-        self.errors = list(errors)
-        self.calls: list[tuple[str, int]] = []
-        self.marked: list[str] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, node: NodeView) -> MarkResult:
-        with self._lock:
-            self.calls.append((node.name, len(self.calls) + 1))
-            if self.errors:
-                raise self.errors.pop(0)
-            self.marked.append(node.name)
-        return MarkResult(
-            outcome="marked",
-            instance_id="i-0123456789abcdef0",
-            group="eks-neuron-ng",
-            message="instance i-0123456789abcdef0 marked Unhealthy in Auto Scaling group eks-neuron-ng",
-        )
-
-
-def node_object(name: str, labels: dict[str, str] | None = None) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux", **(labels or {})}},
-        "spec": {"providerID": "aws:///us-west-2a/i-0123456789abcdef0"},
-    }
-
-
-def problem(condition: str = DMA[0], reason: str = DMA[1], *, since: float = T0 - 10) -> Condition:
-    return Condition(
-        type=condition, status=Status.TRUE, reason=reason, message="test", last_transition=since, last_update=since
-    )
-
-
-def healthy(condition: str = DMA[0], *, since: float) -> Condition:
-    return Condition(
-        type=condition, status=Status.FALSE, reason="Healthy", message="ok", last_transition=since, last_update=since
-    )
-
-
 @pytest.fixture
 def api(kube_api_server: KubeApiServer) -> KubeApiServer:
-    kube_api_server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    for other in OTHERS:
-        kube_api_server.put_object(node_object(other))
-    return kube_api_server
+    return prepare(kube_api_server, *(node_object(other) for other in OTHERS))
 
 
 @pytest.fixture
-def kube(api: KubeApiServer, tmp_path: Path) -> Iterator[Callable[[], KubeClient]]:
-    with kube_clients(api, tmp_path, timeout=5.0) as make:
-        yield make
-
-
-class Harness:
-    """One node's recovery loop and what it touches."""
-
-    def __init__(
-        self,
-        api: KubeApiServer,
-        client: KubeClient,
-        *,
-        enabled: bool = True,
-        policy: RecoveryPolicy = POLICY,
-        labels: dict[str, str] | None = None,
-        marker: Marker | Callable[[NodeView], MarkResult] | None = None,
-        clock: Clock | None = None,
-        interval: float = 5.0,
-    ) -> None:
-        self.api, self.client = api, client
-        self.clock = clock or Clock()
-        self.marker = marker or Marker()
-        api.put_object(node_object(NODE, labels))
-        self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=self.clock(), seeded=False))
-        self.inbox = Inbox()
-        self.told: list[Event] = []
-        self.budget = (
-            ClusterBudget(
-                client=client,
-                namespace=NS,
-                lease_name=DEFAULT_LEASE,
-                node_name=NODE,
-                settings=policy.budget,
-                clock=self.clock,
-                sleep=lambda s: None,
-                problem_types=BUILTIN_CONDITIONS,
-            )
-            if enabled
-            else None
-        )
-        self.loop = RecoveryLoop(
-            feed=self.feed,
-            inbox=self.inbox,
-            client=client,
-            node_name=NODE,
-            policy=policy,
-            enabled=enabled,
-            budget=self.budget,
-            mark_unhealthy=self.marker,
-            clock=self.clock,
-            interval=interval,
-        )
-
-    def publish(self, *conditions: Condition, provenance: Mapping[str, Provenance] = BUILTIN_CONDITIONS) -> None:
-        """Publish ``conditions``, owned as in the built-in configuration unless ``provenance`` says."""
-        snapshot = Snapshot(conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=provenance)
-        self.feed.publish(snapshot=snapshot, events=[], health={})
-
-    def step(self):
-        try:
-            return self.loop.step()
-        finally:
-            self.drain()
-
-    def drain(self) -> list[Event]:
-        while (item := self.inbox.get_nowait()) is not None:
-            assert isinstance(item, Notice)
-            self.told.extend(item.events)
-        return self.told
-
-    def events(self, reason: str | None = None) -> list[Event]:
-        self.drain()
-        return [e for e in self.told if reason is None or e.reason == reason]
-
-    def reasons(self) -> list[str]:
-        return [e.reason for e in self.events()]
-
-    def node(self) -> dict:
-        found = self.api.get_object("nodes", NODE)
-        assert found is not None
-        return found
-
-    def incident(self) -> dict | None:
-        text = (self.node()["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
-        return None if text is None else json.loads(text)
-
-    def cordoned(self) -> bool:
-        return bool(self.node()["spec"].get("unschedulable"))
-
-    def patches(self) -> int:
-        return self.api.requests.count(method="PATCH", path_regex=NODE_PATH)
-
-    def cordon_patches(self) -> int:
-        """PATCHes that made the Node unschedulable."""
-        return sum(
-            1
-            for r in self.api.requests.filter(method="PATCH", path_regex=NODE_PATH)
-            if isinstance(r.body, dict) and (r.body.get("spec") or {}).get("unschedulable") is True
-        )
-
-    def holders(self) -> list[str]:
-        lease = self.api.get_object("leases", DEFAULT_LEASE, NS)
-        if lease is None:
-            return []
-        return sorted(decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION]).holders)
-
-
-@pytest.fixture
-def harness(api, kube) -> Callable[..., Harness]:
-    return lambda **kw: Harness(api, kube(), **kw)
+def harness(api, kube) -> Callable[..., LoopHarness]:
+    return lambda **kw: LoopHarness(api, kube(), **{"policy": POLICY, **kw})
 
 
 # ---- trust ---------------------------------------------------------------------------------------------
@@ -861,7 +704,7 @@ def test_a_node_healthy_for_an_hour_after_its_uncordon_is_forgiven(harness):
     assert json.loads(h.node()["metadata"]["annotations"][FLAP_ANNOTATION])["count"] == 1
 
 
-def api_lease(h: Harness):
+def api_lease(h: LoopHarness):
     lease = h.api.get_object("leases", DEFAULT_LEASE, NS)
     assert lease is not None
     return decode_state(lease["metadata"]["annotations"][BUDGET_ANNOTATION])
@@ -886,7 +729,7 @@ def test_two_agents_claiming_one_node_name_act_once(harness, api, together):
         barrier = threading.Barrier(2)
         errors: list[BaseException] = []
 
-        def step(h: Harness) -> None:
+        def step(h: LoopHarness) -> None:
             barrier.wait()
             try:
                 h.step()
@@ -1077,7 +920,7 @@ def test_a_zone_failing_together_holds_with_one_event_and_goes_on_when_it_clears
 # ---- figures an operator watches ---------------------------------------------------------------------
 
 
-def buckets(h: Harness, phase: str) -> dict[float, int]:
+def buckets(h: LoopHarness, phase: str) -> dict[float, int]:
     reading = h.loop.stats.phases[phase].snapshot()
     return {bound: count for bound, count in reading.buckets if count}
 
@@ -1133,3 +976,65 @@ def test_the_collector_exports_the_histograms_and_the_incident_counter(harness):
         'node_health_agent_recovery_incidents_total{condition="NeuronHealth",outcome="remedy-requested",'
         'remedy="mark-unhealthy"} 1.0' in text
     )
+
+
+def opened_on_node(h: LoopHarness) -> list[dict]:
+    text = (h.node()["metadata"].get("annotations") or {}).get(HISTORY_ANNOTATION)
+    return json.loads(text)["opened"] if text else []
+
+
+def test_the_time_between_incidents_is_observed_from_the_node_s_history(harness):
+    """Each incident opened is recorded on the Node (id, condition type, the problem's time: no message);
+    the next one observes the interval, also in a restarted agent."""
+    h = harness(policy=CORDON_ONLY)
+
+    def incident_at(since: float) -> None:
+        h.clock.now = max(h.clock.now, since)
+        h.publish(problem(since=since))
+        h.step()
+        assert h.cordoned()
+        h.clock.now += 10
+        h.publish(healthy(since=h.clock.now))
+        h.step()
+        h.clock.now += 300
+        assert h.step().actions == (Action.UNCORDON,)
+
+    h.clock.now += DELAY
+    incident_at(T0 - 10)
+    assert h.loop.stats.between.snapshot().count == 0  # nothing before the first
+    incident_at(T0 + 86400)  # a day later (not a flap: that is within an hour of the uncordon)
+    reading = h.loop.stats.between.snapshot()
+    assert (reading.count, reading.total) == (1, 86410)
+    h.restart()
+    h.clock.now += DELAY
+    incident_at(T0 + 3 * 86400)
+    assert h.loop.stats.between.snapshot().total == 2 * 86400  # from the history, not this process
+    on_node = opened_on_node(h)
+    assert [o["at"] for o in on_node] == [T0 - 10, T0 + 86400, T0 + 3 * 86400]
+    assert {tuple(sorted(o)) for o in on_node} == {("at", "condition", "incident")}
+    assert {o["condition"] for o in on_node} == {DMA[0]}
+
+
+def test_the_collector_exports_the_time_between_incidents(harness):
+    from prometheus_client import generate_latest
+
+    from agent.recovery.metrics import RecoveryCollector
+    from agent.sinks.metrics import build_registry
+
+    h = harness()
+    h.loop.stats.between.observe(7200)
+    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats))).decode()
+    assert 'node_health_agent_recovery_time_between_incidents_seconds_bucket{le="10800.0"} 1.0' in text
+    assert "node_health_agent_recovery_time_between_incidents_seconds_count 1.0" in text
+
+
+def test_the_incident_history_is_bounded_and_an_incident_is_recorded_once():
+    opened: tuple[Opened, ...] = ()
+    gaps = []
+    for i in range(MAX_OPENED + 5):
+        incident = Incident(id=f"i{i}", condition=DMA[0], reason=DMA[1], since=T0 + 60 * i, opened=T0 + 60 * i)
+        opened, between = with_opened(opened, incident)
+        gaps.append(between)
+    assert len(opened) == MAX_OPENED and opened[0].incident == "i5"
+    assert gaps[0] is None and set(gaps[1:]) == {60.0}
+    assert with_opened(opened, incident) == (opened, None)  # on record already: not observed again

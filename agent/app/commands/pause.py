@@ -47,7 +47,12 @@ def add_parsers(sub: Any, *, parents: Sequence[argparse.ArgumentParser]) -> None
         cmd.add_argument("--reason", default="", help="why (kept with the pause, shown by status and in the Event)")
         cmd.add_argument("--by", default=None, help="who (default: the local user name)")
         which = cmd.add_mutually_exclusive_group()
-        which.add_argument("--pool", default=None, metavar="VALUE", help="only nodes of this pool (node group label)")
+        which.add_argument(
+            "--pool",
+            default=None,
+            metavar="VALUE",
+            help="only nodes of this pool: their pool label (the policy's budget.groups labels) has this value",
+        )
         which.add_argument("--node", default=None, metavar="NAME", help="only this node")
         which.add_argument(
             "--condition-reason",

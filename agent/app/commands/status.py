@@ -174,17 +174,31 @@ def cluster_view(*, client: Any, policy: Any, namespace: str, cluster_name: str,
         "nodes": rows,
         "budget": budget,
         "nodesListed": len(nodes),
-        "pauses": pause_view(client, namespace, cluster_name),
+        "pauses": pause_view(client, namespace, cluster_name, policy=policy, nodes=nodes),
     }
 
 
-def pause_view(client: Any, namespace: str, cluster_name: str) -> dict[str, Any]:
-    """Every pause in force (``pauses``) with who, why and when; ``problem`` when the Lease is unreadable."""
-    from agent.recovery.holds import PauseStore, pause_lease_name
+def pause_view(
+    client: Any, namespace: str, cluster_name: str, *, policy: Any = None, nodes: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Every pause in force (``pauses``) with who, why and when; ``problem`` when the Lease is unreadable.
+    A pool pause also names the pool labels the agents match with ``policy`` and how many ``nodes`` it covers."""
+    from agent.recovery.holds import POOL_LABELS, PauseStore, Scope, pause_lease_name, pool_labels
 
     store = PauseStore(client=client, namespace=namespace, lease_name=pause_lease_name(cluster_name))
     pauses = store.read()
-    view: dict[str, Any] = {"lease": store.where, "pauses": [p.to_json() for p in pauses.pauses]}
+    pools = pool_labels(policy.budget) if policy is not None else POOL_LABELS
+    listed = []
+    for p in pauses.pauses:
+        entry = p.to_json()
+        if p.scope is Scope.POOL:
+            labels = [((n.get("metadata") or {}).get("labels") or {}) for n in nodes]
+            entry["poolLabels"] = list(pools)
+            entry["nodes"] = sum(
+                1 for lab in labels if isinstance(lab, Mapping) and any(lab.get(k) == p.value for k in pools)
+            )
+        listed.append(entry)
+    view: dict[str, Any] = {"lease": store.where, "pauses": listed}
     if pauses.problem:
         view["problem"] = pauses.problem
     return view
@@ -202,6 +216,8 @@ def _print_pauses(pauses: Mapping[str, Any] | None, *, out: TextIO, now: float) 
     print(f"\npauses (Lease {pauses['lease']}):", file=out)
     for p in pauses["pauses"]:
         what = p["scope"] if p["scope"] == "cluster" else f"{p['scope']}={p['value']}"
+        if "poolLabels" in p:
+            what += f" ({' or '.join(p['poolLabels'])}: {p['nodes']} nodes)"
         why = f": {p['why']}" if p["why"] else ""
         print(f"  {what} by {p['by'] or 'unknown'} {_ago(p['since'], now)} ago{why}", file=out)
 
