@@ -290,9 +290,10 @@ class _MotoAsg:
 
 def _acting_rss_mib() -> tuple[float, str]:
     """RSS of a real agent process as deployed (without the test extras) in Kubernetes mode with every pack
-    and check, recovery on and CloudWatch on, after the built-in policy's replace remedy ran: a DMA error
-    cordoned the Node and marked its instance Unhealthy in Auto Scaling (moto's server), and the problem was
-    published to CloudWatch. (A reboot remedy, which needs an EC2 client, is not built on this branch.)"""
+    and check, recovery on and CloudWatch on, after the built-in policy's reboot and replace remedies ran, so
+    every AWS client the agent builds is loaded: an Xid 79 (reboot first) cordoned and drained the Node and
+    rebooted its instance (EC2 RebootInstances, moto's server), then a DMA error marked the instance Unhealthy
+    in Auto Scaling (replace), and the problems were published to CloudWatch."""
     import subprocess
     import tempfile
 
@@ -334,8 +335,11 @@ def _acting_rss_mib() -> tuple[float, str]:
         try:
             _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{node}/status$") >= 1, 60)
             with kmsg.open("a") as f:
-                f.write(f"3,2,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
-            _wait(lambda: aws.health() == "UNHEALTHY", 60, interval=0.05)
+                f.write(f"3,2,{usec()},-;{_XID79}\n")
+            _wait(lambda: "reboot" in _incident_done(server, node), 90, interval=0.1)
+            with kmsg.open("a") as f:
+                f.write(f"3,3,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
+            _wait(lambda: aws.health() == "UNHEALTHY", 90, interval=0.05)
             _wait(lambda: bool(aws.cloudwatch.list_metrics().get("Metrics")), 60, interval=0.1)
             time.sleep(1.0)
             status = Path(f"/proc/{proc.pid}/status").read_text()
@@ -348,7 +352,18 @@ def _acting_rss_mib() -> tuple[float, str]:
                 proc.kill()
                 proc.wait(timeout=10)
             server.stop()
-    return rss_kib / 1024, "acting: cordoned, instance marked Unhealthy (Auto Scaling), CloudWatch published"
+    return rss_kib / 1024, "acting: Xid 79 rebooted (EC2), DMA error marked Unhealthy (ASG), CloudWatch published"
+
+
+_XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def _incident_done(server, node: str) -> list[str]:
+    """The remedies the open recovery incident on ``node`` has done (its annotation), [] without one."""
+    from agent.recovery.model import INCIDENT_ANNOTATION
+
+    text = (server.get_object("nodes", node)["metadata"].get("annotations") or {}).get(INCIDENT_ANNOTATION)
+    return list(json.loads(text).get("done") or []) if text else []
 
 
 def _steady_state_writes() -> float:
