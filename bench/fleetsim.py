@@ -681,7 +681,9 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
     )
 
 
-def pause_mid_wave(*, agents: int, processes: int, scale: float, after: float = 120.0) -> Measured:
+def pause_mid_wave(
+    *, agents: int, processes: int, scale: float, after: float = 60.0, startup_delay: float = 10.0
+) -> Measured:
     """The misfire of :func:`misfire` with a cluster-wide pause (``node-health-agent pause``'s own code) issued
     as soon as the API server sees the wave's first cordon: how long after the pause Lease was written a new
     action (a cordon on the server, a mark-unhealthy in an agent) still started, over ``after`` simulated
@@ -690,8 +692,8 @@ def pause_mid_wave(*, agents: int, processes: int, scale: float, after: float = 
     from agent.app.commands.pause import apply
     from agent.recovery.holds import PauseStore, Scope, pause_lease_name
 
-    start = 120.0
-    with Fleet(agents=agents, processes=processes, scale=scale) as fleet:
+    start = 2 * startup_delay  # past the policy's startup delay (shortened: this scenario runs at a low scale)
+    with Fleet(agents=agents, processes=processes, scale=scale, startup_delay=startup_delay) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
         client = KubeClient.load(kubeconfig=fleet.kubeconfig)
@@ -728,7 +730,10 @@ def pause_mid_wave(*, agents: int, processes: int, scale: float, after: float = 
     starts = sorted([t for t, _ in _cordons(records, sim)] + marks)
     late = [t for t in starts if t >= paused]
     return Measured(
-        figures={"fleet.pause_effective_s": (late[-1] - paused) if late else 0.0},
+        figures={
+            "fleet.pause_effective_s": (late[-1] - paused) if late else 0.0,
+            "fleet.pause_remedies_after": float(sum(1 for t in marks if t >= paused)),
+        },
         notes=[
             f"pause mid-wave: {agents} agents at x{scale:g}; the pause written {paused - start:.1f} simulated s into "
             f"the wave, after {len(starts) - len(late)} actions; {len(late)} started after it"
