@@ -133,15 +133,19 @@ def sink_wait(stop: threading.Event, feed: Any, scale: float) -> Callable[[float
 
 
 class _Marker:
-    """``mark_unhealthy`` that records (the AWS side is not simulated: Auto Scaling is not the API server)."""
+    """``mark_unhealthy`` that records, with when (simulated s; the AWS side is not simulated: Auto Scaling is
+    not the API server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mono: Callable[[], float]) -> None:
         self.calls = 0
+        self.times: list[float] = []
+        self._mono = mono
 
     def __call__(self, node: Any) -> Any:
         from agent.recovery.asg import MarkResult
 
         self.calls += 1
+        self.times.append(self._mono())
         instance = (node.provider_id or "").rsplit("/", 1)[-1]
         return MarkResult(outcome="marked", instance_id=instance, group=CLUSTER, message=f"{instance} marked Unhealthy")
 
@@ -186,6 +190,7 @@ class SimAgent:
         from agent.detectors.pipeline import DetectionPipeline
         from agent.engine.mainloop import MainLoop
         from agent.recovery.budget import ClusterBudget, budget_lease_name
+        from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name
         from agent.recovery.loop import RecoveryLoop
         from agent.sinks.conditions import ConditionSink
         from agent.sinks.events import EventSink
@@ -240,7 +245,7 @@ class SimAgent:
             wait=sink_wait(self.stop, self.feed, sim.scale),
             rng=rng.random,
         )
-        self.marker = _Marker()
+        self.marker = _Marker(sim.mono)
         budget = ClusterBudget(
             client=client,
             namespace=NAMESPACE,
@@ -260,6 +265,12 @@ class SimAgent:
             enabled=True,
             budget=budget,
             mark_unhealthy=self.marker,
+            holds=HoldGate(  # as assembly.hold_gate: the pause Lease read before acting
+                store=PauseStore(client=client, namespace=NAMESPACE, lease_name=pause_lease_name(CLUSTER)),
+                client=client,
+                node_name=node,
+                monotonic=sim.mono,
+            ),
             clock=sim.now,
             monotonic=sim.mono,
         )
@@ -306,6 +317,7 @@ class SimAgent:
             "in_sync": self.conditions.in_sync,
             "outbox": len(self.events.outbox),
             "marks": self.marker.calls,
+            "mark_times": list(self.marker.times),
             "sink_bugs": self.conditions.bugs + self.events.bugs,
             "recovery_errors": self.recovery.stats.errors,
         }
@@ -427,7 +439,8 @@ class Fleet:
 
     def __enter__(self) -> Fleet:
         self.server.start()
-        kubeconfig = str(self.server.write_kubeconfig(Path(self._tmp.name) / "kubeconfig"))
+        self.kubeconfig = self.server.write_kubeconfig(Path(self._tmp.name) / "kubeconfig")
+        kubeconfig = str(self.kubeconfig)
         ctx = multiprocessing.get_context("spawn")
         for p in range(self._processes):
             parent, child = ctx.Pipe()
@@ -622,7 +635,7 @@ def _write_gaps(records: Iterable[Any], sim: SimTime) -> list[float]:
 def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0) -> Measured:
     """At simulated second 120 (past the policy's 60 s startup delay) the DMA error appears on every node at
     once; the budget's effect is read from the API server's requests for ``settle`` simulated seconds."""
-    from agent.recovery.budget import resolve_limit
+    from agent.recovery.budget import budget_lease_name, resolve_limit
     from agent.recovery.policyfile import DEFAULT_POLICY
 
     limit = resolve_limit(DEFAULT_POLICY.budget, domains=agents)
@@ -644,7 +657,8 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
         end = sim.mono()
     marks = sum(r["marks"] for r in fleet.final.values())
     over, peak = cordoned_over(records, limit)
-    lease = [r for r in records if "/leases" in r.path]
+    lease = [r for r in records if _lease(r) == budget_lease_name(CLUSTER)]
+    pause_reads = sum(1 for r in records if _lease(r) and _lease(r) != budget_lease_name(CLUSTER))
     grants = sum(1 for r in lease if r.method in ("PUT", "POST") and r.status in (200, 201))
     conflicts = sum(1 for r in lease if r.status == 409)
     per10 = window_counts([sim.at(r.at) for r in records], start=start, end=end, width=10.0)
@@ -659,11 +673,93 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
         },
         notes=[
             f"misfire: {agents} agents at x{scale:g}, limit {limit}: at most {peak} cordoned at once, {marks} marked; "
-            f"{len(lease)} Lease requests, {conflicts} conflicts, {grants} grants; {lists} node LISTs in "
+            f"{len(lease)} budget Lease requests, {conflicts} conflicts, {grants} grants ({pause_reads} pause Lease "
+            f"reads); {lists} node LISTs in "
             f"{end - start:.0f} simulated s; every node blocked or holding after "
             + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)")
         ],
     )
+
+
+def pause_mid_wave(
+    *, agents: int, processes: int, scale: float, after: float = 60.0, startup_delay: float = 10.0
+) -> Measured:
+    """The misfire of :func:`misfire` with a cluster-wide pause (``node-health-agent pause``'s own code) issued
+    as soon as the API server sees the wave's first cordon: how long after the pause Lease was written a new
+    action (a cordon on the server, a mark-unhealthy in an agent) still started, over ``after`` simulated
+    seconds. 0 when none did."""
+    from agent.adapters.kube import KubeClient
+    from agent.app.commands.pause import apply
+    from agent.recovery.holds import PauseStore, Scope, pause_lease_name
+
+    start = 2 * startup_delay  # past the policy's startup delay (shortened: this scenario runs at a low scale)
+    with Fleet(agents=agents, processes=processes, scale=scale, startup_delay=startup_delay) as fleet:
+        assert fleet.sim is not None
+        sim = fleet.sim
+        client = KubeClient.load(kubeconfig=fleet.kubeconfig)
+        try:
+            sim.until(start)
+            fleet.inject(DMA_LINE)
+            deadline = time.monotonic() + 600.0 / scale
+            while not _cordons(fleet.requests(start)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no node was cordoned within 600 simulated s of the misfire")
+                time.sleep(0.01)
+            store = PauseStore(client=client, namespace=NAMESPACE, lease_name=pause_lease_name(CLUSTER))
+            apply(
+                store,
+                command="pause",
+                scope=Scope.CLUSTER,
+                value="",
+                by="bench",
+                why="misfire",
+                now=sim.now(),
+                every={},
+            )
+        finally:
+            client.close()
+        records = fleet.requests(start)
+        (paused,) = [
+            sim.at(r.at)
+            for r in records
+            if _lease(r) == pause_lease_name(CLUSTER) and r.method in ("POST", "PUT") and r.status < 300
+        ]
+        sim.until(paused + after)
+        records = fleet.requests(start)
+    marks = [t for report in fleet.final.values() for t in report["mark_times"]]
+    starts = sorted([t for t, _ in _cordons(records, sim)] + marks)
+    late = [t for t in starts if t >= paused]
+    return Measured(
+        figures={
+            "fleet.pause_effective_s": (late[-1] - paused) if late else 0.0,
+            "fleet.pause_remedies_after": float(sum(1 for t in marks if t >= paused)),
+        },
+        notes=[
+            f"pause mid-wave: {agents} agents at x{scale:g}; the pause written {paused - start:.1f} simulated s into "
+            f"the wave, after {len(starts) - len(late)} actions; {len(late)} started after it"
+            + (f", the last {late[-1] - paused:.1f} s after" if late else "")
+            + f" (cordons {len(_cordons(records, sim))}, marks {len(marks)}; watched {after:.0f} s)"
+        ],
+    )
+
+
+def _lease(record: Any) -> str:
+    """The name of the Lease a request is about ("" for other requests; a create names it in its body)."""
+    if "/leases" not in record.path:
+        return ""
+    if record.path.endswith("/leases"):
+        return str(((record.body or {}).get("metadata") or {}).get("name", "")) if isinstance(record.body, dict) else ""
+    return record.path.rsplit("/", 1)[-1]
+
+
+def _cordons(records: Iterable[Any], sim: SimTime | None = None) -> list[tuple[float, str]]:
+    """(arrival, node) of every cordon PATCH the server accepted (simulated s when ``sim`` is given)."""
+    out = []
+    for r in records:
+        cordon = isinstance(r.body, dict) and (r.body.get("spec") or {}).get("unschedulable") is True
+        if cordon and r.method == "PATCH" and r.status == 200 and not r.path.endswith("/status"):
+            out.append((sim.at(r.at) if sim is not None else r.at, r.path.rsplit("/", 1)[-1]))
+    return out
 
 
 def _answered(fleet: Fleet, *, since: float) -> dict[str, float]:

@@ -2,9 +2,11 @@
 
 Importing this module costs nothing (botocore and its clients are ~20 MiB of the agent's 80 MiB budget):
 they are imported when the first client is built, which happens only when CloudWatch publishing or
-Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3. The EC2 client (its
-service model alone is ~20 MiB) is built only when a reboot is requested (:class:`Ec2Reboot`), never
-on the idle path.
+Auto Scaling recovery is switched on, or a diagnostics bundle is put to S3. The EC2 client is built
+only when a reboot is requested (:class:`Ec2Reboot`), never on the idle path. The EC2, Auto Scaling
+and CloudWatch clients read their service models trimmed to the operations in :data:`CALLS`
+(:data:`TRIMMED_MODELS_DIR`, made by :mod:`agent.adapters.trim_models`): EC2's full model alone
+costs ~15 MiB.
 
 Configuration comes only from the standard AWS environment, so the same code runs against AWS and
 against moto in the tests: ``AWS_ENDPOINT_URL`` (and ``AWS_ENDPOINT_URL_<SERVICE>``), the region
@@ -37,6 +39,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,11 @@ CALLS: Mapping[tuple[str, str], str] = types.MappingProxyType(
     }
 )
 ACTIONS = frozenset(CALLS.values())
+
+# Services whose botocore model the clients read trimmed to the operations in CALLS (agent.adapters.trim_models):
+# EC2's full model costs ~15 MiB for one operation. The directory is a loader search path of the agent's session.
+TRIMMED_SERVICES = frozenset({"autoscaling", "cloudwatch", "ec2"})
+TRIMMED_MODELS_DIR = Path(__file__).with_name("botocore-models")
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to an AWS endpoint
 READ_TIMEOUT = 10.0  # seconds to wait for an answer
@@ -382,6 +390,7 @@ class AwsClients:
 
             if self._session is None:
                 self._session = botocore.session.get_session()  # a session of our own: no global default
+                self._session.register_component("data_loader", _loader(self._session))
             config = Config(
                 connect_timeout=self._connect_timeout,
                 read_timeout=self._read_timeout,
@@ -408,6 +417,18 @@ class AwsClients:
             return getattr(client, xform_name(operation))(**params)
         except (ClientError, BotoCoreError, ResponseParserError) as exc:
             raise aws_error(exc, action=action, endpoint=client.meta.endpoint_url) from None
+
+
+def _loader(session: Any) -> Any:
+    """botocore's loader with the trimmed models (TRIMMED_MODELS_DIR) searched before botocore's own data.
+
+    ``AWS_DATA_PATH`` (the user's own models) still comes first. The directory holds only the services in
+    TRIMMED_SERVICES, so every other client reads botocore's models as before."""
+    from botocore.loaders import Loader
+
+    user = session.get_config_variable("data_path") or ""
+    paths = [os.path.expanduser(os.path.expandvars(p)) for p in user.split(os.pathsep) if p]
+    return Loader(extra_search_paths=[*paths, str(TRIMMED_MODELS_DIR)])
 
 
 def aws_error(exc: Exception, *, action: str, endpoint: str = "") -> AwsError:

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 SETTLE = 1.0  # seconds without a new change before reloading (editors write in several steps)
 MAX_WAIT = 10.0  # seconds a stream of changes may delay a reload
+POLL = 0.2  # seconds between looks while a burst of changes settles
+IDLE_WAKE = 1.0  # seconds between looks at stop while nothing changed (a change wakes the watcher at once)
 
 Fingerprint = tuple[tuple[str, str], ...]
 
@@ -148,6 +150,7 @@ class ConfigWatcher:
         self._first_change: float | None = None  # the burst being waited out: its first change
         self._last_change: float | None = None  # and its latest
         self._lock = threading.Lock()
+        self._pending = threading.Event()  # set by a change, cleared when its burst was checked
         self.generation = 1
         self.failures = 0
         self.ignored = 0  # changes that cannot touch the configuration
@@ -165,6 +168,7 @@ class ConfigWatcher:
             self._last_change = now
             if self._first_change is None:
                 self._first_change = now
+            self._pending.set()
 
     def seen(self, path: str, *, dest: str | None = None, is_directory: bool = False) -> None:
         """Called by the file watcher (any thread) for every change under the watched directories."""
@@ -175,13 +179,14 @@ class ConfigWatcher:
                 self.ignored += 1
 
     def poll(self, *, stop: threading.Event | None = None) -> bool:
-        """Called every 0.2 s: once a burst of changes has settled for ``settle`` seconds (or has gone
-        on for MAX_WAIT), :meth:`check` the files. True when it did."""
+        """Called every POLL seconds while changes are pending: once a burst of changes has settled for
+        ``settle`` seconds (or has gone on for MAX_WAIT), :meth:`check` the files. True when it did."""
         with self._lock:
             first, last, now = self._first_change, self._last_change, self._monotonic()
             if first is None or last is None or (now - last < self._settle and now - first < MAX_WAIT):
                 return False
             self._first_change = self._last_change = None
+            self._pending.clear()
         self.check(stop=stop)
         return True
 
@@ -189,7 +194,13 @@ class ConfigWatcher:
         observer = self._start_observer()
         self.changed()  # compare once: a change between the first load and the watch is not missed
         try:
-            while not stop.wait(0.2):
+            # Idle, the thread sleeps on the change signal, looking at stop once a second (an idle agent's
+            # wakeups are its idle CPU); a burst of changes is waited out in POLL steps, as before.
+            while not stop.is_set():
+                if not self._pending.wait(IDLE_WAKE):
+                    continue
+                if stop.wait(POLL):
+                    break
                 self.poll(stop=stop)
         finally:
             if observer is not None:

@@ -98,6 +98,10 @@ class RecoveryStats:
     between: Histogram = dataclasses.field(default_factory=lambda: Histogram(bounds=BETWEEN_BOUNDS))
 
 
+class _Held(Exception):
+    """A hold found right before a remedy: the step's remaining actions wait."""
+
+
 class RecoveryLoop:
     """The ``recovery`` component (Kubernetes mode only)."""
 
@@ -264,6 +268,15 @@ class RecoveryLoop:
             if answer.granted:
                 self._budget_backoff.reset()
                 self._budget_retry_at = float("-inf")
+                # Asking takes seconds at fleet scale (a LIST, Lease conflicts): a pause written meanwhile holds
+                # this step too, and a place this step took is given back (bench/fleetsim.py pause_mid_wave).
+                hold = self.holds.check(publication=publication, node=node, incident=pending)
+                if hold is not None:
+                    if not (incident is not None and incident.budget_held):
+                        self.stats.budget = self._budget.release()
+                    self._held(hold, pending)
+                    self._quiet = False
+                    return dataclasses.replace(decision, actions=(), message=hold.message)
                 decision = decided(answer)
                 if decision.incident is not None:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
@@ -418,6 +431,8 @@ class RecoveryLoop:
             assert incident is not None
             try:
                 incident, go_on = self._do(action, incident, view)
+            except _Held:
+                return  # a pause or veto came before the remedy: the node stays cordoned, the next step goes on
             except Exception:
                 self.stats.actions[(action.value, "failed")] += 1
                 raise
@@ -486,6 +501,12 @@ class RecoveryLoop:
         if self._bundle is not None and (kept := self._bundle(action, incident)) != incident:
             incident = kept  # a reboot or replace: its evidence is taken first (30 s at most) and recorded now
             node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
+        if action in REMEDIES:  # seconds after the step's hold check (cordon, drain, evidence): ask again
+            node = self._client.get_node(self._node_name)
+            hold = self.holds.check(publication=self._feed.latest(), node=node, incident=incident)
+            if hold is not None:
+                self._held(hold, incident)
+                raise _Held(hold.message)
         if action is Action.CORDON:
             update = node_actions.cordon(
                 self._client, node_name=self._node_name, incident=incident, reason=incident.reason, now=now

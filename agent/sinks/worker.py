@@ -41,7 +41,8 @@ MAX_BACKOFF = 120.0
 BACKOFF_JITTER = 0.2
 STALL = 60.0  # a loop that has not beaten this long after its planned wake-up is wedged
 IDLE = 60.0  # the longest pause (a new publication ends it early); the loop beats at least this often
-STOP_POLL = 0.5  # how often the default wait looks at ``stop`` (closing the feed wakes it at once)
+STOP_POLL = 5.0  # how often the default wait looks at ``stop`` (closing the feed wakes it at once: the supervisor
+# closes it on stop; each look is an idle wakeup, issue 16)
 
 
 class Failure(enum.StrEnum):

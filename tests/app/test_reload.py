@@ -275,6 +275,32 @@ def test_a_burst_of_changes_is_checked_once_after_it_settles(tmp_path):
     assert (watcher.unchanged, watcher.generation) == (3, 1)  # nothing really changed: no reload
 
 
+def test_an_idle_watcher_sleeps_on_the_change_signal_not_in_short_polls(tmp_path):
+    """Its wakeups are the agent's idle CPU: nothing pending, it looks at stop once a second at most."""
+    plugins, watcher, _, _ = setup(tmp_path)
+    waits: list[float | None] = []
+
+    class CountingStop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    stop = CountingStop()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: watcher.watching and watcher.unchanged == 1)  # the check at start: nothing changed
+        idle = len(waits)
+        time.sleep(0.5)  # two and a half of the old 0.2 s polls
+        assert len(waits) == idle
+        (plugins / "pack.yaml").write_text((plugins / "pack.yaml").read_text() + "\n")  # a change wakes it
+        wait_for(lambda: watcher.generation == 2)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
 def run_watcher(watcher: ConfigWatcher):
     stop = threading.Event()
     thread = threading.Thread(target=watcher.run, args=(stop,))

@@ -86,6 +86,13 @@ def test_a_tiny_misfire_never_disrupts_more_than_the_budget() -> None:
     assert measured.figures["fleet.lease_requests_per_grant"] >= 2  # a read and a write at least
 
 
+def test_a_pause_mid_wave_stops_every_remedy_in_a_tiny_misfire() -> None:
+    measured = fleetsim.pause_mid_wave(agents=12, processes=2, scale=5.0, after=30.0)
+    assert 0.0 <= measured.figures["fleet.pause_effective_s"] <= 10.0
+    # a check-then-act race of milliseconds: an agent that read the Lease just before the pause write may go on
+    assert measured.figures["fleet.pause_remedies_after"] <= 2
+
+
 def test_a_tiny_outage_loses_no_event_and_converges() -> None:
     measured = fleetsim.outage(agents=6, processes=2, scale=60.0, down=300.0, settle=600.0)
     assert measured.figures["fleet.events_lost"] == 0

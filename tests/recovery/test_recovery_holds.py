@@ -390,6 +390,68 @@ def test_a_drain_stops_before_the_next_pod(harness, api, how):
     assert "RecoveryDrainHeld" in h.reasons()
 
 
+# ---- a pause written while a step acts (found by bench/fleetsim.py pause_mid_wave) ---------------------------
+
+
+def test_a_pause_written_while_the_budget_is_asked_holds_the_step_and_gives_the_place_back(harness, api, monkeypatch):
+    """At fleet scale the budget ask takes seconds (a LIST of every Node, Lease conflicts)."""
+    h = harness()
+    asked = ClusterBudget.acquire
+
+    def acquire_then_paused(self, **kwargs):
+        answer = asked(self, **kwargs)
+        pause(api, Pause(scope=Scope.CLUSTER, by="alice", since=h.clock()))
+        return answer
+
+    monkeypatch.setattr(ClusterBudget, "acquire", acquire_then_paused)
+    h.publish(problem())
+    decision = h.step()
+    assert decision.actions == () and "cluster by alice" in decision.message
+    assert not h.cordoned() and h.marked == [] and h.reasons() == ["RecoveryPaused"]
+    assert h.loop.stats.budget.holders == ()  # the place it was given is free again
+    monkeypatch.setattr(ClusterBudget, "acquire", asked)
+    put_pauses(api, encode_pauses(Pauses()))
+    h.clock.now += 5
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.cordoned() and h.marked == [NODE]
+
+
+@pytest.mark.parametrize("how", ["pause", "veto"])
+def test_a_hold_that_comes_after_the_cordon_holds_the_remedy(harness, api, monkeypatch, how):
+    """Between the step's hold check and the remedy lie the cordon, the drain and the evidence (up to 30 s)."""
+    from agent.recovery import node as node_actions
+
+    h = harness()
+    cordon = node_actions.cordon
+
+    def cordon_then_held(*args, **kwargs):
+        update = cordon(*args, **kwargs)
+        if how == "pause":
+            pause(api, Pause(scope=Scope.CLUSTER, by="carol", since=h.clock()))
+        else:
+            node = h.node()
+            node["metadata"].setdefault("annotations", {})[VETO_ANNOTATION] = "stop"
+            api.put_object(node)
+        return update
+
+    monkeypatch.setattr(node_actions, "cordon", cordon_then_held)
+    h.publish(problem())
+    h.step()
+    assert h.cordoned() and h.marked == [] and h.incident()["done"] == ["cordon"]
+    assert h.reasons()[-1] == ("RecoveryPaused" if how == "pause" else "RecoveryVetoed")
+    assert h.loop.stats.actions[("mark-unhealthy", "ok")] == 0
+    monkeypatch.setattr(node_actions, "cordon", cordon)
+    if how == "pause":
+        put_pauses(api, encode_pauses(Pauses()))
+    else:
+        node = h.node()
+        del node["metadata"]["annotations"][VETO_ANNOTATION]
+        api.put_object(node)
+    h.clock.now += 5
+    assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    assert h.marked == [NODE]
+
+
 # ---- the commands ------------------------------------------------------------------------------------------
 
 
