@@ -407,13 +407,13 @@ def test_a_pause_written_while_the_budget_is_asked_holds_the_step_and_gives_the_
     h.publish(problem())
     decision = h.step()
     assert decision.actions == () and "cluster by alice" in decision.message
-    assert not h.cordoned() and h.marked == [] and h.reasons() == ["RecoveryPaused"]
+    assert not h.cordoned() and h.marker.marked == [] and h.reasons() == ["RecoveryPaused"]
     assert h.loop.stats.budget.holders == ()  # the place it was given is free again
     monkeypatch.setattr(ClusterBudget, "acquire", asked)
     put_pauses(api, encode_pauses(Pauses()))
     h.clock.now += 5
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
-    assert h.cordoned() and h.marked == [NODE]
+    assert h.cordoned() and h.marker.marked == [NODE]
 
 
 @pytest.mark.parametrize("how", ["pause", "veto"])
@@ -437,7 +437,7 @@ def test_a_hold_that_comes_after_the_cordon_holds_the_remedy(harness, api, monke
     monkeypatch.setattr(node_actions, "cordon", cordon_then_held)
     h.publish(problem())
     h.step()
-    assert h.cordoned() and h.marked == [] and h.incident()["done"] == ["cordon"]
+    assert h.cordoned() and h.marker.marked == [] and h.incident()["done"] == ["cordon"]
     assert h.reasons()[-1] == ("RecoveryPaused" if how == "pause" else "RecoveryVetoed")
     assert h.loop.stats.actions[("mark-unhealthy", "ok")] == 0
     monkeypatch.setattr(node_actions, "cordon", cordon)
@@ -449,7 +449,7 @@ def test_a_hold_that_comes_after_the_cordon_holds_the_remedy(harness, api, monke
         api.put_object(node)
     h.clock.now += 5
     assert h.step().actions == (Action.MARK_UNHEALTHY,)
-    assert h.marked == [NODE]
+    assert h.marker.marked == [NODE]
 
 
 # ---- the commands ------------------------------------------------------------------------------------------
@@ -718,7 +718,10 @@ def test_the_poll_reads_from_the_api_server_cache_and_the_read_before_acting_doe
     h.publish(problem())
     h.step()
     queries = [r.query for r in api.requests.filter(method="GET", path_regex=rf"/leases/{LEASE}$")]
-    assert queries == [{"resourceVersion": "0"}, {}]
+    # the poll from the cache; every read on the way to an action (before acting, after the budget's
+    # grant, before the remedy) fresh
+    assert queries[0] == {"resourceVersion": "0"} and len(queries) >= 2, queries
+    assert all(q == {} for q in queries[1:]), queries
 
 
 def test_the_running_loop_polls_while_idle(api, kube):
