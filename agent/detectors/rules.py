@@ -210,11 +210,11 @@ class RuleEngine:
             data = "\n".join(lines).encode("utf-8", "surrogatepass")
             if data.count(b"\n") != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
-            hits = self._prefilter.hits(data)
-            hits.sort()  # by offset
             by_line: dict[int, set[str]] = {}
             line_index, previous = 0, 0
-            for offset, lits in hits:  # newline counting maps byte offsets to lines in one C pass
+            # Hits come in offset order and are exact (each literal occurs at its offset); newline
+            # counting maps byte offsets to lines in one C pass.
+            for offset, lits in self._prefilter.hits(data):
                 line_index += data.count(b"\n", previous, offset)
                 previous = offset
                 by_line.setdefault(line_index, set()).update(lits)
@@ -222,8 +222,6 @@ class RuleEngine:
             for i, line_lits in by_line.items():
                 line = lines[i]
                 for lit in line_lits:
-                    if lit not in line:
-                        continue
                     for k in self._by_literal[lit]:
                         rule = rules[k]
                         if rule.multiline:

@@ -48,3 +48,27 @@ def test_no_occurrence_is_missed(literals: list[str], lines: list[str]) -> None:
     prefilter = Prefilter.build(literals)
     data = "\n".join(lines).encode()
     assert _reported(prefilter, data) == _expected(data, literals)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    literals=st.lists(st.text(alphabet="abcXid (:E ", min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
+    lines=st.lists(st.text(alphabet="abcXid (:E x", max_size=30), min_size=1, max_size=8),
+)
+def test_every_reported_literal_occurs_at_its_offset(literals: list[str], lines: list[str]) -> None:
+    """Hits are exact, so the engine need not search the line for a reported literal again."""
+    prefilter = Prefilter.build(literals)
+    data = "\n".join(lines).encode()
+    for offset, lits in prefilter.hits(data):
+        assert lits, offset
+        assert all(data.startswith(lit.encode(), offset) for lit in lits), (offset, lits)
+
+
+def test_a_literal_shared_by_a_longer_one_is_reported_only_where_the_longer_one_occurs() -> None:
+    prefilter = Prefilter.build(["error", "error: should not happen", "errors"])
+    data = b"an error here\nerror: should not happen\nerrors"
+    assert [(offset, sorted(lits)) for offset, lits in prefilter.hits(data)] == [
+        (3, ["error"]),
+        (14, ["error", "error: should not happen"]),
+        (39, ["error", "errors"]),
+    ]
