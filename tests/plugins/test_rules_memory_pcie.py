@@ -680,6 +680,22 @@ for prefix, fields in pci_prefixes("AER: "):
         )
     for flr in (kformat("not reset (no FLR support: %d)\n", -25), kformat("not reset (no FLR support)\n")):
         add("kernel/pcie-link-reset-failed", "PCIeLinkResetFailed", prefix + flr.strip(), fields)
+for (prefix, fields), (sid, (dom, bus, slot, fn)) in itertools.product(
+    [p for p in [*pci_prefixes("AER: "), *pci_prefixes("")] if p[1]],
+    [(0x00E5, (0, 0, 0x1C, 5)), (0, (0, 0, 0, 0)), (0xFFFF, (0xFFFF, 0xFF, 0x1F, 7))],
+):
+    add(
+        "kernel/pcie-aer-source-not-found",
+        "PCIeErrorSourceNotFound",
+        prefix + kformat("can't find device of ID%04x\n", sid).strip(),
+        {**fields, "source_id": kformat("%04x", sid)},
+    )
+    add(
+        "kernel/pcie-aer-source-not-found",
+        "PCIeErrorSourceNotFound",
+        prefix + kformat("found no error details for %04x:%02x:%02x.%d\n", dom, bus, slot, fn).strip(),
+        {**fields, "source": kformat("%04x:%02x:%02x.%d", dom, bus, slot, fn)},
+    )
 for prefix, fields in pci_prefixes(""):
     if not fields:
         continue
