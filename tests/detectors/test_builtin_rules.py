@@ -94,3 +94,17 @@ FREQUENT_BENIGN = [
 def test_frequent_benign_lines_carry_no_rule_literal(line):
     prefilter = Prefilter.build(lit for rule in RULE_SET.rules for lit in rule.literals or ())
     assert prefilter.hits(line.encode()) == []
+
+
+# A rule that can match across lines is tried on its whole window for bufferSize lines after each line
+# with its literal: a character class that forgets to exclude "\n" ("[^)]*") makes a one-line message
+# such a rule, at ten regex runs per literal hit. Only the messages printed over several lines may be.
+MULTILINE = {
+    "kernel/pcie-aer-detail-in-report",  # an AER report's header with its detail lines
+    "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
+    "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
+}
+
+
+def test_only_messages_printed_over_several_lines_have_multiline_rules():
+    assert {r.name for r in RULE_SET.rules if r.multiline} == MULTILINE
