@@ -197,6 +197,11 @@ class RuleEngine:
         self._candidate_order = lambda c: (c[0], c[1] in fallbacks, c[1])
         self._literal_rules = [r for r in rules if r.literals is not None]
         self._multiline_rules = [r for r in self._literal_rules if r.multiline]
+        if self._multiline_rules:
+            log.debug(
+                "rules that can match across lines are tried on their window after each literal: %s",
+                ", ".join(r.name for r in self._multiline_rules),
+            )
         self._always = [r for r in rules if r.literals is None]
         if self._always:
             log.info(
