@@ -95,11 +95,12 @@ _TRACE = (
     " </TASK>",
 )
 
-# Benign multi-line blocks: a kernel warning with its registers and call trace.
+# Benign multi-line blocks: a backtrace an operator asked for (sysrq l), with registers and call trace
+# (a WARNING report is not benign: kernel/warning reports it).
 BENIGN_BLOCKS = (
     (
-        "------------[ cut here ]------------",
-        "WARNING: CPU: {small} PID: {num} at net/core/dev.c:{num} netif_tx_lock+0x{hex2}/0x{hex3}",
+        "sysrq: Show backtrace of all active CPUs",
+        "NMI backtrace for cpu {small}",
         "Modules linked in: nvidia_uvm(POE) nvidia_drm(POE) nvidia_modeset(POE) nvidia(POE) efa ena",
         "CPU: {small} PID: {num} Comm: kworker/{small}:{small} Tainted: P           OE     6.1.{small}-aws #1",
         "Hardware name: Amazon EC2 p5.48xlarge/, BIOS 1.0 10/16/2017",

@@ -269,6 +269,7 @@ COMMON_TAGS = (
     "device ",
     "pci ",
     "kernel: ",
+    " callbacks suppressed",  # every rate-limited print (net_ratelimit, kauditd_printk_skb) ends so
 )
 MIN_LITERAL = 4
 

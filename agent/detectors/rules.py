@@ -31,7 +31,7 @@ from typing import Any
 from agent.core.bounds import bounded_reason
 from agent.core.patterns import PatternMatch
 from agent.core.types import Finding, RuleType
-from agent.detectors.model import CompiledRule, RuleSet
+from agent.detectors.model import CompiledRule, FieldFilter, RuleSet
 from agent.detectors.prefilter import Prefilter
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,26 @@ class FindingBuilder:
         # Every match of a threshold rule, by its `by` values (e.g. corrected errors per device), quiet
         # ones included: what the per-device counter metric reports. Bounded like the windows.
         self.counts: dict[str, collections.OrderedDict[str, int]] = {}
+        # rule name -> the filters decidable on the groups, each with its field's type ("" = text)
+        self._early: dict[str, tuple[tuple[FieldFilter, str], ...]] = {}
 
     def build(
         self, rule: CompiledRule, *, match: PatternMatch, message: str, timestamp: float, line: int | None
     ) -> Finding | None:
-        fields: dict[str, Any] = {k: v for k, v in match.groupdict().items() if v is not None}
+        groups = match.groupdict()
+        if rule.where:
+            # Rules that share a pattern (one per Xid list, ...) mostly differ by their filters: decide
+            # the filters the raw groups settle before building the fields.
+            early = self._early.get(rule.name)
+            if early is None:
+                early = self._early[rule.name] = _early_filters(rule)
+            for flt, kind in early:
+                value = groups.get(flt.field)
+                if value is not None and kind:
+                    value = _converted(value, kind)
+                if (value is not None and value in flt.values) == flt.negate:
+                    return None
+        fields: dict[str, Any] = {k: v for k, v in groups.items() if v is not None}
         if rule.key_values:
             for key, value in key_values(message, wanted=rule.key_values):
                 fields.setdefault(key.replace("-", "_"), value)
@@ -116,6 +131,25 @@ class FindingBuilder:
         return len(times) >= threshold.count
 
 
+def _early_filters(rule: CompiledRule) -> tuple[tuple[FieldFilter, str], ...]:
+    """The rule's ``where`` filters whose outcome the pattern's groups decide alone (the field cannot
+    come from ``keyValues`` instead), each with the field's type."""
+    from_key_values = {k.replace("-", "_") for k in rule.key_values}
+    return tuple((f, rule.field_types.get(f.field, "")) for f in rule.where if f.field not in from_key_values)
+
+
+def _converted(value: str, kind: str) -> str | None:
+    """A group's text as ``build`` compares it after ``fieldTypes`` (None where the conversion fails)."""
+    try:
+        if kind == "int":
+            return str(int(value))
+        if kind == "hex":
+            return str(int(value, 16))
+    except ValueError:
+        return None
+    return value
+
+
 def key_values(message: str, *, wanted: Sequence[str]) -> list[tuple[str, str]]:
     """The ``key=value`` tokens of ``message`` whose key is wanted, in order.
 
@@ -163,6 +197,11 @@ class RuleEngine:
         self._candidate_order = lambda c: (c[0], c[1] in fallbacks, c[1])
         self._literal_rules = [r for r in rules if r.literals is not None]
         self._multiline_rules = [r for r in self._literal_rules if r.multiline]
+        if self._multiline_rules:
+            log.debug(
+                "rules that can match across lines are tried on their window after each literal: %s",
+                ", ".join(r.name for r in self._multiline_rules),
+            )
         self._always = [r for r in rules if r.literals is None]
         if self._always:
             log.info(
@@ -175,6 +214,17 @@ class RuleEngine:
             for lit in rule.literals or ():
                 self._by_literal.setdefault(lit, []).append(self._order[rule.name])
         self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
+        # Per literal: the multi-line rules it arms, and the single-line rules it makes candidates
+        # grouped by their required runs (rules sharing a pattern check those once per line).
+        self._multi_by_literal: dict[str, tuple[int, ...]] = {}
+        self._single_by_literal: dict[str, tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]] = {}
+        for lit, indexes in self._by_literal.items():
+            self._multi_by_literal[lit] = tuple(k for k in indexes if rules[k].multiline)
+            groups: dict[tuple[str, ...], list[int]] = {}
+            for k in indexes:
+                if not rules[k].multiline:
+                    groups.setdefault(rules[k].requires, []).append(k)
+            self._single_by_literal[lit] = tuple((req, tuple(ks)) for req, ks in groups.items())
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[str, int] = {}  # multiline rule name -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
@@ -210,11 +260,11 @@ class RuleEngine:
             data = "\n".join(lines).encode("utf-8", "surrogatepass")
             if data.count(b"\n") != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
-            hits = self._prefilter.hits(data)
-            hits.sort()  # by offset
             by_line: dict[int, set[str]] = {}
             line_index, previous = 0, 0
-            for offset, lits in hits:  # newline counting maps byte offsets to lines in one C pass
+            # Hits come in offset order and are exact (each literal occurs at its offset); newline
+            # counting maps byte offsets to lines in one C pass.
+            for offset, lits in self._prefilter.hits(data):
                 line_index += data.count(b"\n", previous, offset)
                 previous = offset
                 by_line.setdefault(line_index, set()).update(lits)
@@ -222,15 +272,16 @@ class RuleEngine:
             for i, line_lits in by_line.items():
                 line = lines[i]
                 for lit in line_lits:
-                    if lit not in line:
-                        continue
-                    for k in self._by_literal[lit]:
+                    for k in self._multi_by_literal.get(lit, ()):
                         rule = rules[k]
-                        if rule.multiline:
-                            candidates.update((j, k) for j in range(i, min(n, i + rule.window)))
-                            self._armed[rule.name] = max(self._armed.get(rule.name, -1), base + i + rule.window - 1)
-                        elif all(run in line for run in rule.requires):
-                            candidates.add((i, k))
+                        candidates.update((j, k) for j in range(i, min(n, i + rule.window)))
+                        self._armed[rule.name] = max(self._armed.get(rule.name, -1), base + i + rule.window - 1)
+                    for requires, group in self._single_by_literal.get(lit, ()):
+                        for run in requires:
+                            if run not in line:
+                                break
+                        else:
+                            candidates.update((i, k) for k in group)
         for name in [k for k, until in self._armed.items() if until < base + n]:
             del self._armed[name]
         for rule in self._always:

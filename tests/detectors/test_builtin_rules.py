@@ -11,6 +11,7 @@ import yaml
 
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
+from agent.detectors.prefilter import Prefilter
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 
 from helpers import FIXTURES
@@ -75,3 +76,35 @@ def test_a_quiet_rule_keeps_its_familys_fallback_silent(engine_cls, rule, lines)
 @pytest.mark.parametrize("line", FIXTURE["benign"])
 def test_benign_lines_stay_silent(line):
     assert RuleEngine(rule_set=RULE_SET).feed([line]) == []
+
+
+# Benign lines a busy node prints by the thousand. A rule literal found in one of them sends every such
+# line through Python and a regex (the rate-limited I/O rule's literal ' callbacks suppressed' did).
+FREQUENT_BENIGN = [
+    "kauditd_printk_skb: 12 callbacks suppressed",
+    "net_ratelimit: 187 callbacks suppressed",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024",
+    "NVRM: GPU at PCI:0000:53:00: GPU-0a5ab9cd-2b93-d1a4-3b6c-1a1e9c7d2b11",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): cali4f2d1e0a9b3: link becomes ready",
+    "cni0: port 3(veth1c2d3e4f) entered forwarding state",
+]
+
+
+@pytest.mark.parametrize("line", FREQUENT_BENIGN)
+def test_frequent_benign_lines_carry_no_rule_literal(line):
+    prefilter = Prefilter.build(lit for rule in RULE_SET.rules for lit in rule.literals or ())
+    assert prefilter.hits(line.encode()) == []
+
+
+# A rule that can match across lines is tried on its whole window for bufferSize lines after each line
+# with its literal: a character class that forgets to exclude "\n" ("[^)]*") makes a one-line message
+# such a rule, at ten regex runs per literal hit. Only the messages printed over several lines may be.
+MULTILINE = {
+    "kernel/pcie-aer-detail-in-report",  # an AER report's header with its detail lines
+    "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
+    "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
+}
+
+
+def test_only_messages_printed_over_several_lines_have_multiline_rules():
+    assert {r.name for r in RULE_SET.rules if r.multiline} == MULTILINE

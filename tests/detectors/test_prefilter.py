@@ -51,18 +51,24 @@ def test_no_occurrence_is_missed(literals: list[str], lines: list[str]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(literals=st.lists(st.text(alphabet="aäb€ :", min_size=1, max_size=5), min_size=1, max_size=40))
-def test_each_found_literal_stands_for_exactly_the_literals_that_begin_with_it(literals: list[str]) -> None:
-    covers = Prefilter.build(literals).covers
-    unique = sorted(set(literals))
-    assert set(covers) == {lit.encode() for lit in unique}
-    for raw, standing in covers.items():
-        assert standing == tuple(lit for lit in unique if lit.encode().startswith(raw)), raw
+@given(
+    literals=st.lists(st.text(alphabet="abcXid (:E ", min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
+    lines=st.lists(st.text(alphabet="abcXid (:E x", max_size=30), min_size=1, max_size=8),
+)
+def test_every_reported_literal_occurs_at_its_offset(literals: list[str], lines: list[str]) -> None:
+    """Hits are exact, so the engine need not search the line for a reported literal again."""
+    prefilter = Prefilter.build(literals)
+    data = "\n".join(lines).encode()
+    for offset, lits in prefilter.hits(data):
+        assert lits, offset
+        assert all(data.startswith(lit.encode(), offset) for lit in lits), (offset, lits)
 
 
-def test_many_literals_sharing_prefixes_each_cover_their_own_extensions() -> None:
-    """1,350 literals sharing prefixes, as the generated packs' do ("error 1" covers "error 10".."error 199")."""
-    literals = [f"NVRM: {word} {i}" for word in ("failed", "timeout", "error") for i in range(450)]
-    covers = Prefilter.build(literals).covers
-    assert covers[b"NVRM: error 1"] == tuple(sorted(lit for lit in literals if lit.startswith("NVRM: error 1")))
-    assert len(covers) == len(literals)
+def test_a_literal_shared_by_a_longer_one_is_reported_only_where_the_longer_one_occurs() -> None:
+    prefilter = Prefilter.build(["error", "error: should not happen", "errors"])
+    data = b"an error here\nerror: should not happen\nerrors"
+    assert [(offset, sorted(lits)) for offset, lits in prefilter.hits(data)] == [
+        (3, ["error"]),
+        (14, ["error", "error: should not happen"]),
+        (39, ["error", "errors"]),
+    ]

@@ -348,6 +348,33 @@ CASES = [
         [(1, "kv", "Kv", "dev 7 nd-id=3", {"nd_id": "7"})],
     ),
     (
+        # The matcher decides a `where` filter on the raw groups where it can (rules sharing a pattern):
+        # converted fields compare as converted, a field keyValues may give is left to the full build.
+        "where-on-converted-and-key-value-fields",
+        {
+            "rules": [
+                temp("hex", r"code (?P<code>\S+)", "Hex", fieldTypes={"code": "hex"}, where={"code": ["255"]}),
+                temp(
+                    "nothex",
+                    r"code (?P<code>\S+)",
+                    "NotHex",
+                    fieldTypes={"code": "hex"},
+                    where={"code": {"notIn": ["255"]}},
+                ),
+                temp("int", r"n (?P<n>\S+)", "Int", fieldTypes={"n": "int"}, where={"n": ["13"]}),
+                temp("kv", r"dev(?: (?P<nd_id>\d+))? .*", "Kv", keyValues=["nd-id"], where={"nd_id": ["3"]}),
+            ]
+        },
+        ["code 0xff", "code ff", "code zz", "n 013", "n 14", "dev nd-id=3", "dev 4 nd-id=3"],
+        [
+            (1, "hex", "Hex", "code 0xff", {"code": 255}),
+            (2, "hex", "Hex", "code ff", {"code": 255}),
+            (3, "nothex", "NotHex", "code zz", {}),
+            (4, "int", "Int", "n 013", {"n": 13}),
+            (6, "kv", "Kv", "dev nd-id=3", {"nd_id": "3"}),
+        ],
+    ),
+    (
         "non-ascii-lines",
         {
             "rules": [

@@ -10,6 +10,7 @@ that the built-in packs give exactly the expected rules, reason and fields, in b
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -45,6 +46,7 @@ FAMILY = {
     "kernel/oom-kill-constraint",
     "kernel/oom-reaper",
     "kernel/segfault",
+    "kernel/warning",
 }
 
 U32 = 2**32 - 1
@@ -474,6 +476,55 @@ add(
     ("kernel/segfault", "ProcessSegfault", {"comm": "java", "addr": "10"}),
 )
 
+# kernel/panic.c __warn / warn_slowpath_common: the WARNING line of a WARN()/WARN_ON() report.
+# %pS prints "function+0xoff/0xsize [module]", or the bare address when there is no symbol.
+CALLERS = [
+    ("drm_mm_takedown+0x2e/0x40 [drm]", "drm_mm_takedown", "drm"),
+    ("nv_dma_map_sgt+0x1b/0x90 [nvidia]", "nv_dma_map_sgt", "nvidia"),
+    ("__alloc_pages+0x2f5/0x330", "__alloc_pages", None),
+    ("0xffffffffc0a1b2c3", "0xffffffffc0a1b2c3", None),
+]
+for (caller, symbol, module), (cpu, pid, file, line) in itertools.product(
+    CALLERS,
+    [(0, 0, "mm/page_alloc.c", 0), (8191, 2147483647, "drivers/gpu/drm/drm_mm.c", 1000), (-1, -1, "x.c", 2147483647)],
+):
+    fields = {"symbol": symbol, **({"module": module} if module else {})}
+    add(  # 4.x+ with the file
+        "warning",
+        "WARNING: CPU: %d PID: %d at %s:%d %pS",
+        (cpu, pid, file, line, caller),
+        (
+            "kernel/warning",
+            "KernelWarning",
+            {**fields, "cpu": str(cpu), "pid": str(pid), "file": file, "line": str(line)},
+        ),
+    )
+    add(  # without file/line (no CONFIG_DEBUG_BUGVERBOSE)
+        "warning",
+        "WARNING: CPU: %d PID: %d at %pS",
+        (cpu, pid, caller),
+        ("kernel/warning", "KernelWarning", {**fields, "cpu": str(cpu), "pid": str(pid)}),
+    )
+    add(  # 3.12-4.x
+        "warning",
+        "WARNING: CPU: %d PID: %d at %s:%d %pS()",
+        (cpu, pid, file, line, caller),
+        ("kernel/warning", "KernelWarning", {**fields, "file": file}),
+    )
+    add(  # 2.6.26-3.11
+        "warning",
+        "WARNING: at %s:%d %pS()",
+        (file, line, caller),
+        ("kernel/warning", "KernelWarning", {**fields, "file": file, "line": str(line)}),
+    )
+# The transmit watchdog's WARN_ONCE: kernel/netdev-tx-timeout speaks for that report.
+for fmt, values in [
+    ("WARNING: CPU: %d PID: %d at %s:%d %pS", (3, 0, "net/sched/sch_generic.c", 525, "dev_watchdog+0x20f/0x250")),
+    ("WARNING: CPU: %d PID: %d at %pS", (3, 0, "dev_watchdog+0x20f/0x250")),
+    ("WARNING: at %s:%d %pS()", ("net/sched/sch_generic.c", 255, "dev_watchdog+0x1f5/0x200")),
+]:
+    add("warning", fmt, values)
+
 # Look-alikes of the family that must stay silent for all of its rules (from the same sources)
 for fmt, values in [
     # arch/x86/kernel/traps.c show_signal (pr_fmt "traps: "): a user-mode #GP, not a kernel oops
@@ -491,6 +542,21 @@ for fmt, values in [
     ("sysrq: %s", ("Show Blocked State")),
     ("sysrq: HELP : %s", ("loglevel(0-9) reboot(b) crash(c) show-memory-usage(m) ",)),
     ("sysrq: This sysrq operation is disabled.", ()),
+    # the rest of a WARNING / oops report, and other "WARNING:" prints that are not __warn's
+    ("------------[ cut here ]------------", ()),
+    ("---[ end trace %016llx ]---", (0,)),
+    ("---[ end trace %016llx ]---", (0xA1B2C3D4E5F60718,)),
+    ("RIP: %04x:%pS", (0x10, "dev_watchdog+0x20f/0x250")),
+    ("Call Trace:", ()),
+    (" <TASK>", ()),
+    ("Modules linked in: %s", ("nvidia_uvm(POE) nvidia(POE) ena",)),
+    (
+        "CPU: %d PID: %d Comm: %.*s %s%s %s %.*s%s",
+        (3, 0, 16, "swapper/3", "Not tainted", "", "6.1.0-aws", 35, "#1", ""),
+    ),
+    ("nvidia-modeset: WARNING: GPU:%d: Lost display notification (%d:0x%08x); continuing.", (0, 0, 0)),
+    ("WARNING: possible circular locking dependency detected", ()),
+    ("WARNING: kernel stack frame pointer at %p in %s:%d has bad value %p", (0xFFFFB1C2, "python3", 42, 0)),
     # mm/oom_kill.c, fs: context that is not itself the event
     ("Memory cgroup stats for %s:", ("/kubepods.slice",)),
     ("oom_score_adj set for pid %d (%s)", (1, "systemd")),
@@ -528,7 +594,7 @@ def _ours() -> list:
 
 def test_every_rule_of_the_family_has_generated_lines():
     covered = {rule for _table, (_f, _v, expected) in CASES for rule, _r, _x in expected}
-    assert len(_ours()) == 13
+    assert len(_ours()) == 14
     assert {r.name for r in _ours()} - covered == set()
 
 
@@ -577,3 +643,55 @@ def test_a_segfault_line_with_a_clause_of_a_later_kernel_still_counts(engine_cls
     line = render(SEGV + LIKELY + " in memory cgroup %s", "", "python3", 7, 0, 1, 2, 4, 3, 1, 0, "/kubepods")
     [finding] = [f for f in engine_cls(rule_set=RULE_SET).feed([line]) if f.rule in FAMILY]
     assert (finding.rule, finding.fields["comm"], finding.fields["cpu"]) == ("kernel/segfault", "python3", "3")
+
+
+@ENGINES
+def test_a_warning_report_gives_one_finding(engine_cls):
+    """A WARN_ON report: cut here, the WARNING line, its detail lines, the end marker: one KernelWarning."""
+    lines = [
+        "------------[ cut here ]------------",
+        "WARNING: CPU: 12 PID: 4242 at drivers/gpu/drm/drm_mm.c:1000 drm_mm_takedown+0x2e/0x40 [drm]",
+        "Modules linked in: nvidia_drm(POE) drm_kms_helper drm nvidia(POE)",
+        "CPU: 12 PID: 4242 Comm: Xorg Tainted: P           OE     6.8.0-1015-aws #16-Ubuntu",
+        "Hardware name: Amazon EC2 p5.48xlarge/, BIOS 1.0 10/16/2017",
+        "RIP: 0010:drm_mm_takedown+0x2e/0x40 [drm]",
+        "RSP: 0018:ffffb1c2c3d4e5f8 EFLAGS: 00010246",
+        "Call Trace:",
+        " <TASK>",
+        " drm_vma_offset_manager_destroy+0x12/0x30 [drm]",
+        " </TASK>",
+        "---[ end trace 0000000000000000 ]---",
+    ]
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [(f.line, f.rule, f.reason) for f in findings] == [(2, "kernel/warning", "KernelWarning")]
+
+
+@ENGINES
+def test_the_transmit_watchdogs_warn_is_one_finding(engine_cls):
+    """dev_watchdog's WARN_ONCE: the NETDEV WATCHDOG message speaks; its WARNING line does not again."""
+    lines = [
+        "------------[ cut here ]------------",
+        "NETDEV WATCHDOG: eth0 (ena): transmit queue 3 timed out 5120 ms",
+        "WARNING: CPU: 3 PID: 0 at net/sched/sch_generic.c:525 dev_watchdog+0x20f/0x250",
+        "RIP: 0010:dev_watchdog+0x20f/0x250",
+        "---[ end trace 0000000000000000 ]---",
+    ]
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [(f.line, f.rule) for f in findings] == [(2, "kernel/netdev-tx-timeout")]
+
+
+@ENGINES
+def test_a_bug_report_gives_one_finding_at_its_header(engine_cls):
+    """lib/bug.c BUG(): "kernel BUG at %s:%u!" then the die() header (invalid opcode): one KernelOops."""
+    lines = [
+        "------------[ cut here ]------------",
+        render("kernel BUG at %s:%u!", "mm/slub.c", 4321),
+        "invalid opcode: 0000 [#1] PREEMPT SMP NOPTI",
+        "CPU: 7 PID: 1234 Comm: python3 Tainted: P           OE     6.8.0-1015-aws #16-Ubuntu",
+        "RIP: 0010:kfree+0x1c7/0x1d0",
+        "Code: 0f 0b 48 8b 45 00",
+        "Call Trace:",
+        "---[ end trace 0000000000000000 ]---",
+    ]
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [(f.line, f.rule) for f in findings] == [(3, "kernel/oops")]

@@ -605,6 +605,129 @@ for line, fields in _memory_failure_lines(FAILED):
     add("kernel/memory-failure", "MemoryFailure", line, fields)
 
 # ---------------------------------------------------------------------------------------------
+# Corrected machine checks: __print_mce (core.c) and the EDAC chipset drivers' copy of its line
+# (sb_edac/pnd2 "CPU %d: Machine Check %s: %Lx Bank %d: %016Lx\n", skx_common "... %s: 0x%llx Bank
+# %d: %016Lx\n", "Exception" or "Event", behind edac_mc_chipset_printk "EDAC %s MC%d: "). UC (bit
+# 61) clear: the first hex digit is 0, 1, 4, 5, 8, 9, c or d.
+
+CE_STATUS = [0x0000000000000000, 0x1000000000000000, 0x4400000000000001, 0x5FFFFFFFFFFFFFFF]
+CE_STATUS += [0x8C00004F000800C2, 0x9000004000010005, 0xCC00008000010090, 0xDFFFFFFFFFFFFFFF]
+EDAC_MCE = [
+    ("sbridge", "CPU %d: Machine Check %s: %Lx Bank %d: %016Lx\n"),
+    ("pnd2", "CPU %u: Machine Check %s: %llx Bank %u: %llx\n"),
+    ("skx", "CPU %d: Machine Check %s: 0x%llx Bank %d: %016Lx\n"),
+]
+for i, status in enumerate(CE_STATUS):
+    cpu, mcg, bank = [0, 255, 8191, 3][i % 4], [0, 5, 0x10, 0xFFFFFFFFFFFFFFFF][i % 4], [0, 31, 11, 7][i % 4]
+    text = kformat("%016Lx", status)
+    add(
+        "kernel/mce-corrected",
+        "MachineCheckCorrectedError",
+        MCE_PREFIXES[i % 2]
+        + HW_ERR
+        + kformat(
+            "CPU %d: Machine Check%s: %Lx Bank %d: %016Lx\n", cpu, ["", " Exception"][i % 2], mcg, bank, status
+        ).strip(),
+        {"cpu": str(cpu), "bank": str(bank), "status": text},
+    )
+    chip, fmt = EDAC_MCE[i % 3]
+    for kind in ("Event", "Exception"):
+        add(
+            "kernel/mce-corrected",
+            "MachineCheckCorrectedError",
+            kformat("EDAC %s MC%d: ", chip, i) + kformat(fmt, cpu, kind, mcg, bank, status).strip(),
+            {"edac": chip, "mc": str(i), "cpu": str(cpu), "bank": str(bank), "status": text},
+        )
+# The same EDAC line with UC set is an uncorrected machine check.
+for i, status in enumerate(UC_STATUS):
+    chip, fmt = EDAC_MCE[i % 3]
+    add(
+        "kernel/mce-uncorrected",
+        "MachineCheckUncorrectedError",
+        kformat("EDAC %s MC%d: ", chip, i) + kformat(fmt, i, ["Exception", "Event"][i % 2], 5, 7, status).strip(),
+        {"edac": chip, "edac_status": kformat("%016Lx", status)},
+    )
+for pfx in MCE_PREFIXES:  # genpool.c pr_warn_ratelimited("MCE records pool full!\n")
+    add("kernel/mce-records-lost", "MachineCheckRecordsLost", pfx + kformat("MCE records pool full!\n").strip())
+
+# ---------------------------------------------------------------------------------------------
+# AER error recovery steps: drivers/pci/pcie/err.c, aer.c (dev_fmt "AER: " on 4.19+; the 4.19-5.x
+# wording carried "AER: " in the text itself).
+
+for prefix, fields in pci_prefixes("AER: "):
+    if not fields:
+        continue
+    driver = prefix.split(" ")[0]
+    add(
+        "kernel/pcie-no-recovery-callback",
+        "PCIeNoErrorRecoveryCallback",
+        prefix + kformat("can't recover (no error_detected callback)\n").strip(),
+        {**fields, "driver": driver},
+    )
+    add(
+        "kernel/pcie-link-reset-failed",
+        "PCIeLinkResetFailed",
+        prefix + kformat("subordinate device reset failed\n").strip(),
+        fields,
+    )
+    add("kernel/pcie-link-reset-failed", "PCIeLinkResetFailed", prefix + kformat("link reset failed\n").strip(), fields)
+    for port, rc in (("Root", -25), ("Downstream", -1), ("Root", 2147483647), ("Downstream", -2147483648)):
+        add(
+            "kernel/pcie-link-reset-failed",
+            "PCIeLinkResetFailed",
+            prefix + kformat("%s Port link has been reset (%d)\n", port, rc).strip(),
+            {**fields, "port": port, "rc": str(rc)},
+        )
+    for flr in (kformat("not reset (no FLR support: %d)\n", -25), kformat("not reset (no FLR support)\n")):
+        add("kernel/pcie-link-reset-failed", "PCIeLinkResetFailed", prefix + flr.strip(), fields)
+for (prefix, fields), (sid, (dom, bus, slot, fn)) in itertools.product(
+    [p for p in [*pci_prefixes("AER: "), *pci_prefixes("")] if p[1]],
+    [(0x00E5, (0, 0, 0x1C, 5)), (0, (0, 0, 0, 0)), (0xFFFF, (0xFFFF, 0xFF, 0x1F, 7))],
+):
+    add(
+        "kernel/pcie-aer-source-not-found",
+        "PCIeErrorSourceNotFound",
+        prefix + kformat("can't find device of ID%04x\n", sid).strip(),
+        {**fields, "source_id": kformat("%04x", sid)},
+    )
+    add(
+        "kernel/pcie-aer-source-not-found",
+        "PCIeErrorSourceNotFound",
+        prefix + kformat("found no error details for %04x:%02x:%02x.%d\n", dom, bus, slot, fn).strip(),
+        {**fields, "source": kformat("%04x:%02x:%02x.%d", dom, bus, slot, fn)},
+    )
+for prefix, fields in pci_prefixes(""):
+    if not fields:
+        continue
+    driver = prefix.split(" ")[0]
+    add(  # 4.19-5.x: pci_info(dev, "AER: Can't recover (no error_detected callback)\n")
+        "kernel/pcie-no-recovery-callback",
+        "PCIeNoErrorRecoveryCallback",
+        prefix + kformat("AER: Can't recover (no error_detected callback)\n").strip(),
+        {**fields, "driver": driver},
+    )
+    for what in ("no AER-aware driver", "no error-aware driver", "no driver"):  # KERN_DEBUG, before 4.19
+        add(
+            "kernel/pcie-no-recovery-callback",
+            "PCIeNoErrorRecoveryCallback",
+            prefix + kformat("device has %s\n", what).strip(),
+            {**fields, "driver": driver},
+        )
+    for pci in ("0000:00:1c.0", "10000:e0:06.0"):  # KERN_DEBUG, 4.17-5.4
+        add(
+            "kernel/pcie-link-reset-failed",
+            "PCIeLinkResetFailed",
+            prefix + kformat("link reset at upstream device %s failed\n", pci).strip(),
+            {**fields, "upstream": pci},
+        )
+        add(
+            "kernel/pcie-link-reset-failed",
+            "PCIeLinkResetFailed",
+            prefix + kformat("no link-reset support at upstream device %s\n", pci).strip(),
+            {**fields, "unsupported": pci},
+        )
+
+# ---------------------------------------------------------------------------------------------
 # Benign look-alikes rendered from the same sources: successful recoveries, corrected errors
 # below their threshold (one each), banners and the context lines of a record.
 
@@ -663,6 +786,29 @@ BENIGN += [
     ),
     "pcieport 0000:00:1c.5: AER: "
     + kformat("PCIe Bus Error: severity=%s, type=%s, (%s)\n", "Corrected", "Physical Layer", "Receiver ID"),
+    # The rest of a machine check report and the EDAC drivers' handling lines: silent.
+    kformat("EDAC %s MC%d: ", "sbridge", 3) + kformat("HANDLING MCE MEMORY ERROR\n").strip(),
+    kformat("EDAC %s MC%d: ", "skx", 0) + kformat("HANDLING MCE MEMORY ERROR\n").strip(),
+    kformat("EDAC %s MC%d: ", "sbridge", 3) + kformat("TSC %llx ", 0) + kformat("ADDR %llx ", 0x12345000),
+    kformat("EDAC %s MC%d: ", "sbridge", 3)
+    + kformat("PROCESSOR %u:%x TIME %llu SOCKET %u APIC %x\n", 0, 0x306E7, 1422553404, 0, 0).strip(),
+    "mce: "
+    + HW_ERR
+    + kformat("TSC %llx ", 0x2E62D7B5C)
+    + kformat("ADDR %llx ", 0x12345000)
+    + kformat("MISC %llx ", 0x144780C86),
+    "mce: " + HW_ERR + kformat("Run the above through 'mcelog --ascii'\n").strip(),
+    "mce: " + HW_ERR + kformat("Some CPUs didn't answer in synchronization\n").strip(),
+    # Recovery steps that went well, and the debug broadcast lines.
+    "pcieport 0000:00:1c.2: AER: " + kformat("Root Port link has been reset\n").strip(),
+    "pcieport 0000:00:1c.2: AER: " + kformat("Root Port link has been reset (%d)\n", 0).strip(),
+    "pcieport 0000:00:1c.2: AER: " + kformat("%s Port link has been reset (%d)\n", "Downstream", 0).strip(),
+    "pcieport 0000:00:1c.2: " + kformat("downstream link has been reset\n").strip(),
+    "pcieport 0000:00:1c.2: AER: " + kformat("has been reset (%d)\n", 0).strip(),
+    *(
+        "pcieport 0000:00:1d.0: AER: " + kformat("broadcast %s message\n", m).strip()
+        for m in ("error_detected", "mmio_enabled", "slot_reset", "resume")
+    ),
     # CPER records belong to the CPER rules (drivers/firmware/efi/cper.c prints these for fatal records)
     "{1}" + HW_ERR + kformat("  aer_uncor_severity: 0x%08x\n", 0x00062030),
 ]

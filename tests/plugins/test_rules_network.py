@@ -136,6 +136,26 @@ def nic_link_down() -> Iterator[Case]:
         yield case(rule, reason, cformat("%s: %s: Link Down\n", "mlx4_en", ifname), {"interface": ifname})
 
 
+def nic_link_down_any() -> Iterator[Case]:
+    """The family fallback: link-down wordings that kernel/nic-link-down does not list."""
+    rule, reason = "kernel/nic-link-down-any", "NICLinkDown"
+    for ifname in IFNAMES:
+        for prefix, fields in netdev_prefixes("sfc", "0000:3b:00.0", ifname):
+            yield case(rule, reason, prefix + cformat("link down\n"), fields)  # sfc efx_link_status_changed
+        yield case(rule, reason, cformat("%s: link is down\n", ifname), {"interface": ifname})  # ibm emac
+        for text in ("Link is DOWN\n", "link is Down\n", "NIC Link is DOWN\n"):
+            yield case(rule, reason, netdev("drv", "0000:3b:00.0", ifname) + cformat(text), {"interface": ifname})
+    for name, port in itertools.product(["10110000.esw", "1e110000.ethernet", "0000:3b:00.0"], INT):
+        if port < 0:
+            continue  # "port %d" of a switch port index is never negative
+        yield case(
+            rule,
+            reason,
+            dev("rt3050-esw", name) + cformat("port %d link down\n", port),
+            {"interface": name, "port": str(port)},
+        )
+
+
 def bonding() -> Iterator[Case]:
     bonds, slaves = ["bond0", "bond-wan", "mgmt", "b"], ["eth0", "enp95s0f0", "ens19", "veth2"]
     for bond, reg in itertools.product(bonds, REG_STATES):
@@ -587,7 +607,17 @@ def nic_resets_and_load_failures() -> Iterator[Case]:
 
 CASES = [
     c
-    for gen in (nic_link_down, bonding, tx_watchdog, nic_faults, ena, mlx5_rules, efa, nic_resets_and_load_failures)
+    for gen in (
+        nic_link_down,
+        nic_link_down_any,
+        bonding,
+        tx_watchdog,
+        nic_faults,
+        ena,
+        mlx5_rules,
+        efa,
+        nic_resets_and_load_failures,
+    )
     for c in gen()
 ]
 BY_RULE: dict[str, list[Case]] = {}
@@ -856,6 +886,11 @@ def benign_lines() -> Iterator[str]:
             "bond0: link status definitely up for interface %s, %u Mbps %s duplex\n", ifname, 4294967295, "full"
         )
         yield cformat("bond0: (slave %s): making interface the new active one\n", ifname)
+        yield cformat("%s: link up at %uMbps %s-duplex (MTU %d)\n", ifname, 25000, "full", 9001)  # sfc
+        yield cformat("IPv6: ADDRCONF(NETDEV_UP): %s: link is not ready\n", ifname)
+    for port in (1, 2, 32):  # libata empty ports at boot; PCIe hotplug: not NIC links
+        yield cformat("ata%u: SATA link down (SStatus %X SControl %X)\n", port, 0, 0x300)
+        yield dev("pcieport", "0000:00:01.4") + cformat("pciehp: Slot(%s): Link Down\n", str(port))
         yield cformat("bond0: making interface %s the new active one\n", ifname)
     for pci in PCI:
         yield dev("ena", pci) + cformat(

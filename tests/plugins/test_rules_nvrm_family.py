@@ -211,3 +211,69 @@ def test_extract_reads_print_sites_with_levels_from_c_source(tmp_path: Path):
     assert totals == {"LEVEL_ERROR": 2, "NV_DBG_INFO": 1}
     text = GEN.write_extract(sites, totals, release="1.2.3")
     assert GEN.read_extract(text) == ("1.2.3", sites[:2], totals)  # the loading line holds no lexicon word
+
+
+# A CrashCat report (GSP/SEC2/... firmware crash): kernel_crashcat_engine.c kcrashcatEngineVprintf logs the
+# report's first line with nvErrorLog as an Xid of the engine's errorId ("%s %s": engine name, source
+# line), the rest with portDbgPrintString behind CRASHCAT_LOG_PREFIX "NVRM: " and one or two
+# CRASHCAT_LOG_INDENT "    " (g_crashcat_report_nvoc.h; formats of crashcat_report_v1.c and the
+# libos3 reporter/source): the report is one event, its Xid.
+CRASHCAT_PACKET = "NVRM: " + "    "
+CRASHCAT_DATA = "NVRM: " + "    " * 2
+U64 = 2**64 - 1
+
+
+def _crashcat_report(source: str) -> list[str]:
+    return [
+        kprintf(
+            "NVRM: Xid (PCI:%s): %d, pid=%s, name=%s, %s %s",
+            "0000:c1:00",
+            120,
+            "'<unknown>'",
+            "<unknown>",
+            "GSP",
+            source,
+        ),
+        CRASHCAT_PACKET
+        + kprintf("Reported by libos partition:%u#%u kernel v%u.%u [%u] @ ts:%u", 1, 3, 3, 1, 0, 4294967295),
+        CRASHCAT_PACKET + "RISC-V CSR State:",
+        CRASHCAT_DATA
+        + kprintf(
+            "sstatus:0x%016llx  sscratch:0x%016llx     sie:0x%016llx  sip:0x%016llx", 0x8000000200006000, 0, U64, 0x20
+        ),
+        CRASHCAT_DATA + kprintf("sepc:0x%016llx     stval:0x%016llx  scause:0x%016llx", 0x7F3A1C, 0xDEADBEEF, 0xD),
+        CRASHCAT_PACKET + "RISC-V GPR State:",
+        CRASHCAT_DATA + kprintf("ra:0x%016llx   sp:0x%016llx   gp:0x%016llx   tp:0x%016llx", 1, 2, 3, 4),
+        CRASHCAT_PACKET + "Stack Trace:",
+        CRASHCAT_DATA + kprintf("0x%016llx", 0x7F3A1C),
+        CRASHCAT_PACKET + "PC Trace:",
+        CRASHCAT_DATA + kprintf("0x%016llx  0x%016llx  0x%016llx", 1, 2, U64),
+        CRASHCAT_PACKET + "Local I/O Register State:",
+        CRASHCAT_DATA + kprintf("0x%08x:0x%08x   0x%08x:0x%08x", 0x110040, 0, 0xFFFFFFFF, 0x1),
+    ]
+
+
+@ENGINES
+@pytest.mark.parametrize(
+    "source",
+    [
+        kprintf("%s timeout @ pc:0x%llx, partition:%u#%u, task:%u", "task", 0x7F3A1C, 1, 3, 4),
+        kprintf(
+            "%s panic: %s (%u) @ pc:0x%llx, aux:0x%llx, partition:%u#%u",
+            "kernel",
+            "fatal hardware error",
+            3,
+            0,
+            U64,
+            0,
+            0,
+        ),
+        kprintf("%s in partition:%u ucode:%u [%c-mode] @ pc:0x%llx, data:0x%llx", "exception", 0, 0, "S", 0x1000, 0xD),
+    ],
+    ids=["libos3-timeout", "libos3-panic", "generic-exception"],
+)
+def test_a_crashcat_report_is_one_event_its_xid(engine_cls, source):
+    lines = _crashcat_report(source)
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [f.line for f in findings] == [1], [(f.line, f.rule) for f in findings]
+    assert findings[0].rule.startswith("nvidia/xid"), findings[0].rule
