@@ -103,6 +103,7 @@ def test_a_users_aws_data_path_still_comes_first(aws, monkeypatch, tmp_path):
     assert "DescribeRegions" in AwsClients().client("ec2").meta.service_model.operation_names
 
 
+@pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_reboot_goes_through_the_trimmed_model_and_its_errors_are_parsed(aws):
     instance = aws.lone_instance()
     clients = AwsClients()

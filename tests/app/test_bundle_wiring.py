@@ -63,6 +63,7 @@ def api() -> Iterator[KubeApiServer]:
         server.stop()
 
 
+@pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_a_bundle_is_taken_and_recorded_before_the_instance_is_marked(api, aws, tmp_path: Path):
     group = aws.node_group("eks-trn1-ng")
     instance = group.instance_ids[0]

@@ -383,6 +383,7 @@ def test_full_server_evicts_the_slowest_client(fake: Fake) -> None:
                 sock.close()
 
 
+@pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_full_server_of_busy_connections_sheds_with_503(fake: Fake) -> None:
     fake.conditions = ["x" * (32 << 20)]  # far more than the socket buffers of a client that reads nothing
     with serving(fake, max_connections=2, request_timeout=2.0) as server:

@@ -115,6 +115,7 @@ def test_crash_is_reported_with_its_error_and_others_keep_running():
     sup.join(deadline=sup_deadline(5))
 
 
+@pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_one_shared_deadline_names_components_that_overrun_it():
     clock = Clock(0.0)
     hang = Comp("wedged", hang=True)

@@ -456,6 +456,7 @@ def lease_history(server: KubeApiServer, since: int) -> list[dict]:
         api_client.close()
 
 
+@pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_fifteen_of_fifty_nodes_ask_at_once(api, kube):
     names = nodes(50)
     add_nodes(api, names)
