@@ -33,15 +33,16 @@ Pauses (``paused``)
     already has; the admission policy lets them write only the budget Lease): an agent can never
     lift a pause.
 
-    **Fleet cost.** An agent reads the Lease once every ``poll`` seconds (5 s, jittered ±20 %,
-    backing off up to a minute while the read fails: :meth:`HoldGate.poll`), so a pause shows on
-    every agent, idle or not, within about 6 s (``node_health_agent_recovery_paused``); it reads it
-    again when it is about to act (a step whose decision has actions, before it asks the budget;
-    that read counts as the interval's) and every ``recheck`` seconds while a drain runs: a drain
-    stops before its next pod. The poll is one GET of one small object per agent every 5 s (400 a
-    second for 2,000 nodes) with ``resourceVersion=0``: served from the API server's watch cache,
-    never a read of etcd; the read before acting is a quorum read. No rollout: the Lease is read,
-    not mounted.
+    **Fleet cost.** An agent with an open incident reads the Lease every ``poll`` seconds (5 s,
+    jittered ±20 %, backing off up to a minute while the read fails: :meth:`HoldGate.poll`); an idle
+    agent every ``idle_poll`` (5 min: it has nothing a pause could stop, and every 5 s on every node
+    would be 400 GETs a second for 2,000 nodes), which keeps ``node_health_agent_recovery_paused``
+    current for dashboards and alerts. Every agent reads it again, fresh, when it is about to act (a
+    step whose decision has actions, before it asks the budget; that read counts as the interval's)
+    and every ``recheck`` seconds while a drain runs: a pause holds the next action on every agent
+    at once and stops a drain before its next pod. Polls ask with ``resourceVersion=0``: served from
+    the API server's watch cache, never a read of etcd; the read before acting is a quorum read. No
+    rollout: the Lease is read, not mounted.
 
     **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
     counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
@@ -86,7 +87,11 @@ POOL_LABELS = (
     "node.kubernetes.io/pool",
 )
 RECHECK = 2.0  # seconds between fresh reads of the pause Lease and the Node while a drain runs
-POLL = 5.0  # seconds between reads of the pause Lease on every agent, idle or not
+POLL = 5.0  # seconds between reads of the pause Lease on an agent with an open incident
+# ... and on an idle one (nothing to act on: it reads the Lease fresh before any action anyway, so a pause
+# still takes effect at once; this keeps its paused gauge current). Every 5 s on every node would be 400
+# GETs a second against the API server of a 2,000-node fleet.
+IDLE_POLL = 300.0
 POLL_JITTER = 0.2  # ± this fraction of POLL, so a fleet's reads spread out
 POLL_MAX = 60.0  # a failing read is retried after POLL x 2, x 4, ... up to this
 ATTEMPTS = 5  # read-modify-write rounds of pause/resume before a conflict is given up
@@ -469,6 +474,7 @@ class HoldGate:
         pools: Collection[str] = POOL_LABELS,
         node: Mapping[str, Any] | None = None,
         poll: float = POLL,
+        idle_poll: float = IDLE_POLL,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
@@ -481,7 +487,11 @@ class HoldGate:
         self._pools = tuple(pools)
         self._node: Mapping[str, Any] = node or {"metadata": {"name": node_name}}
         self._poll = Backoff(initial=poll, maximum=max(poll, POLL_MAX), jitter=POLL_JITTER, rng=rng)
-        self._poll_at = float("-inf")  # monotonic time of the next read by poll()
+        self._poll_at = float("-inf")  # monotonic time of the next read by poll() with an open incident
+        self._idle_poll = idle_poll
+        self._rng = rng
+        self._idle_at = float("-inf")  # ... and without one
+        self._busy = True  # whether the last poll() had an open incident (due_in follows it)
         self._told = ""  # the last unreadable-annotation problem logged (logged once until it changes)
         self.stats = HoldStats()
 
@@ -506,13 +516,18 @@ class HoldGate:
         """Seconds until :meth:`poll` reads the pause Lease again (inf: it never does)."""
         if self._store is None:
             return math.inf
-        return max(0.0, self._poll_at - self._monotonic())
+        return max(0.0, self._due() - self._monotonic())
+
+    def _due(self) -> float:
+        return self._poll_at if self._busy else max(self._poll_at, self._idle_at)
 
     def poll(self, incident: Incident | None = None) -> None:
         """Read the pause Lease when due (every ``poll`` seconds, jittered; a failed read backs off), so
         an agent with nothing to do knows, and exports, the pause covering its node. ``incident``: the
-        open one, for a per-reason pause. Never raises: a failed read keeps what was last read."""
-        if self._store is None or self._monotonic() < self._poll_at:
+        open one, for a per-reason pause; without one the agent is idle and reads every ``idle_poll``
+        seconds. Never raises: a failed read keeps what was last read."""
+        self._busy = incident is not None
+        if self._store is None or self._monotonic() < self._due():
             return
         try:
             self._read(self._node, incident, cached=True)
@@ -565,7 +580,9 @@ class HoldGate:
         self.stats.pause_reads += 1
         pauses = self._store.read(cached=cached)
         self._poll.reset()
-        self._poll_at = self._monotonic() + self._poll.next_delay()
+        now = self._monotonic()
+        self._poll_at = now + self._poll.next_delay()
+        self._idle_at = now + self._idle_poll * (1 + POLL_JITTER * (2 * self._rng() - 1))
         if pauses.problem and pauses.problem != self._told:
             log.error("recovery: %s", pauses.problem)
         self._told = pauses.problem
@@ -578,7 +595,8 @@ class HoldGate:
 class HoldCollector:
     """``node_health_agent_recovery_held{kind}`` (1 while recovery on this node is held, by kind),
     ``node_health_agent_recovery_paused`` (1 while a pause covers this node, as last read: every agent
-    reads the pause Lease every few seconds, idle or not; a pause Lease that cannot be read counts) and
+    reads the pause Lease every 5 s with an incident open, every 5 min idle; a pause Lease that cannot be read
+    counts) and
     ``node_health_agent_recovery_paused_seconds`` (how long that pause has been in force)."""
 
     def __init__(self, *, stats: Callable[[], HoldStats], clock: Callable[[], float] = time.time) -> None:

@@ -97,6 +97,37 @@ class Agent:
         return err
 
 
+class PolicyAgent:
+    """``node-health-agent run`` for one node of a multi-node test: recovery on under ``policy``, no AWS, the
+    kernel and Neuron packs, /metrics on ``listen`` (tests/recovery: pause and zone end to end)."""
+
+    def __init__(self, tmp: Path, api: KubeApiServer, node: str, policy: Path, *, listen: str = "0") -> None:
+        tmp.mkdir()
+        self.kmsg = tmp / "kmsg"
+        self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
+        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
+        env.pop("NHA_CLOUDWATCH", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
+            + ["--node-name", node, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", listen, "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def fault(self, line: str = DMA_LINE) -> None:
+        with self.kmsg.open("a") as f:
+            f.write(f"3,2,{recent_usec()},-;{line}\n")
+
+    def stop(self) -> str:
+        """SIGTERM; the agent's stderr."""
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=15)
+        return err
+
+
 def health(aws: AwsTestEnv, instance_id: str) -> str:
     answer = aws.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
     return answer["AutoScalingInstances"][0]["HealthStatus"].upper()

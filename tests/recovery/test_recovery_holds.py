@@ -613,15 +613,47 @@ def lease_reads(api: KubeApiServer) -> int:
     return api.requests.count(method="GET", path_regex=rf"/leases/{LEASE}$")
 
 
-def idle_gate(api: KubeApiServer, client: KubeClient, *, rng: Callable[[], float] = lambda: 0.5, **kw) -> HoldGate:
+def idle_gate(
+    api: KubeApiServer,
+    client: KubeClient,
+    *,
+    rng: Callable[[], float] = lambda: 0.5,
+    idle_poll: float = 5.0,  # as often as with an incident open (5 min by default): the poll's own rules below
+    **kw,
+) -> HoldGate:
     return HoldGate(
         store=PauseStore(client=client, namespace=NS, lease_name=LEASE),
         client=client,
         node_name=NODE,
         node=node_object(),
         rng=rng,
+        idle_poll=idle_poll,
         **kw,
     )
+
+
+def test_an_agent_polls_every_5_s_with_an_incident_open_and_every_5_min_idle(api, kube):
+    """400 GETs a second for 2,000 idle nodes polling every 5 s: idle ones poll every 5 min (±20 %)."""
+    ticks = Clock(0.0)
+    gate = idle_gate(api, kube(), monotonic=ticks, idle_poll=300.0)
+    gate.poll()
+    assert lease_reads(api) == 1 and gate.due_in() == pytest.approx(300.0)
+    ticks.now += 299.0
+    gate.poll()
+    assert lease_reads(api) == 1
+    ticks.now += 1.0
+    gate.poll()
+    assert lease_reads(api) == 2
+    incident = SimpleNamespace(condition=DMA[0], reason=DMA[1])  # the open incident's condition and reason
+    ticks.now += 5.0
+    gate.poll(incident)
+    assert lease_reads(api) == 3 and gate.due_in() == pytest.approx(5.0), "an open incident: every 5 s"
+    ticks.now += 5.0
+    gate.poll(incident)
+    assert lease_reads(api) == 4
+    ticks.now += 5.0
+    gate.poll()  # closed: back to the idle interval, counted from the last read
+    assert lease_reads(api) == 4 and gate.due_in() == pytest.approx(295.0)
 
 
 def test_an_idle_agent_reads_the_pause_lease_once_per_interval_and_exports_the_pause(api, kube):

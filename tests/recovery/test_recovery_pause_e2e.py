@@ -5,12 +5,8 @@ drains before their next pod, within 10 s, without a restart; ``resume`` lets th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,11 +14,11 @@ from agent.app.cli import main
 from agent.recovery.model import INCIDENT_ANNOTATION
 
 from helpers import wait_for
+from helpers.agents import PolicyAgent
 from kubeapi import KubeApiServer
 
 NAMESPACE = "node-health-agent"
 NODES = ("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3")
-DMA_LINE = "test NEURON_HW_ERR=DMA_ERROR test"
 POLICY = """\
 startupDelay: 0s
 rules:
@@ -38,10 +34,6 @@ budget:
 """
 PAUSE_LEASE = rf"/namespaces/{NAMESPACE}/leases/node-health-agent-recovery-pause$"
 BOUND = 10.0  # seconds from the pause to every drain stopped (the issue's figure)
-
-
-def recent_usec() -> int:
-    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
 
 
 @pytest.fixture
@@ -82,31 +74,7 @@ def api() -> Iterator[KubeApiServer]:
         server.stop()
 
 
-class Agent:
-    def __init__(self, tmp: Path, api: KubeApiServer, node: str, policy: Path) -> None:
-        tmp.mkdir()
-        self.kmsg = tmp / "kmsg"
-        self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
-        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
-        env.pop("NHA_CLOUDWATCH", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
-            + ["--node-name", node, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
-            + ["--listen", "0", "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    def fault(self) -> None:
-        with self.kmsg.open("a") as f:
-            f.write(f"3,2,{recent_usec()},-;{DMA_LINE}\n")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=15)
-        return err
+Agent = PolicyAgent
 
 
 def drain_state(api: KubeApiServer, node: str) -> str:

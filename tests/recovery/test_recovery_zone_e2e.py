@@ -4,18 +4,16 @@ the correlated-failure hold (more than 30 % and at least 3 of the zone's nodes w
 let at most one node act; the others report ``RecoveryHeldCorrelated`` and wait. The node without a fault
 and the node of the other zone are never touched.
 
-Then ``pause --pool b`` and ``pause --pool a``, pools named by the operator's own label in ``budget.groups``:
-within 10 s the agents of that pool, the idle one of pool b as well as the held ones of pool a, export
-``node_health_agent_recovery_paused 1`` (each reads the pause Lease every 5 s, busy or idle), and no agent
-of another pool does."""
+Then ``pause --pool b`` and ``pause --pool a``, pools named by the operator's own label in ``budget.groups``.
+Pool b's agent is idle (it polls the pause Lease every 5 min, but reads it fresh before any action): a
+fault written to it after the pause is held (``RecoveryPaused``) and it then exports
+``node_health_agent_recovery_paused 1``; pool a's held agents (an incident open: they poll every 5 s)
+export it within 10 s; no agent of another pool does."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from agent.app.cli import main
 from agent.recovery.model import INCIDENT_ANNOTATION
 
 from helpers import free_port, http_get, wait_for
+from helpers.agents import PolicyAgent
 from kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.slow  # four agent processes: about 30 s
@@ -36,7 +35,6 @@ POOL = "example.com/pool"  # the operator's own pool label
 AGENTS = ("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")  # zone us-west-2a, one agent each
 FAULTY = AGENTS[:3]
 ELSEWHERE = "ip-10-0-1-1"  # zone us-west-2b, no agent
-DMA_LINE = "test NEURON_HW_ERR=DMA_ERROR test"
 # persist: the agents decide once the burst is on the Nodes (each agent writes its condition first), so the
 # order in which they ask the budget does not matter: whoever asks sees the zone failing together.
 POLICY = f"""\
@@ -64,10 +62,6 @@ budget:
 PAUSE_BOUND = 10.0  # seconds from a pause to every agent it covers holding (the issue's figure)
 
 
-def recent_usec() -> int:
-    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-
-
 def node(name: str, zone: str, pool: str) -> dict:
     return {
         "apiVersion": "v1",
@@ -92,40 +86,18 @@ def api() -> Iterator[KubeApiServer]:
         server.stop()
 
 
-class Agent:
-    """``node-health-agent run`` for one node, recovery on, the zone policy."""
+class Agent(PolicyAgent):
+    """An agent of the zone, /metrics on its own port (whether a pause holds it)."""
 
     def __init__(self, tmp: Path, api: KubeApiServer, name: str, policy: Path) -> None:
-        tmp.mkdir()
         self.port = free_port()
-        self.kmsg = tmp / "kmsg"
-        self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
-        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
-        env.pop("NHA_CLOUDWATCH", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
-            + ["--node-name", name, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
-            + ["--listen", f"127.0.0.1:{self.port}", "--pack", "kernel,neuron", "--recovery-policy", str(policy)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-
-    def fault(self) -> None:
-        with self.kmsg.open("a") as f:
-            f.write(f"3,2,{recent_usec()},-;{DMA_LINE}\n")
+        super().__init__(tmp, api, name, policy, listen=f"127.0.0.1:{self.port}")
 
     def paused(self) -> str:
         """The value of node_health_agent_recovery_paused ("" while nothing answers)."""
         _, body = http_get(f"http://127.0.0.1:{self.port}/metrics")
         found = re.search(r"^node_health_agent_recovery_paused (\S+)$", body, re.M)
         return found.group(1) if found else ""
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=15)
-        return err
 
 
 def condition(api: KubeApiServer, name: str, type_: str) -> dict | None:
@@ -140,6 +112,13 @@ def healthy(api: KubeApiServer, name: str) -> bool:
 
 def cordoned(api: KubeApiServer) -> set[str]:
     return {n["metadata"]["name"] for n in api.list_objects("nodes") if (n.get("spec") or {}).get("unschedulable")}
+
+
+def paused_events(api: KubeApiServer) -> set[str]:
+    """Nodes with a RecoveryPaused Event (a step held by a pause)."""
+    return {
+        e["involvedObject"]["name"] for e in api.list_objects("events", "default") if e["reason"] == "RecoveryPaused"
+    }
 
 
 def held(api: KubeApiServer) -> dict[str, str]:
@@ -178,6 +157,9 @@ def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path
         for pool, members in (("b", AGENTS[3:]), ("a", FAULTY)):  # b: the idle agent; a: the held ones
             started = time.monotonic()
             assert main(["pause", "--kubeconfig", kubeconfig, "--pool", pool, "--by", "tester"]) == 0
+            if pool == "b":  # idle: the pause takes effect at its next action, read fresh
+                agents[AGENTS[3]].fault()
+                wait_for(lambda: AGENTS[3] in paused_events(api), timeout=60)
             wait_for(lambda members=members: all(agents[n].paused() == "1.0" for n in members), timeout=60)
             took = time.monotonic() - started
             print(f"pause --pool {pool} -> its {len(members)} agents export paused: {took:.2f}s")
@@ -187,5 +169,5 @@ def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path
     finally:
         errors = [agent.stop() for agent in agents.values()]
     assert all(agent.proc.returncode == 0 for agent in agents.values()), errors
-    assert not cordoned(api) & {AGENTS[3], ELSEWHERE}
+    assert not cordoned(api) & {AGENTS[3], ELSEWHERE}, "pool b's fault came after its pause: held"
     assert len(cordoned(api)) <= 1, "still at most one once the agents stopped"
