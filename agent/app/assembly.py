@@ -38,6 +38,7 @@ from agent.detectors.rulepack import RuleSet
 from agent.engine.mainloop import MainLoop
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sinks.stdout import snapshot_json
+from agent.sinks.worker import RESYNC
 from agent.sources.kmsg import KmsgStats
 from agent.sources.kmsg_format import read_boot_id
 from agent.sources.producer import Source, SourceProducer
@@ -345,6 +346,7 @@ def build_runtime(
             delete_types=[t for t in settings.delete_conditions if t not in state.owned_types],
             aggregate=settings.aggregate_condition,
             detection=detection,
+            resync=kube.resync,
         )
         events = EventSink(
             client=kube.client,
@@ -352,6 +354,7 @@ def build_runtime(
             feed=feed,
             namespace=settings.event_namespace,
             state_dir=settings.state_dir,
+            resync=kube.resync,
         )
         consumers.extend([condition_sink, events])
         acks.append(events.acked)
@@ -758,6 +761,7 @@ class KubeSetup:
     client: KubeClient
     node_name: str
     node: dict | None  # the Node as read at startup; None when the API server did not answer in time
+    resync: float = RESYNC  # the Node and Event sinks' shortest wait after a failed write
 
 
 def connect_kubernetes(settings: Settings, *, stop: threading.Event) -> KubeSetup | int:

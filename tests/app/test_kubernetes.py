@@ -284,7 +284,9 @@ def settings_for(tmp_path: Path, **overrides) -> Settings:
 class Running:
     """An in-process agent (the real wiring) against the test API server, stopped on exit."""
 
-    def __init__(self, api: KubeApiServer, tmp_path: Path, records: list[LogRecord], *, read_node=True, **kw):
+    def __init__(
+        self, api: KubeApiServer, tmp_path: Path, records: list[LogRecord], *, read_node=True, resync=0.5, **kw
+    ):
         self.settings = settings_for(tmp_path, **kw)
         self.client = KubeClient.load(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
         node = self.client.get_node(NODE) if read_node else None
@@ -292,7 +294,8 @@ class Running:
             settings=self.settings,
             rule_set=load_rule_set(list(self.settings.rule_paths)),
             source=ListSource(records),
-            kube=KubeSetup(client=self.client, node_name=NODE, node=node),
+            # a failed write is retried after 0.5 s, not 10 s: the outage tests wait on it (the policy is the same)
+            kube=KubeSetup(client=self.client, node_name=NODE, node=node, resync=resync),
         )
         comps = {c.name: c for c in self.runtime.supervisor.components}
         self.conditions = comps["condition_sink"]
