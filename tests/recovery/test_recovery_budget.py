@@ -489,6 +489,9 @@ def test_fifteen_of_fifty_nodes_ask_at_once(api, kube):
         with ThreadPoolExecutor(max_workers=len(asking)) as pool:
             return dict(zip(asking, pool.map(ask, asking), strict=True))
 
+    # Every first read of the Lease is answered 0.5 s late, as it stood when it arrived: all 15 find no Lease
+    # and try to create it, so they race whatever the machine's load (threads alone may run one by one).
+    api.faults.add(method="GET", path_regex=LEASE_PATH, kind="slow", delay=0.5, count=len(failing))
     views = all_at_once(failing)
     granted = [n for n, v in views.items() if v.this_node_holds]
     assert len(granted) == 5 == views[failing[0]].limit
@@ -496,7 +499,7 @@ def test_fifteen_of_fifty_nodes_ask_at_once(api, kube):
     assert sorted(holders(api)) == sorted(granted)
     assert len(state(api).actions) == 5  # no lost update: one step per grant
     lost_races = sum(api.requests.count(method=m, path_regex=LEASE_PATH, status=409) for m in ("PUT", "POST"))
-    assert lost_races > 0  # they really raced (at least the 14 creates that found the Lease made)
+    assert lost_races >= len(failing) - 1  # they really raced: the 14 creates that found the Lease made
 
     # Then each release lets exactly one more through.
     served, waiting = list(granted), [n for n in failing if n not in granted]
