@@ -101,15 +101,61 @@ def _disrupted(server: Any, marked: set[str]) -> set[str]:
     return out
 
 
+def _loop(
+    *, client: Any, name: str, policy: Any, clock: _Clock, marker: _Marker, rng: random.Random, failing: bool
+) -> Any:
+    """One node's recovery loop on a stepped clock (the budget's sleeps skipped), and its inbox; ``failing``:
+    its feed already holds NeuronHealth=NeuronHasError_DMA_ERROR, since now. Shared with bench/fleetweek.py."""
+    from agent.core.bus import Inbox, SnapshotFeed
+    from agent.core.types import Condition, Snapshot, Status
+    from agent.recovery.budget import ClusterBudget, budget_lease_name
+    from agent.recovery.loop import RecoveryLoop
+    from agent.recovery.model import BUILTIN_CONDITIONS
+
+    feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=clock.now))
+    if failing:
+        condition = Condition(
+            type=DMA[0],
+            status=Status.TRUE,
+            reason=DMA[1],
+            message="NEURON_HW_ERR=DMA_ERROR",
+            last_transition=clock.now,
+            last_update=clock.now,
+        )
+        snapshot = Snapshot(conditions=(condition,), generated_at=clock.now, provenance=BUILTIN_CONDITIONS)
+        feed.publish(snapshot=snapshot, events=[], health={})
+    inbox = Inbox()
+    loop = RecoveryLoop(
+        feed=feed,
+        inbox=inbox,
+        client=client,
+        node_name=name,
+        policy=policy,
+        enabled=True,
+        budget=ClusterBudget(
+            client=client,
+            namespace=NAMESPACE,
+            lease_name=budget_lease_name("fleet"),
+            node_name=name,
+            settings=policy.budget,
+            clock=clock,
+            sleep=lambda s: None,
+            rng=rng.random,
+        ),
+        mark_unhealthy=marker,
+        clock=clock,
+    )
+    return loop, inbox
+
+
 def simulate_fleet(*, nodes: int = 50, failing: int = 15, seed: int = 0, budget: Any = None) -> FleetResult:
     """Run the scenario (see the module docstring); ``budget`` (BudgetSettings) replaces the policy's."""
     sys.path.insert(0, str(ROOT / "tests"))
     from agent.adapters.kube import KubeClient
-    from agent.core.bus import Inbox, SnapshotFeed
-    from agent.core.types import Condition, Snapshot, Status
-    from agent.recovery.budget import ClusterBudget, budget_lease_name, resolve_limit
+    from agent.core.bus import Inbox
+    from agent.recovery.budget import resolve_limit
     from agent.recovery.loop import RecoveryLoop
-    from agent.recovery.model import BUILTIN_CONDITIONS, Action
+    from agent.recovery.model import Action
     from agent.recovery.policyfile import DEFAULT_POLICY
 
     from kubeapi.server import KubeApiServer
@@ -132,41 +178,8 @@ def simulate_fleet(*, nodes: int = 50, failing: int = 15, seed: int = 0, budget:
         try:
             loops: dict[str, tuple[RecoveryLoop, Inbox]] = {}
             for name in names:
-                feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0))
-                if name in sick:
-                    condition = Condition(
-                        type=DMA[0],
-                        status=Status.TRUE,
-                        reason=DMA[1],
-                        message="NEURON_HW_ERR=DMA_ERROR",
-                        last_transition=T0,
-                        last_update=T0,
-                    )
-                    snapshot = Snapshot(conditions=(condition,), generated_at=T0, provenance=BUILTIN_CONDITIONS)
-                    feed.publish(snapshot=snapshot, events=[], health={})
-                inbox = Inbox()
-                loops[name] = (
-                    RecoveryLoop(
-                        feed=feed,
-                        inbox=inbox,
-                        client=client,
-                        node_name=name,
-                        policy=policy,
-                        enabled=True,
-                        budget=ClusterBudget(
-                            client=client,
-                            namespace=NAMESPACE,
-                            lease_name=budget_lease_name("fleet"),
-                            node_name=name,
-                            settings=policy.budget,
-                            clock=clock,
-                            sleep=lambda s: None,
-                            rng=rng.random,
-                        ),
-                        mark_unhealthy=marker,
-                        clock=clock,
-                    ),
-                    inbox,
+                loops[name] = _loop(
+                    client=client, name=name, policy=policy, clock=clock, marker=marker, rng=rng, failing=name in sick
                 )
             server.reset_requests()
 

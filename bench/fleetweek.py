@@ -46,13 +46,9 @@ class WeekResult:
 def simulate_week(*, nodes: int, rate: float, burst: int, seed: int = 0, replace_after: float = 600.0) -> WeekResult:
     sys.path.insert(0, str(ROOT / "tests"))
     from agent.adapters.kube import KubeClient
-    from agent.core.bus import Inbox, SnapshotFeed
-    from agent.core.types import Condition, Snapshot, Status
-    from agent.recovery.budget import ClusterBudget, budget_lease_name, resolve_limit
-    from agent.recovery.loop import RecoveryLoop
-    from agent.recovery.model import BUILTIN_CONDITIONS
+    from agent.recovery.budget import resolve_limit
     from agent.recovery.policyfile import DEFAULT_POLICY
-    from bench.fleet import _Clock, _disrupted, _Marker
+    from bench.fleet import _Clock, _disrupted, _loop, _Marker
     from bench.fleetsim import node_object
 
     from kubeapi.server import KubeApiServer
@@ -86,37 +82,8 @@ def simulate_week(*, nodes: int, rate: float, burst: int, seed: int = 0, replace
         try:
 
             def fail(name: str, kind: str) -> None:
-                feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=clock.now))
-                cond = Condition(
-                    type="NeuronHealth",
-                    status=Status.TRUE,
-                    reason="NeuronHasError_DMA_ERROR",
-                    message="NEURON_HW_ERR=DMA_ERROR",
-                    last_transition=clock.now,
-                    last_update=clock.now,
-                )
-                snap = Snapshot(conditions=(cond,), generated_at=clock.now, provenance=BUILTIN_CONDITIONS)
-                feed.publish(snapshot=snap, events=[], health={})
-                inbox = Inbox()
-                loop = RecoveryLoop(
-                    feed=feed,
-                    inbox=inbox,
-                    client=client,
-                    node_name=name,
-                    policy=policy,
-                    enabled=True,
-                    budget=ClusterBudget(
-                        client=client,
-                        namespace=NAMESPACE,
-                        lease_name=budget_lease_name("fleet"),
-                        node_name=name,
-                        settings=policy.budget,
-                        clock=clock,
-                        sleep=lambda s: None,
-                        rng=rng.random,
-                    ),
-                    mark_unhealthy=marker,
-                    clock=clock,
+                loop, inbox = _loop(
+                    client=client, name=name, policy=policy, clock=clock, marker=marker, rng=rng, failing=True
                 )
                 active[name] = {"loop": loop, "inbox": inbox, "kind": kind, "blocked": False, "marked": None}
 
