@@ -488,8 +488,7 @@ class HoldGate:
         self._node: Mapping[str, Any] = node or {"metadata": {"name": node_name}}
         self._poll = Backoff(initial=poll, maximum=max(poll, POLL_MAX), jitter=POLL_JITTER, rng=rng)
         self._poll_at = float("-inf")  # monotonic time of the next read by poll() with an open incident
-        self._idle_poll = idle_poll
-        self._rng = rng
+        self._idle_poll = Backoff(initial=idle_poll, maximum=idle_poll, jitter=POLL_JITTER, rng=rng)  # never grows
         self._idle_at = float("-inf")  # ... and without one
         self._busy = True  # whether the last poll() had an open incident (due_in follows it)
         self._told = ""  # the last unreadable-annotation problem logged (logged once until it changes)
@@ -582,7 +581,7 @@ class HoldGate:
         self._poll.reset()
         now = self._monotonic()
         self._poll_at = now + self._poll.next_delay()
-        self._idle_at = now + self._idle_poll * (1 + POLL_JITTER * (2 * self._rng() - 1))
+        self._idle_at = now + self._idle_poll.next_delay()
         if pauses.problem and pauses.problem != self._told:
             log.error("recovery: %s", pauses.problem)
         self._told = pauses.problem
@@ -595,8 +594,7 @@ class HoldGate:
 class HoldCollector:
     """``node_health_agent_recovery_held{kind}`` (1 while recovery on this node is held, by kind),
     ``node_health_agent_recovery_paused`` (1 while a pause covers this node, as last read: every agent
-    reads the pause Lease every 5 s with an incident open, every 5 min idle; a pause Lease that cannot be read
-    counts) and
+    reads the pause Lease every 5 s with an incident open, every 5 min idle; an unreadable one counts) and
     ``node_health_agent_recovery_paused_seconds`` (how long that pause has been in force)."""
 
     def __init__(self, *, stats: Callable[[], HoldStats], clock: Callable[[], float] = time.time) -> None:
