@@ -252,9 +252,7 @@ class RecoveryLoop:
         if decision.actions or decision.blocked is Blocked.BUDGET:  # about to act: a hold comes first
             hold = self.holds.check(publication=publication, node=node, incident=decision.incident or incident)
             if hold is not None:
-                self._held(hold, decision.incident or incident)
-                self._quiet = False
-                return dataclasses.replace(decision, actions=(), message=hold.message)
+                return self._holding(hold, decision, decision.incident or incident)
         else:
             self.holds.clear()
         if decision.blocked is Blocked.BUDGET and self._enabled and now >= self._budget_retry_at:
@@ -274,9 +272,7 @@ class RecoveryLoop:
                 if hold is not None:
                     if not (incident is not None and incident.budget_held):
                         self.stats.budget = self._budget.release()
-                    self._held(hold, pending)
-                    self._quiet = False
-                    return dataclasses.replace(decision, actions=(), message=hold.message)
+                    return self._holding(hold, decision, pending)
                 decision = decided(answer)
                 if decision.incident is not None:
                     decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
@@ -357,6 +353,12 @@ class RecoveryLoop:
             f"{format_duration(max(flaps.MAX_HOLD, self._policy.uncordon_after or 0.0))}); a flap takes no new step "
             "of the cluster budget",
         )
+
+    def _holding(self, hold: Hold, decision: Decision, incident: Incident | None) -> Decision:
+        """This step is held before it acts: told, and the Node read again at the next step."""
+        self._held(hold, incident)
+        self._quiet = False
+        return dataclasses.replace(decision, actions=(), message=hold.message)
 
     def _held(self, hold: Hold, incident: Incident | None) -> None:
         """Count a step held by a pause, a veto or the agent's own health; tell once per incident and why."""
