@@ -84,6 +84,8 @@ class PerRuleMatcher:
                 if match is None:
                     continue
                 matched = matched or not rule.fallback
+                if rule.where and not self._builder.admits(rule, match.named_groups()):
+                    continue
                 finding = self._builder.build(
                     rule, match=match, message=message, timestamp=times, line=line_numbers + i
                 )

@@ -67,12 +67,16 @@ class PatternMatch:
 
     def groupdict(self) -> dict[str, str | None]:
         """Named groups (None for a group that did not take part); a new dict each call."""
+        return dict(self.named_groups())
+
+    def named_groups(self) -> Mapping[str, str | None]:
+        """Named groups as ``groupdict``, but one mapping shared by every call: read it, never change it."""
         if self._groups is None:
             self._groups = {}
             for name, index in self._names.items():
                 start, end = self._spans[index]
                 self._groups[name] = None if start < 0 else self._slice(start, end)
-        return dict(self._groups)
+        return self._groups
 
 
 Spans = Callable[[bytes], "Sequence[tuple[int, int]] | None"]

@@ -13,11 +13,15 @@ regexes are RE2 (``agent.core.patterns``): linear time, so no pattern can stall 
 How the fast matcher avoids running every regex on every line: each rule's pattern is analysed
 for literal strings that must occur in any match (``regex.required_literals``). All literals go
 into one RE2 literal set (``prefilter``), scanned over a whole batch of lines at once in C, with
-no per-line Python work. Only lines where a literal occurs are looked at again: the exact literals
-decide which rules are candidates, and only those rules' regexes run. Rules that can match across
-lines stay armed for ``bufferSize`` lines after a line with their literal; rules without a known
-literal run on every line (correct, just slower). A ``fallback`` rule is tried on a line only
-after the line's other rules, and only if none of them matched.
+no per-line Python work. Only lines where a literal occurs are looked at again: the set of literals
+found in a line decides its candidate rules through a plan made once per literal set (rules sorted
+for evaluation, fallbacks last; the literal runs each rule requires beyond the literals found, checked
+once per group of rules that share them), and only those rules' regexes run, once per pattern per
+line. Rules that can match across lines stay armed for ``bufferSize`` lines after a line with their
+literal; rules without a known literal run on every line (correct, just slower). A ``fallback`` rule
+is tried on a line only after the line's other rules, and only if none of them matched. Rules that
+share a pattern (one per Xid list) and differ by ``where`` filters on its groups are sorted out by
+``FindingBuilder.admits`` before a finding is built.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from __future__ import annotations
 import collections
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agent.core.bounds import bounded_reason
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _KV_KEY_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_THRESHOLD_KEYS = 4096
+MAX_CONVERSIONS = 4096  # remembered group conversions (bounded: group texts come from the log)
 
 
 class FindingBuilder:
@@ -54,37 +60,44 @@ class FindingBuilder:
         self.counts: dict[str, collections.OrderedDict[str, int]] = {}
         # rule name -> the filters decidable on the groups, each with its field's type ("" = text)
         self._early: dict[str, tuple[tuple[FieldFilter, str], ...]] = {}
+        self._conversions: dict[tuple[str, str], str | None] = {}  # (group text, type) -> as compared
+
+    def admits(self, rule: CompiledRule, groups: Mapping[str, str | None]) -> bool:
+        """Whether the ``where`` filters that the pattern's groups decide alone let the match through.
+
+        Rules that share a pattern (one per Xid list, ...) mostly differ by these filters: the matchers
+        ask before ``build``, which checks every filter again on the finished fields."""
+        early = self._early.get(rule.name)
+        if early is None:
+            early = self._early[rule.name] = _early_filters(rule)
+        for flt, kind in early:
+            value = groups.get(flt.field)
+            if value is not None and kind:
+                value = self._converted(value, kind)
+            if (value is not None and value in flt.values) == flt.negate:
+                return False
+        return True
 
     def build(
         self, rule: CompiledRule, *, match: PatternMatch, message: str, timestamp: float, line: int | None
     ) -> Finding | None:
-        groups = match.groupdict()
-        if rule.where:
-            # Rules that share a pattern (one per Xid list, ...) mostly differ by their filters: decide
-            # the filters the raw groups settle before building the fields.
-            early = self._early.get(rule.name)
-            if early is None:
-                early = self._early[rule.name] = _early_filters(rule)
-            for flt, kind in early:
-                value = groups.get(flt.field)
-                if value is not None and kind:
-                    value = _converted(value, kind)
-                if (value is not None and value in flt.values) == flt.negate:
-                    return None
+        """The finding of a match (None where a ``where`` filter or the threshold holds it back)."""
+        groups = match.named_groups()
         fields: dict[str, Any] = {k: v for k, v in groups.items() if v is not None}
         if rule.key_values:
             for key, value in key_values(message, wanted=rule.key_values):
                 fields.setdefault(key.replace("-", "_"), value)
-        for name, kind in rule.field_types.items():
-            if name in fields:
-                try:
-                    if kind == "int":
-                        fields[name] = int(fields[name])
-                    elif kind == "hex":
-                        fields[name] = int(fields[name], 16)
-                except ValueError:
-                    log.debug("rule %s: field %s=%r is not %s", rule.name, name, fields[name], kind)
-                    del fields[name]
+        if rule.field_types:
+            for name, kind in rule.field_types.items():
+                if name in fields:
+                    try:
+                        if kind == "int":
+                            fields[name] = int(fields[name])
+                        elif kind == "hex":
+                            fields[name] = int(fields[name], 16)
+                    except ValueError:
+                        log.debug("rule %s: field %s=%r is not %s", rule.name, name, fields[name], kind)
+                        del fields[name]
         for flt in rule.where:
             present = flt.field in fields and str(fields[flt.field]) in flt.values
             if present == flt.negate:
@@ -106,6 +119,16 @@ class FindingBuilder:
             fields=fields,
             line=line,
         )
+
+    def _converted(self, value: str, kind: str) -> str | None:
+        """``_converted``, remembered: the rules of one pattern convert the same group once per line each."""
+        key = (value, kind)
+        if key in self._conversions:
+            return self._conversions[key]
+        if len(self._conversions) >= MAX_CONVERSIONS:
+            self._conversions.clear()
+        converted = self._conversions[key] = _converted(value, kind)
+        return converted
 
     def _count(self, rule: CompiledRule, fields: dict[str, Any], timestamp: float) -> bool:
         threshold = rule.threshold
@@ -184,6 +207,19 @@ def split_lines(lines: Iterable[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a set of literals found in one line makes of it: the rules to try, in evaluation order."""
+
+    arms: tuple[int, ...]  # multi-line rules the literals arm (tried on their window from this line on)
+    checks: tuple[tuple[int, str], ...]  # (group, a run the line must contain for it) still to look for
+    ordered: tuple[tuple[int, int], ...]  # (rule index, its group), evaluation order
+    rules: tuple[int, ...]  # the rule indexes of ``ordered``: every group passed
+
+
+MAX_PLANS = 4096  # distinct literal sets remembered (a hostile stream cannot grow the cache without bound)
+
+
 class RuleEngine:
     """The fast matcher (see the module docstring). Not thread-safe: one engine per stream."""
 
@@ -192,42 +228,59 @@ class RuleEngine:
         self._builder = FindingBuilder()
         rules = rule_set.rules
         self._order = {r.name: i for i, r in enumerate(rules)}
-        fallbacks = frozenset(i for i, r in enumerate(rules) if r.fallback)
-        # (line, rule): a line's fallback rules after its other rules, otherwise rule order.
-        self._candidate_order = lambda c: (c[0], c[1] in fallbacks, c[1])
-        self._literal_rules = [r for r in rules if r.literals is not None]
-        self._multiline_rules = [r for r in self._literal_rules if r.multiline]
+        # Evaluation order within a line: a line's fallback rules after its other rules, otherwise rule order.
+        self._rank = tuple(i + (len(rules) if r.fallback else 0) for i, r in enumerate(rules))
+        # Rules that share a pattern and window match it once per line.
+        self._memo_key = tuple((r.pattern, r.window) for r in rules)
+        self._filtered = tuple(bool(r.where) for r in rules)  # ask ``admits`` before ``build``
+        literal_rules = [r for r in rules if r.literals is not None]
+        self._multiline_rules = [r for r in literal_rules if r.multiline]
         if self._multiline_rules:
             log.debug(
                 "rules that can match across lines are tried on their window after each literal: %s",
                 ", ".join(r.name for r in self._multiline_rules),
             )
-        self._always = [r for r in rules if r.literals is None]
+        self._always = tuple(self._order[r.name] for r in rules if r.literals is None)
         if self._always:
             log.info(
                 "rules without a required literal run on every line (slower): %s",
-                ", ".join(r.name for r in self._always),
+                ", ".join(r.name for r in rules if r.literals is None),
             )
         # literal -> indexes of the rules it makes candidates
         self._by_literal: dict[str, list[int]] = {}
-        for rule in self._literal_rules:
+        for rule in literal_rules:
             for lit in rule.literals or ():
                 self._by_literal.setdefault(lit, []).append(self._order[rule.name])
         self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
-        # Per literal: the multi-line rules it arms, and the single-line rules it makes candidates
-        # grouped by their required runs (rules sharing a pattern check those once per line).
-        self._multi_by_literal: dict[str, tuple[int, ...]] = {}
-        self._single_by_literal: dict[str, tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]] = {}
-        for lit, indexes in self._by_literal.items():
-            self._multi_by_literal[lit] = tuple(k for k in indexes if rules[k].multiline)
-            groups: dict[tuple[str, ...], list[int]] = {}
-            for k in indexes:
-                if not rules[k].multiline:
-                    groups.setdefault(rules[k].requires, []).append(k)
-            self._single_by_literal[lit] = tuple((req, tuple(ks)) for req, ks in groups.items())
+        self._plans: dict[frozenset[str], _Plan] = {}
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
-        self._armed: dict[str, int] = {}  # multiline rule name -> last absolute line index it stays armed
+        self._armed: dict[int, int] = {}  # multiline rule index -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
+
+    def _plan(self, literals: frozenset[str]) -> _Plan:
+        """The rules a line containing ``literals`` may match: multi-line rules to arm, single-line rules
+        grouped by the runs they require beyond the literals found (rules sharing a pattern check them
+        once)."""
+        rules = self.rule_set.rules
+        indexes = sorted({k for lit in literals for k in self._by_literal.get(lit, ())}, key=self._rank.__getitem__)
+        groups: dict[tuple[str, ...], int] = {}
+        ordered: list[tuple[int, int]] = []
+        for k in indexes:
+            if rules[k].multiline:
+                continue
+            # A run inside a literal found in the line is in the line: no need to look for it.
+            runs = tuple(run for run in rules[k].requires if not any(run in lit for lit in literals))
+            ordered.append((k, groups.setdefault(runs, len(groups))))
+        plan = _Plan(
+            arms=tuple(k for k in indexes if rules[k].multiline),
+            checks=tuple((g, run) for runs, g in groups.items() for run in runs),
+            ordered=tuple(ordered),
+            rules=tuple(k for k, _g in ordered),
+        )
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[literals] = plan
+        return plan
 
     def threshold_counts(self) -> dict[tuple[str, str], int]:
         """(rule, ``by`` values) -> matches so far, for threshold rules (per-device counters)."""
@@ -251,74 +304,71 @@ class RuleEngine:
         """
         n = len(lines)
         base = self._seen
-        candidates: set[tuple[int, int]] = set()  # (line index, rule index)
+        # line index -> candidate rule indexes in evaluation order (lists may repeat a multi-line rule)
+        work: dict[int, Sequence[int]] = {}
+        extra: dict[int, list[int]] = {}  # line index -> multi-line rules armed there, rules without literals
         # Multi-line rules armed by earlier batches stay candidates for the first lines of this one.
-        for rule in self._multiline_rules:
-            until = self._armed.get(rule.name, -1) - base
-            candidates.update((i, self._order[rule.name]) for i in range(min(n, until + 1)))
+        for k, until in self._armed.items():
+            for i in range(min(n, until - base + 1)):
+                extra.setdefault(i, []).append(k)
         if self._prefilter is not None and n:
             data = "\n".join(lines).encode("utf-8", "surrogatepass")
             if data.count(b"\n") != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
-            by_line: dict[int, set[str]] = {}
-            line_index, previous = 0, 0
-            # Hits come in offset order and are exact (each literal occurs at its offset); newline
-            # counting maps byte offsets to lines in one C pass.
-            for offset, lits in self._prefilter.hits(data):
-                line_index += data.count(b"\n", previous, offset)
-                previous = offset
-                by_line.setdefault(line_index, set()).update(lits)
-            rules = self.rule_set.rules
-            for i, line_lits in by_line.items():
+            plans = self._plans
+            for i, present in self._prefilter.by_line(data).items():
+                literals = frozenset(present)
+                plan = plans.get(literals) or self._plan(literals)
+                for k in plan.arms:
+                    window = self.rule_set.rules[k].window
+                    for j in range(i, min(n, i + window)):
+                        extra.setdefault(j, []).append(k)
+                    self._armed[k] = max(self._armed.get(k, -1), base + i + window - 1)
+                if not plan.checks:
+                    work[i] = plan.rules
+                    continue
                 line = lines[i]
-                for lit in line_lits:
-                    for k in self._multi_by_literal.get(lit, ()):
-                        rule = rules[k]
-                        candidates.update((j, k) for j in range(i, min(n, i + rule.window)))
-                        self._armed[rule.name] = max(self._armed.get(rule.name, -1), base + i + rule.window - 1)
-                    for requires, group in self._single_by_literal.get(lit, ()):
-                        for run in requires:
-                            if run not in line:
-                                break
-                        else:
-                            candidates.update((i, k) for k in group)
-        for name in [k for k, until in self._armed.items() if until < base + n]:
-            del self._armed[name]
-        for rule in self._always:
-            candidates.update((i, self._order[rule.name]) for i in range(n))
+                failed = {g for g, run in plan.checks if run not in line}
+                work[i] = [k for k, g in plan.ordered if g not in failed] if failed else plan.rules
+        for k in [k for k, until in self._armed.items() if until < base + n]:
+            del self._armed[k]
+        if self._always:
+            for i in range(n):
+                extra.setdefault(i, []).extend(self._always)
+        if extra:
+            for i, more in extra.items():
+                work[i] = sorted({*work.get(i, ()), *more}, key=self._rank.__getitem__)
+            work = dict(sorted(work.items()))
 
         findings: list[Finding] = []
-        if candidates:
-            rules = self.rule_set.rules
-            # Rules that share a pattern (one pattern, several reasons by field) match it once per line.
-            memo: dict[tuple[str, int], tuple[PatternMatch, str] | None] = {}
-            memo_line = -1
-            matched_line = -1  # the last line a non-fallback rule matched
-            # Fallback rules sort after the others (rule_order puts them last), so a line's specific
-            # rules have been tried before its fallbacks.
-            for i, k in sorted(candidates, key=self._candidate_order):
+        rules = self.rule_set.rules
+        memo_keys = self._memo_key
+        build = self._builder.build
+        admits = self._builder.admits
+        filtered = self._filtered
+        memo: dict[tuple[str, int], tuple[PatternMatch, str] | None] = {}
+        for i, ks in work.items():
+            if not ks:
+                continue
+            memo.clear()
+            matched = False  # a non-fallback rule matched the line
+            timestamp = _line_meta(times, i)
+            number = _line_number(line_numbers, i)
+            for k in ks:
                 rule = rules[k]
-                if i != memo_line:
-                    memo.clear()
-                    memo_line = i
-                if rule.fallback and matched_line == i:
-                    continue
-                key = (rule.pattern, rule.window)
+                if rule.fallback and matched:
+                    break  # fallbacks come last: none speaks for a line a specific rule matched
+                key = memo_keys[k]
                 found = memo[key] if key in memo else memo.setdefault(key, self._evaluate(rule, lines, i))
                 if found is None:
                     continue
                 if not rule.fallback:
-                    matched_line = i
-                match, message = found
+                    matched = True
                 if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
-                finding = self._builder.build(
-                    rule,
-                    match=match,
-                    message=message,
-                    timestamp=_line_meta(times, i),
-                    line=_line_number(line_numbers, i),
-                )
+                if filtered[k] and not admits(rule, found[0].named_groups()):
+                    continue
+                finding = build(rule, match=found[0], message=found[1], timestamp=timestamp, line=number)
                 if finding is not None:
                     findings.append(finding)
         if self._history.maxlen:
@@ -391,6 +441,8 @@ class ReferenceEngine:
                 if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
                 message = text[text.rfind("\n", 0, match.start()) + 1 :]
+                if rule.where and not self._builder.admits(rule, match.named_groups()):
+                    continue
                 finding = self._builder.build(
                     rule,
                     match=match,

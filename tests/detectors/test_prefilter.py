@@ -1,5 +1,5 @@
-"""The fast matcher's prefilter: every occurrence of a literal in a batch is reported with (at
-least) that literal, including literals whose needle is a prefix of another's or contains another."""
+"""The fast matcher's prefilter: every literal that occurs in a line of a batch is reported for that line,
+and only those, including literals whose needle is a prefix of another's or contains another."""
 
 from __future__ import annotations
 
@@ -12,13 +12,8 @@ LITERALS = ["alpha", "alphabet", "EDAC ", "EDAC MC", " timeout, ", "NVRM: Xid (P
 
 
 def _reported(prefilter: Prefilter, data: bytes) -> set[tuple[int, str]]:
-    """(line, literal) pairs the prefilter points at, confirmed against the line like the engine does."""
-    lines = data.split(b"\n")
-    found = set()
-    for offset, lits in prefilter.hits(data):
-        line = data.count(b"\n", 0, offset)
-        found.update((line, lit) for lit in lits if lit.encode() in lines[line])
-    return found
+    """(line, literal) pairs the prefilter reports, as the engine takes them (unconfirmed)."""
+    return {(line, lit) for line, lits in prefilter.by_line(data).items() for lit in lits}
 
 
 def _expected(data: bytes, literals: list[str]) -> set[tuple[int, str]]:
@@ -55,20 +50,24 @@ def test_no_occurrence_is_missed(literals: list[str], lines: list[str]) -> None:
     literals=st.lists(st.text(alphabet="abcXid (:E ", min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
     lines=st.lists(st.text(alphabet="abcXid (:E x", max_size=30), min_size=1, max_size=8),
 )
-def test_every_reported_literal_occurs_at_its_offset(literals: list[str], lines: list[str]) -> None:
-    """Hits are exact, so the engine need not search the line for a reported literal again."""
+def test_lines_come_in_order_and_only_with_literals(literals: list[str], lines: list[str]) -> None:
+    """The engine relies on both: lines ascending (findings in line order), none reported empty."""
     prefilter = Prefilter.build(literals)
-    data = "\n".join(lines).encode()
-    for offset, lits in prefilter.hits(data):
-        assert lits, offset
-        assert all(data.startswith(lit.encode(), offset) for lit in lits), (offset, lits)
+    found = prefilter.by_line("\n".join(lines).encode())
+    assert list(found) == sorted(found)
+    assert all(found.values())
 
 
 def test_a_literal_shared_by_a_longer_one_is_reported_only_where_the_longer_one_occurs() -> None:
     prefilter = Prefilter.build(["error", "error: should not happen", "errors"])
     data = b"an error here\nerror: should not happen\nerrors"
-    assert [(offset, sorted(lits)) for offset, lits in prefilter.hits(data)] == [
-        (3, ["error"]),
-        (14, ["error", "error: should not happen"]),
-        (39, ["error", "errors"]),
-    ]
+    assert {line: sorted(lits) for line, lits in prefilter.by_line(data).items()} == {
+        0: ["error"],
+        1: ["error", "error: should not happen"],
+        2: ["error", "errors"],
+    }
+
+
+def test_a_literal_found_twice_in_a_line_is_listed_twice() -> None:
+    prefilter = Prefilter.build(["fail", "Xid ("])
+    assert prefilter.by_line(b"ok\nfail, fail again\nXid (") == {1: ["fail", "fail"], 2: ["Xid ("]}

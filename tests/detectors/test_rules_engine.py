@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from agent.app.config import load_rule_set
 from agent.core.types import Finding, RuleType, Severity
+from agent.detectors import rules as rules_module
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import ReferenceEngine, RuleEngine, key_values, split_lines
@@ -631,6 +632,21 @@ def test_fast_engine_rejects_lines_with_newlines(tmp_path: Path) -> None:
     engine = RuleEngine(rule_set=rule_set(tmp_path, [temp("a", r"alpha \d")]))
     with pytest.raises(ValueError, match="split_lines"):
         engine.feed(["alpha 1\nalpha 2"])
+
+
+def test_a_stream_of_ever_new_literal_combinations_keeps_few_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plans made per set of literals found in a line are bounded, and findings survive a reset."""
+    monkeypatch.setattr(rules_module, "MAX_PLANS", 3)
+    rules = rule_set(tmp_path, [temp(name, f"{name} \\d.*") for name in ("alpha", "bravo", "charlie", "delta")])
+    words = ["alpha 1", "bravo 2", "charlie 3", "delta 4"]
+    lines = [" ".join(words[a:b]) for a in range(4) for b in range(a + 1, 5)]  # ten distinct literal sets
+    engine = RuleEngine(rule_set=rules)
+    expected = found(ReferenceEngine(rule_set=rules).feed(lines))
+    assert len(expected) == 20  # every word of every line
+    assert found(engine.feed(lines)) == expected
+    assert len(engine._plans) <= 3
 
 
 @ENGINES
