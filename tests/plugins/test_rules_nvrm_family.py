@@ -120,12 +120,25 @@ def _error_lines() -> list[tuple[str, str]]:
     ]
 
 
+# Error-level prints that gsp-monitor.yaml reads as context of a GSP report whose finding is another
+# line (nvidia/gsp-report-context): the WPR2 line's continuation and a fatal-error detail line
+# followed by its Xid. They give no finding of their own.
+REPORT_CONTEXT = {
+    "src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c:4681",
+    "src/nvidia/src/kernel/gpu/gsp/arch/blackwell/kernel_gsp_gb100.c:181",
+}
+
+
 @ENGINES
 def test_every_error_print_using_the_vocabulary_gives_one_finding(engine_cls):
     lines = _error_lines()
     assert len(lines) > 3000
     found = _findings_per_line(engine_cls, [line for _, line in lines])
-    wrong = [(where, line, found.get(i + 1, [])) for i, (where, line) in enumerate(lines) if len(found[i + 1]) != 1]
+    wrong = [
+        (where, line, found.get(i + 1, []))
+        for i, (where, line) in enumerate(lines)
+        if len(found[i + 1]) != (0 if where in REPORT_CONTEXT else 1)
+    ]
     assert not wrong, f"{len(wrong)} of {len(lines)} lines: {wrong[:5]}"
 
 
