@@ -16,9 +16,10 @@ may cordon nodes. So it is one thread running an asyncio event loop, not a threa
 * a client hanging up at any point is logged at debug level; a failing callback gives a 500 and
   one log line. Nothing a client does produces a traceback.
 
-Response bodies are computed in the loop thread: the callbacks and ``generate_latest`` of the
-agent's small registry take about a millisecond of pure-Python work, which a thread pool would not
-parallelise (the GIL). A callback that blocks stalls the loop; ``healthy()`` then turns false.
+Response bodies are computed in the loop thread: the callbacks and the registry's text exposition
+(``agent.app.exposition``: about a millisecond for the agent's ~470 samples) are pure-Python work,
+which a thread pool would not parallelise (the GIL). A callback that blocks stalls the loop;
+``healthy()`` then turns false.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.registry import CollectorRegistry
+
+from agent.app.exposition import TextRenderer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class AgentHTTPServer:
         self._host = host
         self._port = port
         self._registry = registry
+        self._renderer = TextRenderer()
         self._health = health
         self._conditions = conditions
         self._timeout = request_timeout
@@ -273,7 +277,7 @@ class AgentHTTPServer:
 
     def _endpoint(self, path: str) -> tuple[HTTPStatus, bytes, str]:
         if path == "/metrics":
-            return HTTPStatus.OK, generate_latest(self._registry), CONTENT_TYPE_LATEST
+            return HTTPStatus.OK, self._renderer.render(self._registry), CONTENT_TYPE_LATEST
         if path in HEALTH_PATHS:
             ok, body = self._health()
             return (HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE), _json(body), JSON
