@@ -386,6 +386,8 @@ def test_a_refused_node_asks_the_budget_again_only_after_a_growing_backoff(harne
     asks = api.requests.count(method="GET", path_regex=r"/api/v1/nodes$")
     # backoffs of 30, 60, 120, 240, 480, 600 s (each within +-50%): between 4 and 9 asks, not 240
     assert 4 <= asks <= 9
+    # ... and each ask of a full budget is one read of its Lease: no write, no conflict
+    assert [(r.method, r.status) for r in api.requests if "/leases/" + DEFAULT_LEASE in r.path] == [("GET", 200)] * asks
     assert len(h.events("RecoveryBlocked")) == 1
 
 
