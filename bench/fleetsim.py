@@ -676,8 +676,8 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
         notes=[
             f"misfire: {agents} agents at x{scale:g}, limit {limit}: at most {peak} cordoned at once, {marks} marked; "
             f"{len(lease)} budget Lease requests, {conflicts} conflicts, {grants} grants ({pause_reads} pause Lease "
-            f"reads); per agent {len(lease) / agents:.1f} budget Lease requests and {conflicts / agents:.1f} conflicts, "
-            f"at most {lease_peak} in one simulated second; {lists} node LISTs in "
+            f"reads); per agent {len(lease) / agents:.1f} budget Lease requests and {conflicts / agents:.1f} "
+            f"conflicts, at most {lease_peak} in one simulated second; {lists} node LISTs in "
             f"{end - start:.0f} simulated s; every node blocked or holding after "
             + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)")
         ],
