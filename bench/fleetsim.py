@@ -663,6 +663,8 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
     conflicts = sum(1 for r in lease if r.status == 409)
     per10 = window_counts([sim.at(r.at) for r in records], start=start, end=end, width=10.0)
     lists = sum(1 for r in records if r.method == "GET" and r.path == "/api/v1/nodes")
+    # Losers of one round reading the Lease again together show as a burst (a pulse) within one simulated second.
+    lease_peak = max(window_counts([sim.at(r.at) for r in lease], start=start, end=end, width=1.0))
     return Measured(
         figures={
             "fleet.actions_over_budget": float(over + max(0, marks - limit)),
@@ -674,7 +676,8 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
         notes=[
             f"misfire: {agents} agents at x{scale:g}, limit {limit}: at most {peak} cordoned at once, {marks} marked; "
             f"{len(lease)} budget Lease requests, {conflicts} conflicts, {grants} grants ({pause_reads} pause Lease "
-            f"reads); {lists} node LISTs in "
+            f"reads); per agent {len(lease) / agents:.1f} budget Lease requests and {conflicts / agents:.1f} "
+            f"conflicts, at most {lease_peak} in one simulated second; {lists} node LISTs in "
             f"{end - start:.0f} simulated s; every node blocked or holding after "
             + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)")
         ],

@@ -31,10 +31,14 @@ The limit
 
 Concurrency
     Every change is read → modify → replace with the resourceVersion read, so two agents never both
-    take the last place: on 409 Conflict the Lease is read again and the change redone (at most
-    ``attempts`` times, with a jittered, growing pause from the injected ``sleep`` and ``rng``); a
-    missing Lease is created (AlreadyExists: read again). Only successful writes count, so no update
-    is lost. Other ``KubeError``s propagate: the recovery loop retries later.
+    take the last place: on 409 Conflict the Lease is read again, once, and the change redone (at most
+    ``attempts`` times); a missing Lease is created (AlreadyExists: read again). Only successful writes
+    count, so no update is lost. Before each re-read a loser waits a jittered pause (the injected ``sleep``
+    and ``rng``) that doubles with each lost round and scales with how long the lost round took: when a
+    rule misfires fleet-wide every write of a place makes all the other askers lose at once, and with a
+    fixed 0.1 s pause they read again together and lost again together, round after round (one grant per
+    round, a 409 for each of the others). Other ``KubeError``s, and a 409 after the last attempt,
+    propagate: the recovery loop asks again after its budget backoff.
 
 Gone nodes
     Each write drops from ``holders`` the nodes that are no longer in the cluster (a replaced instance
@@ -86,8 +90,11 @@ log = logging.getLogger(__name__)
 BUDGET_ANNOTATION = f"{DOMAIN}/budget"
 FORMAT_VERSION = 1
 ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
-BACKOFF_BASE = 0.05  # seconds; the pause before round n is rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**n)
-BACKOFF_CAP = 1.0
+# The pause before round n is rng() * min(BACKOFF_CAP, round trip * 2**n): the round trip is how long the last lost
+# round took from its read to its 409 (at least BACKOFF_BASE), so the losers of one round spread their re-reads over
+# a few of the server's answer times instead of all reading (and writing) again within 0.1 s.
+BACKOFF_BASE = 0.05  # seconds
+BACKOFF_CAP = 10.0
 CLOCK_SKEW = 300.0  # seconds: a step time later than now + this is counted as now + this (a fast clock, a hand edit)
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
@@ -367,9 +374,11 @@ class ClusterBudget:
         problem: str = "",
     ) -> tuple[BudgetView, bool]:
         """The view after ``change`` (None = nothing to change) and whether the Lease was written."""
+        round_trip = BACKOFF_BASE
         for attempt in range(self._attempts):
             if attempt:
-                self._sleep(self._rng() * min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+                self._sleep(self._rng() * min(BACKOFF_CAP, round_trip * 2**attempt))
+            began = self._clock()
             lease = self._get()
             try:
                 state = decode_state(self._annotation(lease))
@@ -388,6 +397,7 @@ class ClusterBudget:
             except KubeError as exc:
                 if exc.status in (404, 409):  # another agent wrote (or created, or deleted) it: redo
                     log.debug("budget Lease %s: %s; reading it again", self.where, exc)
+                    round_trip = max(BACKOFF_BASE, min(BACKOFF_CAP, self._clock() - began))
                     continue
                 if not self._applied(exc, target):
                     raise

@@ -211,6 +211,7 @@ class RecoveryLoop:
 
     def step(self) -> Decision | None:
         """Decide on the latest snapshot and the fresh Node; act; return the decision (None: not yet)."""
+        from agent.adapters.kube import KubeError
         from agent.recovery.node import read_node_view
         from agent.recovery.policy import decide, matching, with_budget_held
 
@@ -259,9 +260,14 @@ class RecoveryLoop:
             pending = decision.incident or incident
             assert pending is not None
             assert self._budget is not None  # enabled: required in __init__
-            answer = self._budget.acquire(
-                incident_id=pending.id, counts=not flaps.is_flap(self._flaps, pending), problem=pending.condition
-            )
+            try:
+                answer = self._budget.acquire(
+                    incident_id=pending.id, counts=not flaps.is_flap(self._flaps, pending), problem=pending.condition
+                )
+            except KubeError as exc:  # every round lost to other askers: back off as refused, not 5 s and again
+                if exc.status == 409:
+                    self._budget_retry_at = now + self._budget_backoff.next_delay()
+                raise
             self.stats.budget = answer
             if answer.granted:
                 self._budget_backoff.reset()

@@ -333,6 +333,42 @@ def test_endless_conflicts_give_up_with_a_transient_error(api, agents):
     assert a("node-00").release().holders == ()
 
 
+class SlowWrites(KubeClient):
+    """A real client whose Lease writes take ``seconds`` on the shared clock (a busy API server)."""
+
+    def __init__(self, inner: KubeClient, clock: Clock, seconds: float) -> None:
+        self.__dict__.update(inner.__dict__)
+        self._clock, self._seconds = clock, seconds
+
+    def replace_lease(self, namespace: str, name: str, body):
+        self._clock.now += self._seconds
+        return super().replace_lease(namespace, name, body)
+
+
+@pytest.mark.parametrize(
+    ("answer_s", "sleeps"),
+    [
+        (0.0, [0.5 * 0.1, 0.5 * 0.2, 0.5 * 0.4]),  # a quick server: the floor, 0.05 s x 2**n
+        (2.0, [0.5 * 4.0, 0.5 * 8.0, 0.5 * 10.0]),  # each lost round took 2 s: 2 s x 2**n, capped at 10 s
+    ],
+)
+def test_a_lost_round_waits_in_proportion_to_the_server_then_reads_once(api, agents, answer_s, sleeps):
+    """When a rule misfires fleet-wide, each granted place makes every other asker lose its write at the same
+    moment: losers that read again within 0.1 s lose together again, round after round (bench/fleetsim.py
+    misfire: 44 of 100 agents re-read in one simulated second). The pause scales with the server's answers."""
+    add_nodes(api, nodes(4))
+    a = agents()
+    a("node-03").acquire(incident_id="i3")
+    a("node-03").release()
+    api.faults.add(method="PUT", path_regex=LEASE_PATH, status=409, count=3)
+    api.reset_requests()
+    view = a("node-00", client=SlowWrites(a.make(), a.clock, answer_s)).acquire(incident_id="i0")
+    assert view.granted
+    assert a.sleeps == pytest.approx(sleeps)
+    lease = [(r.method, r.status) for r in api.requests if "/leases" in r.path]
+    assert lease == [("GET", 200), ("PUT", 409)] * 3 + [("GET", 200), ("PUT", 200)]  # one read after each 409
+
+
 class Interleaved(KubeClient):
     """A real client that lets another agent act right after its first read of the Lease."""
 

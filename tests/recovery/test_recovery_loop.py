@@ -386,7 +386,30 @@ def test_a_refused_node_asks_the_budget_again_only_after_a_growing_backoff(harne
     asks = api.requests.count(method="GET", path_regex=r"/api/v1/nodes$")
     # backoffs of 30, 60, 120, 240, 480, 600 s (each within +-50%): between 4 and 9 asks, not 240
     assert 4 <= asks <= 9
+    # ... and each ask of a full budget is one read of its Lease: no write, no conflict
+    assert [(r.method, r.status) for r in api.requests if "/leases/" + DEFAULT_LEASE in r.path] == [("GET", 200)] * asks
     assert len(h.events("RecoveryBlocked")) == 1
+
+
+def test_a_node_that_lost_every_round_for_a_place_backs_off_like_a_refused_one(harness, api):
+    """Every budget write lost to other askers (a fleet-wide misfire): the step fails, and the node asks again
+    after the budget's backoff, not 5 s later with another round of conflicting writes."""
+    h = harness()
+    h.publish(problem())
+    h.clock.now += DELAY
+    api.faults.add(method="PUT", path_regex=LEASE_PATH, status=409, count=None)
+    api.faults.add(method="POST", path_regex=LEASE_PATH, status=409, count=None)
+    with pytest.raises(KubeError, match="still conflicting"):
+        h.step()
+    api.faults.clear()
+    api.reset_requests()
+    for _ in range(int(BUDGET_RETRY * (1 - BUDGET_RETRY_JITTER)) // 5 - 1):  # steps within the shortest backoff
+        h.clock.now += 5
+        assert h.step().blocked is Blocked.BUDGET
+    assert api.requests.count(path_regex=LEASE_PATH) == 0
+    h.clock.now = T0 + DELAY + BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER)
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
+    assert h.holders() == [NODE]
 
 
 def test_a_new_incident_after_a_healed_one_asks_the_budget_at_once(harness, kube, api):
