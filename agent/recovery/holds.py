@@ -41,8 +41,9 @@ Pauses (``paused``)
     step whose decision has actions, before it asks the budget; that read counts as the interval's)
     and every ``recheck`` seconds while a drain runs: a pause holds the next action on every agent
     at once and stops a drain before its next pod. Polls ask with ``resourceVersion=0``: served from
-    the API server's watch cache, never a read of etcd; the read before acting is a quorum read. No
-    rollout: the Lease is read, not mounted.
+    the API server's watch cache, never a read of etcd; the read before acting is a quorum read. A step
+    that only waits (blocked by the budget, its next ask not due yet: every refused agent of a fleet-wide
+    misfire, every 5 s) reads the cache too. No rollout: the Lease is read, not mounted.
 
     **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
     counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
@@ -494,15 +495,19 @@ class HoldGate:
         self._told = ""  # the last unreadable-annotation problem logged (logged once until it changes)
         self.stats = HoldStats()
 
-    def check(self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
-        """The hold in force for acting on ``incident`` now (fresh read of the pause Lease), or None."""
+    def check(
+        self, *, publication: Publication, node: Mapping[str, Any], incident: Incident | None, fresh: bool = True
+    ) -> Hold | None:
+        """The hold in force for acting on ``incident`` now, or None. ``fresh``: the pause Lease read from
+        etcd (about to act or to ask the budget); otherwise from the API server's watch cache (a step that
+        only waits, e.g. for the budget's backoff: at fleet scale every waiting agent steps every 5 s)."""
         self.stats.checks += 1
         self._node = node
         hold = (
             unhealthy_hold(publication, self._live())
             or self._stale_hold(incident)
             or veto_hold(node)
-            or self._paused(node, incident)
+            or self._paused(node, incident, fresh=fresh)
         )
         self.stats.current = hold
         return hold
@@ -545,7 +550,7 @@ class HoldGate:
             if hold is None:
                 node = self._client.get_node(self._node_name)
                 self._node = node
-                hold = veto_hold(node) or self._paused(node, incident)
+                hold = veto_hold(node) or self._paused(node, incident, fresh=True)
             if hold is not None:
                 self.stats.current = hold
             return hold
@@ -567,10 +572,10 @@ class HoldGate:
     def _live(self) -> Mapping[str, bool] | None:
         return self._health() if self._health is not None else None
 
-    def _paused(self, node: Mapping[str, Any], incident: Incident | None) -> Hold | None:
+    def _paused(self, node: Mapping[str, Any], incident: Incident | None, *, fresh: bool) -> Hold | None:
         if self._store is None:
             return None
-        return self._read(node, incident)
+        return self._read(node, incident, cached=not fresh)
 
     def _read(self, node: Mapping[str, Any], incident: Incident | None, *, cached: bool = False) -> Hold | None:
         """One read of the pause Lease (it counts as the poll's for this interval): the pause covering

@@ -250,13 +250,21 @@ class RecoveryLoop:
             )
 
         decision = decided(None)  # the budget is read only when a decision needs it
+        asks = decision.blocked is Blocked.BUDGET and self._enabled and now >= self._budget_retry_at
         if decision.actions or decision.blocked is Blocked.BUDGET:  # about to act: a hold comes first
-            hold = self.holds.check(publication=publication, node=node, incident=decision.incident or incident)
+            # Only a step about to act or to ask the budget reads the pause Lease from etcd; one waiting out
+            # the budget's backoff reads the API server's cache (a fleet-wide misfire: thousands of agents).
+            hold = self.holds.check(
+                publication=publication,
+                node=node,
+                incident=decision.incident or incident,
+                fresh=bool(decision.actions) or asks,
+            )
             if hold is not None:
                 return self._holding(hold, decision, decision.incident or incident)
         else:
             self.holds.clear()
-        if decision.blocked is Blocked.BUDGET and self._enabled and now >= self._budget_retry_at:
+        if asks:
             pending = decision.incident or incident
             assert pending is not None
             assert self._budget is not None  # enabled: required in __init__

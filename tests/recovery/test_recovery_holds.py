@@ -42,12 +42,13 @@ from agent.recovery.holds import (
     pool_labels,
     with_pause,
 )
-from agent.recovery.loop import RecoveryLoop
+from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEASE,
     ZONE_LABEL,
     Action,
+    Blocked,
     BudgetSettings,
     GroupBudget,
     PolicyRule,
@@ -59,6 +60,7 @@ from helpers.recovery import (
     DMA,
     NODE,
     NS,
+    OTHERS,
     T0,
     Clock,
     LoopHarness,
@@ -754,6 +756,33 @@ def test_the_poll_reads_from_the_api_server_cache_and_the_read_before_acting_doe
     # grant, before the remedy) fresh
     assert queries[0] == {"resourceVersion": "0"} and len(queries) >= 2, queries
     assert all(q == {} for q in queries[1:]), queries
+
+
+def test_a_step_waiting_out_the_budget_reads_the_pause_from_the_cache(harness, kube, api):
+    """A fleet-wide misfire: every refused agent steps every 5 s until its budget backoff ends. Only a step
+    that asks the budget (or acts) reads the pause Lease from etcd; those in between read the cache."""
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one)
+    api.put_object(node_object(OTHERS[0]))
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=one.budget, clock=h.clock
+    ).acquire(incident_id="x")  # the one place is taken
+    h.publish(problem())
+    api.reset_requests()
+    assert h.step().blocked is Blocked.BUDGET  # asked, refused: backing off
+    assert [r.query for r in api.requests.filter(method="GET", path_regex=rf"/leases/{LEASE}$")] == [{}]
+    api.reset_requests()
+    waits = int(BUDGET_RETRY * (1 - BUDGET_RETRY_JITTER)) // 5 - 1  # steps within the shortest backoff
+    for _ in range(waits):
+        h.clock.now += 5
+        assert h.step().blocked is Blocked.BUDGET
+    queries = [r.query for r in api.requests.filter(method="GET", path_regex=rf"/leases/{LEASE}$")]
+    assert queries == [{"resourceVersion": "0"}] * waits
+    assert api.requests.count(path_regex=rf"/leases/{DEFAULT_LEASE}$") == 0  # nor asked the budget
+    pause(api, Pause(scope=Scope.CLUSTER, by="alice", since=T0))
+    h.clock.now += 5
+    h.step()
+    assert h.gate.stats.paused is not None  # the cached read still sees a pause
 
 
 def test_the_running_loop_polls_while_idle(api, kube):
