@@ -41,9 +41,10 @@ class Prefilter:
             covers[raw] = (text, tuple(longer))
         return cls(find=literal_finder(list(covers)), covers=covers)
 
-    def by_line(self, data: bytes) -> dict[int, list[str]]:
+    def by_line(self, data: bytes) -> tuple[dict[int, list[str]], int]:
         """Line index (lines separated by ``\\n``) -> the literals that occur in that line, in offset
-        order (a literal found twice is listed twice), for the lines where any occurs, in line order."""
+        order (a literal found twice is listed twice), for the lines where any occurs, in line order;
+        and the number of newlines in ``data`` (counted on the way, between the hits)."""
         covers = self.covers
         count = data.count
         lines: dict[int, list[str]] = {}
@@ -59,4 +60,4 @@ class Prefilter:
             found.append(text)
             if longer:
                 found.extend(other for other, raw in longer if data.startswith(raw, start))
-        return lines
+        return lines, line + count(b"\n", previous)

@@ -313,10 +313,11 @@ class RuleEngine:
                 extra.setdefault(i, []).append(k)
         if self._prefilter is not None and n:
             data = "\n".join(lines).encode("utf-8", "surrogatepass")
-            if data.count(b"\n") != n - 1:
+            hit_lines, newlines = self._prefilter.by_line(data)
+            if newlines != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
             plans = self._plans
-            for i, present in self._prefilter.by_line(data).items():
+            for i, present in hit_lines.items():
                 literals = frozenset(present)
                 plan = plans.get(literals) or self._plan(literals)
                 for k in plan.arms:

@@ -93,7 +93,7 @@ FREQUENT_BENIGN = [
 @pytest.mark.parametrize("line", FREQUENT_BENIGN)
 def test_frequent_benign_lines_carry_no_rule_literal(line):
     prefilter = Prefilter.build(lit for rule in RULE_SET.rules for lit in rule.literals or ())
-    assert prefilter.by_line(line.encode()) == {}
+    assert prefilter.by_line(line.encode()) == ({}, 0)
 
 
 # A rule that can match across lines is tried on its whole window for bufferSize lines after each line
