@@ -50,9 +50,7 @@ def test_no_occurrence_is_missed(literals: list[str], lines: list[str]) -> None:
     literals=st.lists(st.text(alphabet="abcXid (:E ", min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
     lines=st.lists(st.text(alphabet="abcXid (:E x", max_size=30), min_size=1, max_size=8),
 )
-def test_lines_in_order_only_with_literals_all_newlines_counted(
-    literals: list[str], lines: list[str]
-) -> None:
+def test_lines_in_order_only_with_literals_all_newlines_counted(literals: list[str], lines: list[str]) -> None:
     """The engine relies on all three: lines ascending (findings in line order), none reported empty, and the
     newline count (its check that no line held a newline)."""
     prefilter = Prefilter.build(literals)
