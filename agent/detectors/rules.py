@@ -35,7 +35,7 @@ from typing import Any
 
 from agent.core.bounds import bounded_reason
 from agent.core.patterns import PatternMatch
-from agent.core.types import Finding, RuleType
+from agent.core.types import Finding, RuleType, Status
 from agent.detectors.model import CompiledRule, FieldFilter, RuleSet
 from agent.detectors.prefilter import Prefilter
 
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 _KV_KEY_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_THRESHOLD_KEYS = 4096
 MAX_CONVERSIONS = 4096  # remembered group conversions (bounded: group texts come from the log)
+
+
+class _FindingSlots:
+    """``Finding``'s memory layout without its frozen ``__setattr__`` (see ``FindingBuilder.build``; the
+    ``__class__`` assignment is allowed between classes with identical ``__slots__``). Every field must be
+    stored: ``tests/detectors/test_rules_engine.py`` checks that a built finding equals ``Finding(...)``."""
+
+    __slots__ = Finding.__slots__
 
 
 class FindingBuilder:
@@ -107,18 +115,22 @@ class FindingBuilder:
         reason = bounded_reason(rule.reason.format_map(_Fields(fields))) if "{" in rule.reason else rule.reason
         if rule.suffix:
             message = f"{message}; {rule.suffix}"
-        return Finding(
-            rule=rule.name,
-            type=rule.type,
-            condition=rule.condition,
-            reason=reason,
-            severity=rule.severity,
-            message=message,
-            timestamp=timestamp,
-            source=rule.source,
-            fields=fields,
-            line=line,
-        )
+        # Finding's frozen dataclass __init__ costs ~4 µs (a checked store per field); every fault line
+        # makes one, so it is filled as its slot twin and then made a real, frozen Finding (~1 µs).
+        finding: Any = object.__new__(_FindingSlots)
+        finding.rule = rule.name
+        finding.type = rule.type
+        finding.condition = rule.condition
+        finding.reason = reason
+        finding.severity = rule.severity
+        finding.message = message
+        finding.timestamp = timestamp
+        finding.source = rule.source
+        finding.fields = fields
+        finding.line = line
+        finding.status = Status.TRUE
+        finding.__class__ = Finding
+        return finding
 
     def _converted(self, value: str, kind: str) -> str | None:
         """``_converted``, remembered: the rules of one pattern convert the same group once per line each."""

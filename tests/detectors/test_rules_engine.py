@@ -6,6 +6,7 @@ Every table row runs on both engines: the fast ``RuleEngine`` and the straightfo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -447,6 +448,34 @@ def test_finding_carries_rule_metadata(tmp_path: Path, engine_cls: type) -> None
         Severity.CRITICAL,
         20.5,
     )
+
+
+@ENGINES
+def test_a_finding_is_a_real_frozen_finding(tmp_path: Path, engine_cls: type) -> None:
+    """Built through its slot twin (speed), a finding is a ``Finding`` like one made by its constructor."""
+    rules = rule_set(
+        tmp_path,
+        [perm("cond", "KernelDeadlock", r"task (?P<task>\w+):\d+ blocked.*", "Hung")],
+        source="k",
+        conditions=[cond("KernelDeadlock")],
+    )
+    (finding,) = engine_cls(rule_set=rules).feed(["task docker:1 blocked"], times=3.0, line_numbers=7)
+    assert type(finding) is Finding
+    assert finding == Finding(
+        rule="cond",
+        type=RuleType.PERMANENT,
+        condition="KernelDeadlock",
+        reason="Hung",
+        severity=Severity.ERROR,
+        message="task docker:1 blocked",
+        timestamp=3.0,
+        source="k",
+        fields={"task": "docker"},
+        line=7,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        finding.reason = "changed"  # type: ignore[misc]
+    assert dataclasses.replace(finding, reason="Other").reason == "Other"
 
 
 # --------------------------------------------------------------------------------------------
