@@ -231,8 +231,10 @@ class CheckScheduler:
         rng: random.Random | None = None,
         start_thread: Callable[[Callable[[], None], str], None] | None = None,
         cancel: threading.Event | None = None,
+        wait: Callable[[threading.Condition, float | None], object] | None = None,
     ) -> None:
-        """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``)."""
+        """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``).
+        ``wait(condition, timeout)`` sleeps between steps, the condition held (default ``condition.wait``)."""
         self._cancel = cancel
         self._inbox = inbox
         self._concurrency = max(1, concurrency)
@@ -242,6 +244,7 @@ class CheckScheduler:
         self._rng = rng or random.Random()
         self._start_thread = start_thread or Workers()
         self._wake = threading.Condition()
+        self._wait = wait or (lambda condition, timeout: condition.wait(timeout))
         self._slots: dict[str, _Slot] = {}
         self.stats: dict[str, CheckStats] = {}
         self._beat = monotonic()
@@ -296,17 +299,26 @@ class CheckScheduler:
                     return
                 self._wake.wait(timeout=min(left, 0.05))
 
+    def wake(self) -> None:
+        """Stop was set: make the loop look now (the supervisor calls this; any thread)."""
+        with self._wake:
+            self._wake.notify_all()
+
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             reports, wake_at = self.step(self._monotonic())
             for report in reports:
                 if not self._inbox.put(report, stop=stop):
                     return
-            self._beat = self._monotonic()
             with self._wake:
-                delay = max(0.0, min(wake_at - self._monotonic(), 1.0))
-                if delay > 0 and not stop.is_set() and not self._finished_waiting():
-                    self._wake.wait(timeout=delay)
+                # Sleep until the next check is due (or a run's timeout), not a second at most: each wakeup
+                # is idle CPU (issue 16). A finished run, replace() and wake() (stop) notify at once. The beat
+                # is the time of the next look: stalled means late by stall_timeout, however long the sleep.
+                now = self._monotonic()
+                self._beat = max(now, wake_at)
+                if wake_at > now and not stop.is_set() and not self._finished_waiting():
+                    self._wait(self._wake, None if wake_at == math.inf else wake_at - now)
+                self._beat = self._monotonic()  # awake: from now on, working must show progress again
 
     def _finished_waiting(self) -> bool:
         return any(s.outcome is not None for s in self._slots.values())
@@ -393,7 +405,7 @@ class CheckScheduler:
                 times.append(slot.running_since + slot.spec.timeout)
             else:
                 times.append(slot.due)
-        return min(times, default=now + 1.0)
+        return min(times, default=math.inf)  # no checks: sleep until replace() or wake()
 
     def _interval(self, spec: ScheduledCheck) -> float:
         spread = spec.interval * spec.jitter

@@ -25,6 +25,7 @@ supervisor that runs the components is :mod:`agent.core.supervisor`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import queue
@@ -99,6 +100,9 @@ class Notice:
 Input: TypeAlias = "RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice"
 
 
+_WAKE = object()  # what Inbox.wake() puts: a get() returns None for it
+
+
 class Inbox:
     """The bounded queue between producers and the main loop."""
 
@@ -115,17 +119,25 @@ class Inbox:
                 continue
         return False
 
-    def get(self, *, timeout: float) -> Input | None:
+    def get(self, *, timeout: float | None) -> Input | None:
+        """The next item, waiting up to ``timeout`` seconds (None: until one comes or :meth:`wake`)."""
         try:
-            return self._queue.get(timeout=timeout)
+            item = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        return None if item is _WAKE else item
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`get` return (None) now: shutdown. With the queue full nobody waits."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_WAKE)  # type: ignore[arg-type]  # never handed out
 
     def get_nowait(self) -> Input | None:
         try:
-            return self._queue.get_nowait()
+            item = self._queue.get_nowait()
         except queue.Empty:
             return None
+        return None if item is _WAKE else item
 
 
 # ---- the feed ------------------------------------------------------------------------------------

@@ -752,8 +752,76 @@ def test_stopping_the_scheduler_cancels_running_tools_and_waits_for_them():
     thread.start()
     wait_for(lambda: s._slots["tool"].running_since is not None)
     stop.set()
+    s.wake()  # as the supervisor does
     thread.join(10)
     assert cancel.is_set() and ended.is_set()
+
+
+class Clock:
+    """A monotonic clock the scheduler's injected wait advances: a sleep takes no real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("intervals", "expected"),
+    [
+        ([60.0], [60.0, 60.0, 60.0]),  # not a second at most: every wakeup is idle CPU (issue 16)
+        ([60.0, 300.0], [60.0, 60.0, 60.0]),  # the nearest due check sets the sleep
+        ([], [None]),  # no checks: sleep until replace() or stop wakes it
+    ],
+    ids=["one-check", "two-checks", "no-checks"],
+)
+def test_an_idle_scheduler_sleeps_until_its_next_check_is_due(intervals, expected):
+    clock, stop, waits = Clock(), threading.Event(), []
+
+    def wait(condition, timeout):
+        waits.append(timeout)
+        if timeout is None or len(waits) == len(expected):
+            stop.set()
+        else:
+            clock.now += timeout
+
+    def inline(target, name):
+        target()
+
+    checks = [Gate(f"c{i}") for i in range(len(intervals))]
+    specs = [
+        ScheduledCheck(check=c, interval=every, timeout=5, kind="python", origin="t", jitter=0)
+        for c, every in zip(checks, intervals, strict=True)
+    ]
+    s = CheckScheduler(checks=specs, inbox=Inbox(), monotonic=clock, start_thread=inline, wait=wait)
+    s.run(stop)
+    assert waits == expected
+    assert [c.calls for c in checks] == [len(expected) if every == 60 else 1 for every in intervals]
+
+
+def test_a_sleeping_scheduler_is_healthy_until_it_is_late_and_wakes_on_stop():
+    clock, stop, asleep = Clock(), threading.Event(), threading.Event()
+
+    def wait(condition, timeout):
+        asleep.set()
+        condition.wait(timeout)  # a real sleep of an hour: only wake() ends it here
+
+    spec = ScheduledCheck(check=Gate("c"), interval=3600, timeout=5, kind="python", origin="t", jitter=0)
+    s = CheckScheduler(
+        checks=[spec], inbox=Inbox(), monotonic=clock, start_thread=lambda t, n: t(), wait=wait, stall_timeout=60
+    )
+    thread = threading.Thread(target=s.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert asleep.wait(10)
+        wait_for(lambda: s.healthy(3600 + 59))  # due at 3600: not stalled before it is 60 s late
+        assert not s.healthy(3600 + 60)
+    finally:
+        stop.set()
+        s.wake()
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize(
