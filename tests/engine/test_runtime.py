@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from agent.sources.replay import Cursor
 
 from helpers import wait_for
 from helpers.mainloop import BOOT, NOW, Clock, Loop, record
+from helpers.threads import wakeups_while_asleep
 
 
 class Comp:
@@ -121,33 +121,21 @@ def test_components_that_sleep_on_their_own_signal_are_woken_at_stop():
     assert sup.join(deadline=sup_deadline(10)) == []
 
 
-def _switches(tid: int) -> int:
-    text = Path(f"/proc/self/task/{tid}/status").read_text()
-    return sum(int(line.split()[1]) for line in text.splitlines() if "ctxt_switches:" in line)
-
-
-def _wchan(tid: int) -> str:
-    return Path(f"/proc/self/task/{tid}/wchan").read_text()
-
-
 def test_the_main_thread_sleeps_until_stop_without_waking_in_between():
     """Each wakeup of an idle agent is idle CPU (issue 16): waiting for stop, the main thread does not
     poll. A sleeping thread is switched out once and in once: its context switches do not grow."""
     stop = threading.Event()
     main = threading.get_native_id()
-    counts: list[int] = []
+    woke: list[int] = []
 
     def watch() -> None:
-        # asleep in select() on its wakeup socket (a futex wait would be a wait for the GIL, or a poll)
-        wait_for(lambda: "select" in _wchan(main) or "poll" in _wchan(main))
-        counts.append(_switches(main))
-        threading.Event().wait(1.2)  # a poll once a second would switch at least once in here
-        counts.append(_switches(main))
+        # asleep in select() on its wakeup socket (a futex wait would be a poll, or a wait for the GIL)
+        woke.append(wakeups_while_asleep(main, sleeps_in=["poll", "select"]))
         stop.set()
 
     threading.Thread(target=watch, daemon=True).start()
     assert Supervisor(components=[Comp("a")]).run(stop, grace=1.0) == []
-    assert counts[1] == counts[0]
+    assert woke == [0]
 
 
 def sup_deadline(seconds: float) -> float:
