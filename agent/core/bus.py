@@ -191,7 +191,7 @@ class SnapshotFeed:
         with self._cond:
             return self._latest
 
-    def wait_newer(self, after: int, *, timeout: float) -> Publication | None:
+    def wait_newer(self, after: int, *, timeout: float | None) -> Publication | None:
         """The latest publication once its number is above ``after``; None on timeout or close."""
         with self._cond:
             if self._latest.number <= after and not self._closed:
