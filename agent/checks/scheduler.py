@@ -1,8 +1,10 @@
 """The check scheduler: one producer component that runs every configured check on its interval.
 
 - Each check runs on its own interval with jitter (``interval × (1 ± jitter)``), first right at
-  start; it never overlaps itself; at most ``concurrency`` checks run at once (and at most a
-  group's ``group_limit`` of one group: an NPD plugin file's ``concurrency``).
+  start; a check that falls due takes along the others already inside their jitter window (one
+  wakeup for several runs; an idle agent's CPU is its wakeups); it never overlaps itself; at most
+  ``concurrency`` checks run at once (and at most a group's ``group_limit`` of one group: an NPD
+  plugin file's ``concurrency``).
 - A run that passes its timeout is reported at once as UNKNOWN ("timed out") and its slot is
   freed; the check itself is not started again until the stuck call returns (a Python thread
   cannot be killed; executables are, with their process group, by the process runner).
@@ -76,6 +78,7 @@ class CheckStats:
 class _Slot:
     spec: ScheduledCheck
     due: float  # monotonic
+    earliest: float = -math.inf  # the soonest it may run: a check due anyway takes it along from then on
     declared: tuple[str, ...] = ()  # the condition types the check declares, read once
     running_since: float | None = None
     abandoned: bool = False  # timed out: reported, slot freed, waiting for the call to return
@@ -341,7 +344,7 @@ class CheckScheduler:
                         log.info("check %s returned after its timeout; result dropped", slot.spec.name)
                         continue
                     reports.append(self._finish(slot, results, error, duration=now - started))
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             for slot in self._slots.values():
                 if (
                     slot.running_since is not None
@@ -359,17 +362,21 @@ class CheckScheduler:
                             counted=False,
                         )
                     )
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             running = [s for s in self._slots.values() if s.running_since is not None and not s.abandoned]
             groups: dict[str, int] = {}
             for s in running:
                 if s.spec.group is not None:
                     groups[s.spec.group] = groups.get(s.spec.group, 0) + 1
             free = self._concurrency - len(running)
+            # Awake for a due check, it takes along the checks already inside their jitter window: their
+            # runs share one wakeup of every thread they pass through (issue 16), and each check's interval
+            # stays within interval x (1 +- jitter).
+            waking = any(s.running_since is None and s.due <= now for s in self._slots.values())
             for slot in sorted(self._slots.values(), key=lambda s: s.due):
                 if free <= 0:
                     break
-                if slot.running_since is not None or slot.due > now:
+                if slot.running_since is not None or (slot.due > now and not (waking and slot.earliest <= now)):
                     continue
                 group, limit = slot.spec.group, slot.spec.group_limit
                 if group is not None and limit is not None and groups.get(group, 0) >= limit:
@@ -392,7 +399,7 @@ class CheckScheduler:
                             counted=False,
                         )
                     )
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             wake_at = self._next_wake(now)
         for slot in to_start:
             self._start_thread(self._runner(slot), f"check:{slot.spec.name}")
@@ -406,6 +413,11 @@ class CheckScheduler:
             else:
                 times.append(slot.due)
         return min(times, default=math.inf)  # no checks: sleep until replace() or wake()
+
+    def _schedule(self, slot: _Slot, now: float) -> None:
+        """The next run: due after a jittered interval, and allowed from the shortest the jitter gives."""
+        slot.due = now + self._interval(slot.spec)
+        slot.earliest = now + max(0.0, slot.spec.interval * (1 - slot.spec.jitter))
 
     def _interval(self, spec: ScheduledCheck) -> float:
         spread = spec.interval * spec.jitter
@@ -498,7 +510,7 @@ class CheckScheduler:
         wanted = set(names) if names is not None else None
         with self._wake:
             for name, slot in self._slots.items():
-                slot.due = self._monotonic() if wanted is None or name in wanted else float("inf")
+                slot.due = slot.earliest = self._monotonic() if wanted is None or name in wanted else math.inf
         reports: dict[str, CheckReport] = {}
         pending = {n for n in self._slots if wanted is None or n in wanted}
         while pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import textwrap
 import threading
 from collections.abc import Callable
@@ -755,6 +756,43 @@ def test_stopping_the_scheduler_cancels_running_tools_and_waits_for_them():
     s.wake()  # as the supervisor does
     thread.join(10)
     assert cancel.is_set() and ended.is_set()
+
+
+class Spread(random.Random):
+    """Jitter as scripted: each interval drawn gets the next offset."""
+
+    def __init__(self, *offsets: float) -> None:
+        super().__init__(0)
+        self.offsets = list(offsets)
+
+    def uniform(self, a: float, b: float) -> float:
+        return self.offsets.pop(0)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "at", "started"),
+    [
+        ((0.0, 5.0), 60.0, ["a", "b"]),  # b (due at 65, allowed from 54) goes along with a
+        ((0.0, 5.0), 59.0, []),  # nothing due yet: nobody starts early on their own
+        ((-5.0, 5.0), 55.0, ["a", "b"]),
+        ((0.0, 5.0, 3.0), 60.0, ["a", "b"]),  # c's window (every 600 s) is far: it keeps its own time
+    ],
+    ids=["within-jitter", "none-due", "early-due", "other-interval"],
+)
+def test_a_due_check_takes_along_the_checks_inside_their_jitter_window(offsets, at, started):
+    names = ["a", "b", "c"][: len(offsets)]
+    checks = [Gate(n) for n in names]
+    specs = [
+        ScheduledCheck(check=c, interval=600.0 if c.name == "c" else 60.0, timeout=5, kind="python", origin="t")
+        for c in checks
+    ]
+    manual = Manual()
+    s = CheckScheduler(checks=specs, inbox=Inbox(), monotonic=lambda: 0.0, start_thread=manual, rng=Spread(*offsets))
+    s.step(0.0)
+    manual.finish_all()
+    s.step(0.0)  # every check ran once at start; next due at 60 + offset (600 + offset for c)
+    s.step(at)
+    assert sorted(name for name, slot in s._slots.items() if slot.running_since == at) == started
 
 
 class Clock:
