@@ -9,7 +9,9 @@ supervisor that runs the components is :mod:`agent.core.supervisor`).
 - A **component** is a long-lived part with ``name``, ``run(stop)`` and ``healthy(now)``
   (``now`` is ``time.monotonic()``). The :class:`Supervisor` runs each in its own thread, turns
   a component whose thread died into an unhealthy one, feeds ``/healthz`` and the
-  ``component_healthy`` metric, and stops everything within one shared deadline.
+  ``component_healthy`` metric, and stops everything within one shared deadline. Idle, a component
+  sleeps until it has something to do (each wakeup is idle CPU); one that sleeps on its own signal
+  rather than on ``stop`` also has ``wake()``, which the supervisor calls at stop.
 - **Producers** put :class:`RecordBatch`, :class:`~agent.checks.model.CheckReport` or :class:`SeedConditions` items
   into the bounded :class:`Inbox` and decide nothing.
 - The :class:`MainLoop` is the only writer of :class:`~agent.core.state.NodeState`: it matches record
