@@ -58,13 +58,16 @@ def _first_round_done(port: int) -> bool:
     return bool(stamps) and all(float(line.split()[-1]) > 0 for line in stamps)
 
 
-def _names() -> dict[int, str]:
-    """tid -> thread name (threads of the same name numbered: check-worker, check-worker#2, ...)."""
+def _names(*, skip: frozenset[int] = frozenset()) -> dict[int, str]:
+    """tid -> thread name (threads of the same name numbered: check-worker, check-worker#2, ...), but
+    not the threads in ``skip`` (the test API server's)."""
     seen: dict[str, int] = defaultdict(int)
     out = {}
     for thread in sorted(threading.enumerate(), key=lambda t: t.native_id or 0):
-        if thread.native_id is None:
+        if thread.native_id is None or thread.native_id in skip:
             continue
+        if getattr(getattr(thread, "_target", None), "__qualname__", "") == "ThreadingMixIn.process_request_thread":
+            continue  # the test API server answering a request: not the agent
         name = thread.name
         target = getattr(thread, "_target", None)  # a thread left with its default name: say what it runs
         if name.startswith("Thread-"):
@@ -75,7 +78,7 @@ def _names() -> dict[int, str]:
     return out
 
 
-def measure(*, window: float, packs: str, port: int, result: dict[str, object]) -> None:
+def measure(*, window: float, port: int, result: dict[str, object], skip: frozenset[int]) -> None:
     """In a thread of its own: wait for the agent, count, then SIGTERM this process."""
     try:
         deadline = time.monotonic() + 120
@@ -85,7 +88,7 @@ def measure(*, window: float, packs: str, port: int, result: dict[str, object]) 
             time.sleep(0.5)
         time.sleep(3.0)  # startup work (imports, first runs) over before counting
         me = threading.get_native_id()
-        names = _names()
+        names = _names(skip=skip)
         before = {tid: _switches(tid) for tid in names}
         cpu0, t0 = _cpu_seconds(), time.monotonic()
         time.sleep(window)
@@ -119,9 +122,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the kernel log to follow (default: /dev/kmsg where readable, as deployed; else a quiet file, "
         "which the reader must poll at its end once a second)",
     )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="Kubernetes mode against the test API server (tests/kubeapi) in this process; its threads are not counted",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmpdir, socket.socket() as s:
         tmp = Path(tmpdir)
+        mode = ["--standalone"]
+        server = None
+        if args.kubernetes:
+            from bench.run import _kube_setup
+
+            server, client = _kube_setup(tmp)
+            client.close()
+            mode = ["--kubeconfig", str(tmp / "kubeconfig"), "--node-name", "bench-node"]
+        skip = frozenset(t.native_id for t in threading.enumerate() if t.native_id is not None)
         kmsg = args.kmsg_path or ("/dev/kmsg" if os.access("/dev/kmsg", os.R_OK) else None)
         if kmsg is None:
             kmsg = str(tmp / "kmsg")
@@ -132,22 +149,24 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, object] = {}
         threading.Thread(
             target=measure,
-            kwargs={"window": args.window, "packs": args.packs, "port": port, "result": result},
+            kwargs={"window": args.window, "port": port, "result": result, "skip": skip},
             name="bench-measure",
             daemon=True,
         ).start()
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the stdout sink's lines
             code = agent_main(
-                ["run", "--standalone", "--pack", args.packs, "--kmsg-path", str(kmsg)]
+                ["run", *mode, "--pack", args.packs, "--kmsg-path", str(kmsg)]
                 + ["--state-dir", str(tmp / "state"), "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
             )
         stopped = time.monotonic()
+        if server is not None:
+            server.stop()
     if "error" in result:
         print(f"measurement failed: {result['error']!r}", file=sys.stderr)
         return 1
     rows = result["rows"]
     assert isinstance(rows, list)
-    print(f"kernel log: {kmsg}")
+    print(f"{'Kubernetes mode (test API server)' if args.kubernetes else 'standalone'}; kernel log: {kmsg}")
     print(f"{'thread':28} wakeups/s   (over {result['elapsed']:.1f} s)")
     for name, rate in rows:
         print(f"{name:28} {rate:8.2f}")
