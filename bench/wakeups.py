@@ -132,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmpdir)
         mode = ["--standalone"]
         server = None
+        ours = {t.native_id for t in threading.enumerate()}
         if args.kubernetes:
             from bench.run import _kube_setup
 
             server, client = _kube_setup(tmp)
             client.close()
             mode = ["--kubeconfig", str(tmp / "kubeconfig"), "--node-name", "bench-node"]
-        skip = frozenset(t.native_id for t in threading.enumerate() if t.native_id is not None)
+        skip = frozenset(t.native_id for t in threading.enumerate() if t.native_id not in ours and t.native_id)
         kmsg = args.kmsg_path or ("/dev/kmsg" if os.access("/dev/kmsg", os.R_OK) else None)
         if kmsg is None:
             kmsg = str(tmp / "kmsg")
