@@ -68,7 +68,8 @@ def build_source(settings: Settings) -> Source:
         return RelayClient(path=settings.kmsg_relay, stats=stats)
     from agent.sources.kmsg import KmsgReader
 
-    return KmsgReader(path=settings.kmsg_path, stats=stats)
+    # Idle, it sleeps on the device until a record or stop comes, waking only to stay within stall_timeout.
+    return KmsgReader(path=settings.kmsg_path, stats=stats, idle_wait=settings.stall_timeout / 2)
 
 
 def current_boot_id(path: Path | None = None) -> str:

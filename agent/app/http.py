@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD = 8192  # bytes of request line + headers
 GZIP_MIN = 1024  # smaller bodies are sent uncompressed
-BEAT, STALL = 1.0, 10.0  # the loop's heartbeat period, and how old a beat may be for healthy()
+STALL = 10.0  # seconds a look at the loop (see healthy()) may go unanswered before it counts as stalled
 LINGER = 1.0  # seconds to wait for a client to hang up after its response (see _linger)
 LINGER_BYTES = 65536  # ... and how much of what it still sends meanwhile to read and discard
 ENDPOINTS = ("/metrics", "/healthz", "/livez", "/readyz", "/conditions")
@@ -93,7 +93,7 @@ class AgentHTTPServer:
         self._backlog = backlog
         self._sock: socket.socket | None = None
         self._bound_port = 0
-        self._beat = 0.0
+        self._asked: float | None = None  # when a look at the loop was posted that it has not answered yet
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -138,14 +138,28 @@ class AgentHTTPServer:
             self._sock.close()
 
     def healthy(self, now: float) -> bool:
-        """True while the serving thread is alive, not stopping, and its event loop turned recently.
+        """True while the serving thread is alive, not stopping, and its event loop answers: asked from
+        another thread, a look is posted to the loop, and a look unanswered for ``STALL`` seconds is a
+        stalled loop. Asked from the loop itself (``/healthz``), it plainly turns. An idle loop is not
+        woken by a heartbeat (each wakeup is idle CPU, issue 16); it is looked at when someone asks.
 
-        ``now`` (the supervisor's clock) is not used: the loop's heartbeat is on ``time.monotonic``.
+        ``now`` (the supervisor's clock) is not used: the looks are timed on ``time.monotonic``.
         """
-        thread, stopping = self._thread, self._stopping
-        if thread is None or not thread.is_alive() or stopping is None or stopping.is_set():
+        thread, stopping, loop = self._thread, self._stopping, self._loop
+        if thread is None or not thread.is_alive() or stopping is None or stopping.is_set() or loop is None:
             return False
-        return time.monotonic() - self._beat < STALL
+        if threading.get_ident() == thread.ident:
+            return True
+        asked, now = self._asked, time.monotonic()
+        if asked is not None:
+            return now - asked < STALL
+        self._asked = now
+        with contextlib.suppress(RuntimeError):  # the loop has just closed: the next look says so
+            loop.call_soon_threadsafe(self._answered)
+        return True
+
+    def _answered(self) -> None:
+        self._asked = None
 
     # ---- event loop thread ------------------------------------------------------------------
 
@@ -170,10 +184,7 @@ class AgentHTTPServer:
         self._loop = loop
         self._ready.set()
         try:
-            while not self._stopping.is_set():
-                self._beat = time.monotonic()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), BEAT)
+            await self._stopping.wait()  # stop() sets it from any thread, waking the loop at once
         finally:
             server.close()
             for writer in [*self._conns, *self._shedding]:

@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 SETTLE = 1.0  # seconds without a new change before reloading (editors write in several steps)
 MAX_WAIT = 10.0  # seconds a stream of changes may delay a reload
 POLL = 0.2  # seconds between looks while a burst of changes settles
-IDLE_WAKE = 1.0  # seconds between looks at stop while nothing changed (a change wakes the watcher at once)
 
 Fingerprint = tuple[tuple[str, str], ...]
 
@@ -161,6 +160,10 @@ class ConfigWatcher:
     def healthy(self, now: float) -> bool:
         return True  # a rejected change is the configuration's trouble, not the agent's
 
+    def wake(self) -> None:
+        """Stop was set: end the wait for a change now (the supervisor calls this; any thread)."""
+        self._pending.set()
+
     def changed(self) -> None:
         """Called by the file watcher (any thread): a configuration file may have changed."""
         with self._lock:
@@ -194,11 +197,10 @@ class ConfigWatcher:
         observer = self._start_observer()
         self.changed()  # compare once: a change between the first load and the watch is not missed
         try:
-            # Idle, the thread sleeps on the change signal, looking at stop once a second (an idle agent's
-            # wakeups are its idle CPU); a burst of changes is waited out in POLL steps, as before.
+            # Idle, the thread sleeps on the change signal, which wake() (stop) also gives (an idle agent's
+            # wakeups are its idle CPU, issue 16); a burst of changes is waited out in POLL steps, as before.
             while not stop.is_set():
-                if not self._pending.wait(IDLE_WAKE):
-                    continue
+                self._pending.wait()
                 if stop.wait(POLL):
                     break
                 self.poll(stop=stop)

@@ -1,8 +1,10 @@
 """The check scheduler: one producer component that runs every configured check on its interval.
 
 - Each check runs on its own interval with jitter (``interval × (1 ± jitter)``), first right at
-  start; it never overlaps itself; at most ``concurrency`` checks run at once (and at most a
-  group's ``group_limit`` of one group: an NPD plugin file's ``concurrency``).
+  start; a check that falls due takes along the others already inside their jitter window (one
+  wakeup for several runs; an idle agent's CPU is its wakeups); it never overlaps itself; at most
+  ``concurrency`` checks run at once (and at most a group's ``group_limit`` of one group: an NPD
+  plugin file's ``concurrency``).
 - A run that passes its timeout is reported at once as UNKNOWN ("timed out") and its slot is
   freed; the check itself is not started again until the stuck call returns (a Python thread
   cannot be killed; executables are, with their process group, by the process runner).
@@ -76,6 +78,7 @@ class CheckStats:
 class _Slot:
     spec: ScheduledCheck
     due: float  # monotonic
+    earliest: float = -math.inf  # the soonest it may run: a check due anyway takes it along from then on
     declared: tuple[str, ...] = ()  # the condition types the check declares, read once
     running_since: float | None = None
     abandoned: bool = False  # timed out: reported, slot freed, waiting for the call to return
@@ -231,8 +234,10 @@ class CheckScheduler:
         rng: random.Random | None = None,
         start_thread: Callable[[Callable[[], None], str], None] | None = None,
         cancel: threading.Event | None = None,
+        wait: Callable[[threading.Condition, float | None], object] | None = None,
     ) -> None:
-        """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``)."""
+        """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``).
+        ``wait(condition, timeout)`` sleeps between steps, the condition held (default ``condition.wait``)."""
         self._cancel = cancel
         self._inbox = inbox
         self._concurrency = max(1, concurrency)
@@ -242,6 +247,7 @@ class CheckScheduler:
         self._rng = rng or random.Random()
         self._start_thread = start_thread or Workers()
         self._wake = threading.Condition()
+        self._wait = wait or (lambda condition, timeout: condition.wait(timeout))
         self._slots: dict[str, _Slot] = {}
         self.stats: dict[str, CheckStats] = {}
         self._beat = monotonic()
@@ -296,17 +302,26 @@ class CheckScheduler:
                     return
                 self._wake.wait(timeout=min(left, 0.05))
 
+    def wake(self) -> None:
+        """Stop was set: make the loop look now (the supervisor calls this; any thread)."""
+        with self._wake:
+            self._wake.notify_all()
+
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             reports, wake_at = self.step(self._monotonic())
             for report in reports:
                 if not self._inbox.put(report, stop=stop):
                     return
-            self._beat = self._monotonic()
             with self._wake:
-                delay = max(0.0, min(wake_at - self._monotonic(), 1.0))
-                if delay > 0 and not stop.is_set() and not self._finished_waiting():
-                    self._wake.wait(timeout=delay)
+                # Sleep until the next check is due (or a run's timeout), not a second at most: each wakeup
+                # is idle CPU (issue 16). A finished run, replace() and wake() (stop) notify at once. The beat
+                # is the time of the next look: stalled means late by stall_timeout, however long the sleep.
+                now = self._monotonic()
+                self._beat = max(now, wake_at)
+                if wake_at > now and not stop.is_set() and not self._finished_waiting():
+                    self._wait(self._wake, None if wake_at == math.inf else wake_at - now)
+                self._beat = self._monotonic()  # awake: from now on, working must show progress again
 
     def _finished_waiting(self) -> bool:
         return any(s.outcome is not None for s in self._slots.values())
@@ -329,7 +344,7 @@ class CheckScheduler:
                         log.info("check %s returned after its timeout; result dropped", slot.spec.name)
                         continue
                     reports.append(self._finish(slot, results, error, duration=now - started))
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             for slot in self._slots.values():
                 if (
                     slot.running_since is not None
@@ -347,17 +362,21 @@ class CheckScheduler:
                             counted=False,
                         )
                     )
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             running = [s for s in self._slots.values() if s.running_since is not None and not s.abandoned]
             groups: dict[str, int] = {}
             for s in running:
                 if s.spec.group is not None:
                     groups[s.spec.group] = groups.get(s.spec.group, 0) + 1
             free = self._concurrency - len(running)
+            # Awake for a due check, it takes along the checks already inside their jitter window: their
+            # runs share one wakeup of every thread they pass through (issue 16), and each check's interval
+            # stays within interval x (1 +- jitter).
+            waking = any(s.running_since is None and s.due <= now for s in self._slots.values())
             for slot in sorted(self._slots.values(), key=lambda s: s.due):
                 if free <= 0:
                     break
-                if slot.running_since is not None or slot.due > now:
+                if slot.running_since is not None or (slot.due > now and not (waking and slot.earliest <= now)):
                     continue
                 group, limit = slot.spec.group, slot.spec.group_limit
                 if group is not None and limit is not None and groups.get(group, 0) >= limit:
@@ -380,7 +399,7 @@ class CheckScheduler:
                             counted=False,
                         )
                     )
-                    slot.due = now + self._interval(slot.spec)
+                    self._schedule(slot, now)
             wake_at = self._next_wake(now)
         for slot in to_start:
             self._start_thread(self._runner(slot), f"check:{slot.spec.name}")
@@ -393,7 +412,12 @@ class CheckScheduler:
                 times.append(slot.running_since + slot.spec.timeout)
             else:
                 times.append(slot.due)
-        return min(times, default=now + 1.0)
+        return min(times, default=math.inf)  # no checks: sleep until replace() or wake()
+
+    def _schedule(self, slot: _Slot, now: float) -> None:
+        """The next run: due after a jittered interval, and allowed from the shortest the jitter gives."""
+        slot.due = now + self._interval(slot.spec)
+        slot.earliest = now + max(0.0, slot.spec.interval * (1 - slot.spec.jitter))
 
     def _interval(self, spec: ScheduledCheck) -> float:
         spread = spec.interval * spec.jitter
@@ -486,7 +510,7 @@ class CheckScheduler:
         wanted = set(names) if names is not None else None
         with self._wake:
             for name, slot in self._slots.items():
-                slot.due = self._monotonic() if wanted is None or name in wanted else float("inf")
+                slot.due = slot.earliest = self._monotonic() if wanted is None or name in wanted else math.inf
         reports: dict[str, CheckReport] = {}
         pending = {n for n in self._slots if wanted is None or n in wanted}
         while pending:

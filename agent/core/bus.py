@@ -9,7 +9,9 @@ supervisor that runs the components is :mod:`agent.core.supervisor`).
 - A **component** is a long-lived part with ``name``, ``run(stop)`` and ``healthy(now)``
   (``now`` is ``time.monotonic()``). The :class:`Supervisor` runs each in its own thread, turns
   a component whose thread died into an unhealthy one, feeds ``/healthz`` and the
-  ``component_healthy`` metric, and stops everything within one shared deadline.
+  ``component_healthy`` metric, and stops everything within one shared deadline. Idle, a component
+  sleeps until it has something to do (each wakeup is idle CPU); one that sleeps on its own signal
+  rather than on ``stop`` also has ``wake()``, which the supervisor calls at stop.
 - **Producers** put :class:`RecordBatch`, :class:`~agent.checks.model.CheckReport` or :class:`SeedConditions` items
   into the bounded :class:`Inbox` and decide nothing.
 - The :class:`MainLoop` is the only writer of :class:`~agent.core.state.NodeState`: it matches record
@@ -25,6 +27,7 @@ supervisor that runs the components is :mod:`agent.core.supervisor`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import queue
@@ -99,6 +102,9 @@ class Notice:
 Input: TypeAlias = "RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice"
 
 
+_WAKE = object()  # what Inbox.wake() puts: a get() returns None for it
+
+
 class Inbox:
     """The bounded queue between producers and the main loop."""
 
@@ -115,17 +121,25 @@ class Inbox:
                 continue
         return False
 
-    def get(self, *, timeout: float) -> Input | None:
+    def get(self, *, timeout: float | None) -> Input | None:
+        """The next item, waiting up to ``timeout`` seconds (None: until one comes or :meth:`wake`)."""
         try:
-            return self._queue.get(timeout=timeout)
+            item = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        return None if item is _WAKE else item
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`get` return (None) now: shutdown. With the queue full nobody waits."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_WAKE)  # type: ignore[arg-type]  # never handed out
 
     def get_nowait(self) -> Input | None:
         try:
-            return self._queue.get_nowait()
+            item = self._queue.get_nowait()
         except queue.Empty:
             return None
+        return None if item is _WAKE else item
 
 
 # ---- the feed ------------------------------------------------------------------------------------
@@ -179,7 +193,7 @@ class SnapshotFeed:
         with self._cond:
             return self._latest
 
-    def wait_newer(self, after: int, *, timeout: float) -> Publication | None:
+    def wait_newer(self, after: int, *, timeout: float | None) -> Publication | None:
         """The latest publication once its number is above ``after``; None on timeout or close."""
         with self._cond:
             if self._latest.number <= after and not self._closed:

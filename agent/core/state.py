@@ -302,6 +302,16 @@ class NodeState:
             events.extend(self._update_aggregate(now))
         return events
 
+    def next_expiry(self) -> float | None:
+        """When (this state's clock) the first TRUE condition with a ``clearAfter`` heals if nothing renews
+        it: the main loop sleeps until then, not in short ticks. None when none would."""
+        due = [
+            cond.last_update + spec.clear_after
+            for type_, cond in self._conditions.items()
+            if cond.status is Status.TRUE and (spec := self._specs.get(type_)) is not None and spec.clear_after
+        ]
+        return min(due, default=None)
+
     def _update_aggregate(self, now: float) -> list[Event]:
         if not self._aggregate:
             return []

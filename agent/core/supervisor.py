@@ -3,16 +3,17 @@ stop deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
-
-SIGNAL_POLL = 1.0  # seconds: how often the main thread wakes while waiting for stop (see Supervisor.run; each
-# wakeup is idle CPU: 5 a second were a fifth of an idle agent's, issue 16)
 
 
 class Component(Protocol):
@@ -25,6 +26,15 @@ class Component(Protocol):
 
     def healthy(self, now: float) -> bool:
         """Whether this component works right now (``now`` = ``time.monotonic()``)."""
+
+
+@runtime_checkable
+class Wakeable(Protocol):
+    """A component that sleeps on its own signal (a condition, a file descriptor) rather than on ``stop``:
+    the supervisor calls :meth:`wake` once ``stop`` is set, so it returns at once instead of polling."""
+
+    def wake(self) -> None:
+        """Make ``run`` look at ``stop`` now (any thread; may be called more than once)."""
 
 
 class Supervisor:
@@ -94,7 +104,14 @@ class Supervisor:
                 self._crashed.setdefault(comp.name, "returned before shutdown")
 
     def join(self, *, deadline: float) -> list[str]:
-        """Wait for every thread until ``deadline`` (monotonic); names of those still running."""
+        """Wake the components that sleep on their own signal, then wait for every thread until
+        ``deadline`` (monotonic); names of those still running."""
+        for comp in self._components:
+            if isinstance(comp, Wakeable):
+                try:
+                    comp.wake()
+                except Exception:
+                    log.exception("waking %s failed", comp.name)
         for hook in self._on_stop:
             try:
                 hook()
@@ -112,10 +129,45 @@ class Supervisor:
     def run(self, stop: threading.Event, *, grace: float = 4.5) -> list[str]:
         """Start everything, wait for ``stop``, then stop all within ``grace`` seconds."""
         self.start(stop)
-        # Wake now and then rather than block for good: Python runs a signal handler only in the main
-        # thread, when it executes bytecode. The kernel may deliver SIGTERM to any of our threads, and
-        # then a main thread asleep in a plain wait() never learns of it (an agent that ignored SIGTERM
-        # in 2 of about 20 CI runs).
-        while not stop.wait(timeout=SIGNAL_POLL):
-            pass
+        wait_for_stop(stop)
         return self.join(deadline=self._monotonic() + grace)
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Block until ``stop`` is set, without waking in between, and without sleeping through a signal.
+
+    Python runs a signal handler only in the main thread, when it executes bytecode. The kernel may
+    deliver SIGTERM to any of our threads, and then a main thread asleep in a plain ``stop.wait()``
+    never learns of it (an agent once ignored SIGTERM in 2 of about 20 CI runs). Polling (a wait with a
+    timeout) was the cure, but every poll is an idle wakeup (issue 16). So the main thread sleeps in
+    ``select`` on a socket that two things write to: Python's signal wakeup fd (the C-level handler
+    writes to it in whichever thread the signal landed, after which the main thread runs the Python
+    handler), and a helper thread asleep on ``stop`` (whoever sets ``stop``, signal or not). Outside
+    the main thread (tests, embedding) no signal handler runs here: a plain wait is enough."""
+    if threading.current_thread() is not threading.main_thread():
+        stop.wait()
+        return
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        theirs.setblocking(False)  # the signal handler must never block on a full socket
+        try:
+            previous = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # e.g. not the main interpreter: fall back to looking now and then
+            while not stop.wait(timeout=1.0):
+                pass
+            return
+
+        def tell() -> None:
+            stop.wait()
+            with contextlib.suppress(OSError):  # closed already: the main thread is gone from its wait
+                theirs.send(b"\0")
+
+        threading.Thread(target=tell, name="supervisor-stop", daemon=True).start()
+        try:
+            while not stop.is_set():  # a Python call per turn: the handler of a signal just seen runs first
+                select.select([ours], [], [])
+                with contextlib.suppress(BlockingIOError):
+                    ours.recv(4096)
+        finally:
+            signal.set_wakeup_fd(previous)

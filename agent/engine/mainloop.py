@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,8 +42,7 @@ from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 log = logging.getLogger(__name__)
 
-TICK = 1.0  # the loop runs at least this often (clearAfter expiry, cursor saves, liveness; each run is an idle
-# wakeup: 0.5 s made it the busiest idle thread, issue 16)
+CURSOR_TICK = 1.0  # while publications await their acknowledgement, the loop looks this often (cursor saves)
 STEP_ITEMS = 16  # inbox items folded into one publication at most
 CURSOR_INTERVAL = 1.0
 FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
@@ -71,8 +71,10 @@ class MainLoop:
         kernel_log: LineRing | None = None,  # keeps the kernel log lines read (the diagnostics bundle's copy)
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        tick: float = TICK,
+        tick: float | None = None,
     ) -> None:
+        """``tick``: the longest the loop sleeps (None: until the next thing it has to do; see
+        :meth:`idle_timeout`)."""
         self._inbox = inbox
         self._feed = feed
         self.state = state
@@ -105,19 +107,37 @@ class MainLoop:
     # ---- component -----------------------------------------------------------------------------
 
     def healthy(self, now: float) -> bool:
+        """Stalled = ``stall_timeout`` late: asleep, the beat is when the loop will look next."""
         return now - self._beat < self._stall_timeout
+
+    def wake(self) -> None:
+        """Stop was set: end the wait for the inbox now (the supervisor calls this; any thread)."""
+        self._inbox.wake()
 
     def run(self, stop: threading.Event) -> None:
         self._publish([], last_seq=None)
         while not stop.is_set():
-            self.step(timeout=self._tick)
+            self.step(timeout=self.idle_timeout())
         self._shutdown()
+
+    def idle_timeout(self) -> float | None:
+        """How long the loop may wait for the inbox: until the next ``clearAfter`` expiry, a tick while
+        publications await acknowledgement (the cursor follows them), else until an item comes (None).
+        Not a tick at all times: each wakeup is idle CPU (issue 16)."""
+        waits = [self._tick] if self._tick is not None else [CURSOR_TICK] if self._pending else []
+        expiry = self.state.next_expiry()
+        if expiry is not None:
+            waits.append(max(0.0, expiry - self._clock()))
+        return min(waits, default=None)
 
     # ---- one step --------------------------------------------------------------------------------
 
-    def step(self, *, timeout: float) -> int:
-        """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item); publish."""
+    def step(self, *, timeout: float | None) -> int:
+        """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item, None: until one
+        comes or :meth:`wake`); publish."""
+        self._beat = math.inf if timeout is None else self._monotonic() + timeout  # asleep: not stalled
         first = self._inbox.get(timeout=timeout)
+        self._beat = self._monotonic()
         events: list[Event] = []
         records = 0
         last_seq: int | None = None

@@ -68,13 +68,13 @@ class StdoutSink:
     printed as its ``str``); an event that still cannot be printed (a bug) is skipped, counted in
     ``bugs`` and shown in :meth:`detail`.
 
-    ``poll``: how often it looks at ``stop`` while nothing is published; the supervisor closes the feed on
-    stop, which wakes it at once, so this is only a backstop (each look is an idle wakeup, issue 16).
+    ``poll``: how often it looks at ``stop`` while nothing is published (None: never; the supervisor
+    closes the feed on stop, which wakes it at once, and each look would be an idle wakeup, issue 16).
     """
 
     name = "stdout"
 
-    def __init__(self, *, feed: SnapshotFeed, stream: TextIO | None = None, poll: float = 5.0) -> None:
+    def __init__(self, *, feed: SnapshotFeed, stream: TextIO | None = None, poll: float | None = None) -> None:
         self._feed = feed
         self._stream = stream or sys.stdout
         self._poll = poll

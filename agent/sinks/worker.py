@@ -41,8 +41,6 @@ MAX_BACKOFF = 120.0
 BACKOFF_JITTER = 0.2
 STALL = 60.0  # a loop that has not beaten this long after its planned wake-up is wedged
 IDLE = 60.0  # the longest pause (a new publication ends it early); the loop beats at least this often
-STOP_POLL = 5.0  # how often the default wait looks at ``stop`` (closing the feed wakes it at once: the supervisor
-# closes it on stop; each look is an idle wakeup, issue 16)
 
 
 class Failure(enum.StrEnum):
@@ -247,17 +245,19 @@ class SinkWorker:
             self.take(pub)
 
     def _default_wait(self, stop: threading.Event, seconds: float) -> bool:
-        """Up to ``seconds`` (real time), ending early on ``stop`` or a newer publication."""
+        """Up to ``seconds`` (real time), ending early on a newer publication or a closed feed and ``stop``.
+
+        It sleeps on the feed alone, not in slices that look at ``stop`` (each look is an idle wakeup,
+        issue 16): the supervisor closes the feed at stop, which wakes it at once."""
         end = time.monotonic() + seconds
         while not stop.is_set():
             left = end - time.monotonic()
             if left <= 0:
                 return False
-            slice_ = min(left, STOP_POLL)
             started = time.monotonic()
-            if self._feed.wait_newer(self._seen, timeout=slice_) is not None:
+            if self._feed.wait_newer(self._seen, timeout=left) is not None:
                 return False
-            rest = slice_ - (time.monotonic() - started)
+            rest = left - (time.monotonic() - started)
             if rest > 0.001:  # the feed was closed: it no longer blocks, so wait on stop instead
                 stop.wait(rest)
         return True

@@ -15,6 +15,7 @@ carried by :mod:`agent.sources.replay`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -69,7 +70,7 @@ class KmsgStats:
     malformed_lines: int = 0  # malformed dictionary lines dropped from records that were kept
     last_record_time: float | None = None  # wall-clock timestamp of the last delivered record
     # clock() (time.monotonic) when the open source last answered a read: data, EAGAIN, or end of file while
-    # following (at least every poll_interval while idle). Never refreshed in backoff or by a failed open, nor
+    # following (at least every idle_wait while idle). Never refreshed in backoff or by a failed open, nor
     # while the consumer holds on to a batch (a stalled pipeline goes stale).
     last_activity: float | None = None
     # Why the source cannot be read, e.g. "cannot open /dev/kmsg: [Errno 13] Permission denied"; None once
@@ -228,9 +229,18 @@ class KmsgReader:
         opener: Callable[[str], int] = open_nonblocking,
         read: Callable[[int, int], bytes] = os.read,
         logger: logging.Logger | None = None,
+        idle_wait: float | None = None,
     ) -> None:
+        """``idle_wait``: the longest a wait for new records on a device or FIFO lasts, i.e. how often an idle
+        reader shows it is alive (``stats.last_activity``; default ``poll_interval``). New records and
+        :meth:`wake` end the wait at once, so it only sets the idle wakeups (issue 16)."""
         if poll_interval <= 0 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("need poll_interval > 0 and 0 < backoff_initial <= backoff_max")
+        if idle_wait is not None and idle_wait <= 0:
+            raise ValueError("need idle_wait > 0")
+        self._idle_wait = idle_wait if idle_wait is not None else poll_interval
+        self._wake_fds: tuple[int, int] | None = None  # (read, write) of the pipe wake() writes to
+        self._wake_lock = threading.Lock()
         self._path = os.fspath(path)
         self._stats = stats
         self._boot_time = boot_time
@@ -251,6 +261,13 @@ class KmsgReader:
     def stats(self) -> KmsgStats:
         """The counters this reader updates (read them at any time; one writer, this reader)."""
         return self._stats
+
+    def wake(self) -> None:
+        """Stop was set: end a wait for new records now (any thread; the supervisor calls it)."""
+        with self._wake_lock:  # never a write to a descriptor closed (and reused) meanwhile
+            if self._wake_fds is not None:
+                with contextlib.suppress(BlockingIOError):  # full: woken already
+                    os.write(self._wake_fds[1], b"\0")
 
     def chunks(self, *, stop: threading.Event) -> Iterator[RawChunk]:
         """Yield raw chunks of complete records until ``stop`` is set; :meth:`decode` turns one into records.
@@ -313,6 +330,16 @@ class KmsgReader:
 
     def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker]]:
         """Yield chunks of complete records, each with the sequence tracker that applies to it."""
+        wake_fds = self._wake_fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # before the first look at stop
+        try:
+            yield from self._chunks_until_stop(stop=stop)
+        finally:
+            with self._wake_lock:
+                self._wake_fds = None
+                for fd in wake_fds:
+                    os.close(fd)
+
+    def _chunks_until_stop(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker]]:
         sleep = self._sleep if self._sleep is not None else stop.wait
         tracker = SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
         backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
@@ -467,9 +494,19 @@ class KmsgReader:
         return False
 
     def _wait_readable(self, fd: int) -> None:
+        """Until ``fd`` has data, :meth:`wake` is called, or ``idle_wait`` passes."""
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        poller.poll(self._poll_interval * 1000)
+        fds = self._wake_fds
+        if fds is not None:
+            poller.register(fds[0], select.POLLIN)
+        ready = poller.poll(self._idle_wait * 1000)
+        if fds is not None and any(ready_fd == fds[0] for ready_fd, _ in ready):
+            try:
+                while os.read(fds[0], 64):
+                    pass
+            except BlockingIOError:
+                pass
 
     # -- bookkeeping -------------------------------------------------------------------------------
 

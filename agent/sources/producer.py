@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from agent.core.bus import Inbox, RecordBatch
+from agent.core.supervisor import Wakeable
 from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgStats
 
@@ -64,6 +65,11 @@ class SourceProducer:
 
     def detail(self) -> str | None:
         return self.source.stats.last_error
+
+    def wake(self) -> None:
+        """Stop was set: a source that sleeps on its file descriptor is told to look now."""
+        if isinstance(self.source, Wakeable):
+            self.source.wake()
 
     def run(self, stop: threading.Event) -> None:
         decode = self.source.decode

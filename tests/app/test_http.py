@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from agent.app.http import AgentHTTPServer
 
+from helpers.threads import wakeups_while_asleep
+
 HOST = "127.0.0.1"
 WAIT = 15.0  # upper bound for anything that should happen "soon"; a generous one on a shared machine
 CONDITIONS = [{"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock"}]
@@ -519,7 +521,6 @@ def test_stop_closes_the_port_and_every_connection(fake: Fake) -> None:
 
 
 def test_healthy_follows_the_event_loop(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("agent.app.http.BEAT", 0.02)
     monkeypatch.setattr("agent.app.http.STALL", 0.3)
     release = threading.Event()
     fake.conditions_document = lambda: release.wait(WAIT) and CONDITIONS  # type: ignore[method-assign]
@@ -532,3 +533,13 @@ def test_healthy_follows_the_event_loop(fake: Fake, monkeypatch: pytest.MonkeyPa
         client.join(WAIT)
         wait_for(lambda: server.healthy(time.monotonic()), what="healthy again")
     assert not server.healthy(time.monotonic())
+
+
+def test_an_idle_server_sleeps_and_answers_a_look_from_another_thread(fake: Fake) -> None:
+    """No heartbeat wakes an idle loop (each wakeup is idle CPU, issue 16); a health look wakes it once."""
+    with serving(fake) as server:
+        assert server._thread is not None and server._thread.native_id is not None
+        assert wakeups_while_asleep(server._thread.native_id, sleeps_in=["epoll", "poll"]) == 0
+        assert server.healthy(time.monotonic())  # posts a look
+        wait_for(lambda: server._asked is None, what="the loop to answer the look")
+        assert server.healthy(time.monotonic())

@@ -24,6 +24,7 @@ from agent.core.statedir import atomic_write
 from agent.core.types import ConditionSpec
 
 from helpers import http_get, start_standalone_agent, wait_for
+from helpers.threads import wakeups_while_asleep
 
 PACK = """
 conditions:
@@ -124,6 +125,7 @@ def test_the_file_watcher_triggers_a_reload(tmp_path):
         assert watcher.failures == 0
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
     assert not thread.is_alive()
 
@@ -276,7 +278,7 @@ def test_a_burst_of_changes_is_checked_once_after_it_settles(tmp_path):
 
 
 def test_an_idle_watcher_sleeps_on_the_change_signal_not_in_short_polls(tmp_path):
-    """Its wakeups are the agent's idle CPU: nothing pending, it looks at stop once a second at most."""
+    """Its wakeups are the agent's idle CPU: nothing pending, it sleeps until a change or wake() (stop)."""
     plugins, watcher, _, _ = setup(tmp_path)
     waits: list[float | None] = []
 
@@ -293,10 +295,12 @@ def test_an_idle_watcher_sleeps_on_the_change_signal_not_in_short_polls(tmp_path
         idle = len(waits)
         time.sleep(0.5)  # two and a half of the old 0.2 s polls
         assert len(waits) == idle
+        assert wakeups_while_asleep(thread.native_id, sleeps_in=["futex"]) == 0  # not even once a second
         (plugins / "pack.yaml").write_text((plugins / "pack.yaml").read_text() + "\n")  # a change wakes it
         wait_for(lambda: watcher.generation == 2)
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(timeout=5)
     assert not thread.is_alive()
 
@@ -346,6 +350,7 @@ def test_state_writes_beside_a_config_file_and_a_touch_are_no_reload(tmp_path):
         assert [r.reason for r in inbox.get(timeout=5).rule_set.rules] == ["AlphaSeen", "BetaSeen"]
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
     assert not thread.is_alive()
 
@@ -363,6 +368,7 @@ def test_a_rejected_change_is_not_tried_again_until_the_content_changes(tmp_path
         wait_for(lambda: watcher.generation == 2)
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
 
 
@@ -381,6 +387,7 @@ def test_a_configmap_update_is_reloaded(tmp_path, mounted):
         assert watcher.failures == 0
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
 
 
@@ -429,6 +436,7 @@ def test_a_plugin_calling_sys_exit_during_a_reload_is_a_broken_check_and_the_wat
         wait_for(lambda: watcher.generation == 3, timeout=20)  # it still reloads
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
     assert not thread.is_alive()
 
@@ -464,6 +472,7 @@ def test_a_check_whose_conditions_raise_after_loading_does_not_stop_the_watcher(
         assert thread.is_alive() and watcher.last_error is None
     finally:
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
 
 
@@ -474,12 +483,14 @@ def test_an_import_that_hangs_during_a_reload_does_not_hold_up_shutdown(tmp_path
         (plugins / "checks.yaml").write_text("checks:\n  - name: one\n    options: {n: 2}\n")
         assert hanging.entered.wait(20)  # the reload is waiting on the hung import
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)  # on the old code: stuck in the import until the gate opens
         assert not thread.is_alive()
         assert watcher.generation == 1  # nothing half-loaded was swapped in
     finally:
         hanging.gate.set()
         stop.set()
+        watcher.wake()  # as the supervisor does
         thread.join(10)
 
 

@@ -42,6 +42,7 @@ from helpers.agents import NAMESPACE, NODE, Agent, cloudwatch_metrics, condition
 from helpers.aws import REGION
 from helpers.mainloop import Loop
 from helpers.sinks import SimTime, node_api, running
+from helpers.threads import wakeups_while_asleep
 from kubeapi import KubeApiServer
 
 LONG_TYPE = "E" * 300
@@ -234,6 +235,25 @@ def test_a_conditions_file_that_is_not_ours_is_ignored_never_read_without_end(tm
         assert "not a regular file" in health.problems()["conditions"]
     else:
         assert "not ours" in caplog.text
+
+
+@pytest.mark.slow  # watches for 5.5 s: past the 5 s look at stop it had
+def test_an_idle_stdout_sink_sleeps_until_a_publication_or_the_feed_closes():
+    """No poll wakes it while nothing is published (each wakeup is idle CPU, issue 16); the supervisor
+    closes the feed at stop, which ends its wait."""
+    feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=0.0))
+    sink = StdoutSink(feed=feed, stream=io.StringIO())
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    assert thread.native_id is not None
+    assert wakeups_while_asleep(thread.native_id, sleeps_in=["futex"], window=5.5) == 0
+    pub = feed.publish(snapshot=feed.latest().snapshot, events=[], health={})
+    wait_for(lambda: sink.acked() == pub.number)
+    stop.set()
+    feed.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 class Oddity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import textwrap
 import threading
 from collections.abc import Callable
@@ -752,8 +753,113 @@ def test_stopping_the_scheduler_cancels_running_tools_and_waits_for_them():
     thread.start()
     wait_for(lambda: s._slots["tool"].running_since is not None)
     stop.set()
+    s.wake()  # as the supervisor does
     thread.join(10)
     assert cancel.is_set() and ended.is_set()
+
+
+class Spread(random.Random):
+    """Jitter as scripted: each interval drawn gets the next offset."""
+
+    def __init__(self, *offsets: float) -> None:
+        super().__init__(0)
+        self.offsets = list(offsets)
+
+    def uniform(self, a: float, b: float) -> float:
+        return self.offsets.pop(0)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "at", "started"),
+    [
+        ((0.0, 5.0), 60.0, ["a", "b"]),  # b (due at 65, allowed from 54) goes along with a
+        ((0.0, 5.0), 59.0, []),  # nothing due yet: nobody starts early on their own
+        ((-5.0, 5.0), 55.0, ["a", "b"]),
+        ((0.0, 5.0, 3.0), 60.0, ["a", "b"]),  # c's window (every 600 s) is far: it keeps its own time
+    ],
+    ids=["within-jitter", "none-due", "early-due", "other-interval"],
+)
+def test_a_due_check_takes_along_the_checks_inside_their_jitter_window(offsets, at, started):
+    names = ["a", "b", "c"][: len(offsets)]
+    checks = [Gate(n) for n in names]
+    specs = [
+        ScheduledCheck(check=c, interval=600.0 if c.name == "c" else 60.0, timeout=5, kind="python", origin="t")
+        for c in checks
+    ]
+    manual = Manual()
+    s = CheckScheduler(checks=specs, inbox=Inbox(), monotonic=lambda: 0.0, start_thread=manual, rng=Spread(*offsets))
+    s.step(0.0)
+    manual.finish_all()
+    s.step(0.0)  # every check ran once at start; next due at 60 + offset (600 + offset for c)
+    s.step(at)
+    assert sorted(name for name, slot in s._slots.items() if slot.running_since == at) == started
+
+
+class Clock:
+    """A monotonic clock the scheduler's injected wait advances: a sleep takes no real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("intervals", "expected"),
+    [
+        ([60.0], [60.0, 60.0, 60.0]),  # not a second at most: every wakeup is idle CPU (issue 16)
+        ([60.0, 300.0], [60.0, 60.0, 60.0]),  # the nearest due check sets the sleep
+        ([], [None]),  # no checks: sleep until replace() or stop wakes it
+    ],
+    ids=["one-check", "two-checks", "no-checks"],
+)
+def test_an_idle_scheduler_sleeps_until_its_next_check_is_due(intervals, expected):
+    clock, stop, waits = Clock(), threading.Event(), []
+
+    def wait(condition, timeout):
+        waits.append(timeout)
+        if timeout is None or len(waits) == len(expected):
+            stop.set()
+        else:
+            clock.now += timeout
+
+    def inline(target, name):
+        target()
+
+    checks = [Gate(f"c{i}") for i in range(len(intervals))]
+    specs = [
+        ScheduledCheck(check=c, interval=every, timeout=5, kind="python", origin="t", jitter=0)
+        for c, every in zip(checks, intervals, strict=True)
+    ]
+    s = CheckScheduler(checks=specs, inbox=Inbox(), monotonic=clock, start_thread=inline, wait=wait)
+    s.run(stop)
+    assert waits == expected
+    assert [c.calls for c in checks] == [len(expected) if every == 60 else 1 for every in intervals]
+
+
+def test_a_sleeping_scheduler_is_healthy_until_it_is_late_and_wakes_on_stop():
+    clock, stop, asleep = Clock(), threading.Event(), threading.Event()
+
+    def wait(condition, timeout):
+        asleep.set()
+        condition.wait(timeout)  # a real sleep of an hour: only wake() ends it here
+
+    spec = ScheduledCheck(check=Gate("c"), interval=3600, timeout=5, kind="python", origin="t", jitter=0)
+    s = CheckScheduler(
+        checks=[spec], inbox=Inbox(), monotonic=clock, start_thread=lambda t, n: t(), wait=wait, stall_timeout=60
+    )
+    thread = threading.Thread(target=s.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert asleep.wait(10)
+        wait_for(lambda: s.healthy(3600 + 59))  # due at 3600: not stalled before it is 60 s late
+        assert not s.healthy(3600 + 60)
+    finally:
+        stop.set()
+        s.wake()
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ from agent.core.paths import builtin_plugins_dir
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.supervisor import Supervisor
-from agent.core.types import Condition, Event, Severity, Status
+from agent.core.types import Condition, ConditionSpec, Event, Finding, RuleType, Severity, Status
 from agent.sources.replay import Cursor
 
 from helpers import wait_for
 from helpers.mainloop import BOOT, NOW, Clock, Loop, record
+from helpers.threads import wakeups_while_asleep
 
 
 class Comp:
@@ -95,6 +96,46 @@ def test_a_signal_that_lands_on_another_thread_still_stops_the_supervisor():
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert not forced.is_set(), "the supervisor slept through a signal delivered to another thread"
+
+
+class Sleeper(Comp):
+    """A component that sleeps on its own event, not on stop: only wake() ends its run."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.woken = threading.Event()
+
+    def run(self, stop):
+        self.started.set()
+        self.woken.wait()
+
+    def wake(self) -> None:
+        self.woken.set()
+
+
+def test_components_that_sleep_on_their_own_signal_are_woken_at_stop():
+    sup = Supervisor(components=[Sleeper("a"), Comp("b")])
+    stop = threading.Event()
+    sup.start(stop)
+    stop.set()
+    assert sup.join(deadline=sup_deadline(10)) == []
+
+
+def test_the_main_thread_sleeps_until_stop_without_waking_in_between():
+    """Each wakeup of an idle agent is idle CPU (issue 16): waiting for stop, the main thread does not
+    poll. A sleeping thread is switched out once and in once: its context switches do not grow."""
+    stop = threading.Event()
+    main = threading.get_native_id()
+    woke: list[int] = []
+
+    def watch() -> None:
+        # asleep in select() on its wakeup socket (a futex wait would be a poll, or a wait for the GIL)
+        woke.append(wakeups_while_asleep(main, sleeps_in=["poll", "select"]))
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert Supervisor(components=[Comp("a")]).run(stop, grace=1.0) == []
+    assert woke == [0]
 
 
 def sup_deadline(seconds: float) -> float:
@@ -327,3 +368,65 @@ def test_unknown_inbox_items_do_not_kill_the_writer(rules, tmp_path, caplog):
     lp.step()
     assert "unknown inbox item" in caplog.text
     assert lp.loop.healthy(lp.mono.now)
+
+
+# ---- an idle main loop sleeps until it has something to do (issue 16) ---------------------------
+
+XID = ConditionSpec(type="GpuXid", reason="GpuXidGood", message="ok", clear_after=600.0, source="nvidia")
+
+
+def idle_loop(rules, tmp_path, *, acks=()) -> tuple[Loop, NodeState]:
+    lp = Loop(rules, tmp_path, acks=acks)
+    state = NodeState(conditions=[XID], clock=lp.clock)
+    lp.loop.state = state
+    return lp, state
+
+
+@pytest.mark.parametrize(
+    ("xid_at", "awaiting_ack", "expected"),
+    [
+        (None, False, None),  # nothing due: wait for input, however long (not a tick)
+        (NOW - 100, False, 500.0),  # a clearAfter of 600 s, set 100 s ago: heals in 500 s
+        (NOW - 700, False, 0.0),  # overdue: at once
+        (None, True, 1.0),  # a publication awaits its acknowledgement: the cursor follows it each second
+        (NOW - 100, True, 1.0),
+    ],
+    ids=["idle", "clear-after", "overdue", "awaiting-ack", "both"],
+)
+def test_an_idle_main_loop_sleeps_until_its_next_expiry_or_for_input(rules, tmp_path, xid_at, awaiting_ack, expected):
+    lp, state = idle_loop(rules, tmp_path, acks=[lambda: 0])
+    if xid_at is not None:
+        lp.clock.now = xid_at
+        state.apply(
+            Finding(
+                rule="t",
+                type=RuleType.PERMANENT,
+                condition="GpuXid",
+                reason="GpuXid79",
+                severity=Severity.ERROR,
+                message="m",
+                timestamp=xid_at,
+                source="t",
+            )
+        )
+        lp.clock.now = NOW
+    if awaiting_ack:
+        lp.put(RecordBatch(records=[record(1, "hello")]))
+        lp.step()
+    assert lp.loop.idle_timeout() == expected
+
+
+def test_a_main_loop_asleep_for_input_is_healthy_and_stop_wakes_it(rules, tmp_path):
+    lp, _ = idle_loop(rules, tmp_path)
+    thread = threading.Thread(target=lp.loop.run, args=(lp.stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: lp.loop.healthy(10**9))  # asleep with nothing due: never stalled
+        lp.put(RecordBatch(records=[record(1, DMA)]))  # input wakes it at once
+        wait_for(lambda: lp.loop.records_processed == 1)
+    finally:
+        lp.stop.set()
+        lp.loop.wake()  # as the supervisor does
+        thread.join(10)
+    assert not thread.is_alive()
+    assert lp.loop.records_processed == 1

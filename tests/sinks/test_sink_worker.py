@@ -35,6 +35,7 @@ from helpers.sinks import (
     running,
     snapshot,
 )
+from helpers.threads import wakeups_while_asleep
 
 # ---- shared tools ------------------------------------------------------------------------------
 
@@ -306,6 +307,23 @@ def test_default_wait_ends_early_on_a_new_publication_and_on_stop():
     wait_for(lambda: worker.taken == [0, 1, 2])
     feed.close()  # a closed feed no longer blocks: the wait must not spin, and stop still ends it
     stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and worker.finished
+
+
+@pytest.mark.slow  # watches for 5.5 s: past the 5 s look at stop it had
+def test_an_idle_sink_worker_sleeps_until_a_publication_or_the_feed_closes():
+    """No look at stop every few seconds (each is an idle wakeup, issue 16): the supervisor closes the feed."""
+    feed = SnapshotFeed(initial=snapshot())
+    worker = Probe(outcomes=[], feed=feed)  # real clocks, the default wait, an hour's pause
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    wait_for(lambda: worker.taken == [0])
+    assert thread.native_id is not None
+    assert wakeups_while_asleep(thread.native_id, sleeps_in=["futex"], window=5.5) == 0  # past the old 5 s look
+    stop.set()
+    feed.close()
     thread.join(timeout=10)
     assert not thread.is_alive() and worker.finished
 

@@ -16,12 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.bus import Inbox, RecordBatch
 from agent.core.types import LogRecord
 from agent.sources.kmsg import KmsgReader, KmsgStats
 from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
+from agent.sources.producer import SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 from helpers import FIXTURES, ScriptedRead, wait_for
+from helpers.threads import wakeups_while_asleep
 
 FIXTURES = FIXTURES / "kmsg"
 BOOT = 1_700_000_000.0
@@ -433,6 +436,29 @@ def test_fifo_records_arrive_while_reading_and_stop_ends_the_reader(tmp_path: Pa
         running.stop_and_join()
     assert stats.records_read == 3
     assert not stats.connected
+
+
+def test_an_idle_reader_sleeps_on_its_fd_until_a_record_or_stop(tmp_path: Path) -> None:
+    """No poll timeout wakes an idle reader (each wakeup is idle CPU, issue 16): a record wakes it at once,
+    and so does wake(), which the supervisor calls at stop (through the producer)."""
+    path = tmp_path / "kmsg.fifo"
+    os.mkfifo(path)
+    stats = KmsgStats()
+    reader = KmsgReader(path=path, stats=stats, boot_time=lambda: BOOT, idle_wait=3600.0)
+    inbox, stop = Inbox(), threading.Event()
+    producer = SourceProducer(source=reader, inbox=inbox, stall_timeout=7200.0)
+    thread = threading.Thread(target=producer.run, args=(stop,), daemon=True)
+    thread.start()
+    with path.open("wb", buffering=0) as writer:
+        assert thread.native_id is not None
+        assert wakeups_while_asleep(thread.native_id, sleeps_in=["poll"]) == 0
+        writer.write(make_record(prio=6, seq=1, message="one"))
+        batch = inbox.get(timeout=WAIT)
+        assert isinstance(batch, RecordBatch) and [r.message for r in batch.resolve()] == ["one"]
+        stop.set()
+        producer.wake()
+        thread.join(WAIT)
+        assert not thread.is_alive(), "the reader slept through stop"
 
 
 # ------------------------------------------------------------------------------------------------
