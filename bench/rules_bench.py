@@ -36,10 +36,10 @@ BATCH = 4096
 REPEATS = 3
 BASELINE_SAMPLE = 10_000
 NPD_SAMPLE = 3_000
-# At 5 % fault records every fault costs 7-20 µs (RE2 match with submatches, fields, where filters,
-# a Finding: ~3 µs of that is constructing the frozen dataclass), so 1,000,000 lines/s is out of
-# reach there; measured 280,000-370,000 on a quiet 2-core machine with the family rules of 2026-11
-# (issue 18: more rules speak on fault lines), so the target is not met today.
+# At 5 % fault records every fault line costs its scan hits, one to three regex evaluations with
+# submatches, filter decisions and a finding (~20 µs of Python), so 1,000,000 lines/s is out of reach
+# there; measured 340,000-390,000 on this 2-core VM on 2026-11-28 (docs/benchmarks.md, "The rule
+# matcher"), so the target is not met today.
 FIVE_PERCENT_TARGET = ">= 600000"
 HOSTILE = (
     # (pattern, adversarial lines): a backtracking engine would take forever on the lines that do not match
