@@ -790,7 +790,7 @@ def test_the_running_loop_polls_while_idle(api, kube):
     client = kube()
     api.put_object(node_object())
     feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=T0, seeded=True, provenance=BUILTIN_CONDITIONS))
-    gate = idle_gate(api, client, poll=0.05)
+    gate = idle_gate(api, client, poll=0.05, idle_poll=0.05)
     budget = ClusterBudget(
         client=client, namespace=NS, lease_name=DEFAULT_LEASE, node_name=NODE, settings=POLICY.budget, clock=Clock()
     )
