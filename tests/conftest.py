@@ -70,6 +70,7 @@ SLOW_MODULES = frozenset(
         "test_rules_neuron",
         "test_rules_npd_kernel",
         "test_rules_nvidia",
+        "test_rules_nvidia_gsp",
         "test_rules_nvrm_family",
         "test_rules_storage",
         "test_value_bounds",
