@@ -76,19 +76,19 @@ class TextRenderer:
 
     def _metric_name(self, name: str) -> str:
         shown = self._metric_names.get(name)
-        if shown is None:
-            if len(self._metric_names) >= MAX_NAMES:
-                self._metric_names.clear()
-            shown = self._metric_names[name] = escape_metric_name(name)
-        return shown
+        return shown if shown is not None else _remember(self._metric_names, name, escape_metric_name(name))
 
     def _label_name(self, name: str) -> str:
         shown = self._label_names.get(name)
-        if shown is None:
-            if len(self._label_names) >= MAX_NAMES:
-                self._label_names.clear()
-            shown = self._label_names[name] = escape_label_name(name)
-        return shown
+        return shown if shown is not None else _remember(self._label_names, name, escape_label_name(name))
+
+
+def _remember(names: dict[str, str], name: str, shown: str) -> str:
+    """``shown`` for ``name`` from now on (at most ``MAX_NAMES`` remembered: then forget them all)."""
+    if len(names) >= MAX_NAMES:
+        names.clear()
+    names[name] = shown
+    return shown
 
 
 def _label_value(value: str) -> str:
