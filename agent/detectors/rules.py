@@ -316,9 +316,9 @@ class RuleEngine:
         """
         n = len(lines)
         base = self._seen
-        # line index -> candidate rule indexes in evaluation order (lists may repeat a multi-line rule)
+        # line index -> candidate rule indexes in evaluation order
         work: dict[int, Sequence[int]] = {}
-        extra: dict[int, list[int]] = {}  # line index -> multi-line rules armed there, rules without literals
+        extra: dict[int, list[int]] = {}  # line -> armed multi-line rules (may repeat), rules without literals
         # Multi-line rules armed by earlier batches stay candidates for the first lines of this one.
         for k, until in self._armed.items():
             for i in range(min(n, until - base + 1)):
