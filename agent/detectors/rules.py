@@ -81,7 +81,7 @@ class FindingBuilder:
         for flt, kind in early:
             value = groups.get(flt.field)
             if value is not None and kind:
-                value = self._converted(value, kind)
+                value = self._as_compared(value, kind)
             if (value is not None and value in flt.values) == flt.negate:
                 return False
         return True
@@ -98,14 +98,12 @@ class FindingBuilder:
         if rule.field_types:
             for name, kind in rule.field_types.items():
                 if name in fields:
-                    try:
-                        if kind == "int":
-                            fields[name] = int(fields[name])
-                        elif kind == "hex":
-                            fields[name] = int(fields[name], 16)
-                    except ValueError:
+                    typed = _typed(fields[name], kind)
+                    if typed is None:
                         log.debug("rule %s: field %s=%r is not %s", rule.name, name, fields[name], kind)
                         del fields[name]
+                    else:
+                        fields[name] = typed
         for flt in rule.where:
             present = flt.field in fields and str(fields[flt.field]) in flt.values
             if present == flt.negate:
@@ -132,14 +130,16 @@ class FindingBuilder:
         finding.__class__ = Finding
         return finding
 
-    def _converted(self, value: str, kind: str) -> str | None:
-        """``_converted``, remembered: the rules of one pattern convert the same group once per line each."""
+    def _as_compared(self, value: str, kind: str) -> str | None:
+        """A group's text as ``build`` compares it after ``fieldTypes`` (None where the conversion fails),
+        remembered: the rules of one pattern convert the same group once per line each."""
         key = (value, kind)
         if key in self._conversions:
             return self._conversions[key]
         if len(self._conversions) >= MAX_CONVERSIONS:
             self._conversions.clear()
-        converted = self._conversions[key] = _converted(value, kind)
+        typed = _typed(value, kind)
+        converted = self._conversions[key] = None if typed is None else str(typed)
         return converted
 
     def _count(self, rule: CompiledRule, fields: dict[str, Any], timestamp: float) -> bool:
@@ -173,13 +173,14 @@ def _early_filters(rule: CompiledRule) -> tuple[tuple[FieldFilter, str], ...]:
     return tuple((f, rule.field_types.get(f.field, "")) for f in rule.where if f.field not in from_key_values)
 
 
-def _converted(value: str, kind: str) -> str | None:
-    """A group's text as ``build`` compares it after ``fieldTypes`` (None where the conversion fails)."""
+def _typed(value: str, kind: str) -> str | int | None:
+    """A field's text as ``fieldTypes`` makes it: a number for ``int``/``hex`` (None where it is not one),
+    the text for any other type."""
     try:
         if kind == "int":
-            return str(int(value))
+            return int(value)
         if kind == "hex":
-            return str(int(value, 16))
+            return int(value, 16)
     except ValueError:
         return None
     return value
@@ -239,20 +240,18 @@ class RuleEngine:
         self.rule_set = rule_set
         self._builder = FindingBuilder()
         rules = rule_set.rules
-        self._order = {r.name: i for i, r in enumerate(rules)}
         # Evaluation order within a line: a line's fallback rules after its other rules, otherwise rule order.
         self._rank = tuple(i + (len(rules) if r.fallback else 0) for i, r in enumerate(rules))
         # Rules that share a pattern and window match it once per line.
         self._memo_key = tuple((r.pattern, r.window) for r in rules)
         self._filtered = tuple(bool(r.where) for r in rules)  # ask ``admits`` before ``build``
-        literal_rules = [r for r in rules if r.literals is not None]
-        self._multiline_rules = [r for r in literal_rules if r.multiline]
-        if self._multiline_rules:
+        multiline = [r.name for r in rules if r.literals is not None and r.multiline]
+        if multiline:
             log.debug(
                 "rules that can match across lines are tried on their window after each literal: %s",
-                ", ".join(r.name for r in self._multiline_rules),
+                ", ".join(multiline),
             )
-        self._always = tuple(self._order[r.name] for r in rules if r.literals is None)
+        self._always = tuple(i for i, r in enumerate(rules) if r.literals is None)
         if self._always:
             log.info(
                 "rules without a required literal run on every line (slower): %s",
@@ -260,9 +259,9 @@ class RuleEngine:
             )
         # literal -> indexes of the rules it makes candidates
         self._by_literal: dict[str, list[int]] = {}
-        for rule in literal_rules:
+        for i, rule in enumerate(rules):
             for lit in rule.literals or ():
-                self._by_literal.setdefault(lit, []).append(self._order[rule.name])
+                self._by_literal.setdefault(lit, []).append(i)
         self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
         self._plans: dict[frozenset[str], _Plan] = {}
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
