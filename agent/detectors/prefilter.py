@@ -4,11 +4,10 @@ All literals go into one RE2 alternation, shortest first, scanned over the whole
 matches a set of literals with a DFA: the built-in packs' ~590 literals scan at about 250-300 MB/s on
 a 2-core VM (20 literals: ~700 MB/s; the larger DFA misses the CPU cache more), still the cheapest part
 of a line that no rule wants. After each hit the scan resumes one byte after its start, so overlapping
-literals are all found. At one position the
-shortest literal that occurs there is reported; a longer literal that begins with it is checked at
-the same offset (a byte comparison), so every literal reported for an offset occurs there: a hit
-is exact, and callers need not look for the literal in the line again. The literals are escaped:
-no user syntax reaches this regex.
+literals are all found. At one position the shortest literal that occurs there is reported; a longer
+literal that begins with it is checked at the same offset (a byte comparison), so every literal
+reported for an offset occurs there: a hit is exact, and callers need not look for the literal in the
+line again. The literals are escaped: no user syntax reaches this regex.
 """
 
 from __future__ import annotations
