@@ -195,7 +195,9 @@ def pause_view(
             labels = [((n.get("metadata") or {}).get("labels") or {}) for n in nodes]
             entry["poolLabels"] = list(pools)
             entry["nodes"] = sum(
-                1 for lab in labels if isinstance(lab, Mapping) and any(lab.get(k) == p.value for k in pools)
+                1
+                for lab in labels
+                if isinstance(lab, Mapping) and p.covers(node="", labels=lab, condition="", reason="", pools=pools)
             )
         listed.append(entry)
     view: dict[str, Any] = {"lease": store.where, "pauses": listed}
