@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
 
 from agent.core.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
 from agent.core.latency import HistogramSnapshot, histogram_metric
-from agent.core.types import Snapshot, Status
+from agent.core.memo import Memo
+from agent.core.types import Condition, Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
 NPD_GAUGE_HELP = "Whether a specific type of problem is affecting the node or not."
@@ -67,149 +69,191 @@ class AgentCollector:
     def __init__(self, *, snapshot: Callable[[], Snapshot], stats: Callable[[], AgentStats]) -> None:
         self._snapshot = snapshot
         self._stats = stats
+        # The same families (objects) while their figures stand: the renderer reuses their text.
+        self._counts = _CountFamilies()
+        self._conditions: Memo[_Conditions, tuple[Metric, ...]] = Memo(_condition_families)
+        self._overflowed: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(_overflow_families)
+        self._own: Memo[AgentStats, tuple[Metric, ...]] = Memo(lambda stats: tuple(_own_families(stats)))
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        stats = self._stats()
+        yield from self._counts.families(snap.problem_counts)
+        yield from self._conditions((snap.problem_pairs, snap.conditions))
+        yield from self._overflowed(snap.reasons_overflowed)
+        yield from self._own(self._stats())
 
+
+_Conditions = tuple[tuple[tuple[str, str], ...], tuple[Condition, ...]]  # a snapshot's problem pairs, conditions
+
+
+class _CountFamilies:
+    """problem_counter and node_health_agent_problems_total: the same numbers, NPD's name and ours.
+
+    Built again when a count moves; a reason whose count stands keeps its sample objects, so the renderer
+    writes only the moved reason's lines (there may be hundreds of reasons, a scrape after a kernel line
+    should cost little: issue 16).
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[int, Sample, Sample]] = {}  # reason -> (count, NPD's sample, ours)
+        self.families: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(self._build)
+
+    def _build(self, counts: Mapping[str, int]) -> tuple[Metric, ...]:
         npd_counter = Metric("problem_counter", NPD_COUNTER_HELP, "unknown")
         problems = CounterMetricFamily(
             "node_health_agent_problems", "Problems detected, by reason (NPD problem_counter).", labels=["reason"]
         )
-        for reason, count in sorted(snap.problem_counts.items()):
-            npd_counter.add_sample("problem_counter", {"reason": reason}, count)
-            problems.add_metric([reason], count)
-        yield npd_counter
-        yield problems
+        kept, made = self._kept, {}
+        for reason, count in sorted(counts.items()):
+            samples = kept.get(reason)
+            if samples is None or samples[0] != count:
+                labels = {"reason": reason}
+                samples = (
+                    count,
+                    Sample("problem_counter", labels, count),
+                    Sample(problems.name + "_total", labels, count),
+                )
+            made[reason] = samples
+            npd_counter.samples.append(samples[1])
+            problems.samples.append(samples[2])
+        self._kept = made
+        return (npd_counter, problems)
 
-        gauge = GaugeMetricFamily("problem_gauge", NPD_GAUGE_HELP, labels=["type", "reason"])
-        status = GaugeMetricFamily(
-            "node_health_agent_condition_status",
-            "1 for the current status of each owned node condition (True = problem present).",
-            labels=["condition", "status", "reason"],
-        )
-        pairs = set(snap.problem_pairs)
-        active = {
-            (c.type, counted_reason(c.type, c.reason, pairs=pairs)) for c in snap.conditions if c.status is Status.TRUE
-        }
-        for type_, reason in sorted(pairs):
-            gauge.add_metric([type_, reason], 1.0 if (type_, reason) in active else 0.0)
-        for cond in snap.conditions:
-            status.add_metric([cond.type, cond.status.value, bounded_reason(cond.reason)], 1.0)
-        yield gauge
-        yield status
-        overflowed = CounterMetricFamily(
-            "node_health_agent_problems_overflowed",
-            f"Problems counted under reason {OVERFLOW_REASON!r} because their condition type or temporary rule "
-            f"(owner) already had {MAX_REASONS} distinct reasons besides the configured ones.",
-            labels=["owner"],
-        )
-        for owner, n in sorted(snap.reasons_overflowed.items()):
-            overflowed.add_metric([owner], n)
-        yield overflowed
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(f"node_health_agent_{name}", doc)
-            family.add_metric([], value)
-            return family
+def _condition_families(conditions: _Conditions) -> tuple[Metric, ...]:
+    """problem_gauge (1 while a pair's condition is True with its reason) and each condition's status."""
+    pairs, conds = set(conditions[0]), conditions[1]
+    gauge = GaugeMetricFamily("problem_gauge", NPD_GAUGE_HELP, labels=["type", "reason"])
+    status = GaugeMetricFamily(
+        "node_health_agent_condition_status",
+        "1 for the current status of each owned node condition (True = problem present).",
+        labels=["condition", "status", "reason"],
+    )
+    active = {(c.type, counted_reason(c.type, c.reason, pairs=pairs)) for c in conds if c.status is Status.TRUE}
+    for type_, reason in sorted(pairs):
+        gauge.add_metric([type_, reason], 1.0 if (type_, reason) in active else 0.0)
+    for cond in conds:
+        status.add_metric([cond.type, cond.status.value, bounded_reason(cond.reason)], 1.0)
+    return (gauge, status)
 
-        yield counter("kmsg_records_read", "Kernel log records read.", stats.records_read)
-        yield counter(
-            "kmsg_records_lost",
-            "Kernel log records lost (ring buffer overwrote them before reading).",
-            stats.records_lost,
+
+def _overflow_families(overflowed: Mapping[str, int]) -> tuple[Metric, ...]:
+    family = CounterMetricFamily(
+        "node_health_agent_problems_overflowed",
+        f"Problems counted under reason {OVERFLOW_REASON!r} because their condition type or temporary rule "
+        f"(owner) already had {MAX_REASONS} distinct reasons besides the configured ones.",
+        labels=["owner"],
+    )
+    for owner, n in sorted(overflowed.items()):
+        family.add_metric([owner], n)
+    return (family,)
+
+
+def _own_families(stats: AgentStats) -> Iterator[Metric]:
+    """The families drawn from the agent's own figures."""
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(f"node_health_agent_{name}", doc)
+        family.add_metric([], value)
+        return family
+
+    yield counter("kmsg_records_read", "Kernel log records read.", stats.records_read)
+    yield counter(
+        "kmsg_records_lost",
+        "Kernel log records lost (ring buffer overwrote them before reading).",
+        stats.records_lost,
+    )
+    yield counter("kmsg_reader_restarts", "Times the kernel log reader reopened its source.", stats.reader_restarts)
+    yield counter("kmsg_read_errors", "Errors reading the kernel log.", stats.read_errors)
+    yield counter("kmsg_parse_errors", "Kernel log records that could not be parsed.", stats.parse_errors)
+    yield counter(
+        "kmsg_malformed_lines",
+        "Malformed kmsg dictionary lines dropped (the record they followed was kept).",
+        stats.malformed_lines,
+    )
+    yield counter(
+        "kmsg_overruns",
+        "Reads the kernel answered with EPIPE: records overwritten before they were read (counted lost too).",
+        stats.kmsg_overruns,
+    )
+    yield counter(
+        "decode_errors",
+        "Record batches a source failed to decode (a bug: the agent's log has the traceback).",
+        stats.decode_errors,
+    )
+    yield counter(
+        "events_dropped",
+        "Event series dropped undelivered because the Event outbox was full.",
+        stats.events_dropped,
+    )
+    monitors = CounterMetricFamily(
+        "node_health_agent_log_monitor",
+        "Counts of each filelog/journald monitor's reader (records_read, read_errors, rotations, lines_cut, ...).",
+        labels=["monitor", "count"],
+    )
+    for (monitor, what), value in sorted(stats.monitor_counts.items()):
+        monitors.add_metric([monitor, what], value)
+    yield monitors
+    yield counter(
+        "records_processed",
+        "Kernel log records matched and folded by the main loop (records read minus this is the backlog).",
+        stats.records_processed,
+    )
+    yield counter("lines_matched", "Log lines run through the rule packs.", stats.lines_matched)
+    matches = CounterMetricFamily("node_health_agent_rule_matches", "Findings produced, by rule.", labels=["rule"])
+    for rule, count in sorted(stats.rule_matches.items()):
+        matches.add_metric([rule], count)
+    yield matches
+    last = GaugeMetricFamily(
+        "node_health_agent_last_record_timestamp_seconds", "Wall-clock time of the newest kernel log record."
+    )
+    if stats.last_record_time is not None:
+        last.add_metric([], stats.last_record_time)
+    yield last
+    gen = GaugeMetricFamily("node_health_agent_config_generation", "Generation of the loaded configuration.")
+    gen.add_metric([], stats.config_generation)
+    yield gen
+    rejected = CounterMetricFamily(
+        "node_health_agent_config_reload_failures",
+        "Configuration changes rejected (invalid); the last good configuration keeps running.",
+    )
+    rejected.add_metric([], stats.config_reload_failures)
+    yield rejected
+    by_device = CounterMetricFamily(
+        "node_health_agent_rule_device_matches",
+        "Matches of count-in-window rules (corrected errors, ...) by device, including those below the "
+        "threshold that raised no Event.",
+        labels=["rule", "device"],
+    )
+    for (rule, device), n in sorted(stats.device_matches.items()):
+        by_device.add_metric([rule, device], n)
+    yield by_device
+    rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
+    rules.add_metric([], stats.rules_loaded)
+    yield rules
+    healthy = GaugeMetricFamily(
+        "node_health_agent_component_healthy",
+        "1 while an agent component (kmsg reader, main loop, ...) is healthy; 0 means the agent, not the "
+        "hardware, has a problem.",
+        labels=["component"],
+    )
+    for component, ok in sorted(stats.components.items()):
+        healthy.add_metric([component], 1.0 if ok else 0.0)
+    yield healthy
+    state_dir = GaugeMetricFamily(
+        "node_health_agent_state_dir_ok",
+        "1 while the state directory takes the cursor, conditions and Event outbox; 0 means restarts "
+        "replay more and undelivered Events do not survive them (see /healthz details).",
+    )
+    state_dir.add_metric([], 1.0 if stats.state_dir_ok else 0.0)
+    yield state_dir
+    if stats.detection is not None:
+        yield histogram_metric(
+            "node_health_agent_detection_seconds",
+            "Seconds from a problem's transition time (a kernel line's own time, a check's run) to the Node "
+            "showing it: time to detect.",
+            stats.detection,
         )
-        yield counter("kmsg_reader_restarts", "Times the kernel log reader reopened its source.", stats.reader_restarts)
-        yield counter("kmsg_read_errors", "Errors reading the kernel log.", stats.read_errors)
-        yield counter("kmsg_parse_errors", "Kernel log records that could not be parsed.", stats.parse_errors)
-        yield counter(
-            "kmsg_malformed_lines",
-            "Malformed kmsg dictionary lines dropped (the record they followed was kept).",
-            stats.malformed_lines,
-        )
-        yield counter(
-            "kmsg_overruns",
-            "Reads the kernel answered with EPIPE: records overwritten before they were read (counted lost too).",
-            stats.kmsg_overruns,
-        )
-        yield counter(
-            "decode_errors",
-            "Record batches a source failed to decode (a bug: the agent's log has the traceback).",
-            stats.decode_errors,
-        )
-        yield counter(
-            "events_dropped",
-            "Event series dropped undelivered because the Event outbox was full.",
-            stats.events_dropped,
-        )
-        monitors = CounterMetricFamily(
-            "node_health_agent_log_monitor",
-            "Counts of each filelog/journald monitor's reader (records_read, read_errors, rotations, lines_cut, ...).",
-            labels=["monitor", "count"],
-        )
-        for (monitor, what), value in sorted(stats.monitor_counts.items()):
-            monitors.add_metric([monitor, what], value)
-        yield monitors
-        yield counter(
-            "records_processed",
-            "Kernel log records matched and folded by the main loop (records read minus this is the backlog).",
-            stats.records_processed,
-        )
-        yield counter("lines_matched", "Log lines run through the rule packs.", stats.lines_matched)
-        matches = CounterMetricFamily("node_health_agent_rule_matches", "Findings produced, by rule.", labels=["rule"])
-        for rule, count in sorted(stats.rule_matches.items()):
-            matches.add_metric([rule], count)
-        yield matches
-        last = GaugeMetricFamily(
-            "node_health_agent_last_record_timestamp_seconds", "Wall-clock time of the newest kernel log record."
-        )
-        if stats.last_record_time is not None:
-            last.add_metric([], stats.last_record_time)
-        yield last
-        gen = GaugeMetricFamily("node_health_agent_config_generation", "Generation of the loaded configuration.")
-        gen.add_metric([], stats.config_generation)
-        yield gen
-        rejected = CounterMetricFamily(
-            "node_health_agent_config_reload_failures",
-            "Configuration changes rejected (invalid); the last good configuration keeps running.",
-        )
-        rejected.add_metric([], stats.config_reload_failures)
-        yield rejected
-        by_device = CounterMetricFamily(
-            "node_health_agent_rule_device_matches",
-            "Matches of count-in-window rules (corrected errors, ...) by device, including those below the "
-            "threshold that raised no Event.",
-            labels=["rule", "device"],
-        )
-        for (rule, device), n in sorted(stats.device_matches.items()):
-            by_device.add_metric([rule, device], n)
-        yield by_device
-        rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
-        rules.add_metric([], stats.rules_loaded)
-        yield rules
-        healthy = GaugeMetricFamily(
-            "node_health_agent_component_healthy",
-            "1 while an agent component (kmsg reader, main loop, ...) is healthy; 0 means the agent, not the "
-            "hardware, has a problem.",
-            labels=["component"],
-        )
-        for component, ok in sorted(stats.components.items()):
-            healthy.add_metric([component], 1.0 if ok else 0.0)
-        yield healthy
-        state_dir = GaugeMetricFamily(
-            "node_health_agent_state_dir_ok",
-            "1 while the state directory takes the cursor, conditions and Event outbox; 0 means restarts "
-            "replay more and undelivered Events do not survive them (see /healthz details).",
-        )
-        state_dir.add_metric([], 1.0 if stats.state_dir_ok else 0.0)
-        yield state_dir
-        if stats.detection is not None:
-            yield histogram_metric(
-                "node_health_agent_detection_seconds",
-                "Seconds from a problem's transition time (a kernel line's own time, a check's run) to the Node "
-                "showing it: time to detect.",
-                stats.detection,
-            )
 
 
 def build_registry(*collectors: Collector) -> CollectorRegistry:

@@ -1,15 +1,18 @@
 """The /metrics body: ``TextRenderer`` writes exactly what prometheus-client's ``generate_latest`` writes
 (issue 16: the library's per-sample name checks made a scrape cost 5 ms of the agent's CPU), on every
-metric type, odd names and label values, and the agent's own collector, scrape after scrape."""
+metric type, odd names and label values, and the agent's own collector, scrape after scrape, and when
+families change between scrapes (it reuses the text of what did not change)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, Summary, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from agent.app import exposition
 from agent.app.exposition import TextRenderer
@@ -110,3 +113,71 @@ def test_names_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert renderer.render(registry) == generate_latest(registry)
     assert len(renderer._metric_names) <= 2
     assert len(renderer._label_names) <= 2
+
+
+class Changing(Collector):
+    """A collector whose families change between scrapes as the agent's do: samples that stand are the same
+    objects (a collector's memo), a sample that moved is a new one."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {"a": 0.0, "b": 1.0, "c": 2.0}
+        self.help = "Help."
+        self.kind = "gauge"
+        self._made: dict[tuple[str, float], Sample] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric("changing", self.help, self.kind)
+        for key, value in self.values.items():
+            made = self._made.get((key, value))
+            if made is None or math.copysign(1.0, made.value) != math.copysign(1.0, value):
+                made = self._made[(key, value)] = Sample("changing", {"k": key}, value)
+            family.samples.append(made)
+        yield family
+        fresh = Metric("fresh", "Made anew every scrape.", "counter")  # equal samples, new objects
+        fresh.add_sample("fresh_total", {}, sum(self.values.values()))
+        yield fresh
+
+
+def _move(collector: Changing, step: str) -> None:
+    if step == "value":
+        collector.values["b"] = 5.0
+    elif step == "negative-zero":
+        collector.values["a"] = -0.0
+    elif step == "nan":
+        collector.values["c"] = float("nan")
+    elif step == "inserted":
+        collector.values = {"0": 9.0, **collector.values}
+    elif step == "removed":
+        del collector.values["b"]
+    elif step == "help":
+        collector.help = "Other help."
+    elif step == "type":
+        collector.kind = "untyped"
+
+
+STEPS = ["value", "negative-zero", "nan", "inserted", "removed", "help", "type"]
+
+
+@pytest.mark.parametrize("steps", [[s] for s in STEPS] + [STEPS], ids=[*STEPS, "all-in-turn"])
+def test_a_family_that_changed_is_written_as_generate_latest_writes_it(steps) -> None:
+    """Families whose text is reused, or whose unchanged lines are: after each change the body is still
+    byte for byte generate_latest's, and a scrape with nothing changed gives the same body again."""
+    collector = Changing()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    renderer = TextRenderer()
+    assert renderer.render(registry) == generate_latest(registry)
+    for step in steps:
+        _move(collector, step)
+        body = renderer.render(registry)
+        assert body == generate_latest(registry), step
+        assert renderer.render(registry) == body
+
+
+def test_families_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exposition, "MAX_FAMILIES", 2)
+    registry = library_registry()
+    renderer = TextRenderer()
+    assert renderer.render(registry) == generate_latest(registry)
+    assert len(renderer._written) <= 2
+    assert renderer.render(registry) == generate_latest(registry)

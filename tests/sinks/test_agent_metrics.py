@@ -1,5 +1,6 @@
 """The agent's own counters reach /metrics: every counter the parts keep is exported (issue 14: some
-were kept and never exported), with bounded labels."""
+were kept and never exported), with bounded labels; a collector that keeps its families while their
+figures stand (issue 16) still shows every change on the next scrape."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.core.types import Snapshot
+from agent.app.exposition import TextRenderer
+from agent.core.types import Condition, Severity, Snapshot, Status
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 
 BASE = AgentStats(
@@ -69,3 +71,98 @@ def test_counters_read_zero_before_anything_happened():
     for name in ("kmsg_overruns", "decode_errors", "events_dropped"):
         assert samples[(f"node_health_agent_{name}_total", ())] == 0
     assert not [key for key in samples if key[0] == "node_health_agent_log_monitor_total"]  # no monitors, no series
+
+
+def snapshot(counts: dict[str, int], conditions: tuple[Condition, ...] = ()) -> Snapshot:
+    return Snapshot(
+        conditions=conditions,
+        generated_at=0.0,
+        problem_counts=counts,
+        problem_pairs=tuple(("NeuronHealth", reason) for reason in counts),
+    )
+
+
+def condition(status: Status, reason: str) -> Condition:
+    return Condition(
+        type="NeuronHealth",
+        status=status,
+        reason=reason,
+        message="m",
+        last_transition=1.0,
+        last_update=1.0,
+        severity=Severity.CRITICAL,
+    )
+
+
+# (what changes between two scrapes of one collector, the sample that must show it)
+CHANGES = [
+    (
+        {"snap": snapshot({"A": 1, "B": 0})},
+        'node_health_agent_problems_total{reason="A"} 1.0',
+    ),
+    (
+        {"snap": snapshot({"A": 0, "B": 2})},
+        'problem_counter{reason="B"} 2.0',
+    ),
+    (
+        {"snap": snapshot({"A": 0, "B": 0}, (condition(Status.TRUE, "B"),))},
+        'problem_gauge{reason="B",type="NeuronHealth"} 1.0',
+    ),
+    (
+        {"stats": dataclasses.replace(BASE, lines_matched=5)},
+        "node_health_agent_lines_matched_total 5.0",
+    ),
+    (
+        {"stats": dataclasses.replace(BASE, rule_matches={"kernel/oom": 1})},
+        'node_health_agent_rule_matches_total{rule="kernel/oom"} 1.0',
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "shown"), CHANGES, ids=["count", "other-count", "condition", "stat", "rule"])
+def test_one_collector_shows_each_change_scrape_after_scrape(change, shown) -> None:
+    """The collector keeps its families while their figures stand (the renderer then skips them): a
+    change in the snapshot or the stats must still show on the very next scrape, and going back shows."""
+    current = {"snap": snapshot({"A": 0, "B": 0}), "stats": BASE}
+    collector = AgentCollector(snapshot=lambda: current["snap"], stats=lambda: current["stats"])
+    registry = build_registry(collector)
+    renderer = TextRenderer()
+    before = renderer.render(registry).decode()
+    assert shown not in before
+    current.update(change)
+    after = renderer.render(registry).decode()
+    assert shown in after
+    assert after.encode() == generate_latest(registry)
+    current.update({"snap": snapshot({"A": 0, "B": 0}), "stats": BASE})
+    assert renderer.render(registry).decode() == before
+
+
+def test_figures_that_stand_give_the_very_same_families() -> None:
+    """Equal figures in new objects (each scrape builds a new snapshot and stats): the same family objects,
+    which is what lets the renderer reuse their text."""
+    collector = AgentCollector(
+        snapshot=lambda: snapshot({"A": 1, "B": 0}, (condition(Status.TRUE, "A"),)),
+        stats=lambda: dataclasses.replace(BASE, rule_matches={"kernel/oom": 1}),
+    )
+    first, second = list(collector.collect()), list(collector.collect())
+    assert len(first) == len(second) and all(a is b for a, b in zip(first, second, strict=True))
+
+
+def test_a_reason_whose_count_stands_keeps_its_samples() -> None:
+    counts = {"A": 1, "B": 0, "C": 4}
+    collector = AgentCollector(snapshot=lambda: snapshot(dict(counts)), stats=lambda: BASE)
+    before = {
+        s.labels["reason"]: s
+        for family in collector.collect()
+        if family.name == "problem_counter"
+        for s in family.samples
+    }
+    counts["B"] = 1
+    after = {
+        s.labels["reason"]: s
+        for family in collector.collect()
+        if family.name == "problem_counter"
+        for s in family.samples
+    }
+    assert after["A"] is before["A"] and after["C"] is before["C"]
+    assert after["B"] is not before["B"] and after["B"].value == 1
