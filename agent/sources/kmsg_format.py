@@ -174,6 +174,9 @@ class _RecordSlots:
 
 # priority text -> (level, facility), for every priority the kernel can produce; others go the slow way.
 _PRIORITIES = {str(prio): (prio & 7, prio >> 3) for prio in range(1024)}
+# One well-formed record: priority, seq, usec, flags (up to a ',' of further fields), message, and its
+# dictionary lines (each "\n " and the rest of its line). One scan in C finds them all; see _scan_records.
+_RECORD = re.compile(r"^([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)((?:\n .*)*)", re.MULTILINE)
 
 
 def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> ParsedChunk:
@@ -188,63 +191,62 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
     errors: list[tuple[int, KmsgParseError]] = []
     bad_lines: list[KmsgParseError] = []
     if data.isascii():  # the device escapes every byte >= 0x7f, so this is the rule, not the exception
-        _parse_ascii(data.decode("ascii"), boot_time, source, records, errors, bad_lines)
-    else:
-        skipped = False
-        for line in data.split(b"\n"):
-            if not line:
-                continue
-            if line[0] == _SPACE:
-                skipped = _dictionary_line(line, records, errors, bad_lines, skipped=skipped)
-            else:
-                skipped = _header_line(line, records, errors, boot_time=boot_time, source=source)
+        scanned = _scan_records(data.decode("ascii"), boot_time, source)
+        if scanned is not None:
+            return ParsedChunk(records=scanned, errors=errors, bad_lines=bad_lines)
+    skipped = False
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        if line[0] == _SPACE:
+            skipped = _dictionary_line(line, records, errors, bad_lines, skipped=skipped)
+        else:
+            skipped = _header_line(line, records, errors, boot_time=boot_time, source=source)
     return ParsedChunk(records=records, errors=errors, bad_lines=bad_lines)
 
 
-def _parse_ascii(
-    text: str,
-    boot_time: float,
-    source: str,
-    records: list[LogRecord],
-    errors: list[tuple[int, KmsgParseError]],
-    bad_lines: list[KmsgParseError],
-) -> None:
-    """The fast path of :func:`parse_chunk`; anything unusual is handed to the exact per-line code."""
+def _scan_records(text: str, boot_time: float, source: str) -> list[LogRecord] | None:
+    """The fast path of :func:`parse_chunk`: the records of a chunk of well-formed records, found by one
+    regex scan in C and built without the frozen dataclass's ``__init__``; None when the chunk holds
+    anything else (a blank or malformed line, a malformed dictionary line, a priority beyond the table),
+    for the exact per-line code to parse.
+
+    Every line must be one the scan took: its records and their dictionary lines make up the line count.
+    """
+    if text.startswith((" ", "\n")) or "\n\n" in text:
+        return None
+    rows = _RECORD.findall(text)
+    if len(rows) != text.count("\n") + (not text.endswith("\n")) - text.count("\n "):
+        return None
+    records: list[LogRecord] = []
     append = records.append
     new = object.__new__
     slots, record_type, priorities = _RecordSlots, LogRecord, _PRIORITIES
-    skipped = False
-    for line in text.split("\n"):
-        if not line:
-            continue
-        if line[0] == " ":
-            skipped = _dictionary_line(line.encode(), records, errors, bad_lines, skipped=skipped)
-            continue
-        try:
-            prio, seq, usec, rest = line.split(",", 3)
-            flags, sep, message = rest.partition(";")
-            level, facility = priorities[prio]
-        except (ValueError, KeyError):
-            sep = ""
-        if not (sep and seq.isdigit() and usec.isdigit() and len(seq) <= 20 and len(usec) <= 20):
-            skipped = _header_line(line.encode(), records, errors, boot_time=boot_time, source=source)
-            continue
-        if "," in flags:
-            flags = flags[: flags.index(",")]
+    for prio, seq, usec, flags, message, dictionary in rows:
+        priority = priorities.get(prio)
+        if priority is None:
+            return None
+        fields: dict[str, str] = {}
+        if dictionary:
+            for line in dictionary[1:].split("\n"):
+                try:
+                    key, value = _dictionary_entry(line.encode())
+                except KmsgParseError:
+                    return None
+                fields[key] = value
         micros = int(usec)
         record: Any = new(slots)  # a _RecordSlots, a LogRecord once its class is set below
         record.message = message if "\\x" not in message else _unescape(message.encode())
         record.timestamp = boot_time + micros / 1e6
         record.seq = int(seq)
-        record.priority = level
-        record.facility = facility
+        record.priority, record.facility = priority
         record.monotonic_usec = micros
         record.continuation = "c" in flags
-        record.fields = {}
+        record.fields = fields
         record.source = source
         record.__class__ = record_type
         append(record)
-        skipped = False
+    return records
 
 
 def _header_line(

@@ -186,6 +186,35 @@ def test_records_are_real_frozen_log_records() -> None:
     assert record == parse_record(b"6,1,0,-;a", boot_time=BOOT)
 
 
+def _well_formed(raw: bytes) -> bool:
+    try:
+        parse_record(raw, boot_time=BOOT)
+    except KmsgParseError:
+        return False
+    dictionary = raw.rstrip(b"\n").split(b"\n")[1:]
+    return (
+        raw.isascii()
+        and raw.split(b",", 1)[0].decode() in kmsg_format._PRIORITIES
+        and all(b"=" in line[2:] for line in dictionary)  # every line KEY=value, the key not empty
+    )
+
+
+def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
+    """The fast path is taken (not always left to the per-line code) for records with dictionaries,
+    escapes, caller ids, and gives what parse_record gives; one line it cannot take sends the chunk to the
+    per-line code, which agrees too."""
+    raws = [raw for _, raw in CASES if _well_formed(raw)]
+    assert len(raws) > 20
+    data = chunk_of(raws)
+    scanned = kmsg_format._scan_records(data.decode(), BOOT, "kmsg")
+    assert scanned is not None and scanned == reference(raws)[0]
+    assert_same(raws, data)
+    for odd in (b"06,2,0,-;x", b"6,1,0;x", b"6,1,0,-;m\n =v", b""):
+        mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
+        assert kmsg_format._scan_records(mixed.decode(), BOOT, "kmsg") is None
+        assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
+
+
 def test_the_fast_parser_knows_every_log_record_field() -> None:
     """The fast path stores every LogRecord field itself: a new field must be added there too."""
     assert tuple(f.name for f in dataclasses.fields(LogRecord)) == kmsg_format._RecordSlots.__slots__
