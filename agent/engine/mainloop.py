@@ -42,8 +42,10 @@ from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 log = logging.getLogger(__name__)
 
-CURSOR_TICK = 1.0  # while publications await their acknowledgement, the loop looks this often (cursor saves)
+CURSOR_TICK = 1.0  # while publications await their acknowledgement or a save, the loop looks this often
 STEP_ITEMS = 16  # inbox items folded into one publication at most
+# The state directory (conditions and cursor) is written at most this often: each write is an fsync'd
+# file that holds the main loop (4-15 ms here), and in a storm the conditions changed every step.
 CURSOR_INTERVAL = 1.0
 FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
 MAX_PENDING = 100_000  # publications awaiting acknowledgement (a stalled consumer only delays the cursor)
@@ -102,7 +104,8 @@ class MainLoop:
         self._published_generation = state.snapshot().generation
         self._acked_seq: int | None = None
         self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
-        self._last_cursor_save = float("-inf")
+        self._unsaved: Snapshot | None = None  # the newest acknowledged conditions, not yet written
+        self._last_save = float("-inf")
 
     # ---- component -----------------------------------------------------------------------------
 
@@ -122,9 +125,12 @@ class MainLoop:
 
     def idle_timeout(self) -> float | None:
         """How long the loop may wait for the inbox: until the next ``clearAfter`` expiry, a tick while
-        publications await acknowledgement (the cursor follows them), else until an item comes (None).
-        Not a tick at all times: each wakeup is idle CPU (issue 16)."""
-        waits = [self._tick] if self._tick is not None else [CURSOR_TICK] if self._pending else []
+        publications await acknowledgement or what they acknowledged awaits its write (the state directory
+        follows them), else until an item comes (None). Not a tick at all times: each wakeup is idle CPU
+        (issue 16)."""
+        waits = (
+            [self._tick] if self._tick is not None else [CURSOR_TICK] if self._pending or self._unsaved_state() else []
+        )
         expiry = self.state.next_expiry()
         if expiry is not None:
             waits.append(max(0.0, expiry - self._clock()))
@@ -209,23 +215,32 @@ class MainLoop:
         latest = self._feed.latest().number
         return min((ack() for ack in self._acks), default=latest)
 
+    def _unsaved_state(self) -> bool:
+        """Whether acknowledged conditions or an acknowledged cursor are still to be written."""
+        seq = self._acked_seq
+        cursor = self._cursor_store is not None and seq is not None and seq != self._saved_seq
+        return cursor or (self._unsaved is not None and self._condition_store is not None)
+
     def _save_cursor(self, *, force: bool) -> None:
-        """Keep conditions and cursor as of the newest publication every durable consumer acknowledged."""
+        """Keep conditions and cursor as of the newest publication every durable consumer acknowledged,
+        written at most every ``CURSOR_INTERVAL`` (unless ``force``)."""
         acked = self._acked()
-        kept: Snapshot | None = None
         while self._pending and self._pending[0][0] <= acked:
             _, seq, snapshot = self._pending.popleft()
             self._acked_seq = seq if seq is not None else self._acked_seq
-            kept = snapshot or kept
-        if kept is not None and self._condition_store is not None:
-            self._condition_store.save(kept.conditions)
+            self._unsaved = snapshot or self._unsaved
+        if not self._unsaved_state():
+            return
+        now = self._monotonic()
+        if not force and now - self._last_save < CURSOR_INTERVAL:
+            return
+        self._last_save = now
+        if self._unsaved is not None and self._condition_store is not None:
+            self._condition_store.save(self._unsaved.conditions)
+            self._unsaved = None
         seq = self._acked_seq
         if self._cursor_store is None or seq is None or seq == self._saved_seq:
             return
-        now = self._monotonic()
-        if not force and now - self._last_cursor_save < CURSOR_INTERVAL:
-            return
-        self._last_cursor_save = now
         try:
             self._cursor_store.save(Cursor(boot_id=self._replay.boot_id, last_seq=seq))
         except OSError as exc:

@@ -254,6 +254,34 @@ def test_cursor_waits_for_durable_consumers(rules, tmp_path):
     assert neuron.status is Status.TRUE
 
 
+def test_a_storm_of_changes_writes_the_state_dir_once_a_second_and_the_last_one_lands(rules, tmp_path, monkeypatch):
+    """Each write is an fsync that holds the loop: changes within CURSOR_INTERVAL are written together,
+    and the newest is written once the interval is over, with no further input (the loop ticks for it)."""
+    from agent.engine import mainloop
+
+    written: list[int] = []
+    real_save = ConditionStore.save
+    monkeypatch.setattr(
+        ConditionStore, "save", lambda self, conditions: written.append(1) or real_save(self, conditions)
+    )
+    lp = Loop(rules, tmp_path)
+    lp.put(RecordBatch(records=[record(1, DMA)]))
+    lp.loop.step(timeout=0)  # the first change: written at once
+    assert len(written) == 1
+    for seq, error in enumerate(("SRAM_ECC_UNCORRECTED", "HBM_UNCORRECTABLE_ERROR"), start=2):
+        lp.mono.now += mainloop.CURSOR_INTERVAL / 4
+        lp.put(RecordBatch(records=[record(seq, f"test NEURON_HW_ERR={error} test")]))
+        lp.loop.step(timeout=0)
+    assert len(written) == 1 and lp.cursors.load() == Cursor(boot_id=BOOT, last_seq=1)
+    assert lp.loop.idle_timeout() == mainloop.CURSOR_TICK  # asleep, it would still look
+    lp.mono.now += mainloop.CURSOR_INTERVAL
+    lp.loop.step(timeout=0)  # the tick: nothing in the inbox
+    assert len(written) == 2 and lp.cursors.load() == Cursor(boot_id=BOOT, last_seq=3)
+    kept = ConditionStore(health=StateDirHealth(path=tmp_path)).load()
+    assert next(c for c in kept if c.type == "NeuronHealth") == lp.feed.latest().snapshot.condition("NeuronHealth")
+    assert lp.loop.idle_timeout() is None  # all written: wait for input
+
+
 def test_replayed_records_only_rebuild_permanent_state(rules, tmp_path):
     lp = Loop(rules, tmp_path, cursor=Cursor(boot_id=BOOT, last_seq=10))
     lp.put(RecordBatch(records=[record(9, DMA), record(10, "Out of memory: Killed process 1 (x)")]))
