@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -632,20 +635,7 @@ NPD_REFERENCE = {
     "kmsg_to_metrics_ms": "p50 4.6 / p99 8.6 ms (200 injections)",
     "idle_cpu_percent": "0.017 % (8 threads)",
 }
-NPD_GO = "1.26.5"  # the go directive of node-problem-detector master's go.mod
 OOM_LINE = "Killed process {n} (npd-bench) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB"
-
-
-def _npd_missing() -> str:
-    """Why NPD's side cannot run here (always, today: say what is missing)."""
-    import shutil
-    import subprocess
-
-    go = shutil.which("go")
-    if go is None:
-        return f"no Go toolchain (NPD master needs Go {NPD_GO}; Debian's golang-go is 1.19)"
-    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
-    return f"{version}: NPD master needs Go {NPD_GO}"
 
 
 def _standalone(tmp: Path, *, kmsg: str, packs: str):
@@ -716,71 +706,283 @@ def _kmsg_problem() -> str | None:
     return None
 
 
-def _kmsg_to_metrics_ms(packs: str, injections: int, spacing: float) -> tuple[list[float], int]:
-    """Latencies (ms) from a write to the real /dev/kmsg to the match counted on /metrics, and the writes
-    never seen within 2 s (the kernel rate-limits writers: printk_devkmsg=ratelimit lets 10 through per 5 s,
-    hence ``spacing``)."""
+# A reader that does nothing else, beside the agent in the same run: its time from the write is the
+# kernel's share (the write itself, which prints an error-level line on the serial console first, and
+# waking a reader), which NPD's figures carry as well.
+_BARE_READER = r"""
+import os, select, sys, time
+fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+os.lseek(fd, 0, os.SEEK_END)
+poll = select.poll()
+poll.register(fd, select.POLLIN)
+poll.register(sys.stdin.fileno(), select.POLLIN)
+print("ready", flush=True)
+while not any(f == sys.stdin.fileno() for f, _ in poll.poll()):
+    now = time.perf_counter()
+    while True:
+        try:
+            record = os.read(fd, 16384)
+        except BlockingIOError:
+            break
+        except BrokenPipeError:
+            continue
+        if b"(npd-bench)" in record:
+            print(record.split(b"Killed process ", 1)[1].split(b" ", 1)[0].decode(), now, flush=True)
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Injection:
+    """One write to /dev/kmsg: its time to the finding on /metrics, and the bare reader's time to it."""
+
+    total_ms: float
+    kernel_ms: float | None  # None: the bare reader did not report it
+
+    @property
+    def own_ms(self) -> float | None:
+        """The agent's share: what it took beyond the kernel's."""
+        return None if self.kernel_ms is None else self.total_ms - self.kernel_ms
+
+
+OOM_METRIC = 'problem_counter{reason="OOMKilling"}'  # the finding, under the series name both expose
+
+
+def _kmsg_to_metrics_ms(start: Callable[[Path], Any], injections: int, spacing: float) -> tuple[list[Injection], int]:
+    """Each write to the real /dev/kmsg timed to the finding on /metrics (``problem_counter`` of reason
+    OOMKilling rising, scraped back to back, as NPD's earlier figures were taken) and to a bare reader's
+    read of it, and the writes never seen within 2 s (the kernel rate-limits writers: printk_devkmsg=ratelimit
+    lets 10 through per 5 s, hence ``spacing``). ``start(tmp)`` starts the detector: (process, /metrics URL)."""
     import os
+    import subprocess
     import tempfile
 
-    latencies: list[float] = []
+    started: dict[int, tuple[float, float]] = {}  # number in the line -> (write started, seen on /metrics)
     lost = 0
     with tempfile.TemporaryDirectory() as tmpdir:
-        proc, url = _standalone(Path(tmpdir), kmsg="/dev/kmsg", packs=packs)
+        proc, url = start(Path(tmpdir))
+        bare = subprocess.Popen(
+            [sys.executable, "-c", _BARE_READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert bare.stdout is not None and bare.stdin is not None
         try:
-            metric = "node_health_agent_lines_matched_total"
-            _wait(lambda: _scrape(url, "node_health_agent_config_generation") >= 1, 60, interval=0.2)
+            if bare.stdout.readline().strip() != "ready":
+                raise SystemExit("the bare /dev/kmsg reader did not start")
             time.sleep(2.0)  # the ring buffer's replay is done
             for i in range(injections):
-                seen = _scrape(url, metric)
+                number = 40000 + i
+                seen = _scrape(url, OOM_METRIC)
                 fd = os.open("/dev/kmsg", os.O_WRONLY)
                 try:
-                    start = time.perf_counter()
-                    os.write(fd, f"<3>{OOM_LINE.format(n=40000 + i)}\n".encode())
+                    begun = time.perf_counter()
+                    os.write(fd, f"<3>{OOM_LINE.format(n=number)}\n".encode())
                 finally:
                     os.close(fd)
-                deadline = start + 2.0
+                deadline = begun + 2.0
                 while time.perf_counter() < deadline:
-                    if _scrape(url, metric) > seen:
-                        latencies.append((time.perf_counter() - start) * 1000)
+                    if _scrape(url, OOM_METRIC) > seen:
+                        started[number] = (begun, time.perf_counter())
                         break
                 else:
                     lost += 1
-                time.sleep(max(0.0, spacing - (time.perf_counter() - start)))
+                time.sleep(max(0.0, spacing - (time.perf_counter() - begun)))
         finally:
             proc.terminate()
             proc.wait(timeout=15)
-    return sorted(latencies), lost
+            bare.stdin.close()
+            read_at = dict(line.split() for line in bare.stdout.read().splitlines())
+            bare.wait(timeout=15)
+    return [
+        Injection(
+            total_ms=(end - begun) * 1000,
+            kernel_ms=(float(read_at[str(n)]) - begun) * 1000 if str(n) in read_at else None,
+        )
+        for n, (begun, end) in started.items()
+    ], lost
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+NPD_OOM = re.compile(
+    r"Killed process \d+ (.+) total-vm:\d+kB, anon-rss:\d+kB, file-rss:\d+kB.*"
+)  # its kernel monitor's
+KMSG_RATE = 40_000  # records/s the /dev/kmsg feeder writes: both readers keep up (the ring holds ~1,300)
+KMSG_BURST = 400
+
+
+def _kmsg_writes(records: int) -> list[bytes]:
+    """The 1M-record corpus (bench/kmsg_bench.py's records) as /dev/kmsg writes, ``<prio>message``: the
+    level raised to warning where it is below (the kernel prints error lines on this machine's serial
+    console, ~2 ms each, in the writer), no dictionary lines (userspace cannot write them)."""
+    import tempfile
+
+    from bench.kmsg_bench import write_kmsg_file
+
+    writes = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        path = Path(tmpdir) / "records"
+        write_kmsg_file(path, records, fault_rate=0.01)
+        for line in path.read_bytes().split(b"\n"):
+            if not line or line[:1] == b" ":
+                continue
+            header, _, message = line.partition(b";")
+            prio = int(header.split(b",", 1)[0])
+            if prio & 7 < 4:
+                prio = (prio & ~7) | 4
+            writes.append(b"<%d>%s\n" % (prio, message[:900]))
+    return writes
+
+
+def _feed_kmsg(writes: list[bytes], marker: bytes) -> None:
+    """Write ``writes`` to /dev/kmsg at KMSG_RATE, then ``marker``, with the kernel's writer rate limit
+    lifted (kernel.printk_devkmsg=on; put back after)."""
+    import os
+
+    setting = Path("/proc/sys/kernel/printk_devkmsg")
+    before = setting.read_text().strip()
+    setting.write_text("on\n")
+    try:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            begun = time.perf_counter()
+            for i in range(0, len(writes), KMSG_BURST):
+                for write in writes[i : i + KMSG_BURST]:
+                    os.write(fd, write)
+                ahead = (i + KMSG_BURST) / KMSG_RATE - (time.perf_counter() - begun)
+                if ahead > 0:
+                    time.sleep(ahead)
+            os.write(fd, marker)
+        finally:
+            os.close(fd)
+    finally:
+        setting.write_text(before + "\n")
+
+
+def _cpu_per_1m_kmsg(
+    start: Callable[[Path], Any], writes: list[bytes], *, counter: str, expected: int
+) -> tuple[float, float]:
+    """(CPU-seconds per 1M records, seconds) a detector spends on ``writes`` fed through the real /dev/kmsg
+    and an OOM line after them, until ``counter`` on its /metrics has risen by ``expected``: for NPD, its
+    OOMKilling count by the OOM lines fed and the last (everything before it was read by then); for the
+    agent, the records it processed."""
+    import tempfile
+
+    marker = f"<4>{OOM_LINE.format(n=39999)}\n".encode()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        proc, url = start(Path(tmpdir))
+        try:
+            time.sleep(3.0)  # startup and the ring buffer's replay are done
+            found = _scrape(url, counter)
+            before, begun = _cpu_seconds(proc.pid), time.monotonic()
+            _feed_kmsg(writes, marker)
+            _wait(lambda: _scrape(url, counter) >= found + expected, 300, interval=0.2)
+            return (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes), time.monotonic() - begun
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def _idle_cpu(start: Callable[[Path], Any], window: float) -> float:
+    """% of one core a detector spends idling for ``window`` seconds."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        proc, _ = start(Path(tmpdir))
+        try:
+            time.sleep(3.0)
+            before, begun = _cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(window)
+            return 100.0 * (_cpu_seconds(proc.pid) - before) / (time.monotonic() - begun)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def _latency_figures(prefix: str, runs: list[Injection], injections: int, lost: int) -> list[Figure]:
+    print(f"  {prefix}: /dev/kmsg -> /metrics: {len(runs)} of {injections} seen ({lost} lost)", flush=True)
+    if not runs:
+        return []
+    totals = [r.total_ms for r in runs]
+    kernel = [r.kernel_ms for r in runs if r.kernel_ms is not None]
+    own = [r.own_ms for r in runs if r.own_ms is not None]
+    if kernel:
+        print(
+            f"  {prefix}: of which the kernel's (the write and waking a bare reader beside it):"
+            f" p50 {_percentile(kernel, 0.5):.1f} / p99 {_percentile(kernel, 0.99):.1f} ms;"
+            f" its own: p50 {_percentile(own, 0.5):.1f} / p99 {_percentile(own, 0.99):.1f} ms",
+            flush=True,
+        )
+    return [
+        Figure(name=f"{prefix}.kmsg_to_metrics_p50_ms", value=_percentile(totals, 0.5), target="", unit="ms"),
+        Figure(name=f"{prefix}.kmsg_to_metrics_p99_ms", value=_percentile(totals, 0.99), target="", unit="ms"),
+    ] + (
+        [Figure(name=f"{prefix}.kmsg_to_metrics_own_p99_ms", value=_percentile(own, 0.99), target="", unit="ms")]
+        if own
+        else []
+    )
 
 
 def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float = 60.0) -> list[Figure]:
-    """Side by side with node-problem-detector (issue 16): CPU per 1M kernel log records with the built-in
-    packs, a real /dev/kmsg write to the finding on /metrics, idle CPU with every check. Our side always;
-    NPD's where it can be built here (skipped with the reason otherwise, its earlier figures printed)."""
+    """Side by side with node-problem-detector (issue 16), in one run: CPU per 1M kernel log records fed
+    through the real /dev/kmsg, a /dev/kmsg write to the finding on /metrics, idle CPU. Our side always
+    (every built-in pack and check); NPD's where it can be built here (``bench/npd_side.py``: give its
+    source with --npd-src or NPD_SRC), its earlier figures printed otherwise."""
     from agent.app.settings import builtin_packs
+    from bench import npd_side
 
     every = ",".join(builtin_packs())
-    missing = _npd_missing()
-    print(f"  node-problem-detector: not built here ({missing}); its figures from issue 16, not this run:", flush=True)
-    for name, value in NPD_REFERENCE.items():
-        print(f"    npd master {name}: {value}", flush=True)
-    figures = [Figure(name="npd.cpu_s_per_1m_records", value=_cpu_per_1m_records(every), target="", unit="CPU-s")]
-    print("  target: <= half of NPD master's in the same run (4.4-6.05 s against the figures above)", flush=True)
-    problem = _kmsg_problem()
-    if problem is None:
-        latencies, lost = _kmsg_to_metrics_ms(every, injections, spacing)
-        print(f"  /dev/kmsg -> /metrics: {len(latencies)} of {injections} seen ({lost} lost)", flush=True)
-        if latencies:
-            figures.append(
-                Figure(name="npd.kmsg_to_metrics_p50_ms", value=latencies[len(latencies) // 2], target="", unit="ms")
-            )
-            p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-            figures.append(Figure(name="npd.kmsg_to_metrics_p99_ms", value=p99, target="", unit="ms"))
-            print("  target: p99 <= NPD's in the same run (8.6 ms above)", flush=True)
+
+    def ours(tmp: Path) -> Any:
+        return _standalone(tmp, kmsg="/dev/kmsg", packs=every)
+
+    ready = npd_side.prepare(None)
+    npd: Callable[[Path], Any] | None = None
+    if isinstance(ready, str):
+        print(f"  node-problem-detector: not run ({ready}); its figures from issue 16, not this run:", flush=True)
+        for name, value in NPD_REFERENCE.items():
+            print(f"    npd master {name}: {value}", flush=True)
     else:
-        print(f"  /dev/kmsg -> /metrics: skipped ({problem})", flush=True)
+        binary, src = ready
+        print(f"  node-problem-detector: {binary} (built from {src}), its kernel monitor", flush=True)
+
+        def npd(tmp: Path) -> Any:
+            return npd_side.start(binary, src)
+
+    figures = [Figure(name="npd.cpu_s_per_1m_records", value=_cpu_per_1m_records(every), target="", unit="CPU-s")]
+    print("  (a kmsg-format file followed by the agent: its figure of earlier runs)", flush=True)
+    problem = _kmsg_problem()
+    if problem is not None:
+        print(f"  /dev/kmsg: skipped ({problem})", flush=True)
+    else:
+        writes = _kmsg_writes(1_000_000)
+        processed = "node_health_agent_records_processed_total"
+        cpu, took = _cpu_per_1m_kmsg(ours, writes, counter=processed, expected=len(writes) + 1)
+        print(f"  ours: {len(writes):,} records through /dev/kmsg in {took:.0f} s", flush=True)
+        figures.append(Figure(name="npd.cpu_s_per_1m_kmsg", value=cpu, target="", unit="CPU-s"))
+        if npd is not None:
+            ooms = 1 + sum(1 for w in writes if NPD_OOM.search(w.decode("utf-8", "replace")))
+            npd_cpu, took = _cpu_per_1m_kmsg(npd, writes, counter=OOM_METRIC, expected=ooms)
+            print(f"  NPD: {len(writes):,} records through /dev/kmsg in {took:.0f} s", flush=True)
+            figures.append(Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=npd_cpu, target="", unit="CPU-s"))
+            figures.append(Figure(name="npd.cpu_ratio", value=cpu / npd_cpu, target="<= 0.5", unit="x NPD"))
+        runs, lost = _kmsg_to_metrics_ms(ours, injections, spacing)
+        figures += _latency_figures("npd", runs, injections, lost)
+        if npd is not None:
+            npd_runs, npd_lost = _kmsg_to_metrics_ms(npd, injections, spacing)
+            figures += _latency_figures("npd.npd", npd_runs, injections, npd_lost)
+            if runs and npd_runs:
+                ratio = _percentile([r.total_ms for r in runs], 0.99) / _percentile(
+                    [r.total_ms for r in npd_runs], 0.99
+                )
+                figures.append(Figure(name="npd.kmsg_to_metrics_p99_ratio", value=ratio, target="<= 1", unit="x NPD"))
     idle, _ = _idle_cpu_percent(packs=every, window=idle_window)
     figures.append(Figure(name="npd.idle_cpu_percent", value=idle, target="<= 0.05", unit="%core"))
+    if npd is not None:
+        figures.append(
+            Figure(name="npd.npd_idle_cpu_percent", value=_idle_cpu(npd, idle_window), target="", unit="%core")
+        )
     return figures
 
 
@@ -1059,7 +1261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="benchmarks to run (prefixes); default: all")
     parser.add_argument("--json", metavar="FILE", help="write figure name -> value as a flat JSON object")
+    parser.add_argument(
+        "--npd-src", metavar="DIR", help="node-problem-detector's source (checkout or git repository) for `npd`"
+    )
     args = parser.parse_args(argv)
+    if args.npd_src:
+        os.environ["NPD_SRC"] = args.npd_src
     selected = [n for n in BENCHMARKS if not args.names or any(n.startswith(p) for p in args.names)]
     if not selected:
         parser.error(f"no benchmark matches {args.names}; available: {', '.join(BENCHMARKS)}")
