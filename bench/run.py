@@ -627,9 +627,8 @@ def bench_kmsg(records: int = 1_000_000) -> list[Figure]:
     ]
 
 
-# node-problem-detector's side (issue 16). NPD master's go.mod asks for Go 1.26.5; Debian's golang-go (what
-# this machine installs) is 1.19, so NPD is not built here: its figures below are the issue's, measured
-# in an earlier session on this machine with NPD master built from source, not in this run.
+# node-problem-detector's figures from issue 16 (measured elsewhere with NPD master built from source),
+# printed when NPD cannot run here (no --npd-src/NPD_SRC, no Go; see bench/npd_side.py), never as this run's.
 NPD_REFERENCE = {
     "cpu_s_per_1m_records": "8.8-12.1 s (built-in kernel monitor, same 1M records, same feeder)",
     "kmsg_to_metrics_ms": "p50 4.6 / p99 8.6 ms (200 injections)",
