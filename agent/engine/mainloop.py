@@ -35,7 +35,6 @@ from agent.core.bus import (
 from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
-from agent.core.timefmt import iso
 from agent.core.types import Event, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
@@ -179,7 +178,7 @@ class MainLoop:
                 self.records_processed += len(records)
                 return len(records), None  # not kernel log records: no kmsg cursor
             if self._kernel_log is not None:
-                self._kernel_log.extend(f"{iso(r.timestamp)} {r.message}" for r in records)
+                self._kernel_log.extend(records)
             for run, replayed in self._replay.split(records, now=self._clock()):
                 for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
                     events.extend(self.state.apply(finding))

@@ -19,20 +19,26 @@ from agent.sources.replay import ReplayPolicy
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 
+STAMP = "2026-01-01T00:00:00Z "  # 21 bytes in front of each message
+
+
 @pytest.mark.parametrize(
-    ("bounds", "lines", "kept", "dropped"),
+    ("bounds", "messages", "kept", "dropped"),
     [
         ({"max_lines": 3}, ["a", "b", "c", "d", "e"], ["c", "d", "e"], 2),
-        ({"max_bytes": 6}, ["aa", "bb", "cc", "dd"], ["cc", "dd"], 2),  # 3 bytes a line with its newline
+        ({"max_lines": 2}, [["a", "b", "c"], ["d"]], ["c", "d"], 2),  # two batches: older records never kept
+        ({"max_bytes": 48}, ["aa", "bb", "cc", "dd"], ["cc", "dd"], 2),  # 24 bytes a line with its newline
+        ({"max_bytes": 50}, ["é", "a", "b"], ["a", "b"], 1),  # "é" is 2 bytes: 25 + 23 + 23 > 50
         ({"max_bytes": 4}, ["a long line"], ["a long line"], 0),  # the newest line stays, whatever its size
         ({"max_line": 4}, ["abcdefgh"], ["abcd..."], 0),
         ({}, [], [], 0),
     ],
 )
-def test_bounds(bounds, lines, kept, dropped):
+def test_bounds(bounds, messages, kept, dropped):
     ring = LineRing(**bounds)
-    ring.extend(lines)
-    assert (ring.lines(), ring.dropped) == (kept, dropped)
+    for batch in messages if messages and isinstance(messages[0], list) else [messages]:
+        ring.extend([LogRecord(message=m, timestamp=NOW) for m in batch])
+    assert (ring.lines(), ring.dropped) == ([STAMP + m for m in kept], dropped)
 
 
 def test_no_room_is_refused():

@@ -20,7 +20,7 @@ from agent.adapters.aws import AwsClients, S3Uploader
 from agent.adapters.kube import KubeClient
 from agent.core.bus import Inbox, SnapshotFeed
 from agent.core.ring import LineRing
-from agent.core.types import Condition, Snapshot, Status
+from agent.core.types import Condition, LogRecord, Snapshot, Status
 from agent.recovery import bundle as bundle_module
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import ClusterBudget
@@ -162,7 +162,9 @@ def test_keep_zero_and_no_s3_takes_none(tmp_path):
 def test_a_huge_tool_output_and_kernel_log_are_cut_to_fit(tmp_path):
     tool(tmp_path / "bin", "neuron-ls", "head -c 3000000 /dev/zero | tr '\\0' x")  # 3 MB: the runner keeps 1 MiB
     ring = LineRing(max_lines=100_000, max_bytes=8 << 20)
-    ring.extend(f"2026-01-01T00:00:00Z line {i} " + "y" * 200 for i in range(20_000))  # ~4.3 MB
+    ring.extend(
+        [LogRecord(message=f"line {i} " + "y" * 200, timestamp=1_767_225_600.0) for i in range(20_000)]
+    )  # 4.5 MB
     bundle = make(tmp_path, kernel_log=ring.lines, max_bytes=1 << 20)
     (path,) = bundle.before_remedy(Action.MARK_UNHEALTHY, INCIDENT).evidence
     raw = gzip.decompress(Path(path).read_bytes())
