@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from agent.core.timefmt import iso
-from agent.core.types import LogRecord
+from agent.core.types import LogRecord, RecordColumns
 
 _STAMP = len("2026-01-01T00:00:00Z ")  # what each line gets in front of its message
 
@@ -32,16 +32,15 @@ class LineRing:
         self.dropped = 0
 
     def extend(self, records: Sequence[LogRecord]) -> None:
-        newest = records[-self._max_lines :]  # older ones could not stay
+        newest = RecordColumns.of(records)[-self._max_lines :]  # older ones could not stay
         entries, max_line, max_lines, max_bytes = self._entries, self._max_line, self._max_lines, self._max_bytes
         with self._lock:
             self.dropped += len(records) - len(newest)
-            for record in newest:
-                message = record.message
+            for timestamp, message in zip(newest.timestamps, newest.messages, strict=True):
                 if len(message) > max_line:
                     message = message[:max_line] + "..."
                 size = _STAMP + (len(message) if message.isascii() else len(message.encode("utf-8", "replace"))) + 1
-                entries.append((record.timestamp, message, size))
+                entries.append((timestamp, message, size))
                 self._bytes += size
                 while len(entries) > max_lines or (self._bytes > max_bytes and len(entries) > 1):
                     self._bytes -= entries.popleft()[2]

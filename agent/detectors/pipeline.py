@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from agent.core.types import Finding, LogRecord
+from agent.core.types import Finding, LogRecord, RecordColumns
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine
@@ -47,11 +48,13 @@ class DetectionPipeline:
 
     def process(self, batch: Batch) -> list[Finding]:
         records = batch.records
-        messages = [r.message for r in records]
+        columns = RecordColumns.of(records)  # the kernel log reader's records are columns already
+        messages = columns.messages
         if "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
             lines = [m.strip() for m in messages]
-            times = [r.timestamp for r in records]
-            numbers = [r.seq if r.seq is not None else 0 for r in records]
+            times = columns.timestamps
+            seqs = columns.seqs
+            numbers = cast(Sequence[int], seqs) if None not in seqs else [s if s is not None else 0 for s in seqs]
         else:
             lines, times, numbers = [], [], []
             for record in records:

@@ -35,7 +35,7 @@ from agent.core.bus import (
 from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
-from agent.core.types import Event, Snapshot
+from agent.core.types import Event, RecordColumns, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
@@ -177,13 +177,14 @@ class MainLoop:
                     events.extend(self.state.apply(finding))
                 self.records_processed += len(records)
                 return len(records), None  # not kernel log records: no kmsg cursor
+            columns = RecordColumns.of(records)  # the kernel log reader's are: no record is built here
             if self._kernel_log is not None:
-                self._kernel_log.extend(records)
-            for run, replayed in self._replay.split(records, now=self._clock()):
+                self._kernel_log.extend(columns)
+            for run, replayed in self._replay.split(columns, now=self._clock()):
                 for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
                     events.extend(self.state.apply(finding))
-            self.records_processed += len(records)
-            return len(records), records[-1].seq
+            self.records_processed += len(columns)
+            return len(columns), columns.seqs[-1]
         if isinstance(item, CheckReport):
             for finding in self.judge.judge(item):
                 events.extend(self.state.apply(finding))

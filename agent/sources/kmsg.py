@@ -23,13 +23,20 @@ import select
 import stat
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.backoff import Backoff
-from agent.core.types import LogRecord
-from agent.sources.kmsg_format import KmsgParseError, ParsedChunk, boot_time_now, parse_chunk, parse_header
+from agent.core.types import LogRecord, RecordColumns
+from agent.sources.kmsg_format import (
+    KmsgParseError,
+    ParsedChunk,
+    boot_time_now,
+    parse_chunk,
+    parse_columns,
+    parse_header,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -106,15 +113,15 @@ class SequenceTracker:
         self._unparsed = 0
         return True
 
-    def accept_all(self, records: list[LogRecord]) -> list[LogRecord]:
+    def accept_all(self, records: Sequence[LogRecord]) -> Sequence[LogRecord]:
         """:meth:`accept` each record in order; returns the new ones (``records`` itself when all are)."""
         if not records:
             return records
-        first, last = records[0].seq, self._last
-        if first is not None and (last is None or first == last + 1):
-            seqs = [record.seq for record in records]
+        seqs = list(records.seqs) if isinstance(records, RecordColumns) else [record.seq for record in records]
+        first, last = seqs[0], self._last
+        if first is not None and (last is None or first == last + 1):  # noqa: SIM102  # narrows first
             if seqs == list(range(first, first + len(seqs))):  # the usual case: consecutive, nothing to skip
-                self._last = seqs[-1]
+                self._last = first + len(seqs) - 1
                 self._unparsed = 0
                 return records
         return [record for record in records if record.seq is not None and self.accept(record.seq)]
@@ -278,20 +285,26 @@ class KmsgReader:
         for data, tracker in self._chunks(stop=stop):
             yield RawChunk(data=data, boot_time=self._boot_time(), tracker=tracker)
 
-    def decode(self, chunk: RawChunk) -> list[LogRecord]:
-        """The new records of a chunk, in order; call in chunk order, from one thread.
+    def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
+        """The new records of a chunk, in order; call in chunk order, from one thread. A chunk of well-formed
+        records comes as :class:`RecordColumns` (each record built when asked for).
 
         Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
-        parsed = parse_chunk(chunk.data, boot_time=chunk.boot_time)
-        for line_error in parsed.bad_lines:
-            self._stats.malformed_lines += 1
-            self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
-        records = self._new_records(parsed, chunk.tracker)
+        records: Sequence[LogRecord]
+        columns = parse_columns(chunk.data, boot_time=chunk.boot_time)
+        if columns is not None:
+            records = chunk.tracker.accept_all(columns)
+        else:
+            parsed = parse_chunk(chunk.data, boot_time=chunk.boot_time)
+            for line_error in parsed.bad_lines:
+                self._stats.malformed_lines += 1
+                self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
+            records = self._new_records(parsed, chunk.tracker)
         if records:
             self._stats.records_read += len(records)
-            self._stats.last_record_time = records[-1].timestamp
+            self._stats.last_record_time = RecordColumns.of(records).timestamps[-1]
         return records
 
     def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
@@ -299,7 +312,7 @@ class KmsgReader:
         for chunk in self.chunks(stop=stop):
             records = self.decode(chunk)
             for start in range(0, len(records), MAX_BATCH):
-                yield records[start : start + MAX_BATCH]
+                yield list(records[start : start + MAX_BATCH])
 
     def records(self, *, stop: threading.Event) -> Iterator[LogRecord]:
         """Yield parsed records one by one until ``stop`` is set (see :meth:`batches`)."""
@@ -510,7 +523,7 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _new_records(self, parsed: ParsedChunk, tracker: SequenceTracker) -> list[LogRecord]:
+    def _new_records(self, parsed: ParsedChunk, tracker: SequenceTracker) -> Sequence[LogRecord]:
         """The records not delivered before; each skipped record counts once, as a parse error."""
         records = parsed.records
         if not parsed.errors:

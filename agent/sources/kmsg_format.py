@@ -14,13 +14,14 @@ message beyond undoing the escapes: prefixes are the pipeline's business.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core.types import LogRecord
+from agent.core.types import LogRecord, RecordColumns
 
 # How much of a bad record ends up in a log line or an error message.
 _SHOW_BYTES = 120
@@ -175,8 +176,9 @@ class _RecordSlots:
 # priority text -> (level, facility), for every priority the kernel can produce; others go the slow way.
 _PRIORITIES = {str(prio): (prio & 7, prio >> 3) for prio in range(1024)}
 # One well-formed record: priority, seq, usec, flags (up to a ',' of further fields), message, and its
-# dictionary lines (each "\n " and the rest of its line). One scan in C finds them all; see _scan_records.
+# dictionary lines (each "\n " and the rest of its line). One scan in C finds them all; see parse_columns.
 _RECORD = re.compile(r"^([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)((?:\n .*)*)", re.MULTILINE)
+_HEADER = re.compile(r"^([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)", re.MULTILINE)  # no dictionary
 
 
 def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> ParsedChunk:
@@ -190,10 +192,9 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
     records: list[LogRecord] = []
     errors: list[tuple[int, KmsgParseError]] = []
     bad_lines: list[KmsgParseError] = []
-    if data.isascii():  # the device escapes every byte >= 0x7f, so this is the rule, not the exception
-        scanned = _scan_records(data.decode("ascii"), boot_time, source)
-        if scanned is not None:
-            return ParsedChunk(records=scanned, errors=errors, bad_lines=bad_lines)
+    columns = parse_columns(data, boot_time=boot_time, source=source)  # the device escapes bytes >= 0x7f
+    if columns is not None:
+        return ParsedChunk(records=list(columns), errors=errors, bad_lines=bad_lines)
     skipped = False
     for line in data.split(b"\n"):
         if not line:
@@ -205,48 +206,80 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
     return ParsedChunk(records=records, errors=errors, bad_lines=bad_lines)
 
 
-def _scan_records(text: str, boot_time: float, source: str) -> list[LogRecord] | None:
-    """The fast path of :func:`parse_chunk`: the records of a chunk of well-formed records, found by one
-    regex scan in C and built without the frozen dataclass's ``__init__``; None when the chunk holds
-    anything else (a blank or malformed line, a malformed dictionary line, a priority beyond the table),
-    for the exact per-line code to parse.
+def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg") -> RecordColumns | None:
+    """The records of a chunk of well-formed records as columns, each ``LogRecord`` built only when asked
+    for (equal to :func:`parse_chunk`'s records); None for a chunk :func:`parse_chunk` must parse: one that
+    is not ASCII or holds a blank or malformed line, a malformed dictionary line or a priority beyond the
+    table. One regex scan in C finds the records (issue 16: building an object per record, and splitting
+    each header, were most of the agent's CPU per record)."""
+    if not data.isascii():
+        return None
+    text = data.decode("ascii")
+    rows = _rows(text)
+    if rows is None:
+        return None
+    columns = list(zip(*rows, strict=True))
+    seqs, usecs, messages = columns[1], columns[2], columns[4]
+    if "\\x" in text:
+        messages = tuple(m if "\\x" not in m else _unescape(m.encode()) for m in messages)
+    return RecordColumns(
+        messages=messages,
+        timestamps=[boot_time + micros / 1e6 for micros in map(int, usecs)],
+        seqs=list(map(int, seqs)),
+        rows=rows,
+        make=functools.partial(_row_record, boot_time=boot_time, source=source),
+    )
 
-    Every line must be one the scan took: its records and their dictionary lines make up the line count.
-    """
+
+# priority, seq, usec, flags, message (escaped)[, dictionary lines: only scanned in a chunk that has some]
+_Row = tuple[str, ...]
+
+
+def _rows(text: str) -> list[_Row] | None:
+    """The scan's rows when every line of ``text`` is a well-formed record or one of its dictionary lines
+    (the rows and the dictionary lines make up the line count), else None."""
     if text.startswith((" ", "\n")) or "\n\n" in text:
         return None
-    rows = _RECORD.findall(text)
-    if len(rows) != text.count("\n") + (not text.endswith("\n")) - text.count("\n "):
+    rows: list[_Row] = (_RECORD if "\n " in text else _HEADER).findall(text)
+    if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - text.count("\n "):
         return None
-    records: list[LogRecord] = []
-    append = records.append
-    new = object.__new__
-    slots, record_type, priorities = _RecordSlots, LogRecord, _PRIORITIES
-    for prio, seq, usec, flags, message, dictionary in rows:
-        priority = priorities.get(prio)
-        if priority is None:
+    if not all(map(_PRIORITIES.__contains__, [row[0] for row in rows])):
+        return None
+    if "\n " in text:
+        try:
+            for row in rows:
+                if row[5]:
+                    _fields(row[5])  # every one parses, so building a record later cannot fail
+        except KmsgParseError:
             return None
-        fields: dict[str, str] = {}
-        if dictionary:
-            for line in dictionary[1:].split("\n"):
-                try:
-                    key, value = _dictionary_entry(line.encode())
-                except KmsgParseError:
-                    return None
-                fields[key] = value
-        micros = int(usec)
-        record: Any = new(slots)  # a _RecordSlots, a LogRecord once its class is set below
-        record.message = message if "\\x" not in message else _unescape(message.encode())
-        record.timestamp = boot_time + micros / 1e6
-        record.seq = int(seq)
-        record.priority, record.facility = priority
-        record.monotonic_usec = micros
-        record.continuation = "c" in flags
-        record.fields = fields
-        record.source = source
-        record.__class__ = record_type
-        append(record)
-    return records
+    return rows
+
+
+def _fields(dictionary: str) -> dict[str, str]:
+    """A record's dictionary from its lines as scanned (each "\\n KEY=value"); raises KmsgParseError."""
+    fields = {}
+    for line in dictionary[1:].split("\n"):
+        key, value = _dictionary_entry(line.encode())
+        fields[key] = value
+    return fields
+
+
+def _row_record(row: _Row, *, boot_time: float, source: str) -> LogRecord:
+    """The ``LogRecord`` of a scanned row (built without the frozen dataclass's ``__init__``)."""
+    prio, seq, usec, flags, message = row[:5]
+    dictionary = row[5] if len(row) > 5 else ""
+    micros = int(usec)
+    record: Any = object.__new__(_RecordSlots)  # a _RecordSlots, a LogRecord once its class is set below
+    record.message = message if "\\x" not in message else _unescape(message.encode())
+    record.timestamp = boot_time + micros / 1e6
+    record.seq = int(seq)
+    record.priority, record.facility = _PRIORITIES[prio]
+    record.monotonic_usec = micros
+    record.continuation = "c" in flags
+    record.fields = _fields(dictionary) if dictionary else {}
+    record.source = source
+    record.__class__ = LogRecord
+    return record
 
 
 def _header_line(

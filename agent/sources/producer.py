@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from agent.core.bus import Inbox, RecordBatch
@@ -25,7 +25,7 @@ class Source(Protocol):
 
     def chunks(self, *, stop: threading.Event) -> Iterator[Any]: ...
 
-    def decode(self, chunk: Any) -> list[LogRecord]: ...
+    def decode(self, chunk: Any) -> Sequence[LogRecord]: ...
 
 
 class SourceProducer:

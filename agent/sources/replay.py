@@ -13,9 +13,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from agent.core.statedir import atomic_write
-from agent.core.types import LogRecord
+from agent.core.types import LogRecord, RecordColumns
 
 _logger = logging.getLogger(__name__)
 
@@ -82,16 +83,27 @@ class ReplayPolicy:
         return record.timestamp < now - self.lookback
 
     def split(self, records: Sequence[LogRecord], *, now: float) -> list[tuple[Sequence[LogRecord], bool]]:
-        """Runs of consecutive records with the same :meth:`replayed`, in order: ``(records, replayed)``."""
+        """Runs of consecutive records with the same :meth:`replayed`, in order: ``(records, replayed)``.
+
+        Decided on the records' columns (:class:`RecordColumns`): no record is built for it."""
         if not records:
             return []
+        columns = RecordColumns.of(records)
         cursor = self.cursor
         if cursor is not None and cursor.boot_id == self.boot_id:
-            seqs = [r.seq for r in records if r.seq is not None]
-            if len(seqs) == len(records) and all(a < b for a, b in zip(seqs, seqs[1:], strict=False)):
-                cut = bisect.bisect_right(seqs, cursor.last_seq)  # the usual case: one cut point
-                return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
-        flags = [self.replayed(r, now=now) for r in records]
+            seqs = columns.seqs
+            if None not in seqs:
+                known = cast(Sequence[int], seqs)
+                if all(a < b for a, b in zip(known, known[1:], strict=False)):
+                    cut = bisect.bisect_right(known, cursor.last_seq)  # the usual case: one cut point
+                    return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
+            flags = [
+                seq <= cursor.last_seq if seq is not None else timestamp < now - self.lookback
+                for seq, timestamp in zip(seqs, columns.timestamps, strict=True)
+            ]
+        else:
+            oldest = now - self.lookback
+            flags = [timestamp < oldest for timestamp in columns.timestamps]
         runs: list[tuple[Sequence[LogRecord], bool]] = []
         start = 0
         for i in range(1, len(records) + 1):

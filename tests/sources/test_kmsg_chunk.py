@@ -200,18 +200,22 @@ def _well_formed(raw: bytes) -> bool:
 
 
 def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
-    """The fast path is taken (not always left to the per-line code) for records with dictionaries,
-    escapes, caller ids, and gives what parse_record gives; one line it cannot take sends the chunk to the
-    per-line code, which agrees too."""
+    """The columns (one scan, records built when asked for) are taken for records with dictionaries,
+    escapes, caller ids, and give what parse_record gives, column by column and record by record; one line
+    they cannot take sends the chunk to the per-line code, which agrees too."""
     raws = [raw for _, raw in CASES if _well_formed(raw)]
     assert len(raws) > 20
     data = chunk_of(raws)
-    scanned = kmsg_format._scan_records(data.decode(), BOOT, "kmsg")
-    assert scanned is not None and scanned == reference(raws)[0]
+    columns = kmsg_format.parse_columns(data, boot_time=BOOT)
+    expected = reference(raws)[0]
+    assert columns is not None and list(columns) == expected and columns == expected
+    assert list(columns.messages) == [r.message for r in expected]
+    assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
+    assert columns[3:7] == expected[3:7] and columns[-1] == expected[-1]
     assert_same(raws, data)
     for odd in (b"06,2,0,-;x", b"6,1,0;x", b"6,1,0,-;m\n =v", b""):
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
-        assert kmsg_format._scan_records(mixed.decode(), BOOT, "kmsg") is None
+        assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
 
 

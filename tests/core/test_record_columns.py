@@ -1,0 +1,96 @@
+"""RecordColumns: the kernel log reader's records as columns (issue 16: an object per record was most of the
+agent's CPU per record). Every consumer on the main loop's path must give the same result from the columns
+as from the records themselves: the replay policy, the cursor's sequence accounting, matching, the ring."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+from agent.core.ring import LineRing
+from agent.core.types import LogRecord, RecordColumns
+from agent.detectors.pipeline import Batch, DetectionPipeline
+from agent.sources.kmsg import KmsgStats, SequenceTracker
+from agent.sources.kmsg_format import parse_chunk, parse_columns
+from agent.sources.replay import Cursor, ReplayPolicy
+
+BOOT_TIME = 1_767_225_600.0
+MESSAGES = [
+    "Linux version 6.1.0",
+    "NVRM: Xid (PCI:0000:10:1c): 79, pid=1, name=x, GPU has fallen off the bus.",
+    "Out of memory: Killed process 1234 (python) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB",
+    "tab\\x09escaped",
+    "test NEURON_HW_ERR=DMA_ERROR test",
+    "plain",
+]
+
+
+def chunk(first_seq: int = 100, count: int = 60) -> bytes:
+    return b"".join(
+        f"{(i % 7) + 1},{first_seq + i},{(i + 1) * 1_000_000},-;{MESSAGES[i % len(MESSAGES)]}\n".encode()
+        + (b" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n" if i % 11 == 3 else b"")
+        for i in range(count)
+    )
+
+
+@pytest.fixture(scope="module")
+def columns_and_list() -> tuple[RecordColumns, list[LogRecord]]:
+    data = chunk()
+    columns = parse_columns(data, boot_time=BOOT_TIME)
+    assert columns is not None
+    return columns, parse_chunk(data, boot_time=BOOT_TIME).records
+
+
+def test_columns_are_the_records(columns_and_list) -> None:
+    columns, records = columns_and_list
+    assert len(columns) == len(records) and list(columns) == records and columns == records and records == columns
+    assert columns[5] == records[5] and columns[-1] == records[-1]
+    assert columns[10:20] == records[10:20] and isinstance(columns[10:20], RecordColumns)
+    assert RecordColumns.of(records) == records and RecordColumns.of(columns) is columns
+    assert columns != records[:-1] and columns != "not records"
+
+
+@pytest.mark.parametrize(
+    ("cursor_seq", "lookback"),
+    [(None, 300.0), (None, 1e12), (None, 0.0), (129, 300.0), (99, 300.0), (500, 300.0)],
+    ids=["no-cursor", "no-cursor-all-recent", "no-cursor-all-old", "cursor-mid", "cursor-before", "cursor-after"],
+)
+def test_the_replay_policy_splits_columns_as_records(columns_and_list, cursor_seq, lookback) -> None:
+    columns, records = columns_and_list
+    cursor = Cursor(boot_id="b", last_seq=cursor_seq) if cursor_seq is not None else None
+    policy = ReplayPolicy(cursor=cursor, boot_id="b", lookback=lookback)
+    now = BOOT_TIME + 330.0  # lookback 300 s: the first 29 records are older
+    expected = [(list(run), flag) for run, flag in policy.split(records, now=now)]
+    assert [(list(run), flag) for run, flag in policy.split(columns, now=now)] == expected
+    assert [r for run, _ in expected for r in run] == records  # every record, in order, once
+    assert all(policy.replayed(r, now=now) is flag for run, flag in expected for r in run)
+
+
+def test_matching_gives_the_same_findings_from_columns(columns_and_list) -> None:
+    columns, records = columns_and_list
+    rules = load_rule_set([builtin_plugins_dir()])
+    from_records = DetectionPipeline(rule_set=rules).process(Batch(records=records))
+    from_columns = DetectionPipeline(rule_set=rules).process(Batch(records=columns))
+    assert from_columns == from_records and from_records
+
+
+@pytest.mark.parametrize("last", [None, 99, 120, 200], ids=["fresh", "right-before", "overlapping", "all-old"])
+def test_sequence_accounting_is_the_same_on_columns(columns_and_list, last) -> None:
+    columns, records = columns_and_list
+    results = []
+    for given in (records, columns):
+        stats = KmsgStats()
+        tracker = SequenceTracker(start_after_seq=last, stats=stats, log=logging.getLogger("t"))
+        results.append((list(tracker.accept_all(given)), stats.records_lost))
+    assert results[0] == results[1]
+
+
+def test_the_ring_keeps_the_same_lines_from_columns(columns_and_list) -> None:
+    columns, records = columns_and_list
+    rings = [LineRing(max_lines=25), LineRing(max_lines=25)]
+    rings[0].extend(records)
+    rings[1].extend(columns)
+    assert rings[0].lines() == rings[1].lines() and rings[0].dropped == rings[1].dropped == len(records) - 25
