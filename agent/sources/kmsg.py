@@ -304,7 +304,8 @@ class KmsgReader:
             records = self._new_records(parsed, chunk.tracker)
         if records:
             self._stats.records_read += len(records)
-            self._stats.last_record_time = RecordColumns.of(records).timestamps[-1]
+            last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
+            self._stats.last_record_time = last
         return records
 
     def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
