@@ -157,6 +157,11 @@ def _own_families(stats: AgentStats) -> Iterator[Metric]:
         family.add_metric([], value)
         return family
 
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"node_health_agent_{name}", doc)
+        family.add_metric([], value)
+        return family
+
     yield counter("kmsg_records_read", "Kernel log records read.", stats.records_read)
     yield counter(
         "kmsg_records_lost",
@@ -210,15 +215,12 @@ def _own_families(stats: AgentStats) -> Iterator[Metric]:
     if stats.last_record_time is not None:
         last.add_metric([], stats.last_record_time)
     yield last
-    gen = GaugeMetricFamily("node_health_agent_config_generation", "Generation of the loaded configuration.")
-    gen.add_metric([], stats.config_generation)
-    yield gen
-    rejected = CounterMetricFamily(
-        "node_health_agent_config_reload_failures",
+    yield gauge("config_generation", "Generation of the loaded configuration.", stats.config_generation)
+    yield counter(
+        "config_reload_failures",
         "Configuration changes rejected (invalid); the last good configuration keeps running.",
+        stats.config_reload_failures,
     )
-    rejected.add_metric([], stats.config_reload_failures)
-    yield rejected
     by_device = CounterMetricFamily(
         "node_health_agent_rule_device_matches",
         "Matches of count-in-window rules (corrected errors, ...) by device, including those below the "
@@ -228,9 +230,7 @@ def _own_families(stats: AgentStats) -> Iterator[Metric]:
     for (rule, device), n in sorted(stats.device_matches.items()):
         by_device.add_metric([rule, device], n)
     yield by_device
-    rules = GaugeMetricFamily("node_health_agent_rules_loaded", "Rules loaded from all rule packs.")
-    rules.add_metric([], stats.rules_loaded)
-    yield rules
+    yield gauge("rules_loaded", "Rules loaded from all rule packs.", stats.rules_loaded)
     healthy = GaugeMetricFamily(
         "node_health_agent_component_healthy",
         "1 while an agent component (kmsg reader, main loop, ...) is healthy; 0 means the agent, not the "
@@ -240,13 +240,12 @@ def _own_families(stats: AgentStats) -> Iterator[Metric]:
     for component, ok in sorted(stats.components.items()):
         healthy.add_metric([component], 1.0 if ok else 0.0)
     yield healthy
-    state_dir = GaugeMetricFamily(
-        "node_health_agent_state_dir_ok",
+    yield gauge(
+        "state_dir_ok",
         "1 while the state directory takes the cursor, conditions and Event outbox; 0 means restarts "
         "replay more and undelivered Events do not survive them (see /healthz details).",
+        1.0 if stats.state_dir_ok else 0.0,
     )
-    state_dir.add_metric([], 1.0 if stats.state_dir_ok else 0.0)
-    yield state_dir
     if stats.detection is not None:
         yield histogram_metric(
             "node_health_agent_detection_seconds",
