@@ -240,12 +240,13 @@ def _rows(text: str) -> list[_Row] | None:
     (the rows and the dictionary lines make up the line count), else None."""
     if text.startswith((" ", "\n")) or "\n\n" in text:
         return None
-    rows: list[_Row] = (_RECORD if "\n " in text else _HEADER).findall(text)
-    if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - text.count("\n "):
+    dictionaries = text.count("\n ")  # each a record's dictionary line
+    rows: list[_Row] = (_RECORD if dictionaries else _HEADER).findall(text)
+    if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - dictionaries:
         return None
     if not all(map(_PRIORITIES.__contains__, [row[0] for row in rows])):
         return None
-    if "\n " in text:
+    if dictionaries:
         try:
             for row in rows:
                 if row[5]:
