@@ -6,7 +6,7 @@ They are deliberately independent of the Kubernetes API objects: sinks translate
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -140,6 +140,46 @@ class RecordColumns(Sequence[LogRecord]):
 
 def _itself(record: LogRecord) -> LogRecord:
     return record
+
+
+class MicrosecondTimes(Sequence[float]):
+    """Times given as microseconds (decimal text, as the kernel prints them) after ``base`` seconds, each
+    one's ``base + micros / 1e6`` worked out only when read: matching reads the times of the lines a
+    rule looks at, not of every record (issue 16). Equal to any sequence of the same floats."""
+
+    __slots__ = ("_micros", "_base")
+
+    def __init__(self, *, micros: Sequence[str], base: float) -> None:
+        self._micros = micros
+        self._base = base
+
+    def __len__(self) -> int:
+        return len(self._micros)
+
+    @overload
+    def __getitem__(self, index: int) -> float: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> MicrosecondTimes: ...
+
+    def __getitem__(self, index: int | slice) -> float | MicrosecondTimes:
+        if isinstance(index, slice):
+            return MicrosecondTimes(micros=self._micros[index], base=self._base)
+        return self._base + int(self._micros[index]) / 1e6
+
+    def __iter__(self) -> Iterator[float]:
+        base = self._base
+        return iter([base + micros / 1e6 for micros in map(int, self._micros)])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence, compared by content
+
+    def __repr__(self) -> str:
+        return f"MicrosecondTimes({list(self)!r})"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core.types import LogRecord, RecordColumns
+from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
 
 # How much of a bad record ends up in a log line or an error message.
 _SHOW_BYTES = 120
@@ -177,8 +177,13 @@ class _RecordSlots:
 _PRIORITIES = {str(prio): (prio & 7, prio >> 3) for prio in range(1024)}
 # One well-formed record: priority, seq, usec, flags (up to a ',' of further fields), message, and its
 # dictionary lines (each "\n " and the rest of its line). One scan in C finds them all; see parse_columns.
-_RECORD = re.compile(r"^([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)((?:\n .*)*)", re.MULTILINE)
-_HEADER = re.compile(r"^([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)", re.MULTILINE)  # no dictionary
+# The priority is one the table holds (0-1023, no leading zero): a line with another is no row, so the
+# chunk's line count finds it and the chunk goes to parse_chunk.
+_PRIORITY = r"([0-9]|[1-9][0-9]{1,2}|10[01][0-9]|102[0-3])"
+_RECORD = re.compile("^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)((?:\n .*)*)", re.MULTILINE)
+_HEADER = re.compile(  # the same without dictionary lines
+    "^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)", re.MULTILINE
+)
 
 
 def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> ParsedChunk:
@@ -224,7 +229,7 @@ def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg") -> Rec
         messages = tuple(m if "\\x" not in m else _unescape(m.encode()) for m in messages)
     return RecordColumns(
         messages=messages,
-        timestamps=[boot_time + micros / 1e6 for micros in map(int, usecs)],
+        timestamps=MicrosecondTimes(micros=usecs, base=boot_time),
         seqs=list(map(int, seqs)),
         rows=rows,
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
@@ -238,13 +243,13 @@ _Row = tuple[str, ...]
 def _rows(text: str) -> list[_Row] | None:
     """The scan's rows when every line of ``text`` is a well-formed record or one of its dictionary lines
     (the rows and the dictionary lines make up the line count), else None."""
-    if text.startswith((" ", "\n")) or "\n\n" in text:
+    # Each line is a row (a record's first line), a dictionary line (after "\n ", or first: refused here),
+    # blank or malformed. Rows plus dictionary lines equal to the line count: no blank or malformed line.
+    if text.startswith(" "):
         return None
-    dictionaries = text.count("\n ")  # each a record's dictionary line
+    dictionaries = text.count("\n ")
     rows: list[_Row] = (_RECORD if dictionaries else _HEADER).findall(text)
     if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - dictionaries:
-        return None
-    if not all(map(_PRIORITIES.__contains__, [row[0] for row in rows])):
         return None
     if dictionaries:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,9 @@ class ReplayPolicy:
             seqs = columns.seqs
             if None not in seqs:
                 known = cast(Sequence[int], seqs)
-                if all(a < b for a, b in zip(known, known[1:], strict=False)):
+                if min(known) > cursor.last_seq:  # the usual case: every one new (C loops only)
+                    return [(records, False)]
+                if all(map(operator.lt, known, known[1:])):
                     cut = bisect.bisect_right(known, cursor.last_seq)  # the usual case: one cut point
                     return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
             flags = [

@@ -11,7 +11,7 @@ import pytest
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
 from agent.core.ring import LineRing
-from agent.core.types import LogRecord, RecordColumns
+from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.sources.kmsg import KmsgStats, SequenceTracker
 from agent.sources.kmsg_format import parse_chunk, parse_columns
@@ -67,6 +67,34 @@ def test_the_replay_policy_splits_columns_as_records(columns_and_list, cursor_se
     assert [(list(run), flag) for run, flag in policy.split(columns, now=now)] == expected
     assert [r for run, _ in expected for r in run] == records  # every record, in order, once
     assert all(policy.replayed(r, now=now) is flag for run, flag in expected for r in run)
+
+
+@pytest.mark.parametrize("cursor_seq", [50, 99, 100, 129, 159, 500])
+@pytest.mark.parametrize("order", ["ascending", "descending", "one-late"])
+def test_the_replay_policy_splits_by_each_records_own_seq_in_any_order(columns_and_list, order, cursor_seq) -> None:
+    """Every record at or below the cursor is replayed, every one above is not, whatever the order of the
+    seqs (the kernel's are ascending; a reread, a relay or a file need not be)."""
+    _, records = columns_and_list
+    given = {"ascending": records, "descending": records[::-1], "one-late": [*records[1:], records[0]]}[order]
+    policy = ReplayPolicy(cursor=Cursor(boot_id="b", last_seq=cursor_seq), boot_id="b", lookback=300.0)
+    runs = policy.split(RecordColumns.of(given), now=BOOT_TIME + 330.0)
+    assert [r for run, _ in runs for r in run] == given
+    assert all((r.seq is not None and r.seq <= cursor_seq) is flag for run, flag in runs for r in run)
+
+
+@pytest.mark.parametrize(
+    ("micros", "base"),
+    [(["0", "1", "999999", "1000000", "123456789012"], BOOT_TIME), (["5"], 0.0), ([], 1.5), (["7", "7"], -2.0)],
+)
+def test_microsecond_times_are_the_records_times(micros, base) -> None:
+    times = MicrosecondTimes(micros=micros, base=base)
+    expected = [base + int(m) / 1e6 for m in micros]  # parse_record's formula
+    assert len(times) == len(expected) and list(times) == expected and times == expected and expected == times
+    assert [times[i] for i in range(-len(expected), len(expected))] == expected + expected
+    assert times[1:] == expected[1:] and isinstance(times[1:], MicrosecondTimes) and times[::-1] == expected[::-1]
+    assert times != [*expected, 0.0] and times != "not times"
+    with pytest.raises(IndexError):
+        times[len(expected)]
 
 
 def test_matching_gives_the_same_findings_from_columns(columns_and_list) -> None:

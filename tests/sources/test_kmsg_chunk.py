@@ -213,10 +213,13 @@ def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
     assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
     assert columns[3:7] == expected[3:7] and columns[-1] == expected[-1]
     assert_same(raws, data)
-    for odd in (b"06,2,0,-;x", b"6,1,0;x", b"6,1,0,-;m\n =v", b""):
+    for odd in (b"06,2,0,-;x", b"1024,2,0,-;x", b"6,1,0;x", b"6,1,0,-;m\n =v", b""):
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
         assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
+    for between in (b"\n\n", b"\n K=v\n", b"\n 6,1,0,-;x\n"):  # blank lines; a dictionary line after one
+        mixed = chunk_of(raws[:3]) + between + chunk_of(raws[3:])
+        assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None  # the per-line code decides
 
 
 def test_the_fast_parser_knows_every_log_record_field() -> None:
