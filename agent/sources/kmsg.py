@@ -16,6 +16,7 @@ carried by :mod:`agent.sources.replay`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ _FILE_READ_SIZE = 64 * 1024
 # A regular file or FIFO that never produces a record boundary must not grow the buffer forever.
 _MAX_PENDING = 64 * 1024
 MAX_BATCH = 4096  # records per list yielded by KmsgReader.batches()
+_BATCH_READS = range(MAX_BATCH)  # reads of /dev/kmsg per chunk at most (an EPIPE takes one too)
 _RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
 
 
@@ -399,9 +401,10 @@ class KmsgReader:
         read, fd = self._read, source.fd
         while not stop.is_set():
             reads: list[bytes] = []
+            append = reads.append
             again = end = False
             error: OSError | None = None
-            while len(reads) < MAX_BATCH:
+            for _ in _BATCH_READS:  # the loop runs once per record: as little Python in it as can be
                 try:
                     data = read(fd, _DEVICE_READ_SIZE)
                 except BlockingIOError:  # EAGAIN: nothing more for now
@@ -416,10 +419,12 @@ class KmsgReader:
                 if not data:
                     end = True
                     break
-                reads.append(data if data.endswith(b"\n") else data + b"\n")  # joined below: keep records apart
+                append(data)
             if reads:
                 self._alive()
                 backoff.reset()
+                if not all(map(bytes.endswith, reads, itertools.repeat(b"\n"))):  # the kernel's always do
+                    reads = [data if data.endswith(b"\n") else data + b"\n" for data in reads]  # keep records apart
                 yield b"".join(reads), tracker
             if error is not None:
                 raise error  # after handing out what was read before it
