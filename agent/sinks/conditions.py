@@ -7,9 +7,13 @@
   ``lastTransitionTime``.
 - Leading-edge coalescing: the first change after a quiet period is written at once; changes
   within ``coalesce`` seconds of a write merge into one write at the end of that window.
-- A heartbeat re-sends every condition ``heartbeat`` to ``heartbeat * (1 + jitter)`` seconds after
-  the last write (one-sided jitter: never more often); the first one ``heartbeat`` to ``2 * heartbeat``
-  after the first write, so agents started together do not beat together (no pulse at the API server).
+- A heartbeat re-sends every condition at the node's own phase of a cycle of ``heartbeat * (1 + jitter)``
+  seconds: at the first anchor (the phase, then every cycle on the monotonic clock) at least ``heartbeat``
+  after the last write. So never sooner than ``heartbeat`` after a write, one cycle apart when nothing
+  changes, at most ``heartbeat`` plus a cycle after a change. The phase is a stable hash of the node name,
+  not the time of a write: the nodes of a fleet beat at spread phases, and a write every node makes at one
+  instant (agents started together, a rule misfiring everywhere, the API server back after an outage, a
+  rollout changing a condition) does not bring their next heartbeats together (no pulse at the API server).
 - Failures are handled by :class:`~agent.sinks.worker.SinkWorker`: transient ones are retried with
   backoff (never sooner than ``resync`` nor the server's ``Retry-After``); a permanent one drops
   that write until the next change or heartbeat.
@@ -24,6 +28,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +75,13 @@ def patch_body(snapshot: Snapshot, *, now: float, delete_types: Sequence[str] = 
     return {"status": {"conditions": conditions}}
 
 
+def phase(node_name: str, cycle: float) -> float:
+    """The node's heartbeat phase in ``[0, cycle)``: a stable hash of its name (the same in every run and
+    process, unlike ``hash()``), so the nodes of a fleet get phases spread evenly over the cycle."""
+    digest = hashlib.blake2b(node_name.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) / 2**53 * cycle  # 53 bits: exact as a float, below 1
+
+
 def _key(snapshot: Snapshot) -> tuple:
     return tuple((c.type, c.status, c.reason, c.message, int(c.last_transition)) for c in snapshot.conditions)
 
@@ -105,6 +118,11 @@ class ConditionSink(SinkWorker):
         stall: float = STALL,
         detection: Histogram | None = None,
     ) -> None:
+        if not (0 < heartbeat < math.inf and 0 < jitter < 1):  # also refuses NaN
+            raise ValueError(
+                f"need heartbeat > 0 and 0 < jitter < 1 (the cycle must be longer than the heartbeat), "
+                f"got heartbeat={heartbeat!r}, jitter={jitter!r}"
+            )
         super().__init__(
             feed=feed,
             clock=clock,
@@ -118,9 +136,9 @@ class ConditionSink(SinkWorker):
         self._client = client
         self._node = node_name
         self._heartbeat = heartbeat
-        self._jitter = jitter
+        self._cycle = heartbeat * (1 + jitter)
+        self._phase = phase(node_name, self._cycle)
         self._coalesce = coalesce
-        self._rng = rng
         self._pending_deletes = tuple(delete_types)
         self._aggregate = aggregate  # AcceleratedHardwareReady is ours (the aggregate) and may be written
         self._latest: Snapshot | None = None  # newest seeded snapshot
@@ -187,8 +205,11 @@ class ConditionSink(SinkWorker):
         self._reported = problems
 
     def _schedule_heartbeat(self, now: float) -> None:
-        # The first heartbeat comes one to two periods after the first write, anywhere in between: agents
-        # that start together (a rollout, a node pool created at once) then beat at spread-out phases. With
-        # only the one-sided jitter they would beat together, hours on: a pulse of writes at the API server.
-        spread = 1.0 if self._next_heartbeat == float("-inf") else self._jitter
-        self._next_heartbeat = now + self._heartbeat * (1 + spread * self._rng())
+        # The first anchor at least a heartbeat after this write. Anchored to the node's phase, not to the
+        # write: a write every node makes at one instant (agents started together, a misfire everywhere, the
+        # API server back) would otherwise bring their next heartbeats together, a pulse at the API server
+        # that jitter relative to the write undoes only slowly (a random walk). The cycle is longer than the
+        # heartbeat (by jitter * heartbeat, 30 s by default), so a heartbeat or a change written a little
+        # after an anchor still beats at the next one; with no margin it would skip a whole cycle.
+        cycles = math.ceil((now + self._heartbeat - self._phase) / self._cycle)
+        self._next_heartbeat = self._phase + cycles * self._cycle

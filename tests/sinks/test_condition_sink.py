@@ -10,6 +10,7 @@ import collections
 import contextlib
 import dataclasses
 import heapq
+import math
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -171,16 +172,22 @@ def test_nothing_is_written_before_a_seeded_snapshot(setup):
     assert len(s.patch_times()) == 1 and s.on_node()["NeuronHealth"]["status"] == "True"
 
 
-def test_heartbeat_resends_every_heartbeat_to_heartbeat_times_one_plus_jitter(setup):
-    s = setup(heartbeat=300.0, jitter=0.1)
+@pytest.mark.parametrize(
+    ("heartbeat", "jitter", "cycle"),
+    [(300.0, 0.1, 330.0), (60.0, 0.5, 90.0)],
+    ids=["default", "short"],
+)
+def test_heartbeats_come_at_the_nodes_phase_one_cycle_apart(setup, heartbeat, jitter, cycle):
+    """The cycle is heartbeat * (1 + jitter); the first heartbeat comes at the first anchor at least a
+    heartbeat after the first write (so within heartbeat + cycle), then one every cycle."""
+    s = setup(heartbeat=heartbeat, jitter=jitter)
     with running(s.sink, s.sim):
         publish(s.feed, snapshot(PROBLEM))
-        s.sim.advance(3000)
+        s.sim.advance(10 * cycle)
     times = s.patch_times()
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    # the first heartbeat one to two periods after the first write (phases spread), then the jitter only
-    assert 300.0 <= gaps[0] <= 600.0, gaps
-    assert 8 <= len(gaps) <= 10 and all(300.0 <= gap <= 330.0 for gap in gaps[1:]), gaps
+    assert heartbeat <= gaps[0] <= heartbeat + cycle, gaps
+    assert len(gaps) >= 8 and gaps[1:] == pytest.approx([cycle] * (len(gaps) - 1), abs=1e-6), gaps
     heartbeats = [sent["NeuronHealth"]["lastHeartbeatTime"] for sent in s.sent()]
     assert len(set(heartbeats)) == len(heartbeats)
 
@@ -226,8 +233,117 @@ def test_sinks_started_together_do_not_heartbeat_together():
     steady = [t for t in client.times if t >= 600.0]  # past the start and the first heartbeats' spread
     windows = collections.Counter(int(t // 10) for t in steady)
     mean = len(steady) / ((3 * 3600.0 - 600.0) / 10)
-    assert len(client.times) == pytest.approx(1000 * (1 + 3 * 3600 / 315), rel=0.1)
+    assert len(client.times) == pytest.approx(1000 * (1 + 3 * 3600 / 330), rel=0.1)  # a cycle apart
     assert max(windows.values()) <= 2 * mean, (max(windows.values()), mean)
+
+
+_CLOCK = [0.0]  # the simulated monotonic seconds the sinks of ``_sinks`` read
+
+
+def _sinks(names: list[str], client: _PatchTimes, feed: SnapshotFeed) -> list[ConditionSink]:
+    """A sink for each node name on the simulated clock, each holding the feed's newest snapshot."""
+    rng = random.Random(11)  # one for all: sinks with equal draws would back off in step
+    sinks = [
+        ConditionSink(
+            client=client,  # type: ignore[arg-type]
+            feed=feed,
+            node_name=name,
+            heartbeat=300.0,
+            clock=lambda: 1_767_225_600.0 + _CLOCK[0],
+            monotonic=lambda: _CLOCK[0],
+            rng=rng.random,
+        )
+        for name in names
+    ]
+    for sink in sinks:
+        sink.take(feed.latest())
+    return sinks
+
+
+def _run(sinks: list[ConditionSink], starts: list[float], until: float) -> None:
+    """Each sink's ``work`` whenever it asks, from its start time up to ``until`` (the clock then reads it)."""
+    due = list(zip(starts, range(len(sinks)), strict=True))
+    heapq.heapify(due)
+    while due and due[0][0] < until:
+        at, i = heapq.heappop(due)
+        _CLOCK[0] = at
+        heapq.heappush(due, (max(at + sinks[i].work(at), math.nextafter(at, math.inf)), i))
+    _CLOCK[0] = until
+
+
+def test_a_fleet_wide_write_does_not_realign_heartbeats():
+    """1,000 agents started at spread times run for an hour; then every node writes at one instant (a
+    rule misfiring everywhere, the API server back after an outage, a rollout changing a condition).
+    Over the next two hours, past the change's own 10 s window, no window gets more than twice the
+    mean of the fleet's heartbeat writes: the heartbeats do not come back as a pulse 300-330 s later."""
+    _CLOCK[0] = 0.0
+    client = _PatchTimes(lambda: _CLOCK[0])
+    feed = SnapshotFeed(initial=snapshot(HEALTHY))
+    sinks = _sinks([f"n{i}" for i in range(1000)], client, feed)
+    spread = random.Random(5)
+    change, end = 3600.0, 3600.0 + 7200.0
+    _run(sinks, [spread.uniform(0.0, 600.0) for _ in sinks], until=change)
+    publish(feed, snapshot(PROBLEM))
+    for sink in sinks:
+        sink.take(feed.latest())
+    _run(sinks, [change] * len(sinks), until=end)
+    after = [t for t in client.times if t >= change]
+    assert after[: len(sinks)] == [change] * len(sinks), "every node writes the change at once"
+    heartbeats = [t for t in after if t >= change + 10.0]  # past the change's own window
+    windows = collections.Counter(int(t // 10) for t in heartbeats)
+    mean = len(heartbeats) / ((end - change - 10.0) / 10)
+    assert max(windows.values()) <= 2 * mean, (max(windows.values()), mean)
+
+
+@pytest.mark.parametrize(
+    ("starts", "change"),
+    [
+        ((0.0, 1234.5), None),  # the agent restarted 20 min later
+        ((100.0, 7.25), 2000.0),  # both see a change at one instant (written at once), then beat as before
+    ],
+    ids=["restart", "after-a-change"],
+)
+def test_the_heartbeat_phase_is_a_function_of_the_node_name_only(starts, change):
+    """Sinks for one node, started at different times, beat at the same anchors (modulo the cycle);
+    another node beats at another phase."""
+    runs: dict[tuple[str, float], list[float]] = {}
+    for name in (NODE, "other-node"):
+        for start in starts:
+            _CLOCK[0] = start
+            client = _PatchTimes(lambda: _CLOCK[0])
+            feed = SnapshotFeed(initial=snapshot(HEALTHY))
+            sinks = _sinks([name], client, feed)
+            if change is None:
+                _run(sinks, [start], until=start + 7200.0)
+            else:
+                _run(sinks, [start], until=change)
+                publish(feed, snapshot(PROBLEM))
+                sinks[0].take(feed.latest())
+                _run(sinks, [change], until=change + 7200.0)
+            writes = {start} if change is None else {start, change}
+            runs[name, start] = [t % 330.0 for t in client.times if t not in writes]
+    for (name, _), phases in runs.items():
+        assert len(phases) >= 20 and max(phases) - min(phases) < 1e-6, (name, phases)
+    ours, theirs = ({runs[name, start][0] for start in starts} for name in (NODE, "other-node"))
+    assert max(ours) - min(ours) < 1e-6 and max(theirs) - min(theirs) < 1e-6, (ours, theirs)
+    assert abs(min(ours) - min(theirs)) > 1.0, "another node, another phase"
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "jitter"),
+    [(300.0, 0.0), (300.0, -0.1), (300.0, 1.0), (300.0, float("nan")), (300.0, float("inf")), (0.0, 0.1)],
+    ids=["no-jitter", "negative", "one", "nan", "inf", "no-heartbeat"],
+)
+def test_a_cycle_no_longer_than_the_heartbeat_is_refused(heartbeat, jitter):
+    """With jitter 0 the cycle equals the heartbeat: a write a moment after an anchor would skip a cycle."""
+    with pytest.raises(ValueError, match="0 < jitter < 1"):
+        ConditionSink(
+            client=_PatchTimes(lambda: 0.0),  # type: ignore[arg-type]
+            feed=SnapshotFeed(initial=snapshot(HEALTHY)),
+            node_name=NODE,
+            heartbeat=heartbeat,
+            jitter=jitter,
+        )
 
 
 def test_removed_condition_types_are_deleted_once(setup, api):
