@@ -3,9 +3,9 @@ tests/kubeapi server (``bench/run.py fleet``).
 
 Each simulated agent is the Kubernetes-mode wiring of ``agent/app/assembly.py`` with time injected:
 the ``node_seeder`` (reads the Node, seeds the state), the ``main_loop`` with the built-in rule packs,
-the ``condition_sink`` (aggregate condition, 300 s heartbeat with its jitter), the ``event_sink``
-(in-memory outbox) and the ``recovery`` loop (enabled, the built-in policy and budget, the budget
-Lease with its conflict retries; mark-unhealthy recorded instead of calling AWS). Every component
+the ``condition_sink`` (aggregate condition, 300 s heartbeat at the node's phase of a 330 s cycle),
+the ``event_sink`` (in-memory outbox) and the ``recovery`` loop (enabled, the built-in policy and budget,
+the budget Lease with its conflict retries; mark-unhealthy recorded instead of calling AWS). Every component
 runs in its own thread, as under the supervisor; each agent has its own ``KubeClient`` (its own
 connection). Agents are spread over ``processes`` worker processes; the API server runs in the
 parent and logs every request with its arrival time (``tests/kubeapi/requestlog.py``).
@@ -590,7 +590,7 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             f"{len(writes)} writes, {len(reads)} reads; 10 s windows: mean {mean:.1f}, max {max(bins)} "
             f"({bins.index(max(bins)) * 10} s in); simulated s between a node's writes: "
             + (
-                f"median {gaps[len(gaps) // 2]:.0f}, max {gaps[-1]:.0f} (heartbeats 300-330 s apart, the first 300-600)"
+                f"median {gaps[len(gaps) // 2]:.0f}, max {gaps[-1]:.0f} (heartbeats 330 s apart, the first 300-630)"
                 if gaps
                 else "none"
             )
