@@ -19,7 +19,6 @@ the 3-4 ms that the kernel log reader and the main loop waited out (issue 16: km
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 
@@ -27,6 +26,8 @@ from prometheus_client.openmetrics.exposition import escape_label_name, escape_m
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+from agent.core.memo import written_alike
 
 # OpenMetrics samples that the text format puts in a gauge of their own after the family
 _OPENMETRICS_SUFFIXES = ("_created", "_gsum", "_gcount")
@@ -106,7 +107,7 @@ class TextRenderer:
             return tuple(map(self._sample, samples))
         before, lines = last.samples, last.lines
         return tuple(
-            lines[i] if i < len(before) and _alike(sample, before[i]) else self._sample(sample)
+            lines[i] if i < len(before) and written_alike(sample, before[i]) else self._sample(sample)
             for i, sample in enumerate(samples)
         )
 
@@ -154,15 +155,6 @@ def _remember(names: dict[str, str], name: str, shown: str) -> str:
         names.clear()
     names[name] = shown
     return shown
-
-
-def _alike(sample: Sample, before: Sample) -> bool:
-    """Whether ``sample`` is written as ``before`` was (equal, and a zero of the same sign)."""
-    if sample is before:
-        return True
-    return sample == before and (
-        sample.value != 0 or math.copysign(1.0, sample.value) == math.copysign(1.0, before.value)
-    )
 
 
 def _label_value(value: str) -> str:

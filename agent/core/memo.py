@@ -8,8 +8,9 @@ the interpreter lock 3-4 ms, which the kernel log reader and the main loop waite
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -34,3 +35,41 @@ class Memo(Generic[K, V]):
         value = self._build(key)
         self._last = (key, value)
         return value
+
+
+def written_alike(sample: Any, before: Any) -> bool:
+    """Whether two prometheus ``Sample``s are written alike: equal, and a zero of the same sign (NaN never
+    equals itself, so a NaN is written again)."""
+    if sample is before:
+        return True
+    return sample == before and (
+        sample.value != 0 or math.copysign(1.0, sample.value) == math.copysign(1.0, before.value)
+    )
+
+
+class SteadyFamilies:
+    """Hands each metric family (a prometheus ``Metric``) back as the very object of the last call while it
+    is written alike (same name, type, help and samples), so the renderer reuses its text: a figure that
+    moves rebuilds all families built from one key, and most of them stand (after a kernel line, the
+    records counters move and some thirty other figures of the agent do not). Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, Any] = {}
+
+    def __call__(self, families: Iterable[Any]) -> tuple[Any, ...]:
+        kept: dict[str, Any] = {}
+        out = []
+        for family in families:
+            before = self._kept.get(family.name)
+            if (
+                before is not None
+                and before.type == family.type
+                and before.documentation == family.documentation
+                and len(before.samples) == len(family.samples)
+                and all(map(written_alike, family.samples, before.samples))
+            ):
+                family = before
+            kept[family.name] = family
+            out.append(family)
+        self._kept = kept
+        return tuple(out)

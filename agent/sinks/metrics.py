@@ -29,7 +29,7 @@ from prometheus_client.samples import Sample
 
 from agent.core.bounds import MAX_REASONS, OVERFLOW_REASON, bounded_reason, counted_reason
 from agent.core.latency import HistogramSnapshot, histogram_metric
-from agent.core.memo import Memo
+from agent.core.memo import Memo, SteadyFamilies
 from agent.core.types import Condition, Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
@@ -73,7 +73,8 @@ class AgentCollector:
         self._counts = _CountFamilies()
         self._conditions: Memo[_Conditions, tuple[Metric, ...]] = Memo(_condition_families)
         self._overflowed: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(_overflow_families)
-        self._own: Memo[AgentStats, tuple[Metric, ...]] = Memo(lambda stats: tuple(_own_families(stats)))
+        steady = SteadyFamilies()  # after a kernel line a few of these figures move, not the ~30 families
+        self._own: Memo[AgentStats, tuple[Metric, ...]] = Memo(lambda stats: steady(_own_families(stats)))
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()

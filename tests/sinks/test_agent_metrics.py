@@ -166,3 +166,15 @@ def test_a_reason_whose_count_stands_keeps_its_samples() -> None:
     }
     assert after["A"] is before["A"] and after["C"] is before["C"]
     assert after["B"] is not before["B"] and after["B"].value == 1
+
+
+def test_a_moving_stat_rebuilds_its_own_family_only() -> None:
+    """After a kernel line the records counters move and the agent's other figures stand: only the moving
+    families are new objects (the renderer writes their lines only)."""
+    current = {"stats": BASE}
+    collector = AgentCollector(snapshot=lambda: snapshot({"A": 0}), stats=lambda: current["stats"])
+    before = {family.name: family for family in collector.collect()}
+    current["stats"] = dataclasses.replace(BASE, records_read=BASE.records_read + 1, lines_matched=7)
+    after = {family.name: family for family in collector.collect()}
+    moved = {name for name, family in after.items() if family is not before[name]}
+    assert moved == {"node_health_agent_kmsg_records_read", "node_health_agent_lines_matched"}
