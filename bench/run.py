@@ -11,12 +11,13 @@ figure name -> number. Exit status 1 when a figure misses its target.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -746,19 +747,29 @@ class Injection:
 OOM_METRIC = 'problem_counter{reason="OOMKilling"}'  # the finding, under the series name both expose
 
 
-def _kmsg_to_metrics_ms(start: Callable[[Path], Any], injections: int, spacing: float) -> tuple[list[Injection], int]:
-    """Each write to the real /dev/kmsg timed to the finding on /metrics (``problem_counter`` of reason
-    OOMKilling rising, scraped back to back, as NPD's earlier figures were taken) and to a bare reader's
-    read of it, and the writes never seen within 2 s (the kernel rate-limits writers: printk_devkmsg=ratelimit
-    lets 10 through per 5 s, hence ``spacing``). ``start(tmp)`` starts the detector: (process, /metrics URL)."""
+def _kmsg_to_metrics_ms(
+    starts: Mapping[str, Callable[[Path], Any]], injections: int, spacing: float
+) -> dict[str, tuple[list[Injection], int]]:
+    """Writes to the real /dev/kmsg, each timed to the finding on one detector's /metrics (``problem_counter``
+    of reason OOMKilling rising, scraped back to back, as NPD's earlier figures were taken) and to a bare
+    reader's read of it; and the writes never seen within 2 s (the kernel rate-limits writers:
+    printk_devkmsg=ratelimit lets 10 through per 5 s, hence ``spacing``). Every detector (``starts``: name ->
+    ``start(tmp)`` giving (process, /metrics URL)) runs for the whole run and reads every write; the writes
+    take turns at which one is timed, so each gets ``injections`` writes spread over the same minutes: the
+    kernel's and the machine's slow moments fall on both alike (timed one after the other, a noisy minute
+    went to one side only). Per detector: (injections seen, writes not seen)."""
     import os
     import subprocess
     import tempfile
 
-    started: dict[int, tuple[float, float]] = {}  # number in the line -> (write started, seen on /metrics)
-    lost = 0
-    with tempfile.TemporaryDirectory() as tmpdir:
-        proc, url = start(Path(tmpdir))
+    names = list(starts)
+    started: dict[int, tuple[str, float, float]] = {}  # number in the line -> (detector, write started, seen)
+    lost = dict.fromkeys(names, 0)
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        for name, start in starts.items():
+            proc, urls[name] = start(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            stack.callback(_stop, proc)
         bare = subprocess.Popen(
             [sys.executable, "-c", _BARE_READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -767,9 +778,9 @@ def _kmsg_to_metrics_ms(start: Callable[[Path], Any], injections: int, spacing: 
             if bare.stdout.readline().strip() != "ready":
                 raise SystemExit("the bare /dev/kmsg reader did not start")
             time.sleep(2.0)  # the ring buffer's replay is done
-            for i in range(injections):
-                number = 40000 + i
-                seen = _scrape(url, OOM_METRIC)
+            for i in range(injections * len(names)):
+                name, number = names[i % len(names)], 40000 + i
+                seen = _scrape(urls[name], OOM_METRIC)
                 fd = os.open("/dev/kmsg", os.O_WRONLY)
                 try:
                     begun = time.perf_counter()
@@ -778,25 +789,35 @@ def _kmsg_to_metrics_ms(start: Callable[[Path], Any], injections: int, spacing: 
                     os.close(fd)
                 deadline = begun + 2.0
                 while time.perf_counter() < deadline:
-                    if _scrape(url, OOM_METRIC) > seen:
-                        started[number] = (begun, time.perf_counter())
+                    if _scrape(urls[name], OOM_METRIC) > seen:
+                        started[number] = (name, begun, time.perf_counter())
                         break
                 else:
-                    lost += 1
+                    lost[name] += 1
                 time.sleep(max(0.0, spacing - (time.perf_counter() - begun)))
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
             bare.stdin.close()
             read_at = dict(line.split() for line in bare.stdout.read().splitlines())
             bare.wait(timeout=15)
-    return [
-        Injection(
-            total_ms=(end - begun) * 1000,
-            kernel_ms=(float(read_at[str(n)]) - begun) * 1000 if str(n) in read_at else None,
+    return {
+        name: (
+            [
+                Injection(
+                    total_ms=(end - begun) * 1000,
+                    kernel_ms=(float(read_at[str(n)]) - begun) * 1000 if str(n) in read_at else None,
+                )
+                for n, (of, begun, end) in started.items()
+                if of == name
+            ],
+            lost[name],
         )
-        for n, (begun, end) in started.items()
-    ], lost
+        for name in names
+    }
+
+
+def _stop(proc: Any) -> None:
+    proc.terminate()
+    proc.wait(timeout=15)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -876,7 +897,12 @@ def _cpu_per_1m_kmsg(
             found = _scrape(url, counter)
             before, begun = _cpu_seconds(proc.pid), time.monotonic()
             _feed_kmsg(writes, marker)
-            _wait(lambda: _scrape(url, counter) >= found + expected, 300, interval=0.2)
+            _wait(
+                lambda: _scrape(url, counter) >= found + expected,
+                300,
+                interval=0.2,
+                what=lambda: f"{counter} rose by {_scrape(url, counter) - found:.0f} of {expected}",
+            )
             return (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes), time.monotonic() - begun
         finally:
             proc.terminate()
@@ -966,10 +992,11 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
             print(f"  NPD: {len(writes):,} records through /dev/kmsg in {took:.0f} s", flush=True)
             figures.append(Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=npd_cpu, target="", unit="CPU-s"))
             figures.append(Figure(name="npd.cpu_ratio", value=cpu / npd_cpu, target="<= 0.5", unit="x NPD"))
-        runs, lost = _kmsg_to_metrics_ms(ours, injections, spacing)
+        timed = _kmsg_to_metrics_ms({"ours": ours} | ({"npd": npd} if npd is not None else {}), injections, spacing)
+        runs, lost = timed["ours"]
         figures += _latency_figures("npd", runs, injections, lost)
         if npd is not None:
-            npd_runs, npd_lost = _kmsg_to_metrics_ms(npd, injections, spacing)
+            npd_runs, npd_lost = timed["npd"]
             figures += _latency_figures("npd.npd", npd_runs, injections, npd_lost)
             if runs and npd_runs:
                 ratio = _percentile([r.total_ms for r in runs], 0.99) / _percentile(
@@ -985,11 +1012,11 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
     return figures
 
 
-def _wait(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:
+def _wait(predicate, timeout: float = 30.0, interval: float = 0.01, *, what: Callable[[], str] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise SystemExit("benchmark step did not complete in time")
+            raise SystemExit(f"benchmark step did not complete in {timeout:g} s" + (f": {what()}" if what else ""))
         time.sleep(interval)
 
 
