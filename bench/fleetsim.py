@@ -561,9 +561,9 @@ FIRST_HEARTBEAT_BY = 300.0 * (1 + 1.1)  # the conditions sink's default heartbea
 
 def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.0) -> Measured:
     """Every agent healthy for ``hours`` simulated hours: writes and reads per node-hour, the most writes in
-    a 10 s window against the mean. The agents start together (a rollout of every node at once, the worst
-    phase alignment); the hour is measured from when every node beats: a heartbeat plus a cycle after every node's
-    conditions were first written."""
+    a 10 s window against the mean. The agents start together (a rollout of every node at once); the hour is
+    measured from when every node beats: a heartbeat plus a cycle after every node's conditions were first
+    written."""
     duration = 3600.0 * hours
     with Fleet(agents=agents, processes=processes, scale=scale) as fleet:
         assert fleet.sim is not None
