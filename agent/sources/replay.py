@@ -78,10 +78,13 @@ class ReplayPolicy:
     lookback: float
 
     def replayed(self, record: LogRecord, *, now: float) -> bool:
+        return self._replayed(record.seq, record.timestamp, oldest=now - self.lookback)
+
+    def _replayed(self, seq: int | None, timestamp: float, *, oldest: float) -> bool:
         cursor = self.cursor
-        if cursor is not None and cursor.boot_id == self.boot_id and record.seq is not None:
-            return record.seq <= cursor.last_seq
-        return record.timestamp < now - self.lookback
+        if cursor is not None and cursor.boot_id == self.boot_id and seq is not None:
+            return seq <= cursor.last_seq
+        return timestamp < oldest
 
     def split(self, records: Sequence[LogRecord], *, now: float) -> list[tuple[Sequence[LogRecord], bool]]:
         """Runs of consecutive records with the same :meth:`replayed`, in order: ``(records, replayed)``.
@@ -90,23 +93,21 @@ class ReplayPolicy:
         if not records:
             return []
         columns = RecordColumns.of(records)
-        cursor = self.cursor
-        if cursor is not None and cursor.boot_id == self.boot_id:
-            seqs = columns.seqs
-            if None not in seqs:
-                known = cast(Sequence[int], seqs)
-                if min(known) > cursor.last_seq:  # the usual case: every one new (C loops only)
-                    return [(records, False)]
-                if all(map(operator.lt, known, known[1:])):
-                    cut = bisect.bisect_right(known, cursor.last_seq)  # the usual case: one cut point
-                    return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
-            flags = [
-                seq <= cursor.last_seq if seq is not None else timestamp < now - self.lookback
-                for seq, timestamp in zip(seqs, columns.timestamps, strict=True)
-            ]
-        else:
-            oldest = now - self.lookback
-            flags = [timestamp < oldest for timestamp in columns.timestamps]
+        seqs, oldest, cursor = columns.seqs, now - self.lookback, self.cursor
+        if cursor is None or cursor.boot_id != self.boot_id:  # by time alone (a first start, a new boot)
+            if min(columns.timestamps) >= oldest:  # the usual case: every one new (C loops only)
+                return [(records, False)]
+        elif None not in seqs:
+            known = cast(Sequence[int], seqs)
+            if min(known) > cursor.last_seq:  # the usual case: every one new (C loops only)
+                return [(records, False)]
+            if all(map(operator.lt, known, known[1:])):
+                cut = bisect.bisect_right(known, cursor.last_seq)  # ascending: one cut point
+                return [run for run in ((records[:cut], True), (records[cut:], False)) if run[0]]
+        flags = [
+            self._replayed(seq, timestamp, oldest=oldest)
+            for seq, timestamp in zip(seqs, columns.timestamps, strict=True)
+        ]
         runs: list[tuple[Sequence[LogRecord], bool]] = []
         start = 0
         for i in range(1, len(records) + 1):
