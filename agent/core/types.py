@@ -128,14 +128,21 @@ class RecordColumns(Sequence[LogRecord]):
         return self._make(self._rows[index])
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
+        equal = _items_equal(self, other)
+        return NotImplemented if equal is None else equal
 
     __hash__ = None  # type: ignore[assignment]  # a sequence of records, compared by content
 
     def __repr__(self) -> str:
         return f"RecordColumns({list(self)!r})"
+
+
+def _items_equal(mine: Sequence[Any], other: object) -> bool | None:
+    """Whether ``other`` is a sequence (not text) of items equal to ``mine``'s, in order; None when it is no
+    sequence (``__eq__`` then answers NotImplemented): the ``==`` of the lazily built sequences here."""
+    if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+        return len(mine) == len(other) and all(a == b for a, b in zip(mine, other, strict=True))
+    return None
 
 
 def _itself(record: LogRecord) -> LogRecord:
@@ -172,9 +179,8 @@ class MicrosecondTimes(Sequence[float]):
         return iter([base + micros / 1e6 for micros in map(int, self._micros)])
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
+        equal = _items_equal(self, other)
+        return NotImplemented if equal is None else equal
 
     __hash__ = None  # type: ignore[assignment]  # a sequence, compared by content
 
