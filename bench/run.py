@@ -539,6 +539,12 @@ def bench_checks(window: float = 60.0) -> list[Figure]:
     ]
 
 
+def _stop(proc: Any) -> None:
+    """Stop a process this benchmark started (SIGTERM: it shuts down as it would on a node)."""
+    proc.terminate()
+    proc.wait(timeout=15)
+
+
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -616,8 +622,7 @@ def bench_kmsg(records: int = 1_000_000) -> list[Figure]:
                 raise SystemExit("the agent did not process the benchmark file in time")
             ingest = (records - first) / (now - start)
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            _stop(proc)
     return [
         Figure(name="kmsg.bare_read_per_s", value=bare, target="", unit="rec/s"),
         Figure(name="kmsg.reader_per_s", value=reader, target=">= 500000", unit="rec/s"),
@@ -692,8 +697,7 @@ def _cpu_per_1m_records(packs: str, records: int = 1_000_000) -> float:
             _wait(lambda: _scrape(url, "node_health_agent_records_processed_total") >= records + 1, 600, interval=0.2)
             return (_cpu_seconds(proc.pid) - before) * 1_000_000 / records
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            _stop(proc)
 
 
 def _kmsg_problem() -> str | None:
@@ -815,11 +819,6 @@ def _kmsg_to_metrics_ms(
     }
 
 
-def _stop(proc: Any) -> None:
-    proc.terminate()
-    proc.wait(timeout=15)
-
-
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
@@ -905,8 +904,7 @@ def _cpu_per_1m_kmsg(
             )
             return (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes), time.monotonic() - begun
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            _stop(proc)
 
 
 def _idle_cpu(start: Callable[[Path], Any], window: float) -> float:
@@ -921,8 +919,7 @@ def _idle_cpu(start: Callable[[Path], Any], window: float) -> float:
             time.sleep(window)
             return 100.0 * (_cpu_seconds(proc.pid) - before) / (time.monotonic() - begun)
         finally:
-            proc.terminate()
-            proc.wait(timeout=15)
+            _stop(proc)
 
 
 def _latency_figures(prefix: str, runs: list[Injection], injections: int, lost: int) -> list[Figure]:
@@ -1168,8 +1165,7 @@ def bench_recovery() -> list[Figure]:
                 _wait(lambda: health() == "UNHEALTHY", 60, interval=0.02)
                 detect_to_unhealthy = time.perf_counter() - start
             finally:
-                proc.terminate()
-                proc.wait(timeout=15)
+                _stop(proc)
                 server.stop()
     finally:
         moto.stop()
