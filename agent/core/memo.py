@@ -51,7 +51,8 @@ class SteadyFamilies:
     """Hands each metric family (a prometheus ``Metric``) back as the very object of the last call while it
     is written alike (same name, type, help and samples), so the renderer reuses its text: a figure that
     moves rebuilds all families built from one key, and most of them stand (after a kernel line, the
-    records counters move and some thirty other figures of the agent do not). Not thread-safe."""
+    records counters move and some thirty other figures of the agent do not). Safe inside a :class:`Memo`
+    called from several threads: a family is only ever replaced by one written alike."""
 
     def __init__(self) -> None:
         self._kept: dict[str, Any] = {}
