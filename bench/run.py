@@ -880,29 +880,34 @@ def _feed_kmsg(writes: list[bytes], marker: bytes) -> None:
 
 
 def _cpu_per_1m_kmsg(
-    start: Callable[[Path], Any], writes: list[bytes], *, counter: str, expected: int
-) -> tuple[float, float]:
-    """(CPU-seconds per 1M records, seconds) a detector spends on ``writes`` fed through the real /dev/kmsg
-    and an OOM line after them, until ``counter`` on its /metrics has risen by ``expected``: for NPD, its
-    OOMKilling count by the OOM lines fed and the last (everything before it was read by then); for the
-    agent, the records it processed."""
+    start: Callable[[Path], Any], writes: list[bytes], *, counter: str, expected: int, lost: str | None = None
+) -> tuple[float, float, float]:
+    """(CPU-seconds per 1M records, seconds, records lost) a detector spends on ``writes`` fed through the
+    real /dev/kmsg and an OOM line after them, until ``counter`` on its /metrics has risen by ``expected``:
+    for NPD, its OOMKilling count by the OOM lines fed and the last (everything before it was read by then);
+    for the agent, the records it processed plus those it counts in ``lost`` (overwritten in the kernel's
+    ring before it read them: a reader that falls behind, which the run reports rather than waits out)."""
     import tempfile
+
+    def done() -> float:
+        return _scrape(url, counter) + (_scrape(url, lost) if lost else 0.0)
 
     marker = f"<4>{OOM_LINE.format(n=39999)}\n".encode()
     with tempfile.TemporaryDirectory() as tmpdir:
         proc, url = start(Path(tmpdir))
         try:
             time.sleep(3.0)  # startup and the ring buffer's replay are done
-            found = _scrape(url, counter)
+            found, missed = done(), _scrape(url, lost) if lost else 0.0
             before, begun = _cpu_seconds(proc.pid), time.monotonic()
             _feed_kmsg(writes, marker)
             _wait(
-                lambda: _scrape(url, counter) >= found + expected,
+                lambda: done() >= found + expected,
                 300,
                 interval=0.2,
-                what=lambda: f"{counter} rose by {_scrape(url, counter) - found:.0f} of {expected}",
+                what=lambda: f"{counter}{' and ' + lost if lost else ''} rose by {done() - found:.0f} of {expected}",
             )
-            return (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes), time.monotonic() - begun
+            cpu = (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes)
+            return cpu, time.monotonic() - begun, (_scrape(url, lost) - missed) if lost else 0.0
         finally:
             _stop(proc)
 
@@ -980,12 +985,19 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
     else:
         writes = _kmsg_writes(1_000_000)
         processed = "node_health_agent_records_processed_total"
-        cpu, took = _cpu_per_1m_kmsg(ours, writes, counter=processed, expected=len(writes) + 1)
-        print(f"  ours: {len(writes):,} records through /dev/kmsg in {took:.0f} s", flush=True)
+        cpu, took, missed = _cpu_per_1m_kmsg(
+            ours, writes, counter=processed, expected=len(writes) + 1, lost="node_health_agent_kmsg_records_lost_total"
+        )
+        print(
+            f"  ours: {len(writes):,} records through /dev/kmsg in {took:.0f} s, {missed:.0f} lost (overwritten"
+            " in the kernel's ring before they were read)",
+            flush=True,
+        )
+        figures.append(Figure(name="npd.kmsg_records_lost", value=missed, target="", unit="records"))
         figures.append(Figure(name="npd.cpu_s_per_1m_kmsg", value=cpu, target="", unit="CPU-s"))
         if npd is not None:
             ooms = 1 + sum(1 for w in writes if NPD_OOM.search(w.decode("utf-8", "replace")))
-            npd_cpu, took = _cpu_per_1m_kmsg(npd, writes, counter=OOM_METRIC, expected=ooms)
+            npd_cpu, took, _ = _cpu_per_1m_kmsg(npd, writes, counter=OOM_METRIC, expected=ooms)
             print(f"  NPD: {len(writes):,} records through /dev/kmsg in {took:.0f} s", flush=True)
             figures.append(Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=npd_cpu, target="", unit="CPU-s"))
             figures.append(Figure(name="npd.cpu_ratio", value=cpu / npd_cpu, target="<= 0.5", unit="x NPD"))
