@@ -29,6 +29,7 @@ import contextlib
 import gzip
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD = 8192  # bytes of request line + headers
 GZIP_MIN = 1024  # smaller bodies are sent uncompressed
 STALL = 10.0  # seconds a look at the loop (see healthy()) may go unanswered before it counts as stalled
+LOOK_EVERY = 1.0  # seconds an answered look stands for: no new look is posted before (see healthy())
 LINGER = 1.0  # seconds to wait for a client to hang up after its response (see _linger)
 LINGER_BYTES = 65536  # ... and how much of what it still sends meanwhile to read and discard
 ENDPOINTS = ("/metrics", "/healthz", "/livez", "/readyz", "/conditions")
@@ -79,6 +81,7 @@ class AgentHTTPServer:
         request_timeout: float = 5.0,
         max_connections: int = 1024,
         backlog: int = 1024,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if request_timeout <= 0 or max_connections < 1 or backlog < 1:
             raise ValueError("request_timeout, max_connections and backlog must be positive")
@@ -93,7 +96,9 @@ class AgentHTTPServer:
         self._backlog = backlog
         self._sock: socket.socket | None = None
         self._bound_port = 0
+        self._monotonic = monotonic
         self._asked: float | None = None  # when a look at the loop was posted that it has not answered yet
+        self._answered_at = -math.inf  # when the loop last answered one
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -141,24 +146,30 @@ class AgentHTTPServer:
         """True while the serving thread is alive, not stopping, and its event loop answers: asked from
         another thread, a look is posted to the loop, and a look unanswered for ``STALL`` seconds is a
         stalled loop. Asked from the loop itself (``/healthz``), it plainly turns. An idle loop is not
-        woken by a heartbeat (each wakeup is idle CPU, issue 16); it is looked at when someone asks.
+        woken by a heartbeat (each wakeup is idle CPU, issue 16); it is looked at when someone asks, and
+        at most once per ``LOOK_EVERY`` seconds: the main loop asks at every publication, hundreds a
+        second under a flood of kernel lines, and each look costs a wakeup of this thread and hands the
+        interpreter lock to another thread in the middle of the main loop's step.
 
-        ``now`` (the supervisor's clock) is not used: the looks are timed on ``time.monotonic``.
+        ``now`` (the supervisor's clock) is not used: the looks are timed on ``monotonic``.
         """
         thread, stopping, loop = self._thread, self._stopping, self._loop
         if thread is None or not thread.is_alive() or stopping is None or stopping.is_set() or loop is None:
             return False
         if threading.get_ident() == thread.ident:
             return True
-        asked, now = self._asked, time.monotonic()
+        asked, now = self._asked, self._monotonic()
         if asked is not None:
             return now - asked < STALL
+        if now - self._answered_at < LOOK_EVERY:
+            return True
         self._asked = now
         with contextlib.suppress(RuntimeError):  # the loop has just closed: the next look says so
             loop.call_soon_threadsafe(self._answered)
         return True
 
     def _answered(self) -> None:
+        self._answered_at = self._monotonic()
         self._asked = None
 
     # ---- event loop thread ------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 
-from agent.app.http import AgentHTTPServer
+from agent.app.http import LOOK_EVERY, AgentHTTPServer
 
 from helpers.threads import wakeups_while_asleep
 
@@ -533,6 +533,23 @@ def test_healthy_follows_the_event_loop(fake: Fake, monkeypatch: pytest.MonkeyPa
         client.join(WAIT)
         wait_for(lambda: server.healthy(time.monotonic()), what="healthy again")
     assert not server.healthy(time.monotonic())
+
+
+def test_an_answered_look_stands_for_a_second(fake: Fake) -> None:
+    """The main loop asks at every publication (hundreds a second in a flood of kernel lines): one look a
+    LOOK_EVERY is posted to the loop, the asks between are answered by the last look."""
+    clock = [100.0]
+    with serving(fake, monotonic=lambda: clock[0]) as server:
+        assert server.healthy(0.0)  # posts a look
+        wait_for(lambda: server._asked is None, what="the loop to answer the look")
+        for step in range(100):
+            clock[0] = 100.0 + step * LOOK_EVERY / 100
+            assert server.healthy(0.0)
+            assert server._asked is None, f"a look posted {step * LOOK_EVERY / 100:.2f} s after the last answer"
+        clock[0] = 100.0 + LOOK_EVERY
+        assert server.healthy(0.0)
+        assert server._asked == clock[0]  # a new look
+        wait_for(lambda: server._asked is None, what="the loop to answer the second look")
 
 
 def test_an_idle_server_sleeps_and_answers_a_look_from_another_thread(fake: Fake) -> None:
