@@ -51,7 +51,7 @@ class DetectionPipeline:
         columns = RecordColumns.of(records)  # the kernel log reader's records are columns already
         messages = columns.messages
         if "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
-            lines = [m.strip() for m in messages]
+            lines = list(map(str.strip, messages))
             times = columns.timestamps
             seqs = columns.seqs
             numbers = cast(Sequence[int], seqs) if None not in seqs else [s if s is not None else 0 for s in seqs]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import cast
 
 from agent.core.statedir import atomic_write
-from agent.core.types import LogRecord, RecordColumns
+from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
 
 _logger = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ class ReplayPolicy:
         columns = RecordColumns.of(records)
         seqs, oldest, cursor = columns.seqs, now - self.lookback, self.cursor
         if cursor is None or cursor.boot_id != self.boot_id:  # by time alone (a first start, a new boot)
-            if min(columns.timestamps) >= oldest:  # the usual case: every one new (C loops only)
+            times = columns.timestamps
+            if (times.earliest() if isinstance(times, MicrosecondTimes) else min(times)) >= oldest:  # every one new
                 return [(records, False)]
         elif None not in seqs:
             known = cast(Sequence[int], seqs)

@@ -97,6 +97,19 @@ def test_microsecond_times_are_the_records_times(micros, base) -> None:
         times[len(expected)]
 
 
+@pytest.mark.parametrize(
+    ("micros", "base"),
+    [
+        (["3", "1", "2"], BOOT_TIME),  # out of order: the earliest is not the first
+        (["999999", "1000000", "999998"], BOOT_TIME),  # a shorter number is the smaller one
+        (["18446744073709551615", "1"], 1.7e9),  # a u64 of microseconds
+        (["5"], -2.0),
+    ],
+)
+def test_the_earliest_time_is_the_smallest_of_the_times(micros, base) -> None:
+    assert MicrosecondTimes(micros=micros, base=base).earliest() == min(base + int(m) / 1e6 for m in micros)
+
+
 def test_matching_gives_the_same_findings_from_columns(columns_and_list) -> None:
     columns, records = columns_and_list
     rules = load_rule_set([builtin_plugins_dir()])
