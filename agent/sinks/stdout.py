@@ -78,6 +78,8 @@ class StdoutSink:
         self._feed = feed
         self._stream = stream or sys.stdout
         self._poll = poll
+        # one encoder for every line: json.dumps with options builds a new one per call (~1.5 us)
+        self._encode = json.JSONEncoder(sort_keys=True, default=str).encode
         self._seen = 0
         self._index = 0
         self._acked = 0
@@ -121,7 +123,7 @@ class StdoutSink:
 
     def _line(self, event: Event) -> str | None:
         try:
-            return json.dumps(event_json(event), sort_keys=True, default=str) + "\n"
+            return self._encode(event_json(event)) + "\n"
         except Exception as exc:  # one event that cannot be printed must not stop the others
             self.bugs += 1
             self.last_bug = f"{type(exc).__name__}: {str(exc)[:300]}"
