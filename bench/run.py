@@ -751,6 +751,17 @@ class Injection:
 OOM_METRIC = 'problem_counter{reason="OOMKilling"}'  # the finding, under the series name both expose
 
 
+def _latency_both_orders(
+    starts: Mapping[str, Callable[[Path], Any]], injections: int, spacing: float
+) -> dict[str, tuple[list[Injection], int]]:
+    """:func:`_kmsg_to_metrics_ms` in two halves, the detectors started and taking turns in one order, then
+    in the other, pooled: whichever goes first was about 1 ms faster at p50 (two builds of the agent side by
+    side, 2026-11-28: 4.3 vs 5.3 ms of own share one way round, 4.8 vs 5.6 the other)."""
+    first = _kmsg_to_metrics_ms(starts, injections // 2, spacing)
+    second = _kmsg_to_metrics_ms(dict(reversed(starts.items())), injections - injections // 2, spacing)
+    return {name: (first[name][0] + second[name][0], first[name][1] + second[name][1]) for name in starts}
+
+
 def _kmsg_to_metrics_ms(
     starts: Mapping[str, Callable[[Path], Any]], injections: int, spacing: float
 ) -> dict[str, tuple[list[Injection], int]]:
@@ -1041,7 +1052,7 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
                 )
             figures.append(Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=npd_cpu, target="", unit="CPU-s"))
             figures.append(Figure(name="npd.cpu_ratio", value=cpu / npd_cpu, target="<= 0.5", unit="x NPD"))
-        timed = _kmsg_to_metrics_ms({"ours": ours} | ({"npd": npd} if npd is not None else {}), injections, spacing)
+        timed = _latency_both_orders({"ours": ours} | ({"npd": npd} if npd is not None else {}), injections, spacing)
         runs, lost = timed["ours"]
         figures += _latency_figures("npd", runs, injections, lost)
         if npd is not None:
