@@ -44,6 +44,8 @@ CLUSTER = "fleet"
 T0 = 1_767_225_600.0
 DMA_LINE = "NEURON_HW_ERR=DMA_ERROR nd-id=0 nc-id=1"  # NeuronHealth=True: the built-in policy acts
 READONLY_LINE = "EXT4-fs (nvme0n1p1): Remounting filesystem read-only"  # ReadonlyFilesystem: reported only
+HEARTBEAT = 300.0  # the conditions sink's heartbeat (its default), simulated seconds
+JITTER = 0.1  # ... and its jitter (its default): heartbeats one cycle of 330 s apart
 MAIN_TICK = 2.0  # real seconds between the main loop's idle turns (expiry only; input wakes it at once)
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -227,7 +229,8 @@ class SimAgent:
             client=client,
             node_name=node,
             feed=self.feed,
-            heartbeat=300.0,
+            heartbeat=HEARTBEAT,
+            jitter=JITTER,
             aggregate=True,
             clock=sim.now,
             monotonic=sim.mono,
@@ -556,7 +559,8 @@ class Measured:
 # ---- scenario 1: steady state ---------------------------------------------------------------------------
 
 
-FIRST_HEARTBEAT_BY = 300.0 * (1 + 1.1)  # the conditions sink's default heartbeat plus its cycle (330 s)
+# A node's first heartbeat comes one heartbeat to one heartbeat plus a cycle (330 s) after its first write.
+FIRST_HEARTBEAT_BY = HEARTBEAT + HEARTBEAT * (1 + JITTER)
 
 
 def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.0) -> Measured:

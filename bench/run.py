@@ -908,22 +908,25 @@ def _cpu_per_1m_kmsg(
     counted) rather than waiting for them."""
     import tempfile
 
-    def done() -> float:
-        return _scrape(url, counter) + (_scrape(url, lost) if lost else 0.0)
+    def missed() -> float:
+        return _scrape(url, lost) if lost else 0.0
 
     marker = f"<4>{OOM_LINE.format(n=39999)}\n".encode()
     with tempfile.TemporaryDirectory() as tmpdir:
         proc, url = start(Path(tmpdir))
         try:
             time.sleep(3.0)  # startup and the ring buffer's replay are done
-            found, lost_before = done(), _scrape(url, lost) if lost else 0.0
+            found, lost_before = _scrape(url, counter), missed()
             before, begun = _cpu_seconds(proc.pid), time.monotonic()
             _feed_kmsg(writes, marker)
-            risen = _settled(lambda: done() - found, expected, timeout=300.0, quiet=KMSG_QUIET_S)
+            risen = _settled(
+                lambda: _scrape(url, counter) + missed() - found - lost_before,
+                expected,
+                timeout=300.0,
+                quiet=KMSG_QUIET_S,
+            )
             cpu = (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes)
-            took = time.monotonic() - begun
-            lost_here = (_scrape(url, lost) - lost_before) if lost else 0.0
-            return cpu, took, lost_here + max(0.0, expected - risen)
+            return cpu, time.monotonic() - begun, missed() - lost_before + max(0.0, expected - risen)
         finally:
             _stop(proc)
 
@@ -1072,11 +1075,11 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
     return figures
 
 
-def _wait(predicate, timeout: float = 30.0, interval: float = 0.01, *, what: Callable[[], str] | None = None) -> None:
+def _wait(predicate, timeout: float = 30.0, interval: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark step did not complete in {timeout:g} s" + (f": {what()}" if what else ""))
+            raise SystemExit(f"benchmark step did not complete in {timeout:g} s")
         time.sleep(interval)
 
 
