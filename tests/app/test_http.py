@@ -547,9 +547,9 @@ def test_an_answered_look_stands_for_a_second(fake: Fake) -> None:
             assert server.healthy(0.0)
             assert server._asked is None, f"a look posted {step * LOOK_EVERY / 100:.2f} s after the last answer"
         clock[0] = 100.0 + LOOK_EVERY
-        assert server.healthy(0.0)
-        assert server._asked == clock[0]  # a new look
+        assert server.healthy(0.0)  # a new look: the loop may answer it before the next line runs
         wait_for(lambda: server._asked is None, what="the loop to answer the second look")
+        assert server._answered_at == clock[0]  # answered now, not the first look's answer (at 100.0)
 
 
 def test_an_idle_server_sleeps_and_answers_a_look_from_another_thread(fake: Fake) -> None:
