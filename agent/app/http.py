@@ -4,7 +4,8 @@
 503 with the failing components when the kmsg reader or the main loop has stalled.
 
 The server must not be starved or exhausted by whoever can reach its port, since the same process
-may cordon nodes. So it is one thread running an asyncio event loop, not a thread per connection:
+may cordon nodes. So it is one thread running a selector loop over non-blocking sockets, not a
+thread per connection:
 
 * every connection must deliver its whole request head (at most ``MAX_HEAD`` bytes) within
   ``request_timeout`` seconds and take its whole response within another ``request_timeout``;
@@ -17,19 +18,26 @@ may cordon nodes. So it is one thread running an asyncio event loop, not a threa
   one log line. Nothing a client does produces a traceback.
 
 Response bodies are computed in the loop thread: the callbacks and the registry's text exposition
-(``agent.app.exposition``: about a millisecond for the agent's ~470 samples) are pure-Python work,
-which a thread pool would not parallelise (the GIL). A callback that blocks stalls the loop;
-``healthy()`` then turns false.
+(``agent.app.exposition``) are pure-Python work, which a thread pool would not parallelise (the GIL).
+A callback that blocks stalls the loop; ``healthy()`` then turns false.
+
+Why a selector loop and not asyncio: a scrape's work is a few system calls and a render, and asyncio's
+streams, tasks and transports around them were most of the CPU a scrape took (about 0.6 of 0.9 ms),
+all of it holding the interpreter lock the kernel log reader and the main loop wait for: the finding of
+a kernel line reached ``/metrics`` later than node-problem-detector's (issue 16).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import enum
 import gzip
+import heapq
+import itertools
 import json
 import logging
 import math
+import selectors
 import socket
 import threading
 import time
@@ -49,18 +57,47 @@ MAX_HEAD = 8192  # bytes of request line + headers
 GZIP_MIN = 1024  # smaller bodies are sent uncompressed
 STALL = 10.0  # seconds a look at the loop (see healthy()) may go unanswered before it counts as stalled
 LOOK_EVERY = 1.0  # seconds an answered look stands for: no new look is posted before (see healthy())
-LINGER = 1.0  # seconds to wait for a client to hang up after its response (see _linger)
+LINGER = 1.0  # seconds to wait for a client to hang up after its response (see _Conn)
 LINGER_BYTES = 65536  # ... and how much of what it still sends meanwhile to read and discard
+ACCEPT_BATCH = 128  # connections accepted per wakeup at most (then the open ones get their turn)
+ACCEPT_RETRY = 1.0  # seconds to stop accepting after accept() failed for want of resources (EMFILE, ...)
 ENDPOINTS = ("/metrics", "/healthz", "/livez", "/readyz", "/conditions")
 HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+_LISTENER = "listener"  # selector keys' data besides connections
+_WAKE = "wake"
 
 
 class _BadRequest(Exception):
     def __init__(self, status: HTTPStatus, detail: str) -> None:
         super().__init__(detail)
         self.status = status
+
+
+class _Phase(enum.Enum):
+    HEAD = "reading the request head"
+    ANSWER = "taking the response"
+    LINGER = "lingering"  # half-closed after the response: what the client still sends is read and discarded
+
+
+class _Conn:
+    """One open connection and where it stands. Lingering matters: closing a socket with unread input
+    makes the kernel send a reset, which can destroy the response before the client reads it (an early
+    405, 431 or 503, or a request sent twice)."""
+
+    __slots__ = ("sock", "peer", "shed", "phase", "head", "out", "deadline", "discarded", "closed")
+
+    def __init__(self, sock: socket.socket, peer: str, *, shed: bool) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.shed = shed  # told 503 without its request being read
+        self.phase = _Phase.HEAD
+        self.head = b""  # the request head received so far
+        self.out = memoryview(b"")  # the response not yet handed to the kernel
+        self.deadline = math.inf
+        self.discarded = 0
+        self.closed = False
 
 
 class AgentHTTPServer:
@@ -83,6 +120,8 @@ class AgentHTTPServer:
         backlog: int = 1024,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``monotonic`` times the looks at the loop (see :meth:`healthy`); connections' deadlines are
+        always on ``time.monotonic``."""
         if request_timeout <= 0 or max_connections < 1 or backlog < 1:
             raise ValueError("request_timeout, max_connections and backlog must be positive")
         self._host = host
@@ -100,14 +139,17 @@ class AgentHTTPServer:
         self._asked: float | None = None  # when a look at the loop was posted that it has not answered yet
         self._answered_at = -math.inf  # when the loop last answered one
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
+        self._stopping = threading.Event()
+        self._waker: socket.socket | None = None  # written to wake the loop (stop, a look)
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         # Open connections, oldest first, each mapped to whether it may be evicted to make room for a new
         # one: True while it sends its request head or lingers after its response, False while answered.
-        self._conns: dict[asyncio.StreamWriter, bool] = {}
-        self._shedding: set[asyncio.StreamWriter] = set()  # connections being told 503
+        self._conns: dict[_Conn, bool] = {}
+        self._shedding: set[_Conn] = set()  # connections being told 503
+        self._deadlines: list[tuple[float, int, _Conn]] = []  # a heap; entries of closed or moved deadlines are skipped
+        self._order = itertools.count()
+        self._accept_again_at: float | None = None  # accepting paused (accept() failed for want of resources)
 
     # ---- lifecycle (any thread) -------------------------------------------------------------
 
@@ -131,11 +173,10 @@ class AgentHTTPServer:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Close the listener and every open connection; waits at most about ``timeout`` seconds."""
-        loop, stopping, thread = self._loop, self._stopping, self._thread
-        if loop is not None and stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                loop.call_soon_threadsafe(stopping.set)
-        if thread is not None:
+        thread = self._thread
+        if thread is not None:  # started: stop for good (before start, there is nothing to stop)
+            self._stopping.set()
+            self._wake()
             thread.join(timeout)
             if thread.is_alive():
                 log.warning("http: server thread did not stop within %.1fs", timeout)
@@ -143,18 +184,18 @@ class AgentHTTPServer:
             self._sock.close()
 
     def healthy(self, now: float) -> bool:
-        """True while the serving thread is alive, not stopping, and its event loop answers: asked from
-        another thread, a look is posted to the loop, and a look unanswered for ``STALL`` seconds is a
-        stalled loop. Asked from the loop itself (``/healthz``), it plainly turns. An idle loop is not
-        woken by a heartbeat (each wakeup is idle CPU, issue 16); it is looked at when someone asks, and
-        at most once per ``LOOK_EVERY`` seconds: the main loop asks at every publication, hundreds a
-        second under a flood of kernel lines, and each look costs a wakeup of this thread and hands the
-        interpreter lock to another thread in the middle of the main loop's step.
+        """True while the serving thread is alive, not stopping, and its loop answers: asked from another
+        thread, a look is posted to the loop, and a look unanswered for ``STALL`` seconds is a stalled loop.
+        Asked from the loop itself (``/healthz``), it plainly turns. An idle loop is not woken by a
+        heartbeat (each wakeup is idle CPU, issue 16); it is looked at when someone asks, and at most once
+        per ``LOOK_EVERY`` seconds: the main loop asks at every publication, hundreds a second under a
+        flood of kernel lines, and each look costs a wakeup of this thread and hands the interpreter lock
+        to another thread in the middle of the main loop's step.
 
         ``now`` (the supervisor's clock) is not used: the looks are timed on ``monotonic``.
         """
-        thread, stopping, loop = self._thread, self._stopping, self._loop
-        if thread is None or not thread.is_alive() or stopping is None or stopping.is_set() or loop is None:
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._stopping.is_set() or self._waker is None:
             return False
         if threading.get_ident() == thread.ident:
             return True
@@ -163,22 +204,34 @@ class AgentHTTPServer:
             return now - asked < STALL
         if now - self._answered_at < LOOK_EVERY:
             return True
-        self._asked = now
-        with contextlib.suppress(RuntimeError):  # the loop has just closed: the next look says so
-            loop.call_soon_threadsafe(self._answered)
+        self._asked = now  # before the wakeup: the loop answers what it finds asked once awake
+        self._wake()
         return True
 
-    def _answered(self) -> None:
-        self._answered_at = self._monotonic()
-        self._asked = None
+    def _wake(self) -> None:
+        waker = self._waker
+        if waker is not None:
+            with contextlib.suppress(OSError):  # full (a wakeup is pending anyway) or closed (the loop ended)
+                waker.send(b"\0")
 
-    # ---- event loop thread ------------------------------------------------------------------
+    # ---- the loop thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        loop.set_exception_handler(_loop_exception)
         try:
-            loop.run_until_complete(self._serve(loop))
+            selector = selectors.DefaultSelector()
+            wake_r, self._waker = socket.socketpair()
+        except BaseException as exc:  # reported to start()
+            self._startup_error = exc
+            self._ready.set()
+            return
+        try:
+            for sock in (wake_r, self._waker):
+                sock.setblocking(False)
+            assert self._sock is not None
+            selector.register(self._sock, selectors.EVENT_READ, _LISTENER)
+            selector.register(wake_r, selectors.EVENT_READ, _WAKE)
+            self._ready.set()
+            self._serve(selector, wake_r)
         except BaseException as exc:  # reported to start(), or logged if serving dies later
             if not self._ready.is_set():
                 self._startup_error = exc
@@ -186,98 +239,180 @@ class AgentHTTPServer:
                 log.error("http: server loop failed: %r", exc)
         finally:
             self._ready.set()
-            loop.close()
+            for conn in [*self._conns, *self._shedding]:
+                self._close(selector, conn)
+            selector.close()
+            waker, self._waker = self._waker, None
+            for sock in (wake_r, waker):
+                if sock is not None:
+                    sock.close()
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._stopping = asyncio.Event()
+    def _serve(self, selector: selectors.BaseSelector, wake_r: socket.socket) -> None:
+        while not self._stopping.is_set():
+            for key, mask in selector.select(self._next_wait()):
+                if key.data is _LISTENER:
+                    self._accept(selector)
+                elif key.data is _WAKE:
+                    with contextlib.suppress(BlockingIOError):
+                        while wake_r.recv(4096):
+                            pass
+                elif not key.data.closed:  # not closed by an earlier event of this round (evicted)
+                    self._ready_conn(selector, key.data, mask)
+            if self._asked is not None:  # the loop turns: answer a look
+                self._answered_at, self._asked = self._monotonic(), None
+            self._expire(selector)
+
+    def _next_wait(self) -> float | None:
+        """Seconds until the next deadline or the end of an accept pause; None: none (an idle loop sleeps)."""
+        heap = self._deadlines
+        while heap and (heap[0][2].closed or heap[0][2].deadline != heap[0][0]):
+            heapq.heappop(heap)
+        due = [d for d in (heap[0][0] if heap else None, self._accept_again_at) if d is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _expire(self, selector: selectors.BaseSelector) -> None:
+        now = time.monotonic()
+        if self._accept_again_at is not None and now >= self._accept_again_at:
+            self._accept_again_at = None
+            assert self._sock is not None
+            selector.register(self._sock, selectors.EVENT_READ, _LISTENER)
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, conn = heapq.heappop(heap)
+            if conn.closed or conn.deadline != deadline:
+                continue
+            if conn.phase is not _Phase.LINGER:
+                log.debug("http: %s timed out %s", conn.peer, conn.phase.value)
+            self._close(selector, conn)
+
+    def _accept(self, selector: selectors.BaseSelector) -> None:
         assert self._sock is not None
-        server = await asyncio.start_server(self._connection, sock=self._sock, backlog=self._backlog, limit=MAX_HEAD)
-        self._loop = loop
-        self._ready.set()
-        try:
-            await self._stopping.wait()  # stop() sets it from any thread, waking the loop at once
-        finally:
-            server.close()
-            for writer in [*self._conns, *self._shedding]:
-                writer.transport.abort()
-            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = _peer(writer)
-        if len(self._conns) >= self._max_connections and not self._evict_one():
-            await self._shed(reader, writer, peer)
-            return
-        self._conns[writer] = True
-        try:
-            async with asyncio.timeout(self._timeout):
-                head = await _read_head(reader)
-            if writer not in self._conns:  # evicted to make room just as its request arrived
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            self._conns[writer] = False
-            await self._send(writer, self._respond(head))
-            self._conns[writer] = True
-            await self._linger(reader, writer)
-        except TimeoutError:
-            log.debug("http: %s timed out", peer)
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            log.debug("http: %s went away: %r", peer, exc)
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # a bug here must not leave a traceback per client, nor kill the loop
-            log.warning("http: error on a connection from %s: %r", peer, exc)
-        finally:
-            self._conns.pop(writer, None)
-            _close(writer)
+            except ConnectionAbortedError:  # the client gave up while queued
+                continue
+            except OSError as exc:  # out of file descriptors or memory: pause rather than spin on it
+                log.warning("http: cannot accept connections (%s); trying again in %g s", exc, ACCEPT_RETRY)
+                selector.unregister(self._sock)
+                self._accept_again_at = time.monotonic() + ACCEPT_RETRY
+                return
+            try:
+                sock.setblocking(False)
+                self._admit(selector, sock, _peer(addr))
+            except Exception as exc:  # the selector refused it (out of memory): that client, not the loop
+                log.warning("http: cannot take a connection from %s: %r", _peer(addr), exc)
+                sock.close()
 
-    def _evict_one(self) -> bool:
+    def _admit(self, selector: selectors.BaseSelector, sock: socket.socket, peer: str) -> None:
+        shed = len(self._conns) >= self._max_connections and not self._evict_one(selector)
+        if shed and len(self._shedding) >= self._max_connections:
+            sock.close()
+            return
+        conn = _Conn(sock, peer, shed=shed)
+        selector.register(sock, selectors.EVENT_READ, conn)
+        if shed:  # every open connection is being answered: 503 without reading the request
+            log.debug("http: connection limit reached, shedding %s", peer)
+            self._shedding.add(conn)
+            self._answer(
+                selector, conn, _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False)
+            )
+            return
+        self._conns[conn] = True
+        self._set_deadline(conn, time.monotonic() + self._timeout)
+        self._ready_conn(selector, conn, selectors.EVENT_READ)  # the request head has often arrived already
+
+    def _evict_one(self, selector: selectors.BaseSelector) -> bool:
         """Make room by dropping the oldest connection that is not being answered, if there is one."""
-        idle = next((w for w, evictable in self._conns.items() if evictable), None)
+        idle = next((conn for conn, evictable in self._conns.items() if evictable), None)
         if idle is None:
             return False
-        log.debug("http: connection limit reached, dropping the slowest client %s", _peer(idle))
-        del self._conns[idle]
-        idle.transport.abort()
+        log.debug("http: connection limit reached, dropping the slowest client %s", idle.peer)
+        self._close(selector, idle)
         return True
 
-    async def _shed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
-        """Answer 503 without reading the request: every open connection is busy being answered."""
-        if len(self._shedding) >= self._max_connections:
-            writer.transport.abort()
-            return
-        log.debug("http: connection limit reached, shedding %s", peer)
-        self._shedding.add(writer)
+    def _ready_conn(self, selector: selectors.BaseSelector, conn: _Conn, mask: int) -> None:
+        """What a connection's readiness means in its phase; nothing a client does escapes as an exception."""
         try:
-            await self._send(writer, _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False))
-            await self._linger(reader, writer)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError) as exc:
-            log.debug("http: shed %s: %r", peer, exc)
-        finally:
-            self._shedding.discard(writer)
-            _close(writer)
+            if conn.phase is _Phase.ANSWER:
+                if mask & selectors.EVENT_WRITE:
+                    self._send(selector, conn)
+            elif conn.phase is _Phase.HEAD:
+                self._read_head(selector, conn)
+            else:
+                self._discard(selector, conn)
+        except OSError as exc:
+            log.debug("http: %s went away %s: %r", conn.peer, conn.phase.value, exc)
+            self._close(selector, conn)
+        except Exception as exc:  # a bug here must not leave a traceback per client, nor kill the loop
+            log.warning("http: error on a connection from %s: %r", conn.peer, exc)
+            self._close(selector, conn)
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+    def _read_head(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(MAX_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not chunk:
+            log.debug("http: %s went away %s", conn.peer, conn.phase.value)
+            self._close(selector, conn)
+            return
+        conn.head += chunk
+        head = _head(conn.head)
+        if head is None:
+            return
+        self._conns[conn] = False
+        self._answer(selector, conn, self._respond(head))
+
+    def _answer(self, selector: selectors.BaseSelector, conn: _Conn, data: bytes) -> None:
         """Hand ``data`` to the kernel within ``request_timeout`` (so nothing is left to flush on close)."""
-        writer.transport.set_write_buffer_limits(high=0)
-        writer.write(data)
-        async with asyncio.timeout(self._timeout):
-            await writer.drain()
+        conn.phase, conn.out = _Phase.ANSWER, memoryview(data)
+        self._set_deadline(conn, time.monotonic() + self._timeout)
+        self._send(selector, conn)
 
-    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Half-close, then discard what the client still sends until it hangs up (briefly).
+    def _send(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        conn.out = conn.out[sent:]
+        if conn.out:
+            selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+            return
+        conn.sock.shutdown(socket.SHUT_WR)
+        conn.phase = _Phase.LINGER
+        if not conn.shed:
+            self._conns[conn] = True
+        selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._set_deadline(conn, time.monotonic() + min(LINGER, self._timeout))
 
-        Closing a socket with unread input makes the kernel send a reset, which can destroy the
-        response before the client reads it (an early 405, 431 or 503, or a request sent twice).
-        """
-        writer.write_eof()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(LINGER, self._timeout)):
-                discarded = 0
-                while discarded <= LINGER_BYTES and (chunk := await reader.read(MAX_HEAD)):
-                    discarded += len(chunk)
+    def _discard(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
+        """Lingering: read what the client still sends until it hangs up (or sent too much)."""
+        try:
+            chunk = conn.sock.recv(MAX_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.discarded += len(chunk)
+        if not chunk or conn.discarded > LINGER_BYTES:
+            self._close(selector, conn)
+
+    def _set_deadline(self, conn: _Conn, deadline: float) -> None:
+        conn.deadline = deadline
+        heapq.heappush(self._deadlines, (deadline, next(self._order), conn))
+
+    def _close(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.pop(conn, None)
+        self._shedding.discard(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(conn.sock)
+        conn.sock.close()
+
+    # ---- responses ----------------------------------------------------------------------------
 
     def _respond(self, head: bytes | _BadRequest) -> bytes:
         """The whole response (head and body) for one request head."""
@@ -323,20 +458,20 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes | _BadRequest:
-    """Bytes up to the blank line ending the request head (CRLF or bare LF), or why not."""
-    buf = b""
-    while True:
-        chunk = await reader.read(MAX_HEAD)
-        if not chunk:
-            raise asyncio.IncompleteReadError(buf, None)
-        buf += chunk
-        for sep in (b"\r\n\r\n", b"\n\n"):
-            end = buf.find(sep)
-            if 0 <= end <= MAX_HEAD:
-                return buf[:end]
-        if len(buf) > MAX_HEAD:
-            return _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes")
+def _head(buf: bytes) -> bytes | _BadRequest | None:
+    """The request head (bytes up to the blank line ending it, CRLF or bare LF), why there is none, or
+    None while it may still come."""
+    for sep in (b"\r\n\r\n", b"\n\n"):
+        end = buf.find(sep)
+        if 0 <= end <= MAX_HEAD:
+            return buf[:end]
+    if len(buf) > MAX_HEAD:
+        return _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes")
+    return None
+
+
+def _peer(addr: Any) -> str:
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
 
 
 def _parse(head: bytes) -> tuple[str, str, bool]:
@@ -382,21 +517,3 @@ def _response(
 
 def _json(body: Any, *, indent: int | None = None) -> bytes:
     return (json.dumps(body, indent=indent, sort_keys=True) + "\n").encode()
-
-
-def _close(writer: asyncio.StreamWriter) -> None:
-    if writer.transport.get_write_buffer_size():  # unsent data: do not wait to flush it
-        writer.transport.abort()
-    else:
-        writer.close()
-
-
-def _peer(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
-
-
-def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """asyncio's own complaints (e.g. accept() failing on EMFILE): one line, no traceback."""
-    exc = context.get("exception")
-    log.warning("http: %s%s", context.get("message", "event loop error"), f": {exc!r}" if exc else "")

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import json
 import logging
+import os
 import resource
 import socket
 import struct
@@ -442,6 +443,43 @@ def test_rude_clients_leave_no_traceback(fake: Fake, caplog: pytest.LogCaptureFi
         assert get(server.port, "/metrics").status == 200
         assert get(server.port, "/healthz").json() == HEALTH_BODY
     assert problems(caplog) == []
+
+
+def test_out_of_file_descriptors_pauses_accepting_and_serves_the_waiting_client(
+    fake: Fake, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accept() failing for want of descriptors (EMFILE) leaves the connection queued in the kernel: the server
+    stops accepting for ACCEPT_RETRY rather than spinning on a listener that stays readable, says so once,
+    and serves the queued client once descriptors are free again."""
+    monkeypatch.setattr("agent.app.http.ACCEPT_RETRY", 0.3)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with serving(fake) as server, connect(server.port) as before:
+        before.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert Response(read_all(before)).status == 200
+        waiting = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # its descriptor, before there are none
+        waiting.settimeout(WAIT)
+        try:
+            with caplog.at_level(logging.WARNING, logger="agent.app.http"):
+                lowest_free = os.dup(0)
+                os.close(lowest_free)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new descriptor anywhere
+                starved = time.monotonic()
+                try:
+                    waiting.connect((HOST, server.port))  # queued by the kernel; the server cannot accept it
+                    waiting.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                    wait_for(lambda: problems(caplog), what="the server to find it cannot accept")
+                    time.sleep(1.0)  # a few pauses' worth: one warning per pause, not a spin
+                finally:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+                    starved = time.monotonic() - starved
+            response = Response(read_all(waiting))
+        finally:
+            waiting.close()
+        assert response.status == 200 and b"test_scrapes_total" in response.body
+        warnings = problems(caplog)
+        assert 1 <= len(warnings) <= starved / 0.3 + 2, warnings
+        assert all("cannot accept connections" in w for w in warnings)
+        assert server.healthy(time.monotonic())
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/livez", "/conditions"])
