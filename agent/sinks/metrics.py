@@ -92,33 +92,47 @@ class _CountFamilies:
 
     Built again when a count moves; a reason whose count stands keeps its sample objects, so the renderer
     writes only the moved reason's lines (there may be hundreds of reasons, a scrape after a kernel line
-    should cost little: issue 16).
+    should cost little: issue 16). When only counts moved (the same reasons), the moved ones are found by
+    comparing the two mappings' items as sets, not by a walk through every reason.
     """
 
     def __init__(self) -> None:
-        self._kept: dict[str, tuple[int, Sample, Sample]] = {}  # reason -> (count, NPD's sample, ours)
+        # What the last families were built from and their samples: (counts, reason -> place, NPD's, ours),
+        # read and replaced as one (two scrapes at once each build from one consistent last).
+        self._last: tuple[Mapping[str, int], Mapping[str, int], list[Sample], list[Sample]] = ({}, {}, [], [])
         self.families: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(self._build)
 
     def _build(self, counts: Mapping[str, int]) -> tuple[Metric, ...]:
+        kept, index, kept_npd, kept_ours = self._last
+        if counts.keys() == kept.keys():
+            npd, ours = list(kept_npd), list(kept_ours)
+            for reason, count in counts.items() - kept.items():
+                npd[index[reason]], ours[index[reason]] = _count_samples(reason, count)
+        else:
+            npd, ours = [], []
+            for reason, count in sorted(counts.items()):
+                at = index.get(reason)
+                pair = (
+                    (kept_npd[at], kept_ours[at])
+                    if at is not None and kept.get(reason) == count
+                    else _count_samples(reason, count)
+                )
+                npd.append(pair[0])
+                ours.append(pair[1])
+            index = {reason: at for at, reason in enumerate(sorted(counts))}
+        self._last = (dict(counts), index, npd, ours)
         npd_counter = Metric("problem_counter", NPD_COUNTER_HELP, "unknown")
+        npd_counter.samples = list(npd)
         problems = CounterMetricFamily(
             "node_health_agent_problems", "Problems detected, by reason (NPD problem_counter).", labels=["reason"]
         )
-        kept, made = self._kept, {}
-        for reason, count in sorted(counts.items()):
-            samples = kept.get(reason)
-            if samples is None or samples[0] != count:
-                labels = {"reason": reason}
-                samples = (
-                    count,
-                    Sample("problem_counter", labels, count),
-                    Sample(problems.name + "_total", labels, count),
-                )
-            made[reason] = samples
-            npd_counter.samples.append(samples[1])
-            problems.samples.append(samples[2])
-        self._kept = made
+        problems.samples = list(ours)
         return (npd_counter, problems)
+
+
+def _count_samples(reason: str, count: int) -> tuple[Sample, Sample]:
+    labels = {"reason": reason}
+    return Sample("problem_counter", labels, count), Sample("node_health_agent_problems_total", labels, count)
 
 
 def _condition_families(conditions: _Conditions) -> tuple[Metric, ...]:

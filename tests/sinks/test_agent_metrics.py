@@ -168,6 +168,46 @@ def test_a_reason_whose_count_stands_keeps_its_samples() -> None:
     assert after["B"] is not before["B"] and after["B"].value == 1
 
 
+# Successive problem counts of one collector: moves only, reasons coming and going (first, middle, last), back
+COUNT_STEPS = [
+    {"B": 0, "D": 0, "F": 2},
+    {"B": 1, "D": 0, "F": 2},
+    {"B": 1, "D": 5, "F": 3},
+    {"A": 1, "B": 1, "D": 5, "F": 3},
+    {"A": 1, "B": 1, "C": 0, "D": 6, "F": 3, "G": 1},
+    {"A": 1, "D": 6, "G": 1},
+    {"A": 1, "E": 6, "G": 1},  # as many reasons, one another
+    {},
+    {"B": 0, "D": 0, "F": 2},
+]
+
+
+def test_count_families_follow_every_step_and_keep_the_samples_that_stand() -> None:
+    """Each scrape shows exactly the counts (as a fresh collector would); a reason whose count stands keeps
+    its very sample objects whether other counts moved or reasons came and went."""
+    current = {"counts": COUNT_STEPS[0]}
+    collector = AgentCollector(snapshot=lambda: snapshot(dict(current["counts"])), stats=lambda: BASE)
+
+    def samples(of: AgentCollector) -> dict[tuple[str, str], object]:
+        return {
+            (family.name, s.labels["reason"]): s
+            for family in of.collect()
+            if family.name in ("problem_counter", "node_health_agent_problems")
+            for s in family.samples
+        }
+
+    before: dict[tuple[str, str], object] = {}
+    for previous, counts in zip([{}, *COUNT_STEPS], COUNT_STEPS, strict=False):
+        current["counts"] = counts
+        shown = samples(collector)
+        fresh = samples(AgentCollector(snapshot=lambda counts=counts: snapshot(dict(counts)), stats=lambda: BASE))
+        assert {key: s.value for key, s in shown.items()} == {key: s.value for key, s in fresh.items()}
+        assert [key for key in shown] == [key for key in fresh]  # sorted by reason, as before
+        stood = {key for key in shown if key[1] in previous and previous[key[1]] == counts[key[1]]}
+        assert all(shown[key] is before[key] for key in stood), counts
+        before = shown
+
+
 def test_a_moving_stat_rebuilds_its_own_family_only() -> None:
     """After a kernel line the records counters move and the agent's other figures stand: only the moving
     families are new objects (the renderer writes their lines only)."""
