@@ -316,9 +316,8 @@ class AgentHTTPServer:
         if shed:  # every open connection is being answered: 503 without reading the request
             log.debug("http: connection limit reached, shedding %s", peer)
             self._shedding.add(conn)
-            self._answer(
-                selector, conn, _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False)
-            )
+            busy = _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False)
+            self._guarded(selector, conn, lambda: self._answer(selector, conn, busy))
             return
         self._conns[conn] = True
         self._set_deadline(conn, time.monotonic() + self._timeout)
@@ -334,15 +333,20 @@ class AgentHTTPServer:
         return True
 
     def _ready_conn(self, selector: selectors.BaseSelector, conn: _Conn, mask: int) -> None:
-        """What a connection's readiness means in its phase; nothing a client does escapes as an exception."""
+        """What a connection's readiness means in its phase."""
+        if conn.phase is _Phase.ANSWER:
+            if mask & selectors.EVENT_WRITE:
+                self._guarded(selector, conn, lambda: self._send(selector, conn))
+        elif conn.phase is _Phase.HEAD:
+            self._guarded(selector, conn, lambda: self._read_head(selector, conn))
+        else:
+            self._guarded(selector, conn, lambda: self._discard(selector, conn))
+
+    def _guarded(self, selector: selectors.BaseSelector, conn: _Conn, step: Callable[[], None]) -> None:
+        """``step`` on ``conn``: a client going away closes it (debug), and nothing a client does escapes as an
+        exception or a traceback."""
         try:
-            if conn.phase is _Phase.ANSWER:
-                if mask & selectors.EVENT_WRITE:
-                    self._send(selector, conn)
-            elif conn.phase is _Phase.HEAD:
-                self._read_head(selector, conn)
-            else:
-                self._discard(selector, conn)
+            step()
         except OSError as exc:
             log.debug("http: %s went away %s: %r", conn.peer, conn.phase.value, exc)
             self._close(selector, conn)

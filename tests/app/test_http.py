@@ -408,6 +408,28 @@ def test_full_server_of_busy_connections_sheds_with_503(fake: Fake) -> None:
                 sock.close()
 
 
+def test_a_shed_client_that_reset_is_quietly_forgotten(fake: Fake, caplog: pytest.LogCaptureFixture) -> None:
+    """Over the limit, a newcomer is told 503 at once; one that has already reset its connection makes that
+    answer fail, which is the client going away (debug), not the server's trouble, and leaves nothing open."""
+    caplog.set_level(logging.DEBUG)
+    release = threading.Event()
+    fake.conditions_document = lambda: release.wait(WAIT) and ["x" * (32 << 20)]  # type: ignore[method-assign]
+    with serving(fake, max_connections=1, request_timeout=WAIT) as server:
+        busy = connect(server.port, rcvbuf=4096)
+        try:
+            busy.sendall(b"GET /conditions HTTP/1.1\r\n\r\n")  # answered: the loop waits in the callback
+            wait_for(lambda: server._conns and not any(server._conns.values()), what="the busy answer")
+            rst_close(connect(server.port))  # queued, then reset before the loop can accept it
+            release.set()
+            wait_for(lambda: any("shedding" in r.getMessage() for r in caplog.records), what="the shed")
+            wait_for(lambda: not server._shedding, what="the shed connection to be forgotten")
+        finally:
+            busy.close()
+        wait_for(lambda: not server._conns, what="the busy connection to be closed")
+        assert get(server.port, "/healthz").status == 200
+    assert problems(caplog) == []
+
+
 def rude_clients(port: int) -> None:
     """Every way a client can misbehave, each on its own connection."""
     connect(port).close()  # connects and leaves
