@@ -758,7 +758,7 @@ T = TypeVar("T")
 def _alternating(names: Sequence[str], rounds: int, measure: Callable[[str], T]) -> dict[str, list[T]]:
     """``measure(name)`` for each name, ``rounds`` times, the order reversed every other round (ours first,
     then NPD first, ...): a slow minute of the machine, or whichever side runs second, falls on both alike.
-    NPD's CPU per 1M records moved 17-21 CPU-s between clean runs (ours 9.1-9.4): one round's ratio landed
+    NPD's CPU per 1M records moved 17-22 CPU-s between clean runs (ours 8.9-9.4): one round's ratio landed
     either side of 0.5."""
     results: dict[str, list[T]] = {name: [] for name in names}
     for i in range(rounds):
