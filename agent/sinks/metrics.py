@@ -103,30 +103,31 @@ class _CountFamilies:
         self.families: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(self._build)
 
     def _build(self, counts: Mapping[str, int]) -> tuple[Metric, ...]:
-        kept, index, kept_npd, kept_ours = self._last
+        kept, place, kept_npd, kept_ours = self._last
         if counts.keys() == kept.keys():
-            npd, ours = list(kept_npd), list(kept_ours)
+            index = place
+            npd, ours = list(kept_npd), list(kept_ours)  # the kept lists are never changed: other scrapes hold them
             for reason, count in counts.items() - kept.items():
                 npd[index[reason]], ours[index[reason]] = _count_samples(reason, count)
         else:
-            npd, ours = [], []
-            for reason, count in sorted(counts.items()):
-                at = index.get(reason)
+            index, npd, ours = {}, [], []
+            for at, (reason, count) in enumerate(sorted(counts.items())):
+                was = place.get(reason)
                 pair = (
-                    (kept_npd[at], kept_ours[at])
-                    if at is not None and kept.get(reason) == count
+                    (kept_npd[was], kept_ours[was])
+                    if was is not None and kept[reason] == count
                     else _count_samples(reason, count)
                 )
+                index[reason] = at
                 npd.append(pair[0])
                 ours.append(pair[1])
-            index = {reason: at for at, reason in enumerate(sorted(counts))}
-        self._last = (dict(counts), index, npd, ours)
+        self._last = (counts, index, npd, ours)  # counts is a Memo key: a value, never changed in place
         npd_counter = Metric("problem_counter", NPD_COUNTER_HELP, "unknown")
-        npd_counter.samples = list(npd)
+        npd_counter.samples = npd
         problems = CounterMetricFamily(
             "node_health_agent_problems", "Problems detected, by reason (NPD problem_counter).", labels=["reason"]
         )
-        problems.samples = list(ours)
+        problems.samples = ours
         return (npd_counter, problems)
 
 
