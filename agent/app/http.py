@@ -389,7 +389,8 @@ class AgentHTTPServer:
         conn.phase = _Phase.LINGER
         if not conn.shed:
             self._conns[conn] = True
-        selector.modify(conn.sock, selectors.EVENT_READ, conn)
+        if selector.get_key(conn.sock).events != selectors.EVENT_READ:  # it waited to write: read again
+            selector.modify(conn.sock, selectors.EVENT_READ, conn)
         self._set_deadline(conn, time.monotonic() + min(LINGER, self._timeout))
 
     def _discard(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
