@@ -9,7 +9,7 @@ the interpreter lock 3-4 ms, which the kernel log reader and the main loop waite
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
@@ -45,32 +45,3 @@ def written_alike(sample: Any, before: Any) -> bool:
     return sample == before and (
         sample.value != 0 or math.copysign(1.0, sample.value) == math.copysign(1.0, before.value)
     )
-
-
-class SteadyFamilies:
-    """Hands each metric family (a prometheus ``Metric``) back as the very object of the last call while it
-    is written alike (same name, type, help and samples), so the renderer reuses its text: a figure that
-    moves rebuilds all families built from one key, and most of them stand (after a kernel line, the
-    records counters move and some thirty other figures of the agent do not). Safe inside a :class:`Memo`
-    called from several threads: a family is only ever replaced by one written alike."""
-
-    def __init__(self) -> None:
-        self._kept: dict[str, Any] = {}
-
-    def __call__(self, families: Iterable[Any]) -> tuple[Any, ...]:
-        kept: dict[str, Any] = {}
-        out = []
-        for family in families:
-            before = self._kept.get(family.name)
-            if (
-                before is not None
-                and before.type == family.type
-                and before.documentation == family.documentation
-                and len(before.samples) == len(family.samples)
-                and all(map(written_alike, family.samples, before.samples))
-            ):
-                family = before
-            kept[family.name] = family
-            out.append(family)
-        self._kept = kept
-        return tuple(out)
