@@ -25,7 +25,7 @@ from agent.app.config import Loaded, LogMonitor, provenance_of
 from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
-from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.bus import CaughtUp, Inbox, Publication, SnapshotFeed
 from agent.core.latency import Histogram
 from agent.core.memory import release_free_memory
 from agent.core.ring import LineRing
@@ -147,6 +147,8 @@ class Runtime:
     monitors: Sequence[SourceProducer] = ()  # the filelog/journald monitors' producers
     events_dropped: Callable[[], int] = lambda: 0  # the Event sink's series dropped with a full outbox
     detection: Histogram | None = None  # time to detect, filled by the condition sink (Kubernetes mode)
+    # What /metrics and /conditions show: the latest publication, once it holds what had come in (CaughtUp)
+    current: Callable[[], Publication] | None = None
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -167,7 +169,7 @@ class Runtime:
         return ok, body
 
     def conditions_document(self) -> dict:
-        doc = snapshot_json(self.feed.latest().snapshot)
+        doc = snapshot_json((self.current or self.feed.latest)().snapshot)
         doc["health"] = self.supervisor.health()
         return doc
 
@@ -421,6 +423,7 @@ def build_runtime(
     )
     supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
     supervisor_ref.append(supervisor)
+    current = CaughtUp(inbox=inbox, feed=feed)
     runtime = Runtime(
         supervisor=supervisor,
         feed=feed,
@@ -432,11 +435,12 @@ def build_runtime(
         inbox=inbox,
         monitors=monitor_producers,
         detection=detection,
+        current=current,
     )
     if events is not None:
         sink = events
         runtime.events_dropped = lambda: sink.overflowed
-    collectors.insert(0, AgentCollector(snapshot=lambda: feed.latest().snapshot, stats=runtime.stats))
+    collectors.insert(0, AgentCollector(snapshot=lambda: current().snapshot, stats=runtime.stats))
     if scheduler is not None:
         from agent.checks.metrics import CheckCollector
 

@@ -32,6 +32,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 # collector work) in the inbox; when full, producers wait and the kernel ring buffer absorbs the burst.
 INBOX_ITEMS = 16
 FEED_EVENTS = 100_000  # events the feed keeps for consumers that fall behind
+CATCH_UP_WAIT = 0.02  # the longest one read waits for the main loop to fold what had come in (CaughtUp)
+CATCH_UP_SHARE = 0.1  # the share of the time reads may spend waiting for it, all together
 
 
 # ---- inputs --------------------------------------------------------------------------------------
@@ -105,11 +108,42 @@ Input: TypeAlias = "RecordBatch | SeedConditions | CheckReport | Reconfigure | N
 _WAKE = object()  # what Inbox.wake() puts: a get() returns None for it
 
 
+class _CountingQueue(queue.Queue[Input]):
+    """A queue that counts the inputs through it: ``_put``/``_get`` run under the queue's own lock, so each
+    count moves with the item it counts (the wake sentinel is no input)."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize=maxsize)
+        self.received = 0
+        self.taken = 0
+
+    def _put(self, item: Input) -> None:
+        super()._put(item)
+        if item is not _WAKE:
+            self.received += 1
+
+    def _get(self) -> Input:
+        item = super()._get()
+        if item is not _WAKE:
+            self.taken += 1
+        return item
+
+
 class Inbox:
     """The bounded queue between producers and the main loop."""
 
     def __init__(self, *, maxsize: int = INBOX_ITEMS) -> None:
-        self._queue: queue.Queue[Input] = queue.Queue(maxsize=maxsize)
+        self._queue = _CountingQueue(maxsize)
+
+    @property
+    def received(self) -> int:
+        """Inputs put into the inbox so far (any thread)."""
+        return self._queue.received
+
+    @property
+    def taken(self) -> int:
+        """Inputs handed to the main loop so far."""
+        return self._queue.taken
 
     def put(self, item: Input, *, stop: threading.Event, poll: float = 0.2) -> bool:
         """Wait for room (back-pressure); False if ``stop`` was set first."""
@@ -154,6 +188,7 @@ class Publication:
     events: tuple[Event, ...] = ()
     health: Mapping[str, bool] = field(default_factory=dict)  # component -> healthy, at publish time
     events_end: int = 0  # index after this publication's events in the feed's event sequence
+    inputs: int = 0  # inputs folded in by now: the main loop's Inbox.taken when it published
 
     @property
     def agent_healthy(self) -> bool:
@@ -174,7 +209,9 @@ class SnapshotFeed:
         self._end = 0  # index after the newest event
         self._closed = False
 
-    def publish(self, *, snapshot: Snapshot, events: Sequence[Event], health: Mapping[str, bool]) -> Publication:
+    def publish(
+        self, *, snapshot: Snapshot, events: Sequence[Event], health: Mapping[str, bool], inputs: int = 0
+    ) -> Publication:
         with self._cond:
             self._events.extend(events)
             self._end += len(events)
@@ -184,6 +221,7 @@ class SnapshotFeed:
                 events=tuple(events),
                 health=dict(health),
                 events_end=self._end,
+                inputs=inputs,
             )
             self._latest = pub
             self._cond.notify_all()
@@ -199,6 +237,14 @@ class SnapshotFeed:
             if self._latest.number <= after and not self._closed:
                 self._cond.wait_for(lambda: self._latest.number > after or self._closed, timeout=timeout)
             return self._latest if self._latest.number > after else None
+
+    def covering(self, inputs: int, *, timeout: float) -> Publication:
+        """The latest publication once it has folded in the first ``inputs`` inputs; as it is after
+        ``timeout`` or once the feed is closed."""
+        with self._cond:
+            if self._latest.inputs < inputs and not self._closed:
+                self._cond.wait_for(lambda: self._latest.inputs >= inputs or self._closed, timeout=timeout)
+            return self._latest
 
     def events_since(self, index: int) -> tuple[list[Event], int, int]:
         """Events from ``index`` on: (events, the index after them, how many the backlog already lost)."""
@@ -223,3 +269,55 @@ def iter_inputs(inbox: Inbox, *, first: Input, limit: int) -> Iterator[Input]:
         if item is None:
             return
         yield item
+
+
+class CaughtUp:
+    """The latest publication once it holds every input the inbox had received when asked: for readers that
+    answer someone (``/metrics``, ``/conditions``).
+
+    A kernel line read a moment before a scrape is still in the inbox or in the main loop's hands; the
+    latest publication as it is would show the node without it, and the line would show a scrape later
+    (15-60 s for Prometheus). So a read waits for the main loop to fold what had come in when it was
+    made, usually well under a millisecond, at most ``wait``; and reads together wait at most ``share`` of
+    the time (a credit of at most ``wait`` seconds, refilled at ``share`` seconds per second): a stalled
+    main loop or a storm of scrapes cannot hold the HTTP thread, whose other requests wait meanwhile.
+    Past that, the latest publication as it is. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        *,
+        inbox: Inbox,
+        feed: SnapshotFeed,
+        wait: float = CATCH_UP_WAIT,
+        share: float = CATCH_UP_SHARE,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._inbox = inbox
+        self._feed = feed
+        self._wait = wait
+        self._share = share
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._credit = wait  # seconds of waiting left
+        self._at = monotonic()  # when the credit was last refilled
+
+    def __call__(self) -> Publication:
+        received = self._inbox.received
+        latest = self._feed.latest()
+        if latest.inputs >= received:
+            return latest
+        with self._lock:
+            now = self._monotonic()
+            self._credit = min(self._wait, self._credit + (now - self._at) * self._share)
+            self._at = now
+            allowed = self._credit
+        if allowed <= 0:
+            return latest
+        begun = self._monotonic()
+        try:
+            return self._feed.covering(received, timeout=allowed)
+        finally:
+            waited = self._monotonic() - begun
+            with self._lock:
+                self._credit -= waited

@@ -203,7 +203,7 @@ class MainLoop:
 
     def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
         snapshot = self.state.snapshot()
-        pub = self._feed.publish(snapshot=snapshot, events=events, health=self._health())
+        pub = self._feed.publish(snapshot=snapshot, events=events, health=self._health(), inputs=self._inbox.taken)
         changed = snapshot.generation != self._published_generation
         self._published_generation = snapshot.generation
         if last_seq is not None or changed:

@@ -225,6 +225,24 @@ def test_records_become_conditions_events_and_a_publication(rules, tmp_path):
     assert lp.cursors.load() == Cursor(boot_id=BOOT, last_seq=2)
 
 
+def test_each_publication_counts_the_inputs_folded_into_it_and_before(rules, tmp_path):
+    """What lets a scrape wait for the inputs that had come in (``CaughtUp``): a publication's ``inputs`` is
+    every input taken so far, a step takes at most STEP_ITEMS, and the rest come with the next step."""
+    from agent.engine.mainloop import STEP_ITEMS
+
+    lp = Loop(rules, tmp_path)
+    assert lp.feed.latest().inputs == 0
+    for i in range(STEP_ITEMS + 2):
+        lp.put(RecordBatch(records=[record(i + 1, "hello")]))
+    lp.step()
+    assert (lp.feed.latest().inputs, lp.inbox.received) == (STEP_ITEMS, STEP_ITEMS + 2)
+    lp.step()
+    assert lp.feed.latest().inputs == STEP_ITEMS + 2
+    lp.put(Notice(events=[]))
+    lp.step()
+    assert lp.feed.latest().inputs == lp.inbox.received == STEP_ITEMS + 3
+
+
 def test_live_messages_are_not_prefix_stripped(rules, tmp_path):
     """A live kmsg message that starts like a saved-log prefix is matched as printed."""
     lp = Loop(rules, tmp_path)
