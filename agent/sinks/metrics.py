@@ -172,7 +172,7 @@ class _OwnFamilies:
 
     After a kernel line four or five of these figures move (records read and processed, lines matched, the
     rule's matches, the newest record's time) and the other ~17 stand: building every family again and
-    comparing each with the last (as before) cost ~60 % of a scrape after a kernel line, on the path from
+    comparing each with the last (as before) was about half of a render after a kernel line, on the path from
     the line to ``/metrics`` (issue 16). Each family here has a key (the figure it shows) and a
     :class:`~agent.core.memo.Memo`: a figure that stands hands back the very family object of the last
     scrape, which the renderer recognises.
