@@ -12,6 +12,7 @@ import pytest
 from agent.core.bus import CaughtUp, Inbox, Notice, Publication, SnapshotFeed
 from agent.core.state import NodeState
 
+from helpers import wait_for
 from helpers.mainloop import Clock
 from helpers.threads import wchan
 
@@ -65,8 +66,7 @@ def test_covering_gives_the_latest_at_once_when_covered_after_its_timeout_or_onc
 
 
 def wait_asleep(thread: threading.Thread) -> None:
-    from helpers import wait_for
-
+    """Until ``thread`` sleeps on a lock or condition (the feed's)."""
     assert thread.native_id is not None
     wait_for(lambda: "futex" in wchan(thread.native_id))
 
