@@ -139,6 +139,8 @@ class Runtime:
     producer: SourceProducer
     state_dir: StateDirHealth
     details: dict[str, Callable[[], str | None]]
+    # What /metrics and /conditions show: the latest publication, once it holds what had come in (CaughtUp)
+    current: Callable[[], Publication]
     registry: Any = None
     config_generation: int = 1
     scheduler: CheckScheduler | None = None  # when checks are configured
@@ -147,8 +149,6 @@ class Runtime:
     monitors: Sequence[SourceProducer] = ()  # the filelog/journald monitors' producers
     events_dropped: Callable[[], int] = lambda: 0  # the Event sink's series dropped with a full outbox
     detection: Histogram | None = None  # time to detect, filled by the condition sink (Kubernetes mode)
-    # What /metrics and /conditions show: the latest publication, once it holds what had come in (CaughtUp)
-    current: Callable[[], Publication] | None = None
 
     def health_document(self) -> tuple[bool, dict]:
         components = self.supervisor.health()
@@ -169,7 +169,7 @@ class Runtime:
         return ok, body
 
     def conditions_document(self) -> dict:
-        doc = snapshot_json((self.current or self.feed.latest)().snapshot)
+        doc = snapshot_json(self.current().snapshot)
         doc["health"] = self.supervisor.health()
         return doc
 
