@@ -547,10 +547,20 @@ def _stop(proc: Any) -> None:
 
 
 def _metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    """The value on the sample line ``name value [timestamp]`` of an exposition, None if there is none.
+
+    One search in C rather than a Python loop over the lines: the client shares the two cores with the
+    detectors it times, and the loop cost it 70 us a scrape of our 32 KB body against 9 us of NPD's 1 KB
+    (2026-11-28), time that fell between the scrapes of both sides unevenly."""
+    key = name + " "
+    if text.startswith(key):
+        start = 0
+    else:
+        start = text.find("\n" + key) + 1
+        if start == 0:
+            return None
+    end = text.find("\n", start)
+    return float(text[start : end if end >= 0 else len(text)].split()[1])
 
 
 def bench_kmsg(records: int = 1_000_000) -> list[Figure]:
@@ -669,10 +679,18 @@ def _standalone(tmp: Path, *, kmsg: str, packs: str):
 
 
 def _scrape(url: str, name: str) -> float:
+    return _scrape_at(url, name)[0]
+
+
+def _scrape_at(url: str, name: str) -> tuple[float, float]:
+    """The series' value on ``url`` (0 if absent) and when the whole body had come (``perf_counter``): the
+    finding is visible then; the client's reading of the body afterwards is not the detector's time."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=10) as resp:
-        return _metric(resp.read().decode(), name) or 0.0
+        body = resp.read()
+    received = time.perf_counter()
+    return _metric(body.decode(), name) or 0.0, received
 
 
 def _cpu_per_1m_records(packs: str, records: int = 1_000_000) -> float:
@@ -820,8 +838,9 @@ def _kmsg_to_metrics_ms(
                     os.close(fd)
                 deadline = begun + 2.0
                 while time.perf_counter() < deadline:
-                    if _scrape(urls[name], OOM_METRIC) > seen:
-                        started[number] = (name, begun, time.perf_counter())
+                    value, received = _scrape_at(urls[name], OOM_METRIC)
+                    if value > seen:
+                        started[number] = (name, begun, received)
                         break
                 else:
                     lost[name] += 1
