@@ -249,6 +249,7 @@ class KmsgReader:
             raise ValueError("need idle_wait > 0")
         self._idle_wait = idle_wait if idle_wait is not None else poll_interval
         self._wake_fds: tuple[int, int] | None = None  # (read, write) of the pipe wake() writes to
+        self._device: select.poll | None = None  # the open device, for unread(); set and cleared under the lock
         self._wake_lock = threading.Lock()
         self._path = os.fspath(path)
         self._stats = stats
@@ -270,6 +271,22 @@ class KmsgReader:
     def stats(self) -> KmsgStats:
         """The counters this reader updates (read them at any time; one writer, this reader)."""
         return self._stats
+
+    def unread(self) -> bool:
+        """Whether the kernel holds records this reader has not read yet: the open device polls readable (or
+        reports records overwritten before they were read). Any thread, any time; False while no device is
+        open, and always for a file or FIFO (a file polls readable at its end too).
+
+        The kernel marks the device readable as it stores a record, but wakes the readers only at its next
+        timer tick (up to 4 ms later at HZ=250): meanwhile a scrape would show the node without a line that
+        was logged before it came in. :class:`agent.core.bus.CaughtUp` waits for the next batch then."""
+        with self._wake_lock:  # never a poll of a descriptor closed (and reused) meanwhile
+            if self._device is None:
+                return False
+            try:
+                return bool(self._device.poll(0))
+            except OSError:  # out of memory for the poll: nothing known, nothing waited for
+                return False
 
     def wake(self) -> None:
         """Stop was set: end a wait for new records now (any thread; the supervisor calls it)."""
@@ -368,6 +385,10 @@ class KmsgReader:
                 self._stats.connected = True
                 try:
                     if source.is_device:
+                        device = select.poll()
+                        device.register(source.fd, select.POLLIN)
+                        with self._wake_lock:
+                            self._device = device
                         replaced = yield from self._read_device(
                             source, tracker, stop=stop, sleep=sleep, backoff=backoff
                         )
@@ -383,6 +404,8 @@ class KmsgReader:
                     self._failed("read", exc, backoff.delay)
                 finally:
                     self._stats.connected = False
+                    with self._wake_lock:
+                        self._device = None
                     source.close()
             sleep(backoff.next_delay())
 

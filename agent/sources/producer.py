@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agent.core.bus import Inbox, RecordBatch
 from agent.core.supervisor import Wakeable
@@ -26,6 +26,14 @@ class Source(Protocol):
     def chunks(self, *, stop: threading.Event) -> Iterator[Any]: ...
 
     def decode(self, chunk: Any) -> Sequence[LogRecord]: ...
+
+
+@runtime_checkable
+class Unread(Protocol):
+    """A source that can tell whether records are waiting that it has not read (``KmsgReader``: the device)."""
+
+    def unread(self) -> bool:
+        """Whether such records wait now (any thread, any time; cheap: one call per scrape)."""
 
 
 class SourceProducer:
@@ -53,6 +61,7 @@ class SourceProducer:
         self._inbox = inbox
         self._stall_timeout = stall_timeout
         self._monitor = monitor
+        self._unread = source.unread if isinstance(source, Unread) else None
 
     def healthy(self, now: float) -> bool:
         stats = self.source.stats
@@ -65,6 +74,10 @@ class SourceProducer:
 
     def detail(self) -> str | None:
         return self.source.stats.last_error
+
+    def unread(self) -> bool:
+        """Whether the source has records it has not read yet; False where it cannot tell (a relay, a fake)."""
+        return self._unread is not None and self._unread()
 
     def wake(self) -> None:
         """Stop was set: a source that sleeps on its file descriptor is told to look now."""

@@ -142,3 +142,60 @@ def test_a_read_shows_what_the_main_loop_folds_while_it_waits() -> None:
     folded = publish(on, inputs=inbox.taken)
     reader.join(timeout=30)
     assert got == [folded]
+
+
+class Asked(SnapshotFeed):
+    """A feed that records the inputs each wait asks to be covered, and never folds them."""
+
+    def __init__(self) -> None:
+        super().__init__(initial=NodeState(conditions=(), clock=Clock()).snapshot())
+        self.asked: list[int] = []
+
+    def covering(self, inputs: int, *, timeout: float) -> Publication:
+        self.asked.append(inputs)
+        return self.latest()
+
+
+# (inputs received, inputs published, the kernel holds records unread, the inputs the read waits for: None =
+# no wait). Records unread are the reader's next batch: one input more than received.
+UNREAD = [
+    (2, 2, False, None),
+    (2, 2, True, 3),
+    (3, 2, False, 3),
+    (3, 2, True, 4),
+]
+
+
+@pytest.mark.parametrize(("received", "published", "unread", "asked"), UNREAD)
+def test_records_the_reader_has_not_read_are_waited_for_as_its_next_batch(
+    received: int, published: int, unread: bool, asked: int | None
+) -> None:
+    on = Asked()
+    inbox = Inbox(maxsize=8)
+    for _ in range(received):
+        assert inbox.put(Notice(events=()), stop=STOP)
+    publish(on, inputs=published)
+    current = CaughtUp(inbox=inbox, feed=on, wait=0.02, unread=lambda: unread)
+    assert current() is on.latest()
+    assert on.asked == ([] if asked is None else [asked])
+
+
+def test_a_read_with_records_unread_shows_the_batch_the_reader_hands_over_next() -> None:
+    """End to end through the real feed: the main loop had folded all the inbox received, but the kernel
+    holds a line its reader has not read; the read sleeps until the batch with it is folded."""
+    on = feed()
+    inbox = Inbox(maxsize=8)
+    assert inbox.put(Notice(events=()), stop=STOP)
+    assert inbox.get_nowait() is not None
+    caught_up = publish(on, inputs=inbox.taken)
+    current = CaughtUp(inbox=inbox, feed=on, wait=30.0, unread=lambda: True)
+    got: list[Publication] = []
+    reader = threading.Thread(target=lambda: got.append(current()))
+    reader.start()
+    wait_asleep(reader)
+    assert not got  # not the publication that had folded everything received
+    assert inbox.put(Notice(events=()), stop=STOP)  # the reader's batch
+    assert inbox.get_nowait() is not None
+    folded = publish(on, inputs=inbox.taken)
+    reader.join(timeout=30)
+    assert got == [folded] and folded is not caught_up

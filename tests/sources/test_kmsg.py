@@ -461,6 +461,38 @@ def test_an_idle_reader_sleeps_on_its_fd_until_a_record_or_stop(tmp_path: Path) 
         assert not thread.is_alive(), "the reader slept through stop"
 
 
+class Silent:
+    """A source with nothing to say and no way to tell what waits (a relay, a test's own)."""
+
+    def __init__(self) -> None:
+        self.stats = KmsgStats()
+
+    def chunks(self, *, stop: threading.Event):
+        return iter(())
+
+    def decode(self, chunk):
+        return chunk
+
+
+class Telling(Silent):
+    def __init__(self, unread: bool) -> None:
+        super().__init__()
+        self.answer = unread
+
+    def unread(self) -> bool:
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("source", "unread"),
+    [(Silent(), False), (Telling(unread=False), False), (Telling(unread=True), True)],
+    ids=["cannot-tell", "nothing-waits", "records-wait"],
+)
+def test_the_producer_says_whether_its_source_has_records_unread(source: Silent, unread: bool) -> None:
+    producer = SourceProducer(source=source, inbox=Inbox(), stall_timeout=10.0)
+    assert producer.unread() is unread
+
+
 # ------------------------------------------------------------------------------------------------
 # Errors, EPIPE and restarts (scripted reads through the reader's `read` seam)
 

@@ -15,7 +15,7 @@ import pytest
 from agent.core.types import LogRecord
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
 
-from helpers import ScriptedRead
+from helpers import ScriptedRead, wait_for
 
 BOOT = 1_700_000_000.0
 
@@ -377,3 +377,50 @@ def test_records_are_log_records_with_the_boot_clock(tmp_path: Path) -> None:
         continuation=False,
         fields={"SUBSYSTEM": "pci"},
     )
+
+
+def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read() -> None:
+    """A pseudo-terminal is a character device that polls readable exactly while it holds input, as
+    /dev/kmsg does while records wait: the reader's reads are held back by the test so it can look."""
+    master, slave = os.openpty()
+    gate = threading.Event()
+
+    def read(fd: int, size: int) -> bytes:
+        gate.wait(30)
+        return os.read(fd, size)
+
+    reader = KmsgReader(path=os.ttyname(slave), stats=KmsgStats(), read=read, idle_wait=30.0)
+    stop = threading.Event()
+    chunks: list[object] = []
+    thread = threading.Thread(target=lambda: chunks.extend(reader.chunks(stop=stop)))
+    try:
+        assert not reader.unread()  # nothing open
+        thread.start()
+        wait_for(lambda: reader.stats.connected)
+        assert not reader.unread()  # open, nothing written
+        os.write(master, b"7,1,1000,-;a line\n")
+        wait_for(reader.unread)  # in the device, not yet read (the reader is held in its read)
+        gate.set()
+        wait_for(lambda: len(chunks) == 1)
+        wait_for(lambda: not reader.unread())  # read: nothing left in the device
+    finally:
+        gate.set()
+        stop.set()
+        reader.wake()
+        thread.join(timeout=30)
+        os.close(master)
+        os.close(slave)
+    assert not thread.is_alive()
+    assert not reader.unread()  # closed: nothing to poll
+
+
+def test_unread_is_false_for_a_followed_file_which_polls_readable_at_its_end(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_bytes(rec(1))
+    reader = KmsgReader(path=path, stats=KmsgStats(), follow=True, sleep=lambda _: None, poll_interval=0.01)
+    stop = threading.Event()
+    batches = reader.batches(stop=stop)
+    assert [r.seq for r in next(batches)] == [1]
+    assert not reader.unread()
+    stop.set()
+    batches.close()
