@@ -254,7 +254,11 @@ class SnapshotFeed:
         with self._cond:
             oldest = self._end - len(self._events)
             start = max(index, oldest)
-            events = list(itertools.islice(self._events, start - oldest, None))
+            # Taken from the newest end: a consumer that keeps up asks for the last few of up to FEED_EVENTS
+            # kept; skipping the others from the oldest end walked through all of them on every call, under
+            # the lock the main loop publishes with.
+            events = list(itertools.islice(reversed(self._events), max(0, self._end - start)))
+            events.reverse()
             return events, self._end, start - index
 
     def close(self) -> None:

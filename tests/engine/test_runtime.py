@@ -192,6 +192,28 @@ def test_feed_events_since_index_and_losses_when_a_consumer_falls_behind():
     assert feed.events_since(4) == ([], 4, 0)
 
 
+@pytest.mark.parametrize(
+    ("index", "reasons", "end", "lost"),
+    [
+        (0, ["c", "d", "e"], 5, 2),  # fallen behind: the backlog kept, the rest lost
+        (2, ["c", "d", "e"], 5, 0),
+        (3, ["d", "e"], 5, 0),
+        (4, ["e"], 5, 0),  # a consumer that keeps up takes the newest
+        (5, [], 5, 0),
+        (7, [], 5, 0),  # past the end (never given out): nothing, nothing lost
+    ],
+)
+def test_feed_events_since_takes_the_events_after_the_index_in_order(
+    index: int, reasons: list[str], end: int, lost: int
+) -> None:
+    state = NodeState(conditions=(), clock=Clock())
+    feed = SnapshotFeed(initial=state.snapshot(), max_events=3)
+    for batch in (["a", "b"], ["c"], ["d", "e"]):
+        feed.publish(snapshot=state.snapshot(), events=[ev(r) for r in batch], health={})
+    events, after, missed = feed.events_since(index)
+    assert ([e.reason for e in events], after, missed) == (reasons, end, lost)
+
+
 def test_wait_newer_returns_latest_or_none_after_close():
     state = NodeState(conditions=(), clock=Clock())
     feed = SnapshotFeed(initial=state.snapshot())
