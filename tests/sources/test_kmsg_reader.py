@@ -383,9 +383,10 @@ def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read(
     """A pseudo-terminal is a character device that polls readable exactly while it holds input, as
     /dev/kmsg does while records wait: the reader's reads are held back by the test so it can look."""
     master, slave = os.openpty()
-    gate = threading.Event()
+    reading, gate = threading.Event(), threading.Event()
 
     def read(fd: int, size: int) -> bytes:
+        reading.set()  # the device is open and its poll registered: the reader reads after both
         gate.wait(30)
         return os.read(fd, size)
 
@@ -396,7 +397,7 @@ def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read(
     try:
         assert not reader.unread()  # nothing open
         thread.start()
-        wait_for(lambda: reader.stats.connected)
+        assert reading.wait(30)
         assert not reader.unread()  # open, nothing written
         os.write(master, b"7,1,1000,-;a line\n")
         wait_for(reader.unread)  # in the device, not yet read (the reader is held in its read)
