@@ -149,16 +149,26 @@ def _itself(record: LogRecord) -> LogRecord:
     return record
 
 
+# How much earlier than the first of a run of kernel log records (in the order the kernel logged them) a
+# later one's time can be: the CPUs' clocks differ by microseconds, a printk preempted between taking its
+# time and taking its place in the log waits milliseconds at most (see ``MicrosecondTimes.at_least``).
+KERNEL_ORDER_SLACK = 1.0
+
+
 class MicrosecondTimes(Sequence[float]):
     """Times given as microseconds (decimal text, as the kernel prints them) after ``base`` seconds, each
     one's ``base + micros / 1e6`` worked out only when read: matching reads the times of the lines a
-    rule looks at, not of every record (issue 16). Equal to any sequence of the same floats."""
+    rule looks at, not of every record (issue 16). Equal to any sequence of the same floats.
 
-    __slots__ = ("_micros", "_base")
+    ``logged_order``: the times are of kernel log records read in the order the kernel logged them (one read
+    of its device), none earlier than the first by more than ``KERNEL_ORDER_SLACK``."""
 
-    def __init__(self, *, micros: Sequence[str], base: float) -> None:
+    __slots__ = ("_micros", "_base", "_logged_order")
+
+    def __init__(self, *, micros: Sequence[str], base: float, logged_order: bool = False) -> None:
         self._micros = micros
         self._base = base
+        self._logged_order = logged_order
 
     def __len__(self) -> int:
         return len(self._micros)
@@ -171,8 +181,17 @@ class MicrosecondTimes(Sequence[float]):
 
     def __getitem__(self, index: int | slice) -> float | MicrosecondTimes:
         if isinstance(index, slice):
-            return MicrosecondTimes(micros=self._micros[index], base=self._base)
+            in_order = self._logged_order and index.step in (None, 1)
+            return MicrosecondTimes(micros=self._micros[index], base=self._base, logged_order=in_order)
         return self._base + int(self._micros[index]) / 1e6
+
+    def at_least(self, oldest: float) -> bool:
+        """Whether no time is before ``oldest``. In logged order, a first time ``KERNEL_ORDER_SLACK`` or more
+        after ``oldest`` answers it without reading the others (the replay policy asks for every batch read,
+        and every one read live is that new)."""
+        if self._logged_order and self._micros and self[0] - KERNEL_ORDER_SLACK >= oldest:
+            return True
+        return not self._micros or self.earliest() >= oldest
 
     def __iter__(self) -> Iterator[float]:
         base = self._base

@@ -189,7 +189,8 @@ def _describe(exc: OSError) -> str:
     return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None and exc.strerror else str(exc)
 
 
-_Chunks = Generator[tuple[bytes, SequenceTracker], None, bool]
+# (complete records, the sequence accounting that applies, whether they are reads of the device)
+_Chunks = Generator[tuple[bytes, SequenceTracker, bool], None, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ class RawChunk:
     data: bytes
     boot_time: float
     tracker: SequenceTracker
+    device: bool = False  # read from the kernel's device, whose sequence numbers only increase
 
 
 class KmsgReader:
@@ -301,8 +303,8 @@ class KmsgReader:
         Reading and decoding are apart so that the reading thread only does I/O: the agent's main
         loop decodes, and the two threads do not compete for the interpreter lock record by record.
         """
-        for data, tracker in self._chunks(stop=stop):
-            yield RawChunk(data=data, boot_time=self._boot_time(), tracker=tracker)
+        for data, tracker, device in self._chunks(stop=stop):
+            yield RawChunk(data=data, boot_time=self._boot_time(), tracker=tracker, device=device)
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
         """The new records of a chunk, in order; call in chunk order, from one thread. A chunk of well-formed
@@ -312,7 +314,7 @@ class KmsgReader:
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
         records: Sequence[LogRecord]
-        columns = parse_columns(chunk.data, boot_time=chunk.boot_time)
+        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, consecutive=chunk.device)
         if columns is not None:
             records = chunk.tracker.accept_all(columns)
         else:
@@ -345,7 +347,7 @@ class KmsgReader:
         Sequence accounting, duplicate skipping and reconnects happen here; a record whose header
         cannot be parsed is counted in ``parse_errors`` and skipped.
         """
-        for chunk, tracker in self._chunks(stop=stop):
+        for chunk, tracker, _device in self._chunks(stop=stop):
             boot_time = self._boot_time()
             for raw in _split_records(chunk):
                 try:
@@ -361,7 +363,7 @@ class KmsgReader:
 
     # -- opening, reopening ------------------------------------------------------------------------
 
-    def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker]]:
+    def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, bool]]:
         """Yield chunks of complete records, each with the sequence tracker that applies to it."""
         wake_fds = self._wake_fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # before the first look at stop
         try:
@@ -372,7 +374,7 @@ class KmsgReader:
                 for fd in wake_fds:
                     os.close(fd)
 
-    def _chunks_until_stop(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker]]:
+    def _chunks_until_stop(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, bool]]:
         sleep = self._sleep if self._sleep is not None else stop.wait
         tracker = SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
         backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
@@ -448,7 +450,7 @@ class KmsgReader:
                 backoff.reset()
                 if not all(map(bytes.endswith, reads, itertools.repeat(b"\n"))):  # the kernel's always do
                     reads = [data if data.endswith(b"\n") else data + b"\n" for data in reads]  # keep records apart
-                yield b"".join(reads), tracker
+                yield b"".join(reads), tracker, True
             if error is not None:
                 raise error  # after handing out what was read before it
             if not reads:
@@ -480,7 +482,7 @@ class KmsgReader:
             except BlockingIOError:  # EAGAIN (a FIFO): nothing more for now
                 self._alive()
                 if pending.endswith(b"\n"):
-                    yield pending, tracker
+                    yield pending, tracker, False
                     pending = b""
                 self._wait_readable(fd)
                 continue
@@ -489,16 +491,16 @@ class KmsgReader:
                 continue
             except OSError:
                 if pending.endswith(b"\n"):
-                    yield pending, tracker  # what was read before the error
+                    yield pending, tracker, False  # what was read before the error
                 raise
             self._alive()
             if not data:  # end of a regular file, or a FIFO without writer
                 if not self._follow:
                     if pending:
-                        yield pending, tracker
+                        yield pending, tracker, False
                     return False
                 if pending.endswith(b"\n"):
-                    yield pending, tracker
+                    yield pending, tracker, False
                     pending = b""
                 if replaced:
                     return True  # the old file is read to its end
@@ -512,9 +514,9 @@ class KmsgReader:
             end = _complete_end(buf)
             pending = buf[end:]
             if end:
-                yield buf[:end], tracker
+                yield buf[:end], tracker, False
             if len(pending) > _MAX_PENDING:
-                yield pending, tracker
+                yield pending, tracker, False
                 pending = b""
         return False
 

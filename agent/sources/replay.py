@@ -96,7 +96,7 @@ class ReplayPolicy:
         seqs, oldest, cursor = columns.seqs, now - self.lookback, self.cursor
         if cursor is None or cursor.boot_id != self.boot_id:  # by time alone (a first start, a new boot)
             times = columns.timestamps
-            if (times.earliest() if isinstance(times, MicrosecondTimes) else min(times)) >= oldest:  # every one new
+            if times.at_least(oldest) if isinstance(times, MicrosecondTimes) else min(times) >= oldest:  # every one new
                 return [(records, False)]
         elif None not in seqs:
             known = cast(Sequence[int], seqs)

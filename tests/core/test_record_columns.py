@@ -11,7 +11,7 @@ import pytest
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
 from agent.core.ring import LineRing
-from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
+from agent.core.types import KERNEL_ORDER_SLACK, LogRecord, MicrosecondTimes, RecordColumns
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.sources.kmsg import KmsgStats, SequenceTracker
 from agent.sources.kmsg_format import parse_chunk, parse_columns
@@ -28,19 +28,31 @@ MESSAGES = [
 ]
 
 
-def chunk(first_seq: int = 100, count: int = 60) -> bytes:
+def chunk(first_seq: int = 100, count: int = 60, *, dictionaries: bool = True) -> bytes:
     return b"".join(
         f"{(i % 7) + 1},{first_seq + i},{(i + 1) * 1_000_000},-;{MESSAGES[i % len(MESSAGES)]}\n".encode()
-        + (b" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n" if i % 11 == 3 else b"")
+        + (b" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n" if dictionaries and i % 11 == 3 else b"")
         for i in range(count)
     )
 
 
-@pytest.fixture(scope="module")
-def columns_and_list() -> tuple[RecordColumns, list[LogRecord]]:
-    data = chunk()
-    columns = parse_columns(data, boot_time=BOOT_TIME)
+# The parser's three ways to columns: one scan of every field (dictionary lines), the message scan with the
+# other fields read from a line when asked for, and the same with the numbers taken from the first and last
+# record (the device's reads).
+KINDS = {
+    "dictionaries": {"dictionaries": True, "consecutive": False},
+    "record-lines": {"dictionaries": False, "consecutive": False},
+    "device-reads": {"dictionaries": False, "consecutive": True},
+}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def columns_and_list(request) -> tuple[RecordColumns, list[LogRecord]]:
+    kind = KINDS[request.param]
+    data = chunk(dictionaries=kind["dictionaries"])
+    columns = parse_columns(data, boot_time=BOOT_TIME, consecutive=kind["consecutive"])
     assert columns is not None
+    assert isinstance(columns.seqs, range) is (request.param == "device-reads")
     return columns, parse_chunk(data, boot_time=BOOT_TIME).records
 
 
@@ -108,6 +120,54 @@ def test_microsecond_times_are_the_records_times(micros, base) -> None:
 )
 def test_the_earliest_time_is_the_smallest_of_the_times(micros, base) -> None:
     assert MicrosecondTimes(micros=micros, base=base).earliest() == min(base + int(m) / 1e6 for m in micros)
+
+
+class FirstOnly(list):
+    """Microseconds that may be read at the first only (the answer must not need the others)."""
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return FirstOnly(super().__getitem__(index))
+        if index != 0:
+            raise AssertionError(f"read the time at {index!r}")
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        raise AssertionError("read every time")
+
+
+SLACK_US = int(KERNEL_ORDER_SLACK * 1e6)
+
+
+@pytest.mark.parametrize(
+    ("micros", "logged_order", "oldest_us", "expected"),
+    [
+        # Not in logged order: every time is read, the earliest decides.
+        (["9000000", "1000", "9500000"], False, 5_000_000, False),
+        (["9000000", "6000000", "9500000"], False, 5_000_000, True),
+        (["5000000"], False, 5_000_000, True),  # at the bound is not before it
+        ([], False, 5_000_000, True),
+        # In logged order, a first time the slack or more after the bound answers alone...
+        (FirstOnly(["9000000", "1", "2"]), True, 9_000_000 - SLACK_US, True),
+        # ...and one closer than that reads them all.
+        (["9000000", "1", "2"], True, 9_000_000 - SLACK_US + 1, False),
+        (["9000000", "8999990", "9000001"], True, 8_999_990, True),
+        (["9000000", "8999990", "9000001"], True, 8_999_991, False),
+        ([], True, 0, True),
+    ],
+)
+def test_at_least_answers_for_every_time_and_in_logged_order_from_the_first(
+    micros, logged_order, oldest_us, expected
+) -> None:
+    times = MicrosecondTimes(micros=micros, base=BOOT_TIME, logged_order=logged_order)
+    assert times.at_least(BOOT_TIME + oldest_us / 1e6) is expected
+
+
+def test_logged_order_holds_for_forward_slices_only() -> None:
+    times = MicrosecondTimes(micros=FirstOnly(["1", "5000000", "2"]), base=0.0, logged_order=True)
+    assert times[1:].at_least(3.0) and times[1::1].at_least(3.0)  # 5 s first: the others are not read
+    backwards = MicrosecondTimes(micros=["2", "1", "5000000"], base=0.0, logged_order=True)[::-1]
+    assert list(backwards) == [5.0, 1e-6, 2e-6] and not backwards.at_least(3.0)  # reversed: all are read
 
 
 def test_matching_gives_the_same_findings_from_columns(columns_and_list) -> None:

@@ -222,6 +222,45 @@ def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
         assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None  # the per-line code decides
 
 
+def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
+    """Without dictionary lines the scan takes each message alone and a record's other fields are read from
+    its line when asked for: the same records, columns and slices; one line it cannot take sends the chunk
+    to the per-line code."""
+    raws = [raw for _, raw in CASES if _well_formed(raw) and b"\n " not in raw.rstrip(b"\n")]
+    assert len(raws) > 20
+    data = chunk_of(raws)
+    expected = reference(raws)[0]
+    for consecutive in (False, True):  # the cases' numbers are not consecutive: every one is read
+        columns = kmsg_format.parse_columns(data, boot_time=BOOT, consecutive=consecutive)
+        assert columns is not None and list(columns) == expected and columns == expected
+        assert list(columns.messages) == [r.message for r in expected]
+        assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
+        assert columns[3:7] == expected[3:7] and columns[-1] == expected[-1] and columns[::-2] == expected[::-2]
+        assert list(columns.timestamps[2:5]) == [r.timestamp for r in expected[2:5]]
+    for odd in (b"06,2,0,-;x", b"1024,2,0,-;x", b"6,1,0;x", b"garbage", b""):
+        mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
+        assert kmsg_format.parse_columns(mixed, boot_time=BOOT, consecutive=True) is None
+        assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "consecutive", "from_the_ends"),
+    [
+        ([5, 6, 7, 8], True, True),
+        ([7], True, True),
+        ([5, 6, 7, 8], False, False),  # not the device's reads: every number is read
+        ([5, 6, 9, 10], True, False),  # a jump (the device reports one with EPIPE): every number is read
+        ([5, 9, 10], True, False),
+    ],
+)
+def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, consecutive, from_the_ends) -> None:
+    data = chunk_of([b"6,%d,%d,-;m%d" % (seq, seq * 10, seq) for seq in seqs])
+    columns = kmsg_format.parse_columns(data, boot_time=BOOT, consecutive=consecutive)
+    assert columns is not None and isinstance(columns.seqs, range) is from_the_ends
+    assert list(columns.seqs) == seqs and [r.seq for r in columns] == seqs
+    assert columns.timestamps == [BOOT + seq * 10 / 1e6 for seq in seqs]
+
+
 def test_the_fast_parser_knows_every_log_record_field() -> None:
     """The fast path stores every LogRecord field itself: a new field must be added there too."""
     assert tuple(f.name for f in dataclasses.fields(LogRecord)) == kmsg_format._RecordSlots.__slots__

@@ -109,6 +109,21 @@ def test_device_overruns_are_counted_and_reads_joined_safely() -> None:
     assert (stats.overruns, stats.records_lost) == (1, 2)
 
 
+def test_only_the_devices_reads_are_vouched_for_as_numbered_in_order(tmp_path: Path) -> None:
+    """The kernel's device hands out records in sequence order (a jump comes as EPIPE), so its chunks may be
+    numbered from their ends; a file's records may come in any order and are read one by one."""
+    reader = reader_for("/dev/kmsg", KmsgStats(), opener=device_opener, read=ScriptedRead([rec(1), rec(2), rec(3)]))
+    chunks = list(reader.chunks(stop=threading.Event()))
+    assert [chunk.device for chunk in chunks] == [True]
+    assert isinstance(reader.decode(chunks[0]).seqs, range)
+    path = tmp_path / "f.kmsg"
+    path.write_bytes(rec(1) + rec(3) + rec(2) + rec(4))
+    reader = reader_for(path, KmsgStats())
+    chunks = list(reader.chunks(stop=threading.Event()))
+    assert chunks and not any(chunk.device for chunk in chunks)
+    assert [r.seq for chunk in chunks for r in reader.decode(chunk)] == [1, 3, 4]  # 2 came after 3: passed
+
+
 def test_the_boot_clock_is_read_once_per_chunk_not_per_record(tmp_path: Path) -> None:
     path = tmp_path / "f.kmsg"
     path.write_bytes(b"".join(rec(seq, "x" * 60) for seq in range(1, 3001)))  # ~220 KiB: 4 reads
