@@ -314,7 +314,7 @@ class KmsgReader:
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
         records: Sequence[LogRecord]
-        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, consecutive=chunk.device)
+        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, device=chunk.device)
         if columns is not None:
             records = chunk.tracker.accept_all(columns)
         else:

@@ -182,7 +182,7 @@ _PRIORITIES = {str(prio): (prio & 7, prio >> 3) for prio in range(1024)}
 # chunk's line count finds it and the chunk goes to parse_chunk.
 _PRIORITY = r"([0-9]|[1-9][0-9]{1,2}|10[01][0-9]|102[0-3])"
 _RECORD = re.compile("^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)((?:\n .*)*)", re.MULTILINE)
-_HEADER = re.compile(  # the same without dictionary lines (a record's scan row, read again from its line)
+_HEADER = re.compile(  # the same without dictionary lines
     "^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)", re.MULTILINE
 )
 # A dictionary line's start: the regex engine looks for it a newline at a time, three times as fast as
@@ -218,61 +218,59 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
     return ParsedChunk(records=records, errors=errors, bad_lines=bad_lines)
 
 
-def parse_columns(
-    data: bytes, *, boot_time: float, source: str = "kmsg", consecutive: bool = False
-) -> RecordColumns | None:
+def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device: bool = False) -> RecordColumns | None:
     """The records of a chunk of well-formed records as columns, each ``LogRecord`` built only when asked
     for (equal to :func:`parse_chunk`'s records); None for a chunk :func:`parse_chunk` must parse: one that
     is not ASCII or holds a blank or malformed line, a malformed dictionary line or a priority beyond the
     table. One regex scan in C finds the records (issue 16: building an object per record, and splitting
     each header, were most of the agent's CPU per record).
 
-    ``consecutive``: the records' sequence numbers are known to increase (reads of the kernel's device, which
-    reports a jump with EPIPE): a chunk whose first and last numbers are as far apart as it has records is
-    numbered from those two without reading the rest."""
+    ``device``: the records are the kernel device's reads, in the order it hands them out (a jump is
+    reported with EPIPE). A chunk of such records without dictionary lines (the usual one) is scanned for its
+    messages alone, and a record's other fields are read from its line when asked for: the matcher wants the
+    time and number of the few lines it looks at, the replay policy the first time, and a chunk whose first
+    and last numbers are as far apart as it has records is numbered from those two. Any other chunk is
+    scanned for every field of every record."""
     if not data.isascii():
         return None
     text = data.decode("ascii")
     if text.startswith(" "):  # a dictionary line before any record
         return None
-    if _DICTIONARY_LINE.search(text):
-        return _dictionary_columns(text, boot_time=boot_time, source=source)
-    # Record lines only (the usual chunk): the one scan takes each message alone; the other fields are read
-    # from a record's line when asked for: the matcher wants the time and number of the few lines it looks at.
+    if not device or _DICTIONARY_LINE.search(text):
+        return _scanned_columns(text, boot_time=boot_time, source=source)
     messages = _MESSAGE.findall(text)
     count = len(messages)
     if not count or count != text.count("\n") + (not text.endswith("\n")):
         return None  # a blank or malformed line: no scan row for it
     lines = text.split("\n", count)[:count]
     first, last = int(lines[0].split(",", 2)[1]), int(lines[-1].split(",", 2)[1])
-    seqs: Sequence[int] = (
-        range(first, last + 1) if consecutive and last - first + 1 == count else [int(s) for s in _Field(lines, 1)]
-    )
+    seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else [int(s) for s in _Field(lines, 1)]
     if "\\x" in text:
         messages = [m if "\\x" not in m else _unescape(m.encode()) for m in messages]
     return RecordColumns(
         messages=messages,
-        timestamps=MicrosecondTimes(micros=_Field(lines, 2), base=boot_time, logged_order=consecutive),
+        timestamps=MicrosecondTimes(micros=_Field(lines, 2), base=boot_time, logged_order=True),
         seqs=seqs,
         rows=_LineRows(lines),
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
     )
 
 
-def _dictionary_columns(text: str, *, boot_time: float, source: str) -> RecordColumns | None:
-    """:func:`parse_columns` of a chunk with dictionary lines: one scan takes every field of every record,
-    its dictionary lines included."""
+def _scanned_columns(text: str, *, boot_time: float, source: str) -> RecordColumns | None:
+    """:func:`parse_columns` by one scan that takes every field of every record, its dictionary lines too."""
     # Each line is a row (a record's first line), a dictionary line (after "\n "), blank or malformed. Rows
     # plus dictionary lines equal to the line count: no blank or malformed line.
-    rows: list[_Row] = _RECORD.findall(text)
-    if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - text.count("\n "):
+    dictionaries = text.count("\n ")
+    rows: list[_Row] = (_RECORD if dictionaries else _HEADER).findall(text)
+    if not rows or len(rows) != text.count("\n") + (not text.endswith("\n")) - dictionaries:
         return None
-    try:
-        for row in rows:
-            if row[5]:
-                _fields(row[5])  # every one parses, so building a record later cannot fail
-    except KmsgParseError:
-        return None
+    if dictionaries:
+        try:
+            for row in rows:
+                if row[5]:
+                    _fields(row[5])  # every one parses, so building a record later cannot fail
+        except KmsgParseError:
+            return None
     columns = list(zip(*rows, strict=True))
     seqs, usecs, messages = columns[1], columns[2], columns[4]
     if "\\x" in text:

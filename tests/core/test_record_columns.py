@@ -40,9 +40,9 @@ def chunk(first_seq: int = 100, count: int = 60, *, dictionaries: bool = True) -
 # other fields read from a line when asked for, and the same with the numbers taken from the first and last
 # record (the device's reads).
 KINDS = {
-    "dictionaries": {"dictionaries": True, "consecutive": False},
-    "record-lines": {"dictionaries": False, "consecutive": False},
-    "device-reads": {"dictionaries": False, "consecutive": True},
+    "dictionaries": {"dictionaries": True, "device": False},
+    "record-lines": {"dictionaries": False, "device": False},
+    "device-reads": {"dictionaries": False, "device": True},
 }
 
 
@@ -50,7 +50,7 @@ KINDS = {
 def columns_and_list(request) -> tuple[RecordColumns, list[LogRecord]]:
     kind = KINDS[request.param]
     data = chunk(dictionaries=kind["dictionaries"])
-    columns = parse_columns(data, boot_time=BOOT_TIME, consecutive=kind["consecutive"])
+    columns = parse_columns(data, boot_time=BOOT_TIME, device=kind["device"])
     assert columns is not None
     assert isinstance(columns.seqs, range) is (request.param == "device-reads")
     return columns, parse_chunk(data, boot_time=BOOT_TIME).records

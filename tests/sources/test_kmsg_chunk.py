@@ -230,8 +230,8 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
     assert len(raws) > 20
     data = chunk_of(raws)
     expected = reference(raws)[0]
-    for consecutive in (False, True):  # the cases' numbers are not consecutive: every one is read
-        columns = kmsg_format.parse_columns(data, boot_time=BOOT, consecutive=consecutive)
+    for device in (False, True):  # the device's way too: the cases' numbers are not consecutive, each is read
+        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device)
         assert columns is not None and list(columns) == expected and columns == expected
         assert list(columns.messages) == [r.message for r in expected]
         assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
@@ -239,12 +239,12 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
         assert list(columns.timestamps[2:5]) == [r.timestamp for r in expected[2:5]]
     for odd in (b"06,2,0,-;x", b"1024,2,0,-;x", b"6,1,0;x", b"garbage", b""):
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
-        assert kmsg_format.parse_columns(mixed, boot_time=BOOT, consecutive=True) is None
+        assert kmsg_format.parse_columns(mixed, boot_time=BOOT, device=True) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
 
 
 @pytest.mark.parametrize(
-    ("seqs", "consecutive", "from_the_ends"),
+    ("seqs", "device", "from_the_ends"),
     [
         ([5, 6, 7, 8], True, True),
         ([7], True, True),
@@ -253,9 +253,9 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
         ([5, 9, 10], True, False),
     ],
 )
-def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, consecutive, from_the_ends) -> None:
+def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, device, from_the_ends) -> None:
     data = chunk_of([b"6,%d,%d,-;m%d" % (seq, seq * 10, seq) for seq in seqs])
-    columns = kmsg_format.parse_columns(data, boot_time=BOOT, consecutive=consecutive)
+    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device)
     assert columns is not None and isinstance(columns.seqs, range) is from_the_ends
     assert list(columns.seqs) == seqs and [r.seq for r in columns] == seqs
     assert columns.timestamps == [BOOT + seq * 10 / 1e6 for seq in seqs]
