@@ -139,6 +139,52 @@ def test_parse_chunk_agrees_with_parse_record_on_random_records(raws: list[bytes
     assert_same(raws, chunk_of(raws))
 
 
+_device_record = st.builds(
+    lambda prio, usec, flags, message, fields: (prio, usec, flags, message, fields),
+    prio=st.integers(0, 1023),
+    usec=st.integers(0, 2**64 - 1),
+    flags=st.sampled_from(["-", "c", "+", "-,caller=T1"]),
+    message=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40),
+    fields=st.dictionaries(st.text("ABC_", min_size=1, max_size=5), st.text(max_size=10), max_size=2),
+)
+
+
+@settings(deadline=None)  # no per-example time limit: the machine is shared
+@given(
+    records=st.lists(_device_record, min_size=1, max_size=12),
+    first=st.integers(0, 2**64 - 20),
+    jump=st.one_of(st.none(), st.integers(0, 11)),
+    broken=st.one_of(st.none(), st.tuples(st.integers(0, 12), _broken)),
+)
+def test_the_devices_reads_as_columns_are_the_records_parse_chunk_makes(records, first, jump, broken) -> None:
+    """The device's way (messages scanned alone, numbers from the ends) gives parse_chunk's records for any
+    chunk it takes, with or without a jump in the numbers, dictionary lines or a broken line; what it does not
+    take (None) goes to parse_chunk."""
+    raws = []
+    seq = first
+    for i, (prio, usec, flags, message, fields) in enumerate(records):
+        if i == jump:
+            seq += 3
+        raws.append(
+            f"{prio},{seq},{usec},{flags};".encode()
+            + escape(message.encode())
+            + b"".join(b"\n " + escape(k.encode()) + b"=" + escape(v.encode()) for k, v in fields.items())
+        )
+        seq += 1
+    if broken is not None:
+        raws.insert(min(broken[0], len(raws)), broken[1])
+    data = chunk_of(raws)
+    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True)
+    expected = parse_chunk(data, boot_time=BOOT)
+    if columns is None:
+        assert broken is not None or not data.isascii()  # only a line the scan cannot take refuses the chunk
+        return
+    assert not expected.errors and list(columns) == expected.records
+    assert list(columns.seqs) == [r.seq for r in expected.records]
+    assert list(columns.timestamps) == [r.timestamp for r in expected.records]
+    assert list(columns.messages) == [r.message for r in expected.records]
+
+
 @settings(deadline=None)  # no per-example time limit: the machine is shared
 @given(data=st.binary(max_size=300))
 def test_parse_chunk_only_reports_never_raises(data: bytes) -> None:
