@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
 
@@ -243,15 +243,15 @@ def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device
     if not count or count != text.count("\n") + (not text.endswith("\n")):
         return None  # a blank or malformed line: no scan row for it
     lines = text.split("\n", count)[:count]
-    first, last = int(lines[0].split(",", 2)[1]), int(lines[-1].split(",", 2)[1])
-    seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else [int(s) for s in _Field(lines, 1)]
+    first, last = int(_seq_text(lines[0])), int(_seq_text(lines[-1]))
+    seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else list(map(int, map(_seq_text, lines)))
     if "\\x" in text:
         messages = [m if "\\x" not in m else _unescape(m.encode()) for m in messages]
     return RecordColumns(
         messages=messages,
-        timestamps=MicrosecondTimes(micros=_Field(lines, 2), base=boot_time, logged_order=True),
+        timestamps=MicrosecondTimes(micros=_PerLine(lines, _usec_text), base=boot_time, logged_order=True),
         seqs=seqs,
-        rows=_LineRows(lines),
+        rows=_PerLine(lines, _scan_row),
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
     )
 
@@ -288,57 +288,49 @@ def _scanned_columns(text: str, *, boot_time: float, source: str) -> RecordColum
 _Row = tuple[str, ...]
 
 
-class _Field(Sequence[str]):
-    """One header field of each record line of a chunk (1: seq, 2: usec), as text, split out when read."""
+_T = TypeVar("_T")
 
-    __slots__ = ("_lines", "_index")
 
-    def __init__(self, lines: list[str], index: int) -> None:
+class _PerLine(Sequence[_T]):
+    """What ``read`` makes of each of a chunk's record lines, made when asked for."""
+
+    __slots__ = ("_lines", "_read")
+
+    def __init__(self, lines: list[str], read: Callable[[str], _T]) -> None:
         self._lines = lines
-        self._index = index
+        self._read = read
 
     def __len__(self) -> int:
         return len(self._lines)
 
     @overload
-    def __getitem__(self, index: int) -> str: ...
+    def __getitem__(self, index: int) -> _T: ...
 
     @overload
-    def __getitem__(self, index: slice) -> _Field: ...
+    def __getitem__(self, index: slice) -> _PerLine[_T]: ...
 
-    def __getitem__(self, index: int | slice) -> str | _Field:
+    def __getitem__(self, index: int | slice) -> _T | _PerLine[_T]:
         if isinstance(index, slice):
-            return _Field(self._lines[index], self._index)
-        return self._lines[index].split(",", 3)[self._index]
+            return _PerLine(self._lines[index], self._read)
+        return self._read(self._lines[index])
 
-    def __iter__(self) -> Iterator[str]:
-        k = self._index
-        return (line.split(",", 3)[k] for line in self._lines)
+    def __iter__(self) -> Iterator[_T]:
+        return map(self._read, self._lines)
 
 
-class _LineRows(Sequence[_Row]):
-    """The scan rows (priority, seq, usec, flags, message) of record lines, each scanned when a record is built."""
+def _seq_text(line: str) -> str:
+    return line.split(",", 2)[1]
 
-    __slots__ = ("_lines",)
 
-    def __init__(self, lines: list[str]) -> None:
-        self._lines = lines
+def _usec_text(line: str) -> str:
+    return line.split(",", 3)[2]
 
-    def __len__(self) -> int:
-        return len(self._lines)
 
-    @overload
-    def __getitem__(self, index: int) -> _Row: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> _LineRows: ...
-
-    def __getitem__(self, index: int | slice) -> _Row | _LineRows:
-        if isinstance(index, slice):
-            return _LineRows(self._lines[index])
-        match = _HEADER.match(self._lines[index])
-        assert match is not None  # every line was scanned as a record's
-        return match.groups()
+def _scan_row(line: str) -> _Row:
+    """A record line's scan row (priority, seq, usec, flags, message), as the one scan of every field gives it."""
+    match = _HEADER.match(line)
+    assert match is not None  # every line was scanned as a record's
+    return match.groups()
 
 
 def _fields(dictionary: str) -> dict[str, str]:
