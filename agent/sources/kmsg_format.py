@@ -239,10 +239,12 @@ def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device
     if not device or _DICTIONARY_LINE.search(text):
         return _scanned_columns(text, boot_time=boot_time, source=source)
     messages = _MESSAGE.findall(text)
+    lines = text.split("\n")
+    if not lines[-1]:
+        lines.pop()  # after the last newline
     count = len(messages)
-    if not count or count != text.count("\n") + (not text.endswith("\n")):
+    if not count or count != len(lines):
         return None  # a blank or malformed line: no scan row for it
-    lines = text.split("\n", count)[:count]
     first, last = int(_seq_text(lines[0])), int(_seq_text(lines[-1]))
     seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else list(map(int, map(_seq_text, lines)))
     if "\\x" in text:
