@@ -101,6 +101,11 @@ def _unescape(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def _message(scanned: str) -> str:
+    """A message as the scan found it (ASCII, still escaped) as the record holds it."""
+    return scanned if "\\x" not in scanned else _unescape(scanned.encode())
+
+
 def _dictionary_entry(line: bytes) -> tuple[str, str]:
     """Parse one dictionary line ``' KEY=value'``."""
     if not line.startswith(b" "):
@@ -218,6 +223,10 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
     return ParsedChunk(records=records, errors=errors, bad_lines=bad_lines)
 
 
+# priority, seq, usec, flags, message (escaped)[, dictionary lines: only scanned in a chunk that has some]
+_Row = tuple[str, ...]
+
+
 def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device: bool = False) -> RecordColumns | None:
     """The records of a chunk of well-formed records as columns, each ``LogRecord`` built only when asked
     for (equal to :func:`parse_chunk`'s records); None for a chunk :func:`parse_chunk` must parse: one that
@@ -248,7 +257,7 @@ def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device
     first, last = int(_seq_text(lines[0])), int(_seq_text(lines[-1]))
     seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else list(map(int, map(_seq_text, lines)))
     if "\\x" in text:
-        messages = [m if "\\x" not in m else _unescape(m.encode()) for m in messages]
+        messages = list(map(_message, messages))
     return RecordColumns(
         messages=messages,
         timestamps=MicrosecondTimes(micros=_PerLine(lines, _usec_text), base=boot_time, logged_order=True),
@@ -276,7 +285,7 @@ def _scanned_columns(text: str, *, boot_time: float, source: str) -> RecordColum
     columns = list(zip(*rows, strict=True))
     seqs, usecs, messages = columns[1], columns[2], columns[4]
     if "\\x" in text:
-        messages = tuple(m if "\\x" not in m else _unescape(m.encode()) for m in messages)
+        messages = tuple(map(_message, messages))
     return RecordColumns(
         messages=messages,
         timestamps=MicrosecondTimes(micros=usecs, base=boot_time),
@@ -284,10 +293,6 @@ def _scanned_columns(text: str, *, boot_time: float, source: str) -> RecordColum
         rows=rows,
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
     )
-
-
-# priority, seq, usec, flags, message (escaped)[, dictionary lines: only scanned in a chunk that has some]
-_Row = tuple[str, ...]
 
 
 _T = TypeVar("_T")
@@ -350,7 +355,7 @@ def _row_record(row: _Row, *, boot_time: float, source: str) -> LogRecord:
     dictionary = row[5] if len(row) > 5 else ""
     micros = int(usec)
     record: Any = object.__new__(_RecordSlots)  # a _RecordSlots, a LogRecord once its class is set below
-    record.message = message if "\\x" not in message else _unescape(message.encode())
+    record.message = _message(message)
     record.timestamp = boot_time + micros / 1e6
     record.seq = int(seq)
     record.priority, record.facility = _PRIORITIES[prio]
