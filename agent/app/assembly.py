@@ -423,7 +423,7 @@ def build_runtime(
     )
     supervisor = Supervisor(components=[*components, main_loop, *consumers], on_stop=[feed.close])
     supervisor_ref.append(supervisor)
-    current = CaughtUp(inbox=inbox, feed=feed, unread=producer.unread)
+    current = CaughtUp(inbox=inbox, feed=feed, catch_up=producer.catch_up)
     runtime = Runtime(
         supervisor=supervisor,
         feed=feed,

@@ -290,12 +290,12 @@ class CaughtUp:
     main loop or a storm of scrapes cannot hold the HTTP thread, whose other requests wait meanwhile.
     Past that, the latest publication as it is. Thread-safe.
 
-    ``unread`` says whether the kernel log holds records its reader has not read yet: the kernel marks
-    /dev/kmsg readable as it stores a line but wakes the reader only at its next tick (up to 4 ms on
-    250 Hz kernels), so a line logged before the read came in may not even be in the inbox. Then the read
-    waits for one input more than had been received, the reader's next batch, within the same bounds.
-    (``received`` is taken first: a batch the reader takes between the two looks is not waited for, and
-    what ``unread`` saw in the kernel can only come in after it.)
+    ``catch_up`` says whether the kernel log holds records its reader has not read yet, and has the reader
+    read them now: the kernel marks /dev/kmsg readable as it stores a line but wakes its readers only at its
+    next tick (up to 4 ms on 250 Hz kernels), so a line logged before the read came in may not even be in
+    the inbox. Then the read waits for one input more than had been received, the reader's next batch,
+    within the same bounds. (``received`` is taken first: a batch the reader takes between the two looks is
+    not waited for, and what ``catch_up`` saw in the kernel can only come in after it.)
     """
 
     def __init__(
@@ -306,10 +306,10 @@ class CaughtUp:
         wait: float = CATCH_UP_WAIT,
         share: float = CATCH_UP_SHARE,
         monotonic: Callable[[], float] = time.monotonic,
-        unread: Callable[[], bool] = lambda: False,
+        catch_up: Callable[[], bool] = lambda: False,
     ) -> None:
         self._inbox = inbox
-        self._unread = unread
+        self._catch_up = catch_up
         self._feed = feed
         self._wait = wait
         self._share = share
@@ -320,7 +320,7 @@ class CaughtUp:
 
     def __call__(self) -> Publication:
         received = self._inbox.received
-        if self._unread():
+        if self._catch_up():
             received += 1
         latest = self._feed.latest()
         if latest.inputs >= received:

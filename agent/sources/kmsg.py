@@ -241,18 +241,21 @@ class KmsgReader:
         read: Callable[[int, int], bytes] = os.read,
         logger: logging.Logger | None = None,
         idle_wait: float | None = None,
+        poller: Callable[[], select.poll] = select.poll,
     ) -> None:
         """``idle_wait``: the longest a wait for new records on a device or FIFO lasts, i.e. how often an idle
-        reader shows it is alive (``stats.last_activity``; default ``poll_interval``). New records and
-        :meth:`wake` end the wait at once, so it only sets the idle wakeups (issue 16)."""
+        reader shows it is alive (``stats.last_activity``; default ``poll_interval``). New records (once the
+        kernel wakes its readers), :meth:`catch_up` and :meth:`wake` end the wait, so it only sets the idle
+        wakeups (issue 16). ``poller`` makes the poll objects those waits use."""
         if poll_interval <= 0 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("need poll_interval > 0 and 0 < backoff_initial <= backoff_max")
         if idle_wait is not None and idle_wait <= 0:
             raise ValueError("need idle_wait > 0")
         self._idle_wait = idle_wait if idle_wait is not None else poll_interval
         self._wake_fds: tuple[int, int] | None = None  # (read, write) of the pipe wake() writes to
-        self._device: select.poll | None = None  # the open device, for unread(); set and cleared under the lock
+        self._device: select.poll | None = None  # the open device, for catch_up(); set and cleared under the lock
         self._wake_lock = threading.Lock()
+        self._poller = poller
         self._path = os.fspath(path)
         self._stats = stats
         self._boot_time = boot_time
@@ -274,28 +277,37 @@ class KmsgReader:
         """The counters this reader updates (read them at any time; one writer, this reader)."""
         return self._stats
 
-    def unread(self) -> bool:
-        """Whether the kernel holds records this reader has not read yet: the open device polls readable (or
-        reports records overwritten before they were read). Any thread, any time; False while no device is
-        open, and always for a file or FIFO (a file polls readable at its end too).
+    def catch_up(self) -> bool:
+        """Whether the kernel holds records this reader has not read yet (the open device polls readable, or
+        reports records overwritten before they were read); if it does, the reader's wait for them ends now.
+        Any thread, any time; False while no device is open, and always for a file or FIFO (a file polls
+        readable at its end too).
 
-        The kernel marks the device readable as it stores a record, but wakes the readers only at its next
-        timer tick (up to 4 ms later at HZ=250): meanwhile a scrape would show the node without a line that
-        was logged before it came in. :class:`agent.core.bus.CaughtUp` waits for the next batch then."""
-        with self._wake_lock:  # never a poll of a descriptor closed (and reused) meanwhile
+        The kernel stores a record and marks the device readable at once, but wakes its readers only from its
+        next timer tick (printk's wakeup is lazy irq_work: up to 4 ms at HZ=250; 1.1 ms after the record was
+        readable at the median here, up to 3 ms). A scrape that comes in meanwhile waits for the reader's
+        next batch (:class:`agent.core.bus.CaughtUp`), and without this would wait for that tick too."""
+        with self._wake_lock:  # never a poll of (or a write to) a descriptor closed and reused meanwhile
             if self._device is None:
                 return False
             try:
-                return bool(self._device.poll(0))
+                waiting = bool(self._device.poll(0))
             except OSError:  # out of memory for the poll: nothing known, nothing waited for
                 return False
+            if waiting:
+                self._end_wait()
+            return waiting
 
     def wake(self) -> None:
         """Stop was set: end a wait for new records now (any thread; the supervisor calls it)."""
         with self._wake_lock:  # never a write to a descriptor closed (and reused) meanwhile
-            if self._wake_fds is not None:
-                with contextlib.suppress(BlockingIOError):  # full: woken already
-                    os.write(self._wake_fds[1], b"\0")
+            self._end_wait()
+
+    def _end_wait(self) -> None:
+        """End the reader's wait (under the wake lock): a byte in its wake pipe."""
+        if self._wake_fds is not None:
+            with contextlib.suppress(BlockingIOError):  # full: woken already
+                os.write(self._wake_fds[1], b"\0")
 
     def chunks(self, *, stop: threading.Event) -> Iterator[RawChunk]:
         """Yield raw chunks of complete records until ``stop`` is set; :meth:`decode` turns one into records.
@@ -538,8 +550,9 @@ class KmsgReader:
         return False
 
     def _wait_readable(self, fd: int) -> None:
-        """Until ``fd`` has data, :meth:`wake` is called, or ``idle_wait`` passes."""
-        poller = select.poll()
+        """Until ``fd`` has data (the kernel woke its readers), :meth:`catch_up` or :meth:`wake` is called, or
+        ``idle_wait`` passes."""
+        poller = self._poller()
         poller.register(fd, select.POLLIN)
         fds = self._wake_fds
         if fds is not None:

@@ -29,11 +29,13 @@ class Source(Protocol):
 
 
 @runtime_checkable
-class Unread(Protocol):
-    """A source that can tell whether records are waiting that it has not read (``KmsgReader``: the device)."""
+class CatchUp(Protocol):
+    """A source that can tell whether records are waiting that it has not read, and then read them at once
+    (``KmsgReader``: the device, whose readers the kernel wakes only at its next tick)."""
 
-    def unread(self) -> bool:
-        """Whether such records wait now (any thread, any time; cheap: one call per scrape)."""
+    def catch_up(self) -> bool:
+        """Whether such records wait now; if so, the source reads them now (any thread, any time; cheap: one
+        call per scrape)."""
 
 
 class SourceProducer:
@@ -61,7 +63,7 @@ class SourceProducer:
         self._inbox = inbox
         self._stall_timeout = stall_timeout
         self._monitor = monitor
-        self._unread = source.unread if isinstance(source, Unread) else None
+        self._catch_up = source.catch_up if isinstance(source, CatchUp) else None
 
     def healthy(self, now: float) -> bool:
         stats = self.source.stats
@@ -75,9 +77,10 @@ class SourceProducer:
     def detail(self) -> str | None:
         return self.source.stats.last_error
 
-    def unread(self) -> bool:
-        """Whether the source has records it has not read yet; False where it cannot tell (a relay, a fake)."""
-        return self._unread is not None and self._unread()
+    def catch_up(self) -> bool:
+        """Whether the source has records it has not read yet, which it then reads at once; False where it
+        cannot tell (a relay, a fake)."""
+        return self._catch_up is not None and self._catch_up()
 
     def wake(self) -> None:
         """Stop was set: a source that sleeps on its file descriptor is told to look now."""

@@ -175,9 +175,16 @@ def test_records_the_reader_has_not_read_are_waited_for_as_its_next_batch(
     for _ in range(received):
         assert inbox.put(Notice(events=()), stop=STOP)
     publish(on, inputs=published)
-    current = CaughtUp(inbox=inbox, feed=on, wait=0.02, unread=lambda: unread)
+    reader_asked: list[None] = []
+
+    def catch_up() -> bool:
+        reader_asked.append(None)
+        return unread
+
+    current = CaughtUp(inbox=inbox, feed=on, wait=0.02, catch_up=catch_up)
     assert current() is on.latest()
     assert on.asked == ([] if asked is None else [asked])
+    assert len(reader_asked) == 1  # every read has the reader catch up: records unread are read now
 
 
 def test_a_read_with_records_unread_shows_the_batch_the_reader_hands_over_next() -> None:
@@ -188,7 +195,7 @@ def test_a_read_with_records_unread_shows_the_batch_the_reader_hands_over_next()
     assert inbox.put(Notice(events=()), stop=STOP)
     assert inbox.get_nowait() is not None
     caught_up = publish(on, inputs=inbox.taken)
-    current = CaughtUp(inbox=inbox, feed=on, wait=30.0, unread=lambda: True)
+    current = CaughtUp(inbox=inbox, feed=on, wait=30.0, catch_up=lambda: True)
     got: list[Publication] = []
     reader = threading.Thread(target=lambda: got.append(current()))
     reader.start()

@@ -478,8 +478,10 @@ class Telling(Silent):
     def __init__(self, unread: bool) -> None:
         super().__init__()
         self.answer = unread
+        self.asked = 0
 
-    def unread(self) -> bool:
+    def catch_up(self) -> bool:
+        self.asked += 1
         return self.answer
 
 
@@ -488,9 +490,12 @@ class Telling(Silent):
     [(Silent(), False), (Telling(unread=False), False), (Telling(unread=True), True)],
     ids=["cannot-tell", "nothing-waits", "records-wait"],
 )
-def test_the_producer_says_whether_its_source_has_records_unread(source: Silent, unread: bool) -> None:
+def test_the_producer_has_its_source_catch_up_and_says_whether_records_were_unread(
+    source: Silent, unread: bool
+) -> None:
     producer = SourceProducer(source=source, inbox=Inbox(), stall_timeout=10.0)
-    assert producer.unread() is unread
+    assert producer.catch_up() is unread
+    assert getattr(source, "asked", 1) == 1  # a source that can catch up is asked each time
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import errno
 import itertools
 import logging
 import os
+import select
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -394,7 +396,7 @@ def test_records_are_log_records_with_the_boot_clock(tmp_path: Path) -> None:
     )
 
 
-def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read() -> None:
+def test_catch_up_says_whether_the_open_device_holds_what_the_reader_has_not_read() -> None:
     """A pseudo-terminal is a character device that polls readable exactly while it holds input, as
     /dev/kmsg does while records wait: the reader's reads are held back by the test so it can look."""
     master, slave = os.openpty()
@@ -410,15 +412,15 @@ def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read(
     chunks: list[object] = []
     thread = threading.Thread(target=lambda: chunks.extend(reader.chunks(stop=stop)))
     try:
-        assert not reader.unread()  # nothing open
+        assert not reader.catch_up()  # nothing open
         thread.start()
         assert reading.wait(30)
-        assert not reader.unread()  # open, nothing written
+        assert not reader.catch_up()  # open, nothing written
         os.write(master, b"7,1,1000,-;a line\n")
-        wait_for(reader.unread)  # in the device, not yet read (the reader is held in its read)
+        wait_for(reader.catch_up)  # in the device, not yet read (the reader is held in its read)
         gate.set()
         wait_for(lambda: len(chunks) == 1)
-        wait_for(lambda: not reader.unread())  # read: nothing left in the device
+        wait_for(lambda: not reader.catch_up())  # read: nothing left in the device
     finally:
         gate.set()
         stop.set()
@@ -427,16 +429,66 @@ def test_unread_says_whether_the_open_device_holds_what_the_reader_has_not_read(
         os.close(master)
         os.close(slave)
     assert not thread.is_alive()
-    assert not reader.unread()  # closed: nothing to poll
+    assert not reader.catch_up()  # closed: nothing to poll
 
 
-def test_unread_is_false_for_a_followed_file_which_polls_readable_at_its_end(tmp_path: Path) -> None:
+class LazyKernel:
+    """The reader's waits as the kernel makes them after it stores a record: the device polls readable at
+    once, but the waiters are woken only at the next timer tick, which never comes here. A wait registers
+    the device and the reader's wake pipe; this poll leaves character devices out, so only the pipe (or
+    the idle wait) ends it."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self._poll = select.poll()
+
+    def __call__(self) -> LazyKernel:
+        return self
+
+    def register(self, fd: int, mask: int) -> None:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            self._poll.register(fd, mask)
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+        self.waiting.set()
+        ready = self._poll.poll(timeout)
+        self.waiting.clear()
+        return ready
+
+
+def test_catch_up_has_the_reader_read_records_the_kernel_has_not_woken_it_for() -> None:
+    """A scrape that comes in while a stored record waits for the kernel's tick: catch_up says so and the
+    reader reads it now (the reader's idle wait is an hour; only catch_up can end it)."""
+    master, slave = os.openpty()
+    lazy = LazyKernel()
+    reader = KmsgReader(path=os.ttyname(slave), stats=KmsgStats(), idle_wait=3600.0, poller=lazy)
+    stop = threading.Event()
+    chunks: list[bytes] = []
+    thread = threading.Thread(target=lambda: chunks.extend(c.data for c in reader.chunks(stop=stop)))
+    try:
+        thread.start()
+        assert lazy.waiting.wait(30)  # nothing in the device: the reader waits
+        assert not reader.catch_up()
+        os.write(master, b"7,1,1000,-;a line\n")
+        wait_for(reader.catch_up)  # stored and readable; the reader is still waiting
+        wait_for(lambda: len(chunks) == 1)
+        assert chunks == [b"7,1,1000,-;a line\n"]
+    finally:
+        stop.set()
+        reader.wake()
+        thread.join(timeout=30)
+        os.close(master)
+        os.close(slave)
+    assert not thread.is_alive()
+
+
+def test_catch_up_is_false_for_a_followed_file_which_polls_readable_at_its_end(tmp_path: Path) -> None:
     path = tmp_path / "kmsg"
     path.write_bytes(rec(1))
     reader = KmsgReader(path=path, stats=KmsgStats(), follow=True, sleep=lambda _: None, poll_interval=0.01)
     stop = threading.Event()
     batches = reader.batches(stop=stop)
     assert [r.seq for r in next(batches)] == [1]
-    assert not reader.unread()
+    assert not reader.catch_up()
     stop.set()
     batches.close()
