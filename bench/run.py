@@ -763,7 +763,9 @@ class Injection:
 
     @property
     def own_ms(self) -> float | None:
-        """The agent's share: what it took beyond the kernel's."""
+        """The agent's share: what it took beyond the kernel's. Negative where the agent had the line before the
+        kernel woke the bare reader: a scrape that finds the line stored has the agent's reader read it at
+        once (``KmsgReader.catch_up``), while the bare reader sleeps until the kernel's next tick."""
         return None if self.kernel_ms is None else self.total_ms - self.kernel_ms
 
 

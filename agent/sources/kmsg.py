@@ -48,6 +48,7 @@ _FILE_READ_SIZE = 64 * 1024
 # A regular file or FIFO that never produces a record boundary must not grow the buffer forever.
 _MAX_PENDING = 64 * 1024
 MAX_BATCH = 4096  # records per list yielded by KmsgReader.batches()
+_WAKE_DRAIN = 4096  # bytes read from the wake pipe at a time (a full pipe, 64 KiB, in 16 reads)
 _BATCH_READS = range(MAX_BATCH)  # reads of /dev/kmsg per chunk at most (an EPIPE takes one too)
 _RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
 
@@ -559,8 +560,8 @@ class KmsgReader:
             poller.register(fds[0], select.POLLIN)
         ready = poller.poll(self._idle_wait * 1000)
         if fds is not None and any(ready_fd == fds[0] for ready_fd, _ in ready):
-            try:
-                while os.read(fds[0], 64):
+            try:  # scrapes may have written many bytes (catch_up) while the reader was busy reading
+                while os.read(fds[0], _WAKE_DRAIN):
                     pass
             except BlockingIOError:
                 pass
