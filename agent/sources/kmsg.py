@@ -285,8 +285,8 @@ class KmsgReader:
         readable at its end too).
 
         The kernel stores a record and marks the device readable at once, but wakes its readers only from its
-        next timer tick (printk's wakeup is lazy irq_work: up to 4 ms at HZ=250; 1.1 ms after the record was
-        readable at the median here, up to 3 ms). A scrape that comes in meanwhile waits for the reader's
+        next timer tick (printk's wakeup is lazy irq_work: up to 4 ms at HZ=250; here 1.1-1.6 ms after the
+        record was readable at the median, up to 3.6 ms). A scrape that comes in meanwhile waits for the reader's
         next batch (:class:`agent.core.bus.CaughtUp`), and without this would wait for that tick too."""
         with self._wake_lock:  # never a poll of (or a write to) a descriptor closed and reused meanwhile
             if self._device is None:
