@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -9,8 +10,9 @@ import os
 import select
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -396,33 +398,20 @@ def test_records_are_log_records_with_the_boot_clock(tmp_path: Path) -> None:
     )
 
 
-def test_catch_up_says_whether_the_open_device_holds_what_the_reader_has_not_read() -> None:
-    """A pseudo-terminal is a character device that polls readable exactly while it holds input, as
-    /dev/kmsg does while records wait: the reader's reads are held back by the test so it can look."""
+@contextlib.contextmanager
+def reading_a_terminal(**options: Any) -> Iterator[tuple[int, KmsgReader, list[bytes]]]:
+    """A reader (``options``) on a pseudo-terminal, a character device that polls readable exactly while it
+    holds input, as /dev/kmsg does while records wait: (the terminal's end to write records to, the reader,
+    the data of the chunks it yields). Stopped and closed after."""
     master, slave = os.openpty()
-    reading, gate = threading.Event(), threading.Event()
-
-    def read(fd: int, size: int) -> bytes:
-        reading.set()  # the device is open and its poll registered: the reader reads after both
-        gate.wait(30)
-        return os.read(fd, size)
-
-    reader = KmsgReader(path=os.ttyname(slave), stats=KmsgStats(), read=read, idle_wait=30.0)
+    reader = KmsgReader(path=os.ttyname(slave), stats=KmsgStats(), **options)
     stop = threading.Event()
-    chunks: list[object] = []
-    thread = threading.Thread(target=lambda: chunks.extend(reader.chunks(stop=stop)))
+    chunks: list[bytes] = []
+    thread = threading.Thread(target=lambda: chunks.extend(chunk.data for chunk in reader.chunks(stop=stop)))
+    thread.start()
     try:
-        assert not reader.catch_up()  # nothing open
-        thread.start()
-        assert reading.wait(30)
-        assert not reader.catch_up()  # open, nothing written
-        os.write(master, b"7,1,1000,-;a line\n")
-        wait_for(reader.catch_up)  # in the device, not yet read (the reader is held in its read)
-        gate.set()
-        wait_for(lambda: len(chunks) == 1)
-        wait_for(lambda: not reader.catch_up())  # read: nothing left in the device
+        yield master, reader, chunks
     finally:
-        gate.set()
         stop.set()
         reader.wake()
         thread.join(timeout=30)
@@ -430,6 +419,28 @@ def test_catch_up_says_whether_the_open_device_holds_what_the_reader_has_not_rea
         os.close(slave)
     assert not thread.is_alive()
     assert not reader.catch_up()  # closed: nothing to poll
+
+
+def test_catch_up_says_whether_the_open_device_holds_what_the_reader_has_not_read() -> None:
+    """The reader's reads are held back by the test so it can look."""
+    reading, gate = threading.Event(), threading.Event()
+
+    def read(fd: int, size: int) -> bytes:
+        reading.set()  # the device is open and its poll registered: the reader reads after both
+        gate.wait(30)
+        return os.read(fd, size)
+
+    with reading_a_terminal(read=read, idle_wait=30.0) as (terminal, reader, chunks):
+        try:
+            assert reading.wait(30)
+            assert not reader.catch_up()  # open, nothing written
+            os.write(terminal, b"7,1,1000,-;a line\n")
+            wait_for(reader.catch_up)  # in the device, not yet read (the reader is held in its read)
+            gate.set()
+            wait_for(lambda: len(chunks) == 1)
+            wait_for(lambda: not reader.catch_up())  # read: nothing left in the device
+        finally:
+            gate.set()
 
 
 class LazyKernel:
@@ -459,27 +470,14 @@ class LazyKernel:
 def test_catch_up_has_the_reader_read_records_the_kernel_has_not_woken_it_for() -> None:
     """A scrape that comes in while a stored record waits for the kernel's tick: catch_up says so and the
     reader reads it now (the reader's idle wait is an hour; only catch_up can end it)."""
-    master, slave = os.openpty()
     lazy = LazyKernel()
-    reader = KmsgReader(path=os.ttyname(slave), stats=KmsgStats(), idle_wait=3600.0, poller=lazy)
-    stop = threading.Event()
-    chunks: list[bytes] = []
-    thread = threading.Thread(target=lambda: chunks.extend(c.data for c in reader.chunks(stop=stop)))
-    try:
-        thread.start()
+    with reading_a_terminal(idle_wait=3600.0, poller=lazy) as (terminal, reader, chunks):
         assert lazy.waiting.wait(30)  # nothing in the device: the reader waits
         assert not reader.catch_up()
-        os.write(master, b"7,1,1000,-;a line\n")
+        os.write(terminal, b"7,1,1000,-;a line\n")
         wait_for(reader.catch_up)  # stored and readable; the reader is still waiting
         wait_for(lambda: len(chunks) == 1)
         assert chunks == [b"7,1,1000,-;a line\n"]
-    finally:
-        stop.set()
-        reader.wake()
-        thread.join(timeout=30)
-        os.close(master)
-        os.close(slave)
-    assert not thread.is_alive()
 
 
 def test_catch_up_is_false_for_a_followed_file_which_polls_readable_at_its_end(tmp_path: Path) -> None:
