@@ -15,7 +15,7 @@ from agent.core.types import LogRecord
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
 from agent.sources.kmsg_format import read_boot_id
 
-from helpers import kmsg_problem
+from helpers import kmsg_problem, wait_for
 
 pytestmark = pytest.mark.kmsg
 
@@ -115,3 +115,38 @@ def test_batches_from_the_device(stop: threading.Event) -> None:
 @pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="no procfs boot_id here")
 def test_read_boot_id_from_the_real_proc() -> None:
     assert str(uuid.UUID(read_boot_id())) == read_boot_id()
+
+
+@requires_kmsg
+def test_catch_up_sees_a_line_the_kernel_stored_before_the_reader_reads_it(stop: threading.Event) -> None:
+    """What ``catch_up`` rests on, on the real device: once the reader has read the ring to its end, a line
+    written to /dev/kmsg polls readable for it until it reads the line (its reads are held back by the test
+    from then on), and ``catch_up`` says so; the reader then reads the line."""
+    drained, gate = threading.Event(), threading.Event()
+
+    def read(fd: int, size: int) -> bytes:
+        if drained.is_set():
+            gate.wait(WAIT)
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            drained.set()  # the ring read to its end: the reader waits for new records
+            raise
+
+    marker = f"nha-catch-up-{uuid.uuid4()}"
+    reader = KmsgReader(path=DEVICE, stats=KmsgStats(), read=read, idle_wait=WAIT)
+    seen: list[LogRecord] = []
+    thread = threading.Thread(target=lambda: seen.extend(read_until(reader, marker=marker, stop=stop)))
+    thread.start()
+    try:
+        assert drained.wait(WAIT), f"the ring was not read to its end within {WAIT}s"
+        write_line(f"<6>{marker}\n")
+        wait_for(reader.catch_up, timeout=WAIT)  # stored, not read: the reader is waiting or held
+        gate.set()
+        thread.join(timeout=WAIT)
+    finally:
+        gate.set()
+        stop.set()
+        reader.wake()
+        thread.join(timeout=WAIT)
+    assert seen and marker in seen[-1].message, f"marker not read back within {WAIT}s"
