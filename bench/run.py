@@ -729,6 +729,24 @@ def _kmsg_problem() -> str | None:
     return None
 
 
+def _kmsg_readers(proc: Path = Path("/proc"), *, exclude: int | None = None) -> list[str]:
+    """Other processes holding /dev/kmsg open, as "pid (name)": they read every record the feed writes beside
+    both detectors (an agent left running by an interrupted run, a journald), which moves the kernel's share
+    and the CPU both sides spend. ``exclude``: this process. Processes that vanish or cannot be looked into
+    are passed over."""
+    found = []
+    pids = sorted(int(entry.name) for entry in proc.iterdir() if entry.name.isdigit())
+    for entry in (proc / str(pid) for pid in pids if pid != exclude):
+        try:
+            holds = any(os.readlink(fd) == "/dev/kmsg" for fd in (entry / "fd").iterdir())
+            name = (entry / "comm").read_text().strip() if holds else ""
+        except OSError:
+            continue
+        if holds:
+            found.append(f"{entry.name} ({name})")
+    return found
+
+
 # A reader that does nothing else, beside the agent in the same run: its time from the write is the
 # kernel's share (the write itself, which prints an error-level line on the serial console first, and
 # waking a reader), which NPD's figures carry as well.
@@ -1065,6 +1083,13 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
     if problem is not None:
         print(f"  /dev/kmsg: skipped ({problem})", flush=True)
     else:
+        readers = _kmsg_readers(exclude=os.getpid())
+        if readers:
+            print(
+                f"  /dev/kmsg: also read by {', '.join(readers)}: they read every record fed beside both detectors,"
+                " which moves the kernel's share and the CPU figures (an agent left by an interrupted run? stop it)",
+                flush=True,
+            )
         writes = _kmsg_writes(1_000_000)
         processed = "node_health_agent_records_processed_total"
         ooms = 1 + sum(1 for w in writes if NPD_OOM.search(w.decode("utf-8", "replace")))
