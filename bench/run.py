@@ -15,10 +15,11 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -926,13 +927,8 @@ def _kmsg_writes(records: int) -> list[bytes]:
 
 def _feed_kmsg(writes: list[bytes], marker: bytes) -> None:
     """Write ``writes`` to /dev/kmsg at KMSG_RATE, then ``marker``, with the kernel's writer rate limit
-    lifted (kernel.printk_devkmsg=on; put back after)."""
-    import os
-
-    setting = Path("/proc/sys/kernel/printk_devkmsg")
-    before = setting.read_text().strip()
-    setting.write_text("on\n")
-    try:
+    lifted (kernel.printk_devkmsg=on; put back after: :func:`_writers_unlimited`)."""
+    with _writers_unlimited():
         fd = os.open("/dev/kmsg", os.O_WRONLY)
         try:
             begun = time.perf_counter()
@@ -945,8 +941,44 @@ def _feed_kmsg(writes: list[bytes], marker: bytes) -> None:
             os.write(fd, marker)
         finally:
             os.close(fd)
+
+
+PRINTK_DEVKMSG = Path("/proc/sys/kernel/printk_devkmsg")
+PRINTK_DEVKMSG_VALUES = ("on", "off", "ratelimit")  # what the kernel takes (and shows)
+
+
+@contextlib.contextmanager
+def _writers_unlimited(*, setting: Path = PRINTK_DEVKMSG, saved: Path | None = None) -> Iterator[None]:
+    """kernel.printk_devkmsg=on while the block runs, then what it was. What it was is kept in ``saved``
+    (default: in the benchmark's cache) meanwhile: a run killed mid-feed (SIGKILL, no ``finally``) leaves it
+    there, and the next run puts it back before anything else."""
+    from bench import npd_side
+
+    saved = saved if saved is not None else npd_side.cache_dir() / "printk_devkmsg.saved"
+    _put_back_left(setting, saved)
+    before = setting.read_text().strip()
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(before + "\n")
+    setting.write_text("on\n")
+    try:
+        yield
     finally:
         setting.write_text(before + "\n")
+        saved.unlink(missing_ok=True)
+
+
+def _put_back_left(setting: Path, saved: Path) -> None:
+    """A value an interrupted run left in ``saved``: written back to ``setting`` (if the kernel takes it), said."""
+    try:
+        left = saved.read_text().strip()
+    except FileNotFoundError:
+        return
+    if left in PRINTK_DEVKMSG_VALUES:
+        setting.write_text(left + "\n")
+        print(f"  kernel.printk_devkmsg: put back to {left!r} (an interrupted run had left it 'on')", flush=True)
+    else:
+        print(f"  kernel.printk_devkmsg: ignoring {saved} (not a value the kernel takes: {left[:40]!r})", flush=True)
+    saved.unlink()
 
 
 KMSG_QUIET_S = 15.0  # a count that has not risen for this long after the feed has stopped rising
@@ -1423,6 +1455,8 @@ def main(argv: list[str] | None = None) -> int:
         "--npd-src", metavar="DIR", help="node-problem-detector's source (checkout or git repository) for `npd`"
     )
     args = parser.parse_args(argv)
+    # SIGTERM ends the run through its ``finally`` blocks: the agents it started stop, kernel settings go back.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if args.npd_src:
         os.environ["NPD_SRC"] = args.npd_src
     selected = [n for n in BENCHMARKS if not args.names or any(n.startswith(p) for p in args.names)]
