@@ -120,10 +120,10 @@ class SequenceTracker:
         """:meth:`accept` each record in order; returns the new ones (``records`` itself when all are)."""
         if not records:
             return records
-        seqs = list(records.seqs) if isinstance(records, RecordColumns) else [record.seq for record in records]
+        seqs = records.seqs if isinstance(records, RecordColumns) else [record.seq for record in records]
         first, last = seqs[0], self._last
         if first is not None and (last is None or first == last + 1):  # noqa: SIM102  # narrows first
-            if seqs == list(range(first, first + len(seqs))):  # the usual case: consecutive, nothing to skip
+            if _consecutive(seqs, first):  # the usual case: nothing to skip
                 self._last = first + len(seqs) - 1
                 self._unparsed = 0
                 return records
@@ -138,6 +138,13 @@ class SequenceTracker:
             self._unparsed += 1
             return True
         return self.accept(seq)
+
+
+def _consecutive(seqs: Sequence[int | None], first: int) -> bool:
+    """Whether ``seqs`` are ``first``, ``first + 1``, ... (a device chunk's numbers come as that range already:
+    compared without making a list of it)."""
+    expected = range(first, first + len(seqs))
+    return seqs == expected if isinstance(seqs, range) else list(seqs) == list(expected)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
