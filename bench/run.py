@@ -739,12 +739,12 @@ def _kmsg_readers(proc: Path = Path("/proc"), *, exclude: int | None = None) -> 
     pids = sorted(int(entry.name) for entry in proc.iterdir() if entry.name.isdigit())
     for entry in (proc / str(pid) for pid in pids if pid != exclude):
         try:
-            holds = any(os.readlink(fd) == "/dev/kmsg" for fd in (entry / "fd").iterdir())
-            name = (entry / "comm").read_text().strip() if holds else ""
+            if not any(os.readlink(fd) == "/dev/kmsg" for fd in (entry / "fd").iterdir()):
+                continue
+            name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if holds:
-            found.append(f"{entry.name} ({name})")
+        found.append(f"{entry.name} ({name})")
     return found
 
 
