@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from agent.core.types import Finding, LogRecord, RecordColumns
+from agent.core.types import Finding, LogRecord, Mapped, RecordColumns
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine
@@ -50,23 +50,45 @@ class DetectionPipeline:
         records = batch.records
         columns = RecordColumns.of(records)  # the kernel log reader's records are columns already
         messages = columns.messages
-        if "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
+        raw_lines = columns.raw_lines
+        lines: Sequence[str]
+        if raw_lines is not None:  # the kernel's own lines: one a record, no newline in any; stripped if matched
+            lines = Mapped(messages, str.strip)
+            times = columns.timestamps
+            numbers = _numbers(columns.seqs)
+        elif "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
             lines = list(map(str.strip, messages))
             times = columns.timestamps
-            seqs = columns.seqs
-            numbers = cast(Sequence[int], seqs) if None not in seqs else [s if s is not None else 0 for s in seqs]
+            numbers = _numbers(columns.seqs)
         else:
-            lines, times, numbers = [], [], []
-            for record in records:
-                seq = record.seq if record.seq is not None else 0
-                for line in record.message.split("\n"):
-                    lines.append(line.strip())
-                    times.append(record.timestamp)
-                    numbers.append(seq)
+            lines, times, numbers = _split_lines(records)
         if not lines:
             return []
-        findings = self._engine.feed(lines, times=times, line_numbers=numbers, permanent_only=batch.permanent_only)
+        findings = self._engine.feed(
+            lines, times=times, line_numbers=numbers, permanent_only=batch.permanent_only, raw_lines=raw_lines
+        )
         self.lines_matched += len(lines)
         for finding in findings:
             self.rule_matches[finding.rule] += 1
         return findings
+
+
+def _numbers(seqs: Sequence[int | None]) -> Sequence[int]:
+    """The line numbers of records numbered ``seqs`` (0 for a record without one)."""
+    if isinstance(seqs, range) or None not in seqs:  # `None in` walks a range too: the device's chunks come as one
+        return cast(Sequence[int], seqs)
+    return [s if s is not None else 0 for s in seqs]
+
+
+def _split_lines(records: Sequence[LogRecord]) -> tuple[list[str], list[float], list[int]]:
+    """Each line of each record's message, stripped, with the record's time and number (0 for none)."""
+    lines: list[str] = []
+    times: list[float] = []
+    numbers: list[int] = []
+    for record in records:
+        seq = record.seq if record.seq is not None else 0
+        for line in record.message.split("\n"):
+            lines.append(line.strip())
+            times.append(record.timestamp)
+            numbers.append(seq)
+    return lines, times, numbers

@@ -18,8 +18,11 @@ found in a line decides its candidate rules through a plan made once per literal
 for evaluation, fallbacks last; the literal runs each rule requires beyond the literals found, checked
 once per group of rules that share them), and only those rules' regexes run, once per pattern per
 line. Rules that can match across lines stay armed for ``bufferSize`` lines after a line with their
-literal; rules without a known literal run on every line (correct, just slower). A ``fallback`` rule
-is tried on a line only after the line's other rules, and only if none of them matched. Rules that
+literal; rules without a known literal run on every line (correct, just slower). Lines read from the
+kernel's own /dev/kmsg come with the chunk's bytes (``raw_lines``): the prefilter scans those instead
+of the lines joined, and a line is cut from its record only when a rule looks at it; a literal found in
+a record's prefix only makes the line a candidate (each candidate rule's regex still decides). A
+``fallback`` rule is tried on a line only after the line's other rules, and only if none of them matched. Rules that
 share a pattern (one per Xid list) and differ by ``where`` filters on its groups are sorted out by
 ``FindingBuilder.admits`` before a finding is built.
 """
@@ -263,6 +266,8 @@ class RuleEngine:
             for lit in rule.literals or ():
                 self._by_literal.setdefault(lit, []).append(i)
         self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
+        # Raw lines are scanned in place of the lines joined unless a literal spans lines (a header between).
+        self._in_place = not any("\n" in lit for lit in self._by_literal)
         self._plans: dict[frozenset[str], _Plan] = {}
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[int, int] = {}  # multiline rule index -> last absolute line index it stays armed
@@ -306,12 +311,16 @@ class RuleEngine:
         times: Sequence[float] | float = 0.0,
         line_numbers: Sequence[int] | int | None = None,
         permanent_only: bool = False,
+        raw_lines: bytes | None = None,
     ) -> list[Finding]:
         """Match a batch of lines (no newlines inside) and return the findings in order.
 
         ``times``/``line_numbers`` give each line's timestamp and number (a scalar applies to all
         lines; an int line number is the first line's number). With ``permanent_only`` temporary
         findings are dropped (replaying records that were already processed before a restart).
+        ``raw_lines``: the lines as read, one ``\n``-ended line each holding its line of ``lines`` verbatim
+        (``RecordColumns.raw_lines``): the prefilter scans these instead of ``lines`` joined, where no
+        literal spans lines; ``lines`` is then indexed only for the lines a rule looks at.
         """
         n = len(lines)
         base = self._seen
@@ -323,8 +332,11 @@ class RuleEngine:
             for i in range(min(n, until - base + 1)):
                 extra.setdefault(i, []).append(k)
         if self._prefilter is not None and n:
-            data = "\n".join(lines).encode("utf-8", "surrogatepass")
-            hit_lines, newlines = self._prefilter.by_line(data)
+            if raw_lines is not None and self._in_place:
+                hit_lines, newlines = self._prefilter.by_line(raw_lines)
+                newlines -= 1  # the last line's end
+            else:
+                hit_lines, newlines = self._prefilter.by_line("\n".join(lines).encode("utf-8", "surrogatepass"))
             if newlines != n - 1:
                 raise ValueError("lines must not contain newlines; split records first (split_lines)")
             plans = self._plans
@@ -435,6 +447,7 @@ class ReferenceEngine:
         times: Sequence[float] | float = 0.0,
         line_numbers: Sequence[int] | int | None = None,
         permanent_only: bool = False,
+        raw_lines: bytes | None = None,  # the fast engine's prefilter input: NPD's way needs none
     ) -> list[Finding]:
         findings: list[Finding] = []
         ordered = sorted(self.rule_set.rules, key=lambda r: r.fallback)  # fallbacks after the rest

@@ -147,10 +147,21 @@ def _consecutive(seqs: Sequence[int | None], first: int) -> bool:
     return seqs == expected if isinstance(seqs, range) else list(seqs) == list(expected)
 
 
+# (major, minor) of the kernel's own /dev/kmsg (drivers/char/mem.c: MEM_MAJOR, minor 11 "kmsg"), whatever path
+# or mount namespace names it: the one device whose every line the kernel formats (see ``parse_columns``).
+KMSG_DEVICE_NUMBERS = (1, 11)
+
+
+def is_kernel_log(st: os.stat_result) -> bool:
+    """Whether ``st`` is the kernel's /dev/kmsg (not another character device, a FIFO or a file)."""
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == KMSG_DEVICE_NUMBERS
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Source:
     fd: int
     is_device: bool  # a character device (the real /dev/kmsg): one record per read()
+    is_kernel_log: bool  # the kernel's /dev/kmsg itself (KMSG_DEVICE_NUMBERS)
     is_regular: bool
     identity: tuple[int, int]  # (st_dev, st_ino): is the path still naming this file?
 
@@ -165,6 +176,7 @@ class _Source:
         return cls(
             fd=fd,
             is_device=stat.S_ISCHR(st.st_mode),
+            is_kernel_log=is_kernel_log(st),
             is_regular=stat.S_ISREG(st.st_mode),
             identity=(st.st_dev, st.st_ino),
         )
@@ -197,8 +209,8 @@ def _describe(exc: OSError) -> str:
     return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno is not None and exc.strerror else str(exc)
 
 
-# (complete records, the sequence accounting that applies, whether they are reads of the device)
-_Chunks = Generator[tuple[bytes, SequenceTracker, bool], None, bool]
+# (complete records, the sequence accounting that applies, the source they were read from)
+_Chunks = Generator[tuple[bytes, SequenceTracker, _Source], None, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +221,7 @@ class RawChunk:
     boot_time: float
     tracker: SequenceTracker
     device: bool = False  # read from the kernel's device, whose sequence numbers only increase
+    kernel: bool = False  # read from the kernel's own /dev/kmsg (is_kernel_log), which formats every line
 
 
 class KmsgReader:
@@ -323,8 +336,14 @@ class KmsgReader:
         Reading and decoding are apart so that the reading thread only does I/O: the agent's main
         loop decodes, and the two threads do not compete for the interpreter lock record by record.
         """
-        for data, tracker, device in self._chunks(stop=stop):
-            yield RawChunk(data=data, boot_time=self._boot_time(), tracker=tracker, device=device)
+        for data, tracker, source in self._chunks(stop=stop):
+            yield RawChunk(
+                data=data,
+                boot_time=self._boot_time(),
+                tracker=tracker,
+                device=source.is_device,
+                kernel=source.is_kernel_log,
+            )
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
         """The new records of a chunk, in order; call in chunk order, from one thread. A chunk of well-formed
@@ -334,7 +353,7 @@ class KmsgReader:
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
         records: Sequence[LogRecord]
-        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, device=chunk.device)
+        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, device=chunk.device, kernel=chunk.kernel)
         if columns is not None:
             records = chunk.tracker.accept_all(columns)
         else:
@@ -367,7 +386,7 @@ class KmsgReader:
         Sequence accounting, duplicate skipping and reconnects happen here; a record whose header
         cannot be parsed is counted in ``parse_errors`` and skipped.
         """
-        for chunk, tracker, _device in self._chunks(stop=stop):
+        for chunk, tracker, _source in self._chunks(stop=stop):
             boot_time = self._boot_time()
             for raw in _split_records(chunk):
                 try:
@@ -383,7 +402,7 @@ class KmsgReader:
 
     # -- opening, reopening ------------------------------------------------------------------------
 
-    def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, bool]]:
+    def _chunks(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, _Source]]:
         """Yield chunks of complete records, each with the sequence tracker that applies to it."""
         wake_fds = self._wake_fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # before the first look at stop
         try:
@@ -394,7 +413,7 @@ class KmsgReader:
                 for fd in wake_fds:
                     os.close(fd)
 
-    def _chunks_until_stop(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, bool]]:
+    def _chunks_until_stop(self, *, stop: threading.Event) -> Iterator[tuple[bytes, SequenceTracker, _Source]]:
         sleep = self._sleep if self._sleep is not None else stop.wait
         tracker = SequenceTracker(start_after_seq=self._start_after_seq, stats=self._stats, log=self._log)
         backoff = Backoff(initial=self._backoff_initial, maximum=self._backoff_max)
@@ -470,7 +489,7 @@ class KmsgReader:
                 backoff.reset()
                 if not all(map(bytes.endswith, reads, itertools.repeat(b"\n"))):  # the kernel's always do
                     reads = [data if data.endswith(b"\n") else data + b"\n" for data in reads]  # keep records apart
-                yield b"".join(reads), tracker, True
+                yield b"".join(reads), tracker, source
             if error is not None:
                 raise error  # after handing out what was read before it
             if not reads:
@@ -502,7 +521,7 @@ class KmsgReader:
             except BlockingIOError:  # EAGAIN (a FIFO): nothing more for now
                 self._alive()
                 if pending.endswith(b"\n"):
-                    yield pending, tracker, False
+                    yield pending, tracker, source
                     pending = b""
                 self._wait_readable(fd)
                 continue
@@ -511,16 +530,16 @@ class KmsgReader:
                 continue
             except OSError:
                 if pending.endswith(b"\n"):
-                    yield pending, tracker, False  # what was read before the error
+                    yield pending, tracker, source  # what was read before the error
                 raise
             self._alive()
             if not data:  # end of a regular file, or a FIFO without writer
                 if not self._follow:
                     if pending:
-                        yield pending, tracker, False
+                        yield pending, tracker, source
                     return False
                 if pending.endswith(b"\n"):
-                    yield pending, tracker, False
+                    yield pending, tracker, source
                     pending = b""
                 if replaced:
                     return True  # the old file is read to its end
@@ -534,9 +553,9 @@ class KmsgReader:
             end = _complete_end(buf)
             pending = buf[end:]
             if end:
-                yield buf[:end], tracker, False
+                yield buf[:end], tracker, source
             if len(pending) > _MAX_PENDING:
-                yield pending, tracker, False
+                yield pending, tracker, source
                 pending = b""
         return False
 

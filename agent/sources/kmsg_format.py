@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any
 
-from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
+from agent.core.types import LogRecord, Mapped, MicrosecondTimes, RecordColumns
 
 # How much of a bad record ends up in a log line or an error message.
 _SHOW_BYTES = 120
@@ -227,7 +227,9 @@ def parse_chunk(data: bytes, *, boot_time: float, source: str = "kmsg") -> Parse
 _Row = tuple[str, ...]
 
 
-def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device: bool = False) -> RecordColumns | None:
+def parse_columns(
+    data: bytes, *, boot_time: float, source: str = "kmsg", device: bool = False, kernel: bool = False
+) -> RecordColumns | None:
     """The records of a chunk of well-formed records as columns, each ``LogRecord`` built only when asked
     for (equal to :func:`parse_chunk`'s records); None for a chunk :func:`parse_chunk` must parse: one that
     is not ASCII or holds a blank or malformed line, a malformed dictionary line or a priority beyond the
@@ -239,31 +241,45 @@ def parse_columns(data: bytes, *, boot_time: float, source: str = "kmsg", device
     messages alone, and a record's other fields are read from its line when asked for: the matcher wants the
     time and number of the few lines it looks at, the replay policy the first time, and a chunk whose first
     and last numbers are as far apart as it has records is numbered from those two. Any other chunk is
-    scanned for every field of every record."""
+    scanned for every field of every record.
+
+    ``kernel``: reads of the kernel's own /dev/kmsg (see ``is_kernel_log``), whose every line the kernel
+    formats as one record (``prefix;message``, the message's bytes below space, above ``~`` and its
+    backslashes escaped): only the first and last lines are parsed, and a chunk without escapes is not
+    scanned at all: each message is cut from its line when asked for, and the chunk's bytes are its
+    ``raw_lines`` (the matcher's prefilter scans them in place of the messages)."""
     if not data.isascii():
         return None
     text = data.decode("ascii")
     if text.startswith(" "):  # a dictionary line before any record
         return None
-    if not device or _DICTIONARY_LINE.search(text):
+    if not (device or kernel) or _DICTIONARY_LINE.search(text):
         return _scanned_columns(text, boot_time=boot_time, source=source)
-    messages = _MESSAGE.findall(text)
     lines = text.split("\n")
     if not lines[-1]:
         lines.pop()  # after the last newline
-    count = len(messages)
-    if not count or count != len(lines):
-        return None  # a blank or malformed line: no scan row for it
+    raw_lines = None
+    messages: Sequence[str]
+    if kernel and "\\" not in text:  # the kernel escapes every backslash: one begins each escape (memchr)
+        if not lines or not (_HEADER.fullmatch(lines[0]) and _HEADER.fullmatch(lines[-1])):
+            return None  # not the kernel's format after all: the per-line code says what is wrong
+        messages, raw_lines = Mapped(lines, _line_message), data
+    else:
+        messages = _MESSAGE.findall(text)
+        if not messages or len(messages) != len(lines):
+            return None  # a blank or malformed line: no scan row for it
+        if "\\x" in text:
+            messages = list(map(_message, messages))
+    count = len(lines)
     first, last = int(_seq_text(lines[0])), int(_seq_text(lines[-1]))
     seqs: Sequence[int] = range(first, last + 1) if last - first + 1 == count else list(map(int, map(_seq_text, lines)))
-    if "\\x" in text:
-        messages = list(map(_message, messages))
     return RecordColumns(
         messages=messages,
-        timestamps=MicrosecondTimes(micros=_PerLine(lines, _usec_text), base=boot_time, logged_order=True),
+        timestamps=MicrosecondTimes(micros=Mapped(lines, _usec_text), base=boot_time, logged_order=True),
         seqs=seqs,
-        rows=_PerLine(lines, _scan_row),
+        rows=Mapped(lines, _scan_row),
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
+        raw_lines=raw_lines,
     )
 
 
@@ -295,42 +311,17 @@ def _scanned_columns(text: str, *, boot_time: float, source: str) -> RecordColum
     )
 
 
-_T = TypeVar("_T")
-
-
-class _PerLine(Sequence[_T]):
-    """What ``read`` makes of each of a chunk's record lines, made when asked for."""
-
-    __slots__ = ("_lines", "_read")
-
-    def __init__(self, lines: list[str], read: Callable[[str], _T]) -> None:
-        self._lines = lines
-        self._read = read
-
-    def __len__(self) -> int:
-        return len(self._lines)
-
-    @overload
-    def __getitem__(self, index: int) -> _T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> _PerLine[_T]: ...
-
-    def __getitem__(self, index: int | slice) -> _T | _PerLine[_T]:
-        if isinstance(index, slice):
-            return _PerLine(self._lines[index], self._read)
-        return self._read(self._lines[index])
-
-    def __iter__(self) -> Iterator[_T]:
-        return map(self._read, self._lines)
-
-
 def _seq_text(line: str) -> str:
     return line.split(",", 2)[1]
 
 
 def _usec_text(line: str) -> str:
     return line.split(",", 3)[2]
+
+
+def _line_message(line: str) -> str:
+    """The message of a record line the kernel printed without escapes (everything after the prefix)."""
+    return line.partition(";")[2]
 
 
 def _scan_row(line: str) -> _Row:

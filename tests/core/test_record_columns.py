@@ -28,31 +28,38 @@ MESSAGES = [
 ]
 
 
-def chunk(first_seq: int = 100, count: int = 60, *, dictionaries: bool = True) -> bytes:
+def chunk(first_seq: int = 100, count: int = 60, *, dictionaries: bool = True, escapes: bool = True) -> bytes:
+    messages = MESSAGES if escapes else [m for m in MESSAGES if "\\x" not in m]
     return b"".join(
-        f"{(i % 7) + 1},{first_seq + i},{(i + 1) * 1_000_000},-;{MESSAGES[i % len(MESSAGES)]}\n".encode()
+        f"{(i % 7) + 1},{first_seq + i},{(i + 1) * 1_000_000},-;{messages[i % len(messages)]}\n".encode()
         + (b" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n" if dictionaries and i % 11 == 3 else b"")
         for i in range(count)
     )
 
 
-# The parser's three ways to columns: one scan of every field (dictionary lines), the message scan with the
-# other fields read from a line when asked for, and the same with the numbers taken from the first and last
-# record (the device's reads).
+# The parser's ways to columns: one scan of every field (dictionary lines), the message scan with the other
+# fields read from a line when asked for, the same with the numbers taken from the first and last record (the
+# device's reads), and for the kernel's own device no scan where no message is escaped: each message is cut
+# from its line when asked for and the chunk's bytes are what the prefilter scans.
 KINDS = {
-    "dictionaries": {"dictionaries": True, "device": False},
-    "record-lines": {"dictionaries": False, "device": False},
-    "device-reads": {"dictionaries": False, "device": True},
+    "dictionaries": {"dictionaries": True, "device": False, "kernel": False, "escapes": True},
+    "record-lines": {"dictionaries": False, "device": False, "kernel": False, "escapes": True},
+    "device-reads": {"dictionaries": False, "device": True, "kernel": False, "escapes": True},
+    "kernel-reads": {"dictionaries": False, "device": True, "kernel": True, "escapes": True},
+    "kernel-reads-unescaped": {"dictionaries": False, "device": True, "kernel": True, "escapes": False},
+    "kernel-reads-dictionaries": {"dictionaries": True, "device": True, "kernel": True, "escapes": False},
 }
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
 def columns_and_list(request) -> tuple[RecordColumns, list[LogRecord]]:
     kind = KINDS[request.param]
-    data = chunk(dictionaries=kind["dictionaries"])
-    columns = parse_columns(data, boot_time=BOOT_TIME, device=kind["device"])
+    data = chunk(dictionaries=kind["dictionaries"], escapes=kind["escapes"])
+    columns = parse_columns(data, boot_time=BOOT_TIME, device=kind["device"], kernel=kind["kernel"])
     assert columns is not None
-    assert isinstance(columns.seqs, range) is (request.param == "device-reads")
+    assert isinstance(columns.seqs, range) is (kind["device"] and not kind["dictionaries"])
+    assert (columns.raw_lines is not None) is (request.param == "kernel-reads-unescaped")
+    assert columns.raw_lines is None or columns.raw_lines == data
     return columns, parse_chunk(data, boot_time=BOOT_TIME).records
 
 
@@ -63,6 +70,10 @@ def test_columns_are_the_records(columns_and_list) -> None:
     assert columns[10:20] == records[10:20] and isinstance(columns[10:20], RecordColumns)
     assert RecordColumns.of(records) == records and RecordColumns.of(columns) is columns
     assert columns != records[:-1] and columns != "not records"
+    assert list(columns.messages) == [r.message for r in records] and list(columns.messages[3:9]) == [
+        r.message for r in records[3:9]
+    ]
+    assert columns[10:20].raw_lines is None  # a slice's lines are not the chunk's bytes
 
 
 @pytest.mark.parametrize(

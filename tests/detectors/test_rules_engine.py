@@ -852,20 +852,53 @@ def _load_packs(packs: list[dict[str, Any]]) -> RuleSet:
         return load_rule_set(paths)
 
 
-def _batched(engine: RuleEngine, lines: list[str], cuts: list[int]) -> list[Finding]:
+def _batched(engine: RuleEngine, lines: list[str], cuts: list[int], *, header: str | None = None) -> list[Finding]:
+    """The findings of ``lines`` fed in batches cut at ``cuts``; with ``header``, each batch also comes with its
+    raw lines (``header`` before each line, as a kernel record's prefix before its message)."""
     findings: list[Finding] = []
     for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):
-        findings += engine.feed(lines[start:end], line_numbers=start, times=[float(i) for i in range(start, end)])
+        batch = lines[start:end]
+        raw = (
+            None if header is None else "".join(f"{header}{line}\n" for line in batch).encode("utf-8", "surrogatepass")
+        )
+        times = [float(i) for i in range(start, end)]
+        findings += engine.feed(batch, line_numbers=start, times=times, raw_lines=raw)
     return findings
 
 
+@pytest.mark.parametrize(
+    "literals",
+    [("foo",), ("o\nb", "o b"), ("6,1", "foo")],
+    ids=["in-a-line", "spanning-lines", "in-every-header"],
+)
+def test_raw_lines_find_what_the_lines_joined_find(tmp_path: Path, literals: tuple[str, ...]) -> None:
+    """The prefilter scans raw lines in place of the lines joined only where no literal spans lines (the regex
+    analysis never makes one: this engine would lose the match, a prefix standing between its lines); a literal
+    in every prefix only makes every line a candidate."""
+    rules = rule_set(tmp_path, rules=[temp("pair", r"foo(?: |\n)bar")], bufferSize=2)
+    forced = dataclasses.replace(rules, rules=(dataclasses.replace(rules.rules[0], literals=literals),))
+    lines = ["x", "foo", "bar", "foo bar"]
+    raw = "".join(f"6,1{i},2,-;{line}\n" for i, line in enumerate(lines)).encode()
+    expected = found(ReferenceEngine(rule_set=forced).feed(lines, line_numbers=0))
+    assert [f[0] for f in expected] == [2, 3]
+    assert found(RuleEngine(rule_set=forced).feed(lines, line_numbers=0)) == expected
+    assert found(RuleEngine(rule_set=forced).feed(lines, line_numbers=0, raw_lines=raw)) == expected
+
+
+# Record prefixes for raw lines: the kernel's own, and ones holding the rules' literals (a hit in a prefix makes
+# a line a candidate only: its rules' regexes turn it down).
+_HEADERS = [None, "6,1,2,-;", "4,12,77,-,caller=T7;", "alpha Xid 7 ERR=12;"]
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario=_scenario())
-def test_fast_engine_equals_reference_engine(scenario: tuple[list[dict[str, Any]], list[str], list[int]]) -> None:
+@given(scenario=_scenario(), header=st.sampled_from(_HEADERS))
+def test_fast_engine_equals_reference_engine(
+    scenario: tuple[list[dict[str, Any]], list[str], list[int]], header: str | None
+) -> None:
     packs, lines, cuts = scenario
     rules = _load_packs(packs)
     expected = ReferenceEngine(rule_set=rules).feed(lines, line_numbers=0, times=[float(i) for i in range(len(lines))])
-    assert found(_batched(RuleEngine(rule_set=rules), lines, cuts)) == found(expected)
+    assert found(_batched(RuleEngine(rule_set=rules), lines, cuts, header=header)) == found(expected)
 
 
 @pytest.fixture(scope="module")

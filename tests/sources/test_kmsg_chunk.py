@@ -174,15 +174,22 @@ def test_the_devices_reads_as_columns_are_the_records_parse_chunk_makes(records,
     if broken is not None:
         raws.insert(min(broken[0], len(raws)), broken[1])
     data = chunk_of(raws)
-    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True)
     expected = parse_chunk(data, boot_time=BOOT)
-    if columns is None:
-        assert broken is not None or not data.isascii()  # only a line the scan cannot take refuses the chunk
-        return
-    assert not expected.errors and list(columns) == expected.records
-    assert list(columns.seqs) == [r.seq for r in expected.records]
-    assert list(columns.timestamps) == [r.timestamp for r in expected.records]
-    assert list(columns.messages) == [r.message for r in expected.records]
+    # The kernel's own device formats every line: its way checks the two ends only, so a broken line is put
+    # at one of them for it (a line in between would be the kernel's bug).
+    at_an_end = broken is None or broken[0] == 0 or broken[0] >= len(raws) - 1
+    for kernel in (False, True) if at_an_end else (False,):
+        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True, kernel=kernel)
+        if columns is None:
+            assert broken is not None or not data.isascii()  # only a line the scan cannot take refuses the chunk
+            continue
+        assert not expected.errors and list(columns) == expected.records
+        assert list(columns.seqs) == [r.seq for r in expected.records]
+        assert list(columns.timestamps) == [r.timestamp for r in expected.records]
+        assert list(columns.messages) == [r.message for r in expected.records]
+        if columns.raw_lines is not None:  # the kernel's lines as they are: every message in its line
+            assert kernel and columns.raw_lines == data
+            assert all(m in line for m, line in zip(columns.messages, data.decode().splitlines(), strict=True))
 
 
 @settings(deadline=None)  # no per-example time limit: the machine is shared
@@ -276,8 +283,9 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
     assert len(raws) > 20
     data = chunk_of(raws)
     expected = reference(raws)[0]
-    for device in (False, True):  # the device's way too: the cases' numbers are not consecutive, each is read
-        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device)
+    # The device's way too (the cases' numbers are not consecutive: each is read), and the kernel device's.
+    for device, kernel in ((False, False), (True, False), (True, True)):
+        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device, kernel=kernel)
         assert columns is not None and list(columns) == expected and columns == expected
         assert list(columns.messages) == [r.message for r in expected]
         assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
@@ -287,6 +295,28 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
         assert kmsg_format.parse_columns(mixed, boot_time=BOOT, device=True) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
+        for ends in (chunk_of([odd, *raws]), chunk_of([*raws, odd])):  # the kernel's way checks the two ends
+            assert kmsg_format.parse_columns(ends, boot_time=BOOT, device=True, kernel=True) is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "raw_lines"),
+    [
+        ([b"6,1,5,-;NVRM: Xid (PCI:0000:10:1c): 79", b"4,2,6,-,caller=T12;  spaced  "], True),
+        ([b"6,1,5,-;a tab\\x09in it", b"6,2,6,-;b"], False),  # an escape: messages unescaped, no raw lines
+        ([b"6,1,5,-;back\\x5cslash", b"6,2,6,-;b"], False),
+        ([b"6,1,5,-;a", b" SUBSYSTEM=pci", b"6,2,6,-;b"], False),  # a dictionary line: every field scanned
+        ([b"6,1,5,-;", b"6,2,6,c;b"], True),  # an empty message, a continuation
+    ],
+    ids=["plain", "escaped-tab", "escaped-backslash", "dictionary", "empty-message"],
+)
+def test_the_kernels_own_lines_are_what_the_prefilter_scans_where_nothing_is_escaped(lines, raw_lines) -> None:
+    """Reads of the kernel's /dev/kmsg: a chunk without escapes and dictionary lines is its own ``raw_lines``
+    (every message verbatim in its line); any other chunk gives the messages as parse_chunk does."""
+    data = b"\n".join(lines) + b"\n"
+    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True, kernel=True)
+    assert columns is not None and list(columns) == parse_chunk(data, boot_time=BOOT).records
+    assert columns.raw_lines == (data if raw_lines else None)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent.core.types import LogRecord
-from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
+from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats, is_kernel_log
 
 from helpers import ScriptedRead, wait_for
 
@@ -111,6 +111,40 @@ def test_device_overruns_are_counted_and_reads_joined_safely() -> None:
         (5, "m"),
     ]
     assert (stats.overruns, stats.records_lost) == (1, 2)
+
+
+def _a_fifo(tmp_path: Path) -> str:
+    os.mkfifo(tmp_path / "fifo")
+    return str(tmp_path / "fifo")
+
+
+def _a_file(tmp_path: Path) -> str:
+    (tmp_path / "file").write_bytes(b"6,1,0,-;m\n")
+    return str(tmp_path / "file")
+
+
+@pytest.mark.parametrize(
+    ("path", "kernel"),
+    [
+        pytest.param(
+            lambda _: "/dev/kmsg",
+            True,
+            marks=pytest.mark.skipif(not os.path.exists("/dev/kmsg"), reason="no /dev/kmsg"),
+        ),
+        (lambda _: "/dev/null", False),  # the same major number (mem), another device
+        (lambda _: "/dev/zero", False),
+        pytest.param(
+            lambda _: "/dev/ptmx", False, marks=pytest.mark.skipif(not os.path.exists("/dev/ptmx"), reason="no ptmx")
+        ),
+        (_a_fifo, False),
+        (_a_file, False),
+    ],
+    ids=["kmsg", "null", "zero", "terminal", "fifo", "file"],
+)
+def test_only_the_kernels_own_device_is_taken_as_formatted_by_it(tmp_path: Path, path, kernel: bool) -> None:
+    """The kernel formats every line of its /dev/kmsg (character device 1:11, wherever it is mounted): the reader
+    vouches for those lines alone, not for another device's, a FIFO's or a file's."""
+    assert is_kernel_log(os.stat(path(tmp_path))) is kernel
 
 
 def test_only_the_devices_reads_are_vouched_for_as_numbered_in_order(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from agent.core.types import LogRecord
 from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
-from agent.sources.kmsg_format import read_boot_id
+from agent.sources.kmsg_format import parse_chunk, read_boot_id
 
 from helpers import kmsg_problem, wait_for
 
@@ -110,6 +110,26 @@ def test_batches_from_the_device(stop: threading.Event) -> None:
     assert numbers == sorted(set(numbers))
     assert (stats.records_read, stats.parse_errors, stats.last_error) == (len(seen), 0, None)
     assert stats.last_activity is not None
+
+
+@requires_kmsg
+def test_the_kernels_own_device_is_read_as_the_kernel_formats_it(stop: threading.Event) -> None:
+    """The real /dev/kmsg's chunks are vouched for as the kernel's (its device numbers): their lines are taken as
+    it formats them, and they are the records the per-line parser makes of them, escaped messages too."""
+    marker = f"nha-kernel-{uuid.uuid4()}"
+    sent = [f"{marker} plain", f"{marker} back\\slash\ttab"]
+    for text in sent:
+        write_line(f"<6>{text}\n")
+    reader = KmsgReader(path=DEVICE, stats=KmsgStats(), poll_interval=0.1)
+    mine: list[str] = []
+    for chunk in reader.chunks(stop=stop):
+        assert chunk.device and chunk.kernel
+        records = reader.decode(chunk)
+        assert list(records) == parse_chunk(chunk.data, boot_time=chunk.boot_time).records[-len(records) :]
+        mine += [r.message for r in records if marker in r.message]
+        if len(mine) == len(sent):
+            break
+    assert mine == sent, f"markers not read back within {WAIT}s"
 
 
 @pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="no procfs boot_id here")
