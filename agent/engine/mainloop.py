@@ -48,6 +48,13 @@ STEP_ITEMS = 16  # inbox items folded into one publication at most
 CURSOR_INTERVAL = 1.0
 FINAL_ACK_WAIT = 1.0  # at shutdown, how long to wait for consumers to acknowledge before the last cursor save
 MAX_PENDING = 100_000  # publications awaiting acknowledgement (a stalled consumer only delays the cursor)
+# Under a flood (the last step folded FLOOD_RECORDS records or more) the loop steps at most every FLOOD_STEP
+# seconds and folds what came in meanwhile together: one publication, one look at expiry and the state
+# directory for several of the reader's chunks, the later ones matched while the matcher's tables are still in
+# the CPU's caches (issue 16: 5.3 -> 4.2 CPU-s per 1M records at 20k/s). A line after a quiet step is folded at
+# once; in a flood a finding waits up to FLOOD_STEP more. The inbox holds 16 chunks: the reader does not wait.
+FLOOD_RECORDS = 256
+FLOOD_STEP = 0.05
 
 
 class MainLoop:
@@ -105,6 +112,7 @@ class MainLoop:
         self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
         self._unsaved: Snapshot | None = None  # the newest acknowledged conditions, not yet written
         self._last_save = float("-inf")
+        self._flood_since: float | None = None  # when the last step began folding, if it folded a flood
 
     # ---- component -----------------------------------------------------------------------------
 
@@ -119,7 +127,7 @@ class MainLoop:
     def run(self, stop: threading.Event) -> None:
         self._publish([], last_seq=None)
         while not stop.is_set():
-            self.step(timeout=self.idle_timeout())
+            self.step(timeout=self.idle_timeout(), pause=stop.wait)
         self._shutdown()
 
     def idle_timeout(self) -> float | None:
@@ -137,12 +145,20 @@ class MainLoop:
 
     # ---- one step --------------------------------------------------------------------------------
 
-    def step(self, *, timeout: float | None) -> int:
+    def step(self, *, timeout: float | None, pause: Callable[[float], object] | None = None) -> int:
         """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item, None: until one
-        comes or :meth:`wake`); publish."""
+        comes or :meth:`wake`); publish. ``pause``: how the loop waits in a flood until FLOOD_STEP has passed
+        since the last step began (``run`` passes its stop event's wait; None: it does not wait)."""
         self._beat = math.inf if timeout is None else self._monotonic() + timeout  # asleep: not stalled
         first = self._inbox.get(timeout=timeout)
-        self._beat = self._monotonic()
+        now = self._monotonic()
+        if first is not None and pause is not None and self._flood_since is not None:
+            left = self._flood_since + FLOOD_STEP - now
+            if left > 0:
+                self._beat = now + left
+                pause(left)
+                now = self._monotonic()
+        self._beat = now
         events: list[Event] = []
         records = 0
         last_seq: int | None = None
@@ -151,6 +167,7 @@ class MainLoop:
                 n, seq = self._fold(item, events)
                 records += n
                 last_seq = seq if seq is not None else last_seq
+        self._flood_since = now if records >= FLOOD_RECORDS else None
         events.extend(self.state.expire())
         if first is not None or events:
             self._publish(events, last_seq=last_seq)
