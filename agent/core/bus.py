@@ -137,6 +137,7 @@ class Inbox:
 
     def __init__(self, *, maxsize: int = INBOX_ITEMS) -> None:
         self._queue = _CountingQueue(maxsize)
+        self._woken = False
 
     @property
     def received(self) -> int:
@@ -167,9 +168,20 @@ class Inbox:
         return None if item is _WAKE else item
 
     def wake(self) -> None:
-        """Make a waiting :meth:`get` return (None) now: shutdown. With the queue full nobody waits."""
+        """Make a waiting :meth:`get` return (None) now, and a :meth:`gather`: shutdown. With the queue full
+        nobody waits."""
+        self._woken = True
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_WAKE)  # type: ignore[arg-type]  # never handed out
+
+    def gather(self, *, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds while the inbox holds fewer than half the items it can, and
+        :meth:`wake` was not called: the main loop letting a flood's chunks come in before it folds them,
+        its producers never waiting on it."""
+        pending = self._queue.queue  # the items themselves, read under the queue's own lock below
+        enough = max(1, self._queue.maxsize // 2)
+        with self._queue.not_empty:  # notified at each put
+            self._queue.not_empty.wait_for(lambda: self._woken or len(pending) >= enough, timeout=timeout)
 
     def get_nowait(self) -> Input | None:
         try:

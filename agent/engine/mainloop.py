@@ -52,7 +52,8 @@ MAX_PENDING = 100_000  # publications awaiting acknowledgement (a stalled consum
 # seconds and folds what came in meanwhile together: one publication, one look at expiry and the state
 # directory for several of the reader's chunks, the later ones matched while the matcher's tables are still in
 # the CPU's caches (issue 16: 5.3 -> 4.2 CPU-s per 1M records at 20k/s). A line after a quiet step is folded at
-# once; in a flood a finding waits up to FLOOD_STEP more. The inbox holds 16 chunks: the reader does not wait.
+# once; in a flood a finding waits up to FLOOD_STEP more. The wait ends early once the inbox is half full
+# (``Inbox.gather``), so the reader never waits on it.
 FLOOD_RECORDS = 256
 FLOOD_STEP = 0.05
 
@@ -127,7 +128,7 @@ class MainLoop:
     def run(self, stop: threading.Event) -> None:
         self._publish([], last_seq=None)
         while not stop.is_set():
-            self.step(timeout=self.idle_timeout(), pause=stop.wait)
+            self.step(timeout=self.idle_timeout(), pause=self._gather)
         self._shutdown()
 
     def idle_timeout(self) -> float | None:
@@ -148,7 +149,7 @@ class MainLoop:
     def step(self, *, timeout: float | None, pause: Callable[[float], object] | None = None) -> int:
         """Fold whatever the inbox holds (waiting up to ``timeout`` for the first item, None: until one
         comes or :meth:`wake`); publish. ``pause``: how the loop waits in a flood until FLOOD_STEP has passed
-        since the last step began (``run`` passes its stop event's wait; None: it does not wait)."""
+        since the last step began (``run`` gathers on the inbox; None: it does not wait)."""
         self._beat = math.inf if timeout is None else self._monotonic() + timeout  # asleep: not stalled
         first = self._inbox.get(timeout=timeout)
         now = self._monotonic()
@@ -174,6 +175,10 @@ class MainLoop:
         self._beat = self._monotonic()
         self._save_cursor(force=False)
         return records
+
+    def _gather(self, seconds: float) -> None:
+        """A flood's wait: until the inbox is half full, :meth:`wake` (stop) or ``seconds`` have passed."""
+        self._inbox.gather(timeout=seconds)
 
     def _fold(self, item: Input, events: list[Event]) -> tuple[int, int | None]:
         if isinstance(item, RecordBatch):

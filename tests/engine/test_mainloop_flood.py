@@ -12,6 +12,7 @@ import pytest
 
 from agent.app.config import load_rule_set
 from agent.core.bus import RecordBatch
+from agent.engine import mainloop
 from agent.engine.mainloop import FLOOD_RECORDS, FLOOD_STEP
 
 from helpers import wait_for
@@ -119,32 +120,26 @@ def test_no_wait_without_input(loop: Loop) -> None:
     assert loop.loop.step(timeout=0, pause=pause) == 0 and pause.asked == []  # nothing came: nothing to gather
 
 
-class RecordingStop(threading.Event):
-    """A stop event that notes how long each wait on it was for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float | None] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        return super().wait(timeout)
-
-
-def test_run_waits_out_a_flood_on_its_stop_event(loop: Loop) -> None:
-    """``run`` waits with its stop event (stopping ends the wait at once); its clock stands still here, so the
-    wait is the whole FLOOD_STEP."""
-    records, stop = Records(), RecordingStop()
+def test_run_gathers_a_flood_on_the_inbox_until_it_is_half_full(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run`` waits on the inbox: with a flood step of an hour, the wait ends once the inbox is half full (so
+    the reader never waits on it), and what was gathered is folded; stopping ends a wait too."""
+    monkeypatch.setattr(mainloop, "FLOOD_STEP", 3600.0)
+    records, stop = Records(), threading.Event()
     thread = threading.Thread(target=loop.loop.run, args=(stop,))
     thread.start()
     try:
         loop.put(records.batch(FLOOD_RECORDS))
         wait_for(lambda: loop.loop.records_processed == FLOOD_RECORDS)
-        loop.put(records.batch(1))
-        wait_for(lambda: loop.loop.records_processed == FLOOD_RECORDS + 1)
+        half = loop.inbox_size // 2 + 1  # the first the loop takes, then the inbox half full
+        for _ in range(half):
+            loop.put(records.batch(1))
+        wait_for(lambda: loop.loop.records_processed == FLOOD_RECORDS + half)
+        loop.put(records.batch(FLOOD_RECORDS))
+        wait_for(lambda: loop.loop.records_processed == 2 * FLOOD_RECORDS + half)
+        loop.put(records.batch(1))  # a flood step again: this one waits, until stop
     finally:
         stop.set()
         loop.loop.wake()
         thread.join(timeout=30)
     assert not thread.is_alive()
-    assert stop.waits == [FLOOD_STEP]
+    assert loop.loop.records_processed == 2 * FLOOD_RECORDS + half + 1  # folded on the way out

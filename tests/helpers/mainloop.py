@@ -37,7 +37,8 @@ class Loop:
     def __init__(self, rules, tmp: Path, *, cursor: Cursor | None = None, acks=(), seeded=True):
         self.clock = Clock()
         self.mono = Clock(0.0)
-        self.inbox = Inbox(maxsize=64)
+        self.inbox_size = 64
+        self.inbox = Inbox(maxsize=self.inbox_size)
         self.state = NodeState(
             conditions=rules.conditions,
             clock=self.clock,
