@@ -1,6 +1,6 @@
-"""The main loop under a flood: after a step that folded FLOOD_RECORDS records or more, the next step waits until
-FLOOD_STEP has passed since that one began and folds what came in meanwhile together (one publication); after a
-quiet step, or without a pause to wait with, it folds at once."""
+"""The main loop under a flood: once the steps begun in the last FLOOD_STEP seconds folded FLOOD_RECORDS records or
+more, the next step waits until FLOOD_STEP after the last one began and folds what came in meanwhile together (one
+publication); after a quiet spell, or without a pause to wait with, it folds at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.app.config import load_rule_set
-from agent.core.bus import RecordBatch
+from agent.core.bus import INBOX_ITEMS, RecordBatch
 from agent.engine import mainloop
 from agent.engine.mainloop import FLOOD_RECORDS, FLOOD_STEP
 
@@ -19,14 +19,18 @@ from helpers import wait_for
 from helpers.mainloop import Loop, record
 
 
-@pytest.fixture
-def loop(tmp_path: Path) -> Loop:
+def flood_loop(tmp_path: Path, **options) -> Loop:
     pack = tmp_path / "pack.json"
     rule = {"name": "oom", "type": "temporary", "reason": "OOMKilling", "pattern": "Out of memory.*"}
     pack.write_text(json.dumps({"source": "kernel-monitor", "rules": [rule]}), encoding="utf-8")
     state = tmp_path / "state"
     state.mkdir()
-    return Loop(load_rule_set([pack]), state)
+    return Loop(load_rule_set([pack]), state, **options)
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Loop:
+    return flood_loop(tmp_path)
 
 
 class Pause:
@@ -60,26 +64,42 @@ class Records:
         return RecordBatch(records=batch)
 
 
-# (id, records folded by the step before, seconds from its start to the next chunk, pause given,
-#  what the next step asks its pause for)
+S, R = FLOOD_STEP, FLOOD_RECORDS
+
+# (id, the steps: (seconds from the first when its chunk comes, records in it), what each step asks its pause for)
 CASES = [
-    ("flood-then-soon", FLOOD_RECORDS, 0.01, True, [FLOOD_STEP - 0.01]),
-    ("flood-then-late", FLOOD_RECORDS, FLOOD_STEP + 0.01, True, []),
-    ("flood-then-at-the-bound", FLOOD_RECORDS, FLOOD_STEP, True, []),
-    ("quiet-then-soon", FLOOD_RECORDS - 1, 0.01, True, []),
-    ("flood-without-a-pause", 4 * FLOOD_RECORDS, 0.01, False, []),
+    ("a-burst-then-soon", [(0, R), (0.1 * S, 10)], [[], [0.9 * S]]),
+    ("a-burst-then-after-the-window", [(0, R), (S, 10)], [[], []]),
+    ("below-the-bar", [(0, R - 1), (0.1 * S, 10)], [[], []]),
+    (
+        "a-steady-stream-a-tick-at-a-time",
+        [(0, R // 4), (0.02 * S, R // 4), (0.04 * S, R // 4), (0.06 * S, R // 4), (0.08 * S, 10)],
+        [[], [], [], [], [0.98 * S]],
+    ),
+    ("the-window-slides", [(0, R // 2), (0.5 * S, R // 2), (1.2 * S, 10)], [[], [], []]),
+    ("a-flood-goes-on", [(0, R), (0.1 * S, R), (1.05 * S, 10)], [[], [0.9 * S], [0.95 * S]]),
 ]
 
 
-@pytest.mark.parametrize(("before", "after", "pause_given", "asked"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_a_step_after_a_flood_waits_out_the_flood_step(loop: Loop, before, after, pause_given, asked) -> None:
+@pytest.mark.parametrize(("steps", "asked"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_step_in_a_flood_waits_until_the_flood_step_has_passed(loop: Loop, steps, asked) -> None:
     records, pause = Records(), Pause(loop)
-    loop.put(records.batch(before))
-    assert loop.loop.step(timeout=0, pause=pause) == before and pause.asked == []
-    loop.mono.now += after
+    start = loop.mono.now
+    for (at, count), expected in zip(steps, asked, strict=True):
+        loop.mono.now = max(loop.mono.now, start + at)
+        loop.put(records.batch(count))
+        pause.asked.clear()
+        assert loop.loop.step(timeout=0, pause=pause) == count
+        assert pause.asked == pytest.approx(expected)
+
+
+def test_without_a_pause_a_flood_is_folded_at_once(loop: Loop) -> None:
+    records, pause = Records(), Pause(loop)
+    loop.put(records.batch(4 * R))
+    loop.loop.step(timeout=0)
     loop.put(records.batch(10))
-    assert loop.loop.step(timeout=0, pause=pause if pause_given else None) == 10
-    assert pause.asked == pytest.approx(asked)
+    assert loop.loop.step(timeout=0) == 10
+    assert loop.loop.step(timeout=0, pause=pause) == 0 and pause.asked == []  # nothing came: nothing to gather
 
 
 def test_what_comes_in_during_the_wait_is_folded_in_the_same_publication(loop: Loop) -> None:
@@ -98,48 +118,28 @@ def test_what_comes_in_during_the_wait_is_folded_in_the_same_publication(loop: L
     assert sum(e.reason == "OOMKilling" for e in events) == 4  # none lost, none doubled
 
 
-def test_the_flood_ends_with_the_first_quiet_step(loop: Loop) -> None:
-    records, pause = Records(), Pause(loop)
-    for count, asked in [
-        (FLOOD_RECORDS, []),
-        (5, [FLOOD_STEP]),
-        (5, []),
-        (FLOOD_RECORDS, []),
-        (FLOOD_RECORDS, [FLOOD_STEP]),
-    ]:
-        loop.put(records.batch(count))
-        pause.asked.clear()
-        loop.loop.step(timeout=0, pause=pause)
-        assert pause.asked == pytest.approx(asked)
-
-
-def test_no_wait_without_input(loop: Loop) -> None:
-    records, pause = Records(), Pause(loop)
-    loop.put(records.batch(FLOOD_RECORDS))
-    loop.loop.step(timeout=0, pause=pause)
-    assert loop.loop.step(timeout=0, pause=pause) == 0 and pause.asked == []  # nothing came: nothing to gather
-
-
-def test_run_gathers_a_flood_on_the_inbox_until_it_is_half_full(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run`` waits on the inbox: with a flood step of an hour, the wait ends once the inbox is half full (so
-    the reader never waits on it), and what was gathered is folded; stopping ends a wait too."""
+def test_run_gathers_a_flood_on_the_inbox_until_it_is_half_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run`` waits on the inbox (as deployed, 16 chunks): with a flood step of an hour, the wait ends once the
+    inbox is half full, so the reader never waits on it; stopping ends a wait too, and what it gathered is
+    folded on the way out."""
     monkeypatch.setattr(mainloop, "FLOOD_STEP", 3600.0)
+    loop = flood_loop(tmp_path, inbox_size=INBOX_ITEMS)
     records, stop = Records(), threading.Event()
     thread = threading.Thread(target=loop.loop.run, args=(stop,))
     thread.start()
     try:
         loop.put(records.batch(FLOOD_RECORDS))
         wait_for(lambda: loop.loop.records_processed == FLOOD_RECORDS)
-        half = loop.inbox_size // 2 + 1  # the first the loop takes, then the inbox half full
+        half = INBOX_ITEMS // 2 + 1  # the one the loop takes, then the inbox half full
         for _ in range(half):
             loop.put(records.batch(1))
         wait_for(lambda: loop.loop.records_processed == FLOOD_RECORDS + half)
-        loop.put(records.batch(FLOOD_RECORDS))
-        wait_for(lambda: loop.loop.records_processed == 2 * FLOOD_RECORDS + half)
-        loop.put(records.batch(1))  # a flood step again: this one waits, until stop
+        loop.put(records.batch(1))  # still a flood (an hour's window): this one waits, until stop
     finally:
         stop.set()
         loop.loop.wake()
         thread.join(timeout=30)
     assert not thread.is_alive()
-    assert loop.loop.records_processed == 2 * FLOOD_RECORDS + half + 1  # folded on the way out
+    assert loop.loop.records_processed == FLOOD_RECORDS + half + 1

@@ -34,10 +34,10 @@ def record(seq: int, message: str, *, ts: float = NOW - 1) -> LogRecord:
 class Loop:
     """A main loop with a fresh inbox, feed and state, driven step by step."""
 
-    def __init__(self, rules, tmp: Path, *, cursor: Cursor | None = None, acks=(), seeded=True):
+    def __init__(self, rules, tmp: Path, *, cursor: Cursor | None = None, acks=(), seeded=True, inbox_size=64):
         self.clock = Clock()
         self.mono = Clock(0.0)
-        self.inbox_size = 64
+        self.inbox_size = inbox_size
         self.inbox = Inbox(maxsize=self.inbox_size)
         self.state = NodeState(
             conditions=rules.conditions,
