@@ -52,12 +52,10 @@ class DetectionPipeline:
         messages = columns.messages
         raw_lines = columns.raw_lines
         lines: Sequence[str]
-        if raw_lines is not None:  # the kernel's own lines: one a record, no newline in any; stripped if matched
-            lines = Mapped(messages, str.strip)
-            times = columns.timestamps
-            numbers = _numbers(columns.seqs)
-        elif "\n" not in "".join(messages):  # the usual case: one line per record, built in C loops
-            lines = list(map(str.strip, messages))
+        # The usual case: one line per record, built in C loops; the kernel's own lines (no newline in any)
+        # stripped only where a rule looks at them.
+        if raw_lines is not None or "\n" not in "".join(messages):
+            lines = Mapped(messages, str.strip) if raw_lines is not None else list(map(str.strip, messages))
             times = columns.timestamps
             numbers = _numbers(columns.seqs)
         else:

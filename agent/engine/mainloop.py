@@ -115,9 +115,8 @@ class MainLoop:
         self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
         self._unsaved: Snapshot | None = None  # the newest acknowledged conditions, not yet written
         self._last_save = float("-inf")
-        # (when it began folding, records it folded) of the steps of the last FLOOD_STEP that folded any
+        # (when it began folding, records it folded) of the recent steps that folded any (see _flooding)
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
-        self._recent_records = 0
 
     # ---- component -----------------------------------------------------------------------------
 
@@ -157,7 +156,7 @@ class MainLoop:
         self._beat = math.inf if timeout is None else self._monotonic() + timeout  # asleep: not stalled
         first = self._inbox.get(timeout=timeout)
         now = self._monotonic()
-        if first is not None and pause is not None and self._flooding(now):
+        if first is not None and self._flooding(now) and pause is not None:
             left = self._recent[-1][0] + FLOOD_STEP - now
             if left > 0:
                 self._beat = now + left
@@ -174,8 +173,6 @@ class MainLoop:
                 last_seq = seq if seq is not None else last_seq
         if records:
             self._recent.append((now, records))
-            self._recent_records += records
-            self._flooding(now)  # forgets steps older than FLOOD_STEP: the deque stays short
         events.extend(self.state.expire())
         if first is not None or events:
             self._publish(events, last_seq=last_seq)
@@ -184,11 +181,12 @@ class MainLoop:
         return records
 
     def _flooding(self, now: float) -> bool:
-        """Whether the steps begun in the last FLOOD_STEP seconds folded FLOOD_RECORDS records or more."""
+        """Whether the steps begun in the last FLOOD_STEP seconds folded FLOOD_RECORDS records or more. Forgets
+        the older ones: asked before each step that folds, the deque holds one FLOOD_STEP of steps at most."""
         recent = self._recent
         while recent and recent[0][0] <= now - FLOOD_STEP:
-            self._recent_records -= recent.popleft()[1]
-        return self._recent_records >= FLOOD_RECORDS
+            recent.popleft()
+        return sum(records for _, records in recent) >= FLOOD_RECORDS
 
     def _gather(self, seconds: float) -> None:
         """A flood's wait: until the inbox is half full, :meth:`wake` (stop) or ``seconds`` have passed."""
