@@ -125,6 +125,15 @@ def agent_pod(
             "name": name or f"node-health-agent-{node}",
             "namespace": namespace,
             "labels": {"app.kubernetes.io/name": "node-health-agent", "app.kubernetes.io/component": "agent"},
+            "ownerReferences": [  # a drain leaves it in place, as it does a real agent's pod
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": "node-health-agent",
+                    "uid": "00000000-0000-0000-0000-00000000da75",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {
             "nodeName": node,
