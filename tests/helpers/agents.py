@@ -114,7 +114,13 @@ class PolicyAgent:
         tmp.mkdir()
         self.kmsg = tmp / "kmsg"
         self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
-        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE, **(env or {}))
+        env = {
+            **os.environ,
+            "ENABLE_RECOVERY": "true",
+            "RECOVERY_STARTUP_DELAY": "0",
+            "POD_NAMESPACE": NAMESPACE,
+            **(env or {}),
+        }
         env.pop("NHA_CLOUDWATCH", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]

@@ -136,18 +136,19 @@ def _pause(
 ) -> int:
     """Check that the pause reaches an agent and covers something, then write it (``--force``: whatever)."""
     from agent.adapters.kube import KubeError
-    from agent.app.commands.reach import coverage, find_agents
+    from agent.app.commands.reach import Coverage, coverage, find_agents
     from agent.recovery.holds import Pause, PauseStore, pause_lease_name, pool_labels
 
     lease = pause_lease_name(args.cluster_name)
     agents = find_agents(client, args.namespace)
     unreached = reach_problem(agents, lease, cluster_name=args.cluster_name)
+    cover: Coverage | None = None
     try:
         cover = coverage(
             Pause(scope=scope, value=value), nodes=client.list_nodes(), pools=pool_labels(policy.budget), policy=policy
         )
     except KubeError as exc:
-        cover, uncovered = None, f"cannot tell what it covers: {exc}"
+        uncovered = f"cannot tell what it covers: {exc}"
     else:
         uncovered = f"the pause covers nothing: {cover.hint}" if cover.empty else ""
     if (unreached or uncovered) and not args.force:

@@ -361,7 +361,7 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
     rows = view["nodes"]
     _say(out, f"{len(rows)} of {view['nodesListed']} nodes with problems or a recovery incident")
     if rows:
-        table = [("NODE", "CONDITION", "REASON", "SINCE", "RECOVERY")]
+        table: list[tuple[str, ...]] = [("NODE", "CONDITION", "REASON", "SINCE", "RECOVERY")]
         for row in rows:
             problems = row["problems"] or [{"condition": "-", "reason": "(healed)", "since": None}]
             what = _recovery_text(row)
