@@ -212,6 +212,14 @@ class KubeClient:
         """Every pod bound to ``node_name``, in all namespaces (pages followed)."""
         return self._list_all(f"list pods on {node_name}", "/api/v1/pods", fieldSelector=f"spec.nodeName={node_name}")
 
+    def list_pods(self, namespace: str, *, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every pod in ``namespace`` matching ``label_selector`` (pages followed): the CLI finds the agents."""
+        return self._list_all(
+            f"list pods in {namespace} {label_selector!r}",
+            f"/api/v1/namespaces/{_seg(namespace)}/pods",
+            labelSelector=label_selector,
+        )
+
     def evict_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> dict[str, Any]:
         """POST a policy/v1 Eviction; a PodDisruptionBudget that forbids it answers 429 (transient)."""
         body: dict[str, Any] = {

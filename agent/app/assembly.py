@@ -605,12 +605,11 @@ def hold_gate(
     policy: RecoveryPolicy,  # its budget groups name the pool labels `pause --pool` matches
 ) -> Any:
     """Pauses (the pause Lease, read every 5 s when recovery acts), vetoes and the agent's health."""
-    from agent.recovery.holds import HoldGate, PauseStore, pause_lease_name, pool_labels
+    from agent.recovery.holds import HoldGate, PauseLeases, pool_labels
 
+    # The namespace's pause Lease (plain `pause`) and, with a cluster name, that cluster's own.
     store = (
-        PauseStore(
-            client=kube.client, namespace=settings.pod_namespace, lease_name=pause_lease_name(settings.cluster_name)
-        )
+        PauseLeases(client=kube.client, namespace=settings.pod_namespace, cluster_name=settings.cluster_name)
         if settings.enable_recovery
         else None
     )

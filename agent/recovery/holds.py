@@ -17,9 +17,12 @@ Vetoes (``vetoed``)
     reads anyway.
 
 Pauses (``paused``)
-    Set and lifted by ``node-health-agent pause`` / ``resume``; kept in one Lease in the agent's
-    namespace, :func:`pause_lease_name` (``DEFAULT_PAUSE_LEASE`` plus ``-<cluster name>``), as the
-    JSON in the annotation ``PAUSE_ANNOTATION``::
+    Set and lifted by ``node-health-agent pause`` / ``resume``; kept in a Lease in the agent's
+    namespace, as the JSON in the annotation ``PAUSE_ANNOTATION``. Every agent reads the namespace's
+    Lease ``DEFAULT_PAUSE_LEASE`` (what ``pause`` writes without ``--cluster-name``: it reaches every
+    agent there, whatever cluster name they run with) and, when it has a cluster name, also
+    ``DEFAULT_PAUSE_LEASE-<cluster name>`` (``pause --cluster-name NAME``: only the agents of that
+    name), :func:`pause_lease_names`; a pause in either holds (:class:`PauseLeases`)::
 
         {"version": 1, "pauses": [{"scope": "cluster", "value": "", "by": "alice", "why": "bad rule",
                                    "since": 1767225600.0}, ...]}
@@ -72,6 +75,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.adapters.kube import KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Publication
+from agent.core.timefmt import iso
 from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, ZONE_LABEL, BudgetSettings, Incident
 
@@ -172,6 +176,13 @@ def pause_lease_name(cluster_name: str = "") -> str:
     return name[:253].rstrip(".-")
 
 
+def pause_lease_names(cluster_name: str = "") -> tuple[str, ...]:
+    """The pause Leases an agent with ``cluster_name`` reads: the namespace's (every agent), then its
+    cluster's own when it has a name."""
+    own = pause_lease_name(cluster_name)
+    return (DEFAULT_PAUSE_LEASE,) if own == DEFAULT_PAUSE_LEASE else (DEFAULT_PAUSE_LEASE, own)
+
+
 def decode_pauses(text: str | None) -> Pauses:
     """The pauses in the annotation (absent or empty = none). Raises CorruptPauses."""
     if text is None or not text.strip():
@@ -248,12 +259,16 @@ class PauseStore:
     def where(self) -> str:
         return f"{self._namespace}/{self._lease_name}"
 
+    @property
+    def lease_name(self) -> str:
+        return self._lease_name
+
     def read(self, *, cached: bool = False) -> Pauses:
         """The pauses now; an unreadable annotation gives ``problem`` (never raises for it). ``cached``: from
         the API server's watch cache (a poll), not a quorum read (before acting)."""
         lease = self._get(cached=cached)
         try:
-            return decode_pauses(_annotation(lease))
+            return _decode(lease)
         except CorruptPauses as exc:
             return Pauses(problem=corrupt_message(self.where, str(exc)))
 
@@ -262,7 +277,7 @@ class PauseStore:
         Raises CorruptPauses when the annotation is unreadable: nothing is written over it."""
         for _ in range(ATTEMPTS):
             lease = self._get()
-            before = decode_pauses(_annotation(lease))
+            before = _decode(lease)
             after = edit(before)
             if after == before:
                 return before, after
@@ -294,6 +309,36 @@ class PauseStore:
             annotation=PAUSE_ANNOTATION,
             value=encode_pauses(pauses),
         )
+
+
+class PauseLeases:
+    """What an agent reads: every pause Lease of :func:`pause_lease_names`, one read each, as one set of
+    pauses (an unreadable one: ``problem``, a pause of everything). Read only."""
+
+    def __init__(self, *, client: LeaseClient, namespace: str, cluster_name: str = "") -> None:
+        self.stores = tuple(
+            PauseStore(client=client, namespace=namespace, lease_name=name) for name in pause_lease_names(cluster_name)
+        )
+
+    @property
+    def where(self) -> str:
+        return " and ".join(store.where for store in self.stores)
+
+    def read(self, *, cached: bool = False) -> Pauses:
+        found = [store.read(cached=cached) for store in self.stores]
+        problem = "; ".join(p.problem for p in found if p.problem)
+        return Pauses(pauses=tuple(p for pauses in found for p in pauses.pauses), problem=problem)
+
+
+def _decode(lease: Mapping[str, Any] | None) -> Pauses:
+    """The pauses of a Lease read from the cluster: anything its content makes the decoder raise (a number
+    too large for a float, nesting too deep) is CorruptPauses, never an exception out of the CLI or a poll."""
+    try:
+        return decode_pauses(_annotation(lease))
+    except CorruptPauses:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, AttributeError) as exc:
+        raise CorruptPauses(f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
 def corrupt_message(where: str, problem: str) -> str:
@@ -388,7 +433,7 @@ def pause_hold(
 
 
 def describe(pause: Pause) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pause.since))
+    when = iso(pause.since)  # clamped: a Lease's absurd time (year 10^300) prints, never raises
     return f"{pause.key} by {pause.by or 'unknown'} at {when}" + (f" ({pause.why})" if pause.why else "")
 
 
@@ -465,7 +510,7 @@ class HoldGate:
     def __init__(
         self,
         *,
-        store: PauseStore | None,
+        store: PauseStore | PauseLeases | None,
         client: Any,  # NodeClient: get_node, for the veto while a drain runs
         node_name: str,
         recheck: float = RECHECK,

@@ -107,6 +107,7 @@ def test_the_pause_role_is_for_operators_and_no_agent_holds_it(rendered):
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),
         ("", "events", "create"),
+        ("", "pods", "list"),  # pause and status see which pause Lease the agent pods read
     }
     assert not [d for d in rendered if d["kind"].endswith("Binding") and d["roleRef"]["name"] == PAUSE_ROLE]
 

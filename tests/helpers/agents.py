@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from helpers.aws import AwsTestEnv
@@ -101,11 +101,26 @@ class PolicyAgent:
     """``node-health-agent run`` for one node of a multi-node test: recovery on under ``policy``, no AWS, the
     kernel and Neuron packs, /metrics on ``listen`` (tests/recovery: pause and zone end to end)."""
 
-    def __init__(self, tmp: Path, api: KubeApiServer, node: str, policy: Path, *, listen: str = "0") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        api: KubeApiServer,
+        node: str,
+        policy: Path,
+        *,
+        listen: str = "0",
+        env: Mapping[str, str] | None = None,  # more environment (CLUSTER_NAME, ...)
+    ) -> None:
         tmp.mkdir()
         self.kmsg = tmp / "kmsg"
         self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
-        env = dict(os.environ, ENABLE_RECOVERY="true", RECOVERY_STARTUP_DELAY="0", POD_NAMESPACE=NAMESPACE)
+        env = {
+            **os.environ,
+            "ENABLE_RECOVERY": "true",
+            "RECOVERY_STARTUP_DELAY": "0",
+            "POD_NAMESPACE": NAMESPACE,
+            **(env or {}),
+        }
         env.pop("NHA_CLOUDWATCH", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]

@@ -106,6 +106,51 @@ def healthy(condition: str = DMA[0], *, since: float, reason: str = "Healthy") -
     )
 
 
+def agent_pod(
+    node: str = NODE,
+    *,
+    cluster_name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    namespace: str = NS,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """The agent's pod on ``node`` as the DaemonSet makes it (its labels, the agent container running ``run``
+    with ENABLE_RECOVERY and, when given, CLUSTER_NAME): what ``pause`` and ``status`` look for."""
+    variables = {"ENABLE_RECOVERY": "true", **({"CLUSTER_NAME": cluster_name} if cluster_name is not None else {})}
+    variables.update(env or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name or f"node-health-agent-{node}",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "node-health-agent", "app.kubernetes.io/component": "agent"},
+            "ownerReferences": [  # a drain leaves it in place, as it does a real agent's pod
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": "node-health-agent",
+                    "uid": "00000000-0000-0000-0000-00000000da75",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "kmsg-relay", "image": "node-health-agent", "args": ["kmsg-relay", "--socket", "/run/k.sock"]},
+                {
+                    "name": "agent",
+                    "image": "node-health-agent",
+                    "args": ["run", "--kmsg-relay", "/run/k.sock"],
+                    "env": [{"name": k, "value": v} for k, v in variables.items()],
+                },
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
 def prepare(api: KubeApiServer, *nodes: Mapping[str, Any]) -> KubeApiServer:
     """The agent's namespace and ``nodes`` on the test API server."""
     api.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})

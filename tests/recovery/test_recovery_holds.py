@@ -64,6 +64,7 @@ from helpers.recovery import (
     T0,
     Clock,
     LoopHarness,
+    agent_pod,
     kube_fixture,
     node_object,
     prepare,
@@ -100,7 +101,8 @@ class Quiet:
 
 @pytest.fixture
 def api(kube_api_server: KubeApiServer) -> KubeApiServer:
-    return prepare(kube_api_server)
+    """The namespace, the node and its agent's pod (``pause`` refuses where it sees no agent to reach)."""
+    return prepare(kube_api_server, node_object(), agent_pod())
 
 
 def put_pauses(api: KubeApiServer, text: str) -> None:
@@ -473,16 +475,16 @@ def events(api: KubeApiServer) -> list[dict]:
 
 def test_pause_and_resume_record_who_why_when_and_leave_events(api, tmp_path, capsys):
     assert run_cli(api, tmp_path, "pause", "--reason", "bad rule", "--by", "alice") == 0
-    assert run_cli(api, tmp_path, "pause", "--condition-reason", "Xid*", "--by", "bob") == 0
+    assert run_cli(api, tmp_path, "pause", "--condition-reason", "GpuXid*", "--by", "bob") == 0
     (cluster, xid) = sorted(lease_pauses(api).pauses, key=lambda p: p.key)
     assert (cluster.scope, cluster.by, cluster.why) == (Scope.CLUSTER, "alice", "bad rule") and cluster.since > 0
-    assert (xid.scope, xid.value, xid.by) == (Scope.REASON, "Xid*", "bob")
+    assert (xid.scope, xid.value, xid.by) == (Scope.REASON, "GpuXid*", "bob")
     capsys.readouterr()
     assert run_cli(api, tmp_path, "status") == 0
     out = capsys.readouterr().out
-    assert "cluster by alice" in out and "bad rule" in out and "condition-reason=Xid* by bob" in out
+    assert "cluster by alice" in out and "bad rule" in out and "condition-reason=GpuXid* by bob" in out
     assert run_cli(api, tmp_path, "resume", "--by", "alice") == 0
-    assert [p.key for p in lease_pauses(api).pauses] == ["condition-reason=Xid*"]
+    assert [p.key for p in lease_pauses(api).pauses] == ["condition-reason=GpuXid*"]
     assert run_cli(api, tmp_path, "resume", "--all") == 0
     assert lease_pauses(api).pauses == ()
     reasons = [e["reason"] for e in sorted(events(api), key=lambda e: e["metadata"]["creationTimestamp"])]
@@ -593,7 +595,11 @@ def test_pause_by_pool_pauses_exactly_the_nodes_of_that_pool_by_the_configured_l
         )
         for name, labels in nodes.items()
     }
-    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice", "--reason", "driver rollout") == 0
+    for name, labels in nodes.items():
+        api.put_object(node_object(name, labels=labels))
+    policy_file = str(tmp_path / "policy.yaml")
+    argv = ["pause", "--pool", "gpu-a", "--by", "alice", "--reason", "driver rollout", "--recovery-policy", policy_file]
+    assert run_cli(api, tmp_path, *argv) == 0
     for gate in gates.values():
         gate.poll()
     paused = {name for name, gate in gates.items() if gate.stats.paused is not None}
@@ -814,7 +820,8 @@ def test_status_names_the_pool_labels_and_the_nodes_a_pool_pause_covers(api, tmp
     (tmp_path / "policy.yaml").write_text(POOL_POLICY)
     for name, pool in (("n-a1", "gpu-a"), ("n-a2", "gpu-a"), ("n-b1", "gpu-b")):
         api.put_object(node_object(name, {POOL: pool}))
-    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice") == 0
+    policy_file = str(tmp_path / "policy.yaml")
+    assert run_cli(api, tmp_path, "pause", "--pool", "gpu-a", "--by", "alice", "--recovery-policy", policy_file) == 0
     capsys.readouterr()
-    assert run_cli(api, tmp_path, "status", "--recovery-policy", str(tmp_path / "policy.yaml")) == 0
+    assert run_cli(api, tmp_path, "status", "--recovery-policy", policy_file) == 0
     assert f"pool=gpu-a ({POOL}: 2 nodes) by alice" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from agent.recovery.model import INCIDENT_ANNOTATION
 
 from helpers import wait_for
 from helpers.agents import PolicyAgent
+from helpers.recovery import agent_pod
 from kubeapi import KubeApiServer
 
 NAMESPACE = "node-health-agent"
@@ -51,6 +52,7 @@ def api() -> Iterator[KubeApiServer]:
                 "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
             }
         )
+        server.put_object(agent_pod(name, namespace=NAMESPACE))  # whom `pause` sees it reaches
         server.put_object(
             {
                 "apiVersion": "v1",

@@ -25,6 +25,7 @@ from agent.recovery.model import INCIDENT_ANNOTATION
 
 from helpers import free_port, http_get, wait_for
 from helpers.agents import PolicyAgent
+from helpers.recovery import agent_pod
 from kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.slow  # four agent processes: about 30 s
@@ -79,6 +80,7 @@ def api() -> Iterator[KubeApiServer]:
     server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     for name in AGENTS:
         server.put_object(node(name, "us-west-2a", "a" if name in FAULTY else "b"))
+        server.put_object(agent_pod(name, namespace=NAMESPACE))  # whom `pause` sees it reaches
     server.put_object(node(ELSEWHERE, "us-west-2b", "b"))
     try:
         yield server
@@ -156,7 +158,8 @@ def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path
         kubeconfig = str(api.write_kubeconfig(tmp_path / "cli-kubeconfig"))
         for pool, members in (("b", AGENTS[3:]), ("a", FAULTY)):  # b: the idle agent; a: the held ones
             started = time.monotonic()
-            assert main(["pause", "--kubeconfig", kubeconfig, "--pool", pool, "--by", "tester"]) == 0
+            argv = ["--pool", pool, "--by", "tester", "--recovery-policy", str(policy)]  # the agents' pool label
+            assert main(["pause", "--kubeconfig", kubeconfig, *argv]) == 0
             if pool == "b":  # idle: the pause takes effect at its next action, read fresh
                 agents[AGENTS[3]].fault()
                 wait_for(lambda: AGENTS[3] in paused_events(api), timeout=60)
