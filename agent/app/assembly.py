@@ -589,7 +589,7 @@ def recovery_components(
         )
         components.append(loop)
         details["recovery"] = lambda: loop.last_error
-        collectors.append(RecoveryCollector(stats=lambda: loop.stats))
+        collectors.append(RecoveryCollector(stats=lambda: loop.stats, policy=policy))
         from agent.recovery.holds import HoldCollector
 
         collectors.append(HoldCollector(stats=lambda: loop.holds.stats, clock=clock))

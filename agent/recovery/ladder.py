@@ -535,6 +535,10 @@ class Ladder:
         self._rungs = rungs[-MAX_RUNGS:]
 
 
+# What failure_kind returns: the ``result`` values of a failed reboot (node_health_agent_recovery_actions_total).
+FAILURE_KINDS = ("throttled", "denied", "wrong-state", "failed")
+
+
 def failure_kind(exc: Any) -> str:
     """A failed RebootInstances (an AwsError) as one of a few words: throttled, denied, wrong-state, failed."""
     from agent.adapters.aws import ACCESS_DENIED_CODES, INSTANCE_STATE_CODES

@@ -1,7 +1,8 @@
 """Prometheus metrics of recovery, computed at scrape time from the loop's figures.
 
 - ``node_health_agent_recovery_enabled``: 1 when ENABLE_RECOVERY=true (acting), 0 report-only.
-- ``node_health_agent_recovery_actions_total{action,result}``: actions carried out (ok / failed).
+- ``node_health_agent_recovery_actions_total{action,result}``: actions carried out (``ok``, ``failed``;
+  a reboot also ``throttled``, ``denied``, ``wrong-state``).
 - ``node_health_agent_recovery_would_actions_total{action}``: what report-only would have done.
 - ``node_health_agent_recovery_blocked_total{why}``: decisions that could not act now, by why
   (``RecoveryBlocked`` = the cluster budget is spent; ``StartupDelay``; ``WaitingForPersistence``; ...).
@@ -19,6 +20,12 @@
 - ``node_health_agent_recovery_time_between_incidents_seconds`` (histogram, no labels): from the previous
   incident opened on this node to the next (the problems' own times, from the history on the Node, so it
   spans agent restarts and reboots), observed when the next one opens.
+
+Every counter series an alert or dashboard reads is there at 0 from the first scrape, for every label
+value it can take: each action and result, each ``why``, each drain outcome, and the incidents of each
+condition of the loaded policy with each remedy its rules can take. A series that first appears at 1
+has no earlier sample, so Prometheus' ``increase()`` would see no increase and the first incident would
+raise no alert.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.core.latency import histogram_metric
-from agent.recovery.loop import RecoveryStats
-from agent.recovery.model import Action
+from agent.recovery.drain import DrainOutcome
+from agent.recovery.holds import HoldKind
+from agent.recovery.ladder import FAILURE_KINDS, rung_actions
+from agent.recovery.loop import REMEDIES, UNTRUSTED, RecoveryStats
+from agent.recovery.model import Action, Blocked, RecoveryPolicy
 
 PREFIX = "node_health_agent_recovery_"
 PHASE_KEYS = {
@@ -44,11 +54,34 @@ PHASE_DOCS = {
     "detect_to_remedy": "Seconds from a problem's own time to its remedy requested (instance marked unhealthy).",
     "incident_open": "Seconds from a problem's own time to its incident closed, healed (time to repair).",
 }
+# The results an action can count: ``ok`` or ``failed``; a reboot's failure by its kind (agent.recovery.ladder).
+RESULTS = {action: ("ok", *FAILURE_KINDS) if action is Action.REBOOT else ("ok", "failed") for action in Action}
+# Every ``why`` of the blocked counter: the decision's, a hold's, an untrusted source.
+WHYS = tuple(
+    sorted({*(b.value for b in Blocked if b is not Blocked.NOTHING_LEFT), *(k.value for k in HoldKind), UNTRUSTED})
+)
+HEALED, REQUESTED = "healed", "remedy-requested"
+
+
+def incident_labels(policy: RecoveryPolicy) -> frozenset[tuple[str, str, str]]:
+    """(condition, remedy, outcome) of every incident the policy's rules can count: a remedy requested
+    (reboot, mark-unhealthy) by each rule that can take it; healed after its last disruptive action, or none."""
+    labels: set[tuple[str, str, str]] = set()
+    for rule in policy.rules:
+        actions = {*rule.actions, *(a for remedy in rule.ladder for a in rung_actions(rule, remedy))}
+        labels.add((rule.condition, "none", HEALED))
+        for action in actions:
+            if action.disruptive:
+                labels.add((rule.condition, action.value, HEALED))
+            if action in REMEDIES:
+                labels.add((rule.condition, action.value, REQUESTED))
+    return frozenset(labels)
 
 
 class RecoveryCollector:
-    def __init__(self, *, stats: Callable[[], RecoveryStats]) -> None:
+    def __init__(self, *, stats: Callable[[], RecoveryStats], policy: RecoveryPolicy) -> None:
         self._stats = stats
+        self._incidents = incident_labels(policy)
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
@@ -60,18 +93,18 @@ class RecoveryCollector:
             PREFIX + "would_actions", "Actions report-only mode would have taken.", labels=["action"]
         )
         for action in Action:
-            for result in ("ok", "failed"):
+            for result in sorted({*RESULTS[action], *(r for a, r in s.actions if a == action.value)}):
                 actions.add_metric([action.value, result], s.actions.get((action.value, result), 0))
             would.add_metric([action.value], s.would.get(action.value, 0))
         yield actions
         yield would
         blocked = CounterMetricFamily(PREFIX + "blocked", "Decisions that could not act now, by why.", labels=["why"])
-        for why, count in sorted(s.blocked.items()):
-            blocked.add_metric([why], count)
+        for why in sorted({*WHYS, *s.blocked}):
+            blocked.add_metric([why], s.blocked.get(why, 0))
         yield blocked
         drains = CounterMetricFamily(PREFIX + "drains", "Drains by outcome.", labels=["outcome"])
-        for outcome, count in sorted(s.drains.items()):
-            drains.add_metric([str(outcome)], count)
+        for outcome in sorted({*(o.value for o in DrainOutcome), *(str(o) for o in s.drains)}):
+            drains.add_metric([outcome], s.drains.get(outcome, 0))
         yield drains
         yield CounterMetricFamily(PREFIX + "errors", "Recovery steps that failed (retried).", value=s.errors)
         yield GaugeMetricFamily(
@@ -82,8 +115,8 @@ class RecoveryCollector:
             "Incidents by condition, remedy and outcome.",
             labels=["condition", "remedy", "outcome"],
         )
-        for (condition, remedy, outcome), count in sorted(s.incidents.items()):
-            incidents.add_metric([condition, remedy, outcome], count)
+        for condition, remedy, outcome in sorted({*self._incidents, *s.incidents}):
+            incidents.add_metric([condition, remedy, outcome], s.incidents.get((condition, remedy, outcome), 0))
         yield incidents
         for phase, doc in PHASE_DOCS.items():
             yield histogram_metric(PREFIX + phase + "_seconds", doc, s.phases[PHASE_KEYS[phase]].snapshot())

@@ -747,12 +747,13 @@ def test_prometheus_component(rendered: dict[str, list[dict[str, Any]]]) -> None
     rules = [r for g in _one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
     exprs = "\n".join(r["expr"] for r in rules)
     # Every metric name is one the agent exports: tests/deploy/test_monitoring.py scrapes running agents for that.
-    assert "problem_gauge == 1" in exprs
+    assert "max by (namespace, node, type, reason) (problem_gauge) == 1" in exprs
     assert "node_health_agent_component_healthy == 0" in exprs
     assert "increase(node_health_agent_kmsg_records_lost_total[" in exprs
     assert "kube_daemonset_status_number_unavailable" in exprs
     assert re.search(r'reason=~"NeuronHasError_\.\*\|GpuXid\.\*"', exprs)
-    assert len({r["alert"] for r in rules}) == len(rules), "alert names are unique"
+    # One rule per alert and severity (NodeHealthRecoveryActionFailed: critical and warning, by result).
+    assert len({(r["alert"], r["labels"]["severity"]) for r in rules}) == len(rules), "alert names are unique"
 
 
 def test_overlays_do_not_enable_the_component_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -61,8 +61,12 @@ def metric_names(expr: str) -> set[str]:
 
 
 def alert_exprs() -> dict[str, str]:
+    """alert -> its expressions (an alert with one rule per severity has several, one a line)."""
     rule = yaml.safe_load(RULES.read_text())
-    return {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    exprs: dict[str, str] = {}
+    for r in (r for g in rule["spec"]["groups"] for r in g["rules"]):
+        exprs[r["alert"]] = f"{exprs[r['alert']]}\n{r['expr']}" if r["alert"] in exprs else r["expr"]
+    return exprs
 
 
 def _walk_exprs(node: Any, where: str) -> list[tuple[str, str]]:
@@ -149,7 +153,8 @@ def test_alerts_and_dashboards_name_only_exported_metrics(
     # Recovery that fails to act, a spent budget and checks stuck UNKNOWN have alerts of their own.
     exprs = "\n".join(alert_exprs().values())
     for part in (
-        'recovery_actions_total{result="failed"}',
+        'recovery_actions_total{result=~"failed|denied"}',  # every failed result: tests/deploy/test_promtool.py
+        'recovery_actions_total{result=~"throttled|wrong-state"}',
         'why="RecoveryBlocked"',
         'check_status{status="UNKNOWN"}',
         "recovery_paused_seconds",  # a forgotten pause (issue 15)
@@ -199,3 +204,18 @@ def test_dashboards_are_grafana_dashboards() -> None:
     )
     for subject in ("problem_gauge", "recovery_actions_total", "recovery_blocked_total", "budget_holders", "Time to"):
         assert subject in fleet, subject
+
+
+def test_alerts_and_dashboards_find_the_agents_in_both_scrape_modes() -> None:
+    """`up` carries target labels only: the PodMonitor's job, or the pod's app.kubernetes.io/name label mapped by
+    an annotations-based job (docs/deploy.md, section 9). No expression relies on one mode's job label alone,
+    and the dashboards' node picker reads the `node` label both modes set (issue 33)."""
+    exprs = [*alert_exprs().values(), *(e for _, e in dashboard_exprs())]
+    ups = [e for e in exprs if re.search(r"\bup\{", e)]
+    assert ups, "the scrape alert and the fleet panels read up"
+    for expr in ups:
+        assert 'up{job="node-health-agent"}' in expr and 'up{app_kubernetes_io_name="node-health-agent"}' in expr, expr
+    assert not [e for e in exprs if "job=" in e and not re.search(r"\bup\{", e)], "job selects nothing else"
+    for path in DASHBOARDS:
+        variables = {v["name"]: v for v in json.loads(path.read_text())["templating"]["list"]}
+        assert variables["node"]["query"]["query"].endswith(", node)"), path.name

@@ -95,12 +95,13 @@ def _check_custom_resource(obj: Obj) -> None:
         for group in spec["groups"]:
             assert set(group) <= {"name", "interval", "rules"} and group["rules"]
             for rule in group["rules"]:
-                assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+                assert set(rule) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}, rule
                 assert isinstance(rule["alert"], str) and isinstance(rule["expr"], str)
                 assert rule["labels"]["severity"] in {"warning", "critical"}
                 assert rule["annotations"]["summary"]
-                if "for" in rule:
-                    assert re.fullmatch(r"\d+[smh]", rule["for"])
+                for key in ("for", "keep_firing_for"):  # keep_firing_for: Prometheus 2.42, the Operator 0.66
+                    if key in rule:
+                        assert re.fullmatch(r"\d+[smh]", rule[key])
     elif obj["kind"] == "PodIdentityAssociation":
         assert obj["apiVersion"] == "eks.services.k8s.aws/v1alpha1"
         assert set(spec) == {"clusterName", "namespace", "serviceAccount", "roleARN"}

@@ -991,7 +991,7 @@ def test_the_collector_exports_the_histograms_and_the_incident_counter(harness):
     h.publish(problem(since=T0 - 10))
     h.clock.now += DELAY
     h.step()
-    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats))).decode()
+    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats, policy=POLICY))).decode()
     assert 'node_health_agent_recovery_detect_to_cordoned_seconds_bucket{le="120.0"} 1.0' in text
     assert "node_health_agent_recovery_detect_to_remedy_seconds_count 1.0" in text
     assert "node_health_agent_recovery_incident_open_seconds_count 0.0" in text
@@ -1046,7 +1046,7 @@ def test_the_collector_exports_the_time_between_incidents(harness):
 
     h = harness()
     h.loop.stats.between.observe(7200)
-    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats))).decode()
+    text = generate_latest(build_registry(RecoveryCollector(stats=lambda: h.loop.stats, policy=POLICY))).decode()
     assert 'node_health_agent_recovery_time_between_incidents_seconds_bucket{le="10800.0"} 1.0' in text
     assert "node_health_agent_recovery_time_between_incidents_seconds_count 1.0" in text
 
