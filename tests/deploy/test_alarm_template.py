@@ -170,7 +170,9 @@ def test_every_published_family_has_alarms():
     assert {"GpuXid79", "GpuFallenOffBus", "GpuRowRemapFailure", "GpuLost"} <= names
 
 
-DEPLOY = re.compile(r"aws cloudformation deploy --template-file daemonset/aws/cloudwatch-alarms\.cfn\.yaml(?:[^\n]*\\\n)*[^\n]*")
+DEPLOY = re.compile(
+    r"aws cloudformation deploy --template-file daemonset/aws/cloudwatch-alarms\.cfn\.yaml(?:[^\n]*\\\n)*[^\n]*"
+)
 
 
 def test_every_documented_deploy_command_has_the_capability_the_template_needs():

@@ -264,7 +264,9 @@ def test_real_eks_nodes_each_get_exactly_their_agent(install: str) -> None:
     assert {d["metadata"]["name"].removeprefix("node-health-agent-") for d in daemonsets} == runs
     wrong = {}
     for node, (labels, agent) in REAL_NODES.items():
-        got = sorted(d["metadata"]["name"].removeprefix("node-health-agent-") for d in daemonsets if schedules(d, labels))
+        got = sorted(
+            d["metadata"]["name"].removeprefix("node-health-agent-") for d in daemonsets if schedules(d, labels)
+        )
         want = [agent] if agent in runs else []
         if got != want:
             wrong[node] = got
