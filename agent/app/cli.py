@@ -488,6 +488,11 @@ def validate(args: argparse.Namespace) -> int:
             f"  note: {by} replaces {len(names)} earlier rule(s) of the same type, condition and reason "
             f"(its rules have no name; name a rule to add it instead): {', '.join(names)}"
         )
+    for rule, by in rule_set.covered:
+        print(
+            f"  note: {rule} is not loaded: the built-in rule {by} already gives its reason (no problem twice); "
+            "load the file without that rule's pack (--pack) to use its rule instead"
+        )
     for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
     from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary

@@ -60,6 +60,19 @@ def classify(path: Path, doc: Document) -> Kind | ConfigProblem:
             message="expected a mapping: a node-problem-detector monitor config or a 'checks:' declaration",
             line=doc.line(()),
         )
+    if data.get("kind") == "ConfigMap" and "apiVersion" in data:
+        keys = sorted(data.get("data") or {}) if isinstance(data.get("data"), dict) else []
+        key = keys[0] if keys else "kernel-monitor.json"
+        escaped = key.replace(".", "\\.")
+        return ConfigProblem(
+            file=name,
+            field="kind",
+            message=f"is a Kubernetes ConfigMap, not a monitor config: give each of its data entries as a file of its "
+            f"own (data keys: {', '.join(keys) or 'none'}), e.g. kubectl get configmap "
+            f"{(data.get('metadata') or {}).get('name', '<name>')} -o jsonpath='{{.data.{escaped}}}' > {key} "
+            "(docs/migrating-from-npd.md)",
+            line=doc.line(("kind",)),
+        )
     plugin = data.get("plugin")
     if "checks" in data and plugin is None and "rules" not in data:
         return Kind.CHECKS

@@ -59,6 +59,9 @@ class RuleSet:
     max_window: int
     # (replaced rule, the file whose unnamed rule of the same type, condition and reason took its place)
     replaced: tuple[tuple[str, str], ...] = ()
+    # (unnamed rule not loaded, the earlier rule whose reason template already gives its reason on its
+    # type and condition: a built-in rule such as neuron/hw-error's NeuronHasError_{error})
+    covered: tuple[tuple[str, str], ...] = ()
 
     def condition_spec(self, type_: str) -> ConditionSpec | None:
         for c in self.conditions:

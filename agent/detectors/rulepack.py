@@ -18,6 +18,7 @@ shape of one file), ``compiler`` (patterns and references), ``model`` (the resul
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from agent.core.errors import ConfigError, ConfigProblem
 from agent.core.types import ConditionSpec
 from agent.detectors.compiler import compile_rule
 from agent.detectors.model import CompiledRule, FieldFilter, RuleSet, Threshold
-from agent.detectors.schema import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, PackSpec, check_pack
+from agent.detectors.schema import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, PackSpec, RuleSpec, check_pack
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
@@ -58,6 +59,7 @@ def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequ
     # Conditions and lists of every file are known before any rule refers to them.
     ordered: dict[str, CompiledRule | None] = {}
     replaced: list[tuple[str, str]] = []
+    covered: list[tuple[str, str]] = []
     for col, pack in checked:
         claimed: set[tuple] = set()  # (type, condition, reason) of this file's unnamed rules
         for spec in pack.rules:
@@ -69,6 +71,11 @@ def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequ
                     # An unnamed rule never replaces another file's rule by name...
                     spec = dataclasses.replace(spec, name=f"{spec.file}:{spec.index}")
                 key = (spec.type, spec.condition, spec.reason)
+                if (by := _covered_by(ordered, spec)) is not None:
+                    # One rule of an earlier file already gives this reason from a template (neuron/hw-error:
+                    # NeuronHasError_{error}): loading this one too would raise the problem twice per line.
+                    covered.append((f"{spec.file}:{spec.index}", by))
+                    continue
                 if key not in claimed:
                     # ...but by reason: node-problem-detector's files (no names) given after the built-in packs
                     # take the place of the earlier rules of the same type, condition and reason, so one kernel
@@ -91,7 +98,26 @@ def compile_rule_packs(packs: Sequence[tuple[Path, Document]], *, problems: Sequ
         files=tuple(str(path) for path, _ in packs),
         max_window=max((r.window for r in rules), default=1),
         replaced=tuple(replaced),
+        covered=tuple(covered),
     )
+
+
+def _covered_by(ordered: dict[str, CompiledRule | None], spec: RuleSpec) -> str | None:
+    """The earlier rule (of another file) whose reason *template* gives ``spec``'s literal reason on the same
+    type and condition, if any."""
+    if not isinstance(spec.reason, str) or "{" in spec.reason:
+        return None
+    for name, rule in ordered.items():
+        if rule is None or rule.file == spec.file or "{" not in str(rule.reason):
+            continue
+        if (rule.type, rule.condition) != (spec.type, spec.condition):
+            continue
+        pattern = "".join(
+            ".+" if part.startswith("{") else re.escape(part) for part in re.split(r"(\{[^}]*\})", rule.reason) if part
+        )
+        if re.fullmatch(pattern, spec.reason):
+            return name
+    return None
 
 
 def _key(rule: CompiledRule) -> tuple:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.recovery.policyfile import DEFAULT_POLICY
 from agent.sinks.cloudwatch import CLUSTER_DIMENSION, DEFAULT_NAMESPACE, DIMENSIONS, NEURON_ERRORS
 
 from helpers import REPO
@@ -27,6 +28,16 @@ QUERY = re.compile(
     r"SELECT MAX\((?P<metric>\w+)\) FROM (?P<namespace>\w+) WHERE (?P<dimension>\w+) = '(?P<value>[^']*)'"
 )
 TOPIC = "arn:aws:sns:us-west-2:123456789012:oncall"
+# What the sink publishes with the built-in policy (it publishes what the policy's rules cover), by name:
+# the Neuron driver's errors, then every reason a built-in rule names (GPU Xid, driver, ECC, count).
+PUBLISHED = tuple(
+    dict.fromkeys(
+        [
+            *NEURON_ERRORS,
+            *(r for rule in DEFAULT_POLICY.rules for r in rule.reasons if not any(c in r for c in "*?[")),
+        ]
+    )
+)
 
 
 # ---- reading and rendering CloudFormation ------------------------------------------------------
@@ -145,18 +156,48 @@ def dashboard(**parameters: str) -> dict[str, Any]:
 def test_defaults_are_the_sinks_namespace_and_the_neuron_errors():
     parameters = load()["Parameters"]
     assert parameters["Namespace"]["Default"] == DEFAULT_NAMESPACE
-    assert tuple(parameters["MetricNames"]["Default"].split(",")) == NEURON_ERRORS
+    assert tuple(parameters["MetricNames"]["Default"].split(",")) == PUBLISHED
+
+
+def test_every_published_family_has_alarms():
+    """Each condition type the built-in policy publishes (Neuron and GPU alike) has at least one alarm."""
+    names = set(load()["Parameters"]["MetricNames"]["Default"].split(","))
+    families = {rule.condition: rule.reasons for rule in DEFAULT_POLICY.rules if rule.reasons}
+    assert {"NeuronHealth", "GpuXid", "GpuDriverError", "GpuEcc", "GpuCount"} <= set(families)
+    for condition, reasons in families.items():
+        named = [r for r in reasons if not any(c in r for c in "*?[")] or [e for e in NEURON_ERRORS]
+        assert set(named) <= names, condition
+    assert {"GpuXid79", "GpuFallenOffBus", "GpuRowRemapFailure", "GpuLost"} <= names
+
+
+DEPLOY = re.compile(
+    r"aws cloudformation deploy --template-file daemonset/aws/cloudwatch-alarms\.cfn\.yaml(?:[^\n]*\\\n)*[^\n]*"
+)
+
+
+def test_every_documented_deploy_command_has_the_capability_the_template_needs():
+    """The transform needs CAPABILITY_AUTO_EXPAND; there are no IAM resources (so no CAPABILITY_IAM)."""
+    template = load()
+    assert template["Transform"] == "AWS::LanguageExtensions"
+    assert not [r for r in template["Resources"].values() if "Type" in r and r["Type"].startswith("AWS::IAM::")]
+    commands = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), TEMPLATE]:
+        text = doc.read_text().replace("\n#  ", "\n   ").replace("\n#", "\n")
+        commands += [(doc.name, m.group(0)) for m in DEPLOY.finditer(text)]
+    assert commands
+    missing = [(name, c) for name, c in commands if "--capabilities CAPABILITY_AUTO_EXPAND" not in c]
+    assert not missing, missing
 
 
 def test_one_alarm_per_metric_whose_query_matches_what_the_sink_publishes():
     rendered = alarms(ClusterName="trn-prod")
-    assert sorted(rendered) == sorted(f"Alarm{_alnum(name)}" for name in NEURON_ERRORS)
+    assert sorted(rendered) == sorted(f"Alarm{_alnum(name)}" for name in PUBLISHED)
     for props in rendered.values():
         (query,) = props["Metrics"]
         assert query["ReturnData"] is True and query["Period"] == 60
         match = QUERY.fullmatch(query["Expression"])
         assert match, query["Expression"]
-        assert match["metric"] in NEURON_ERRORS and props["AlarmName"].endswith(match["metric"])
+        assert match["metric"] in PUBLISHED and props["AlarmName"].endswith(match["metric"])
         assert match["namespace"] == DEFAULT_NAMESPACE
         # Filtered on the one dimension every datum has; InstanceId (per node, and only where known) is aggregated.
         assert (match["dimension"], match["value"]) == (CLUSTER_DIMENSION, "trn-prod")
@@ -193,9 +234,9 @@ def test_the_rendered_alarms_are_accepted_by_put_metric_alarm(aws):
     for props in rendered.values():
         cloudwatch.put_metric_alarm(**props)  # botocore validates the shapes; moto stores them
     stored = {a["AlarmName"]: a for a in cloudwatch.describe_alarms()["MetricAlarms"]}
-    assert sorted(stored) == sorted(f"node-health-agent-trn-prod-{name}" for name in NEURON_ERRORS)
+    assert sorted(stored) == sorted(f"node-health-agent-trn-prod-{name}" for name in PUBLISHED)
     for alarm in stored.values():
-        assert alarm["Metrics"][0]["Expression"].startswith("SELECT MAX(NeuronHasError_")
+        assert QUERY.fullmatch(alarm["Metrics"][0]["Expression"])["metric"] in PUBLISHED
         assert alarm["AlarmActions"] == [TOPIC] and alarm["TreatMissingData"] == "notBreaching"
 
 

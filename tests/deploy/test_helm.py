@@ -33,6 +33,8 @@ from helpers.k8srender import (
     CHART,
     DAEMONSET,
     EXAMPLES,
+    IMAGE,
+    IMAGE_SET,
     NAMESPACE,
     REPO,
     Obj,
@@ -176,7 +178,7 @@ def test_every_example_is_documented() -> None:
 
 @pytest.mark.parametrize("values", [None, *EXAMPLE_FILES], ids=["defaults", *(p.stem for p in EXAMPLE_FILES)])
 def test_helm_lint(values: Path | None) -> None:
-    args = ["lint", str(CHART), "--strict", "--namespace", NAMESPACE]
+    args = ["lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--set", IMAGE_SET]
     if values is not None:
         args += ["--values", str(values)]
     proc = helm(*args)
@@ -278,14 +280,11 @@ def test_image_follows_the_release() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == chart["version"] == version
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
     images = yaml.safe_load((DAEMONSET / "agent" / "kustomization.yaml").read_text())["images"]
-    assert images == [{"name": values["image"]["repository"], "newTag": version}]
-    ds = one(helm_template(EXAMPLES / "neuron.yaml"), "DaemonSet")
+    assert images == [{"name": IMAGE, "newTag": version}]
+    ds = one(helm_template(EXAMPLES / "neuron.yaml"), "DaemonSet")  # image.repository=IMAGE
     pod = ds["spec"]["template"]["spec"]
-    assert {c["image"] for c in [*pod["initContainers"], *pod["containers"]]} == {
-        f"{values['image']['repository']}:{version}"
-    }
+    assert {c["image"] for c in [*pod["initContainers"], *pod["containers"]]} == {f"{IMAGE}:{version}"}
     by_digest = one(helm_template(EXAMPLES / "neuron.yaml", sets=("image.digest=sha256:" + "a" * 64,)), "DaemonSet")
     assert by_digest["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "a" * 64)
 
@@ -392,3 +391,84 @@ def test_the_recovery_flags_reach_every_agent_as_the_agent_reads_them(sets, expe
                     m.setenv(env["name"], env["value"])
             settings = build_settings(build_parser().parse_args(["run"]))
         assert {key: getattr(settings, key) for key in expected} == expected
+
+
+# ---- no image that does not exist; values cannot reshape the objects ---------------------------------------------
+
+
+def test_an_install_without_an_image_refuses_saying_how_to_get_one() -> None:
+    """No image is published for this version: the chart refuses to point at one silently."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"] == ""
+    proc = helm("template", "x", str(CHART), "--namespace", NAMESPACE)
+    assert proc.returncode != 0
+    assert "image.repository is empty" in proc.stderr and "docs/deploy.md" in proc.stderr, proc.stderr
+
+
+HOSTILE = (
+    "a\nshareProcessNamespace: true",
+    "x: {}",
+    "{}",
+    "[1, 2]",
+    "0",
+    "true",
+    "null",
+    "- a",
+    "#comment",
+    "a\n  hostPID: true",
+)
+
+
+def _pod_keys(docs: list[Obj]) -> set[str]:
+    return {k for d in docs if d["kind"] == "DaemonSet" for k in d["spec"]["template"]["spec"]}
+
+
+def _values_file(tmp_path: Path, dotted: str, value: Any, **more: Any) -> Path:
+    """A values file setting ``dotted`` (a.b.c) to ``value``: what a user's -f file can say (no --set parsing)."""
+    doc: dict[str, Any] = {}
+    for key, v in {dotted: value, **more}.items():
+        *parents, leaf = key.split(".")
+        node = doc
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _env(agent: Obj) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in agent["env"]}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=repr)
+@pytest.mark.parametrize(
+    ("value", "lands"),
+    [
+        ("priorityClassName", lambda pod, agent: pod["priorityClassName"]),
+        ("accelerators.nvidia.runtimeClassName", lambda pod, agent: pod["runtimeClassName"]),
+        ("image.tag", lambda pod, agent: agent["image"].removeprefix(f"{IMAGE}:")),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_hostile_string_value_stays_one_string(value: str, lands: Any, hostile: str, tmp_path: Path) -> None:
+    """Every string value is rendered quoted: newlines, `: `, `{}` or a number never become keys or other types.
+    (Values the schema constrains, such as aws.region, the S3 URL or the digest, are refused before rendering.)"""
+    baseline = _pod_keys(helm_template(EXAMPLES / "nvidia.yaml", _values_file(tmp_path, value, "plain")))
+    docs = helm_template(EXAMPLES / "nvidia.yaml", _values_file(tmp_path, value, hostile))
+    assert _pod_keys(docs) == baseline, "a value added keys to the pod spec"
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        validate(ds)
+        pod = ds["spec"]["template"]["spec"]
+        (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+        assert lands(pod, agent) == hostile
+
+
+@pytest.mark.parametrize("delay", ["0", "90s", "1h30m"])
+def test_startup_delay_is_a_string_env_value(delay: str, tmp_path: Path) -> None:
+    """recovery.startupDelay "0" (the documented 'disable') renders "0", which the API server accepts."""
+    values = _values_file(tmp_path, "recovery.startupDelay", delay, **{"recovery.enabled": True})
+    ds = one(helm_template(EXAMPLES / "neuron.yaml", values), "DaemonSet")
+    validate(ds)
+    (agent,) = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
+    assert _env(agent)["RECOVERY_STARTUP_DELAY"] == delay

@@ -55,15 +55,26 @@ def schedules(ds: Obj, labels: NodeLabels) -> bool:
 
 
 def nodes(daemonsets: list[Obj]) -> Iterator[NodeLabels]:
-    """Every combination of: each key the affinities name absent, or set to any value they name, or another."""
-    values: dict[str, set[Any]] = {}
+    """Every combination of: each key the affinities name absent, or set to any value they name, or another.
+
+    Values that every expression treats alike (members of exactly the same ``values`` lists, e.g. two
+    instance types of one list) are one case: one of them stands for all, which keeps the product small
+    without leaving out any outcome an expression can have.
+    """
+    lists: dict[str, list[frozenset[str]]] = {}
     for ds in daemonsets:
         for term in _terms(ds):
             for e in term:
-                values.setdefault(e["key"], {ABSENT, "something-else"}).update(e.get("values", []))
-    values.setdefault("kubernetes.io/os", {ABSENT}).update({"linux", "windows"})
+                lists.setdefault(e["key"], []).append(frozenset(e.get("values", [])))
+    lists.setdefault("kubernetes.io/os", []).append(frozenset({"linux", "windows"}))
+    values: dict[str, list[Any]] = {}
+    for key, sets in lists.items():
+        cases: dict[tuple[bool, ...], str] = {}
+        for v in sorted(set().union(*sets) | {"something-else"}):
+            cases.setdefault(tuple(v in s for s in sets), v)
+        values[key] = [ABSENT, *sorted(cases.values())]
     keys = sorted(values)
-    for combo in itertools.product(*(sorted(values[k], key=str) for k in keys)):
+    for combo in itertools.product(*(values[k] for k in keys)):
         yield {k: v for k, v in zip(keys, combo, strict=True) if v is not ABSENT}
 
 
@@ -153,7 +164,113 @@ def test_the_node_evaluator_sees_an_overlap() -> None:
     """Two DaemonSets selecting the same nodes are caught (the tests above are not vacuous)."""
     docs = kustomize(DAEMONSET / "overlays" / "neuron") + kustomize(DAEMONSET / "overlays" / "generic")
     counts = agents_per_node(_daemonsets(docs))
-    assert 2 in counts and all(n["node.kubernetes.io/instance-type"].startswith(("inf", "trn")) for n in counts[2])
+    assert 2 in counts and all(
+        n.get("node.kubernetes.io/instance-type", "").startswith(("inf", "trn"))
+        or n.get("karpenter.k8s.aws/instance-accelerator-manufacturer") == "aws"
+        for n in counts[2]
+    )
+
+
+# ---- real nodes: the labels EKS, Karpenter, EKS Auto Mode and the GPU Operator put on them ----------------------
+
+_LINUX = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": "us-east-2a"}
+
+
+def _mng(instance_type: str) -> NodeLabels:
+    """A node of an EKS managed node group (EKS-optimized AMI, device plugin only: no GFD / NFD labels)."""
+    return {
+        **_LINUX,
+        "node.kubernetes.io/instance-type": instance_type,
+        "beta.kubernetes.io/instance-type": instance_type,
+        "eks.amazonaws.com/nodegroup": "workers",
+        "eks.amazonaws.com/capacityType": "ON_DEMAND",
+        "eks.amazonaws.com/nodegroup-image": "ami-0abcdef1234567890",
+        "k8s.io/cloud-provider-aws": "0123456789abcdef",
+    }
+
+
+def _karpenter(instance_type: str, **extra: str) -> NodeLabels:
+    family = instance_type.split(".")[0]
+    return {
+        **_LINUX,
+        "node.kubernetes.io/instance-type": instance_type,
+        "karpenter.sh/nodepool": "accelerated",
+        "karpenter.sh/capacity-type": "on-demand",
+        "karpenter.k8s.aws/instance-family": family,
+        "karpenter.k8s.aws/instance-category": family.rstrip("0123456789en-b")[:3],
+        **{f"karpenter.k8s.aws/{k.replace('_', '-')}": v for k, v in extra.items()},
+    }
+
+
+def _auto_mode(instance_type: str, **extra: str) -> NodeLabels:
+    return {
+        **_LINUX,
+        "node.kubernetes.io/instance-type": instance_type,
+        "eks.amazonaws.com/compute-type": "auto",
+        "eks.amazonaws.com/instance-family": instance_type.split(".")[0],
+        **{f"eks.amazonaws.com/{k.replace('_', '-')}": v for k, v in extra.items()},
+    }
+
+
+NVIDIA_GPU = {"instance_gpu_manufacturer": "nvidia", "instance_gpu_count": "8"}
+NEURON = {"instance_accelerator_manufacturer": "aws", "instance_accelerator_count": "16"}
+
+# node -> the agent it must run in an install of every agent (None: no agent).
+REAL_NODES: dict[str, tuple[NodeLabels, str | None]] = {
+    "p5 managed node group": (_mng("p5.48xlarge"), "nvidia"),
+    "p5en managed node group": (_mng("p5en.48xlarge"), "nvidia"),
+    "g5 managed node group": (_mng("g5.12xlarge"), "nvidia"),
+    "g6e managed node group": (_mng("g6e.xlarge"), "nvidia"),
+    "p5 Karpenter": (_karpenter("p5.48xlarge", instance_gpu_name="h100", **NVIDIA_GPU), "nvidia"),
+    "a GPU type newer than the list, Karpenter": (_karpenter("p7.48xlarge", **NVIDIA_GPU), "nvidia"),
+    "a GPU type newer than the list, Auto Mode": (_auto_mode("g7.12xlarge", **NVIDIA_GPU), "nvidia"),
+    "g4ad (AMD GPU), Karpenter": (_karpenter("g4ad.4xlarge", instance_gpu_manufacturer="amd"), "generic"),
+    "trn2 managed node group": (_mng("trn2.48xlarge"), "neuron"),
+    "trn2 Karpenter": (_karpenter("trn2.48xlarge", instance_accelerator_name="trainium2", **NEURON), "neuron"),
+    "inf2 managed node group": (_mng("inf2.xlarge"), "neuron"),
+    "inf2 Karpenter": (_karpenter("inf2.xlarge", instance_accelerator_name="inferentia", **NEURON), "neuron"),
+    "a Neuron type newer than the list, Karpenter": (_karpenter("trn3.48xlarge", **NEURON), "neuron"),
+    "CPU managed node group": (_mng("m7i.2xlarge"), "generic"),
+    "CPU Karpenter": (_karpenter("c7g.4xlarge", instance_cpu_manufacturer="aws"), "generic"),
+    "GPU Feature Discovery, on premises": (
+        {**_LINUX, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "nvidia",
+    ),
+    "Node Feature Discovery, on premises": (
+        {**_LINUX, "feature.node.kubernetes.io/pci-10de.present": "true"},
+        "nvidia",
+    ),
+    "a Windows node": ({"kubernetes.io/os": "windows", "node.kubernetes.io/instance-type": "g5.xlarge"}, None),
+}
+
+# install -> the agents it runs; a node whose agent is not among them gets none.
+INSTALLS = {
+    "helm mixed": (lambda: helm_template(EXAMPLES / "mixed.yaml"), {"neuron", "nvidia", "generic"}),
+    "helm eks": (lambda: helm_template(EXAMPLES / "eks.yaml"), {"neuron", "nvidia", "generic"}),
+    "helm nvidia": (lambda: helm_template(EXAMPLES / "nvidia.yaml"), {"nvidia"}),
+    "helm neuron": (lambda: helm_template(EXAMPLES / "neuron.yaml"), {"neuron"}),
+    "helm defaults": (lambda: helm_template(), {"neuron", "nvidia"}),
+    "kustomize mixed": (lambda: kustomize(DAEMONSET / "overlays" / "mixed"), {"neuron", "nvidia", "generic"}),
+    "kustomize eks": (lambda: kustomize(DAEMONSET / "overlays" / "eks"), {"neuron", "nvidia", "generic"}),
+    "kustomize nvidia": (lambda: kustomize(DAEMONSET / "overlays" / "nvidia"), {"nvidia"}),
+    "kustomize neuron": (lambda: kustomize(DAEMONSET / "overlays" / "neuron"), {"neuron"}),
+}
+
+
+@pytest.mark.parametrize("install", sorted(INSTALLS))
+def test_real_eks_nodes_each_get_exactly_their_agent(install: str) -> None:
+    render, runs = INSTALLS[install]
+    daemonsets = _daemonsets(render())
+    assert {d["metadata"]["name"].removeprefix("node-health-agent-") for d in daemonsets} == runs
+    wrong = {}
+    for node, (labels, agent) in REAL_NODES.items():
+        got = sorted(
+            d["metadata"]["name"].removeprefix("node-health-agent-") for d in daemonsets if schedules(d, labels)
+        )
+        want = [agent] if agent in runs else []
+        if got != want:
+            wrong[node] = got
+    assert not wrong, wrong
 
 
 # ---- any namespace -----------------------------------------------------------------------------------------------

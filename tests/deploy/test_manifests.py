@@ -70,6 +70,66 @@ NEURON_INSTANCE_TYPES = (
     "trn2.48xlarge",
     "trn2u.48xlarge",
 )
+# EC2 instance types with NVIDIA GPUs: what an EKS managed node group's GPU node carries (no GFD / NFD labels).
+NVIDIA_INSTANCE_TYPES = (
+    "p3.2xlarge",
+    "p3.8xlarge",
+    "p3.16xlarge",
+    "p3dn.24xlarge",
+    "p4d.24xlarge",
+    "p4de.24xlarge",
+    "p5.4xlarge",
+    "p5.48xlarge",
+    "p5e.48xlarge",
+    "p5en.48xlarge",
+    "p6-b200.48xlarge",
+    "p6-b300.48xlarge",
+    "p6e-gb200.36xlarge",
+    "g4dn.xlarge",
+    "g4dn.2xlarge",
+    "g4dn.4xlarge",
+    "g4dn.8xlarge",
+    "g4dn.12xlarge",
+    "g4dn.16xlarge",
+    "g4dn.metal",
+    "g5.xlarge",
+    "g5.2xlarge",
+    "g5.4xlarge",
+    "g5.8xlarge",
+    "g5.12xlarge",
+    "g5.16xlarge",
+    "g5.24xlarge",
+    "g5.48xlarge",
+    "g5g.xlarge",
+    "g5g.2xlarge",
+    "g5g.4xlarge",
+    "g5g.8xlarge",
+    "g5g.16xlarge",
+    "g5g.metal",
+    "g6.xlarge",
+    "g6.2xlarge",
+    "g6.4xlarge",
+    "g6.8xlarge",
+    "g6.12xlarge",
+    "g6.16xlarge",
+    "g6.24xlarge",
+    "g6.48xlarge",
+    "g6e.xlarge",
+    "g6e.2xlarge",
+    "g6e.4xlarge",
+    "g6e.8xlarge",
+    "g6e.12xlarge",
+    "g6e.16xlarge",
+    "g6e.24xlarge",
+    "g6e.48xlarge",
+    "g6f.large",
+    "g6f.xlarge",
+    "g6f.2xlarge",
+    "g6f.4xlarge",
+    "gr6.4xlarge",
+    "gr6.8xlarge",
+    "gr6f.4xlarge",
+)
 
 # (apiGroup, resource) -> verbs. Exactly this, nothing more (no cordon, evict, list or watch).
 EXPECTED_RBAC = {
@@ -143,7 +203,10 @@ class Variant:
         return f"{NAME}-{self.accelerator or self.overlay}"
 
 
-NEURON_TERMS = ((OS_LINUX, ("node.kubernetes.io/instance-type", "In", NEURON_INSTANCE_TYPES)),)
+NEURON_TERMS = (
+    (OS_LINUX, ("node.kubernetes.io/instance-type", "In", NEURON_INSTANCE_TYPES)),
+    (OS_LINUX, ("karpenter.k8s.aws/instance-accelerator-manufacturer", "In", ("aws",))),  # Karpenter
+)
 RDMA_CHECKS = frozenset({"ib-ports"})
 NEURON_CHECKS = frozenset({"neuron-devices", "neuron-allocation", "neuron-ultraserver"}) | RDMA_CHECKS
 NVIDIA_CHECKS = frozenset({"gpu-count", "gpu-ecc", "gpu-nvlink", "gpu-pcie-thermal"}) | RDMA_CHECKS
@@ -166,6 +229,9 @@ VARIANTS = (
         terms=(
             (OS_LINUX, ("nvidia.com/gpu.present", "In", ("true",))),
             (OS_LINUX, ("feature.node.kubernetes.io/pci-10de.present", "In", ("true",))),
+            (OS_LINUX, ("karpenter.k8s.aws/instance-gpu-manufacturer", "In", ("nvidia",))),
+            (OS_LINUX, ("eks.amazonaws.com/instance-gpu-manufacturer", "In", ("nvidia",))),  # EKS Auto Mode
+            (OS_LINUX, ("node.kubernetes.io/instance-type", "In", NVIDIA_INSTANCE_TYPES)),
         ),
         host_views=(HOST_SYS,),
         nvidia_runtime=True,

@@ -49,14 +49,24 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(kube_tools().helm), *args], capture_output=True, text=True, timeout=120)
 
 
+# The chart has no default image (none is published yet): the tests name the one the kustomize tree names.
+IMAGE = "ghcr.io/node-health-agent/node-health-agent"
+IMAGE_SET = f"image.repository={IMAGE}"
+
+
 def helm_template(
-    *values: Path, namespace: str = NAMESPACE, sets: tuple[str, ...] = (), api_versions: tuple[str, ...] = ()
+    *values: Path,
+    namespace: str = NAMESPACE,
+    sets: tuple[str, ...] = (),
+    api_versions: tuple[str, ...] = (),
+    string_sets: bool = False,
 ) -> list[Obj]:
-    args = ["template", RELEASE, str(CHART), "--namespace", namespace]
+    """``string_sets``: pass ``sets`` with --set-string (every value a string, as a values file can say)."""
+    args = ["template", RELEASE, str(CHART), "--namespace", namespace, "--set", IMAGE_SET]
     for path in values:
         args += ["--values", str(path)]
     for item in sets:
-        args += ["--set", item]
+        args += ["--set-string" if string_sets else "--set", item]
     for api in api_versions:
         args += ["--api-versions", api]
     proc = helm(*args)

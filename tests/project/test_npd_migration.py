@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.app.cli import main
 
@@ -284,3 +285,71 @@ def test_every_translation_on_the_migration_page_loads(tmp_path):
         rules = [*config.rule_set.rules, *(r for m in config.log_monitors for r in m.rule_set.rules)]
         counting = [r for r in rules if r.name.startswith("npd/")]
         assert counting and all(r.threshold is not None for r in counting), block
+
+
+# --- the AWS Neuron problem detector (what trn2 fleets run today) ---------------------------------------------
+# A reconstruction of its shape, written here from the documented facts (kmsg plugin, one NeuronHealth
+# condition, permanent rules whose patterns need a space on both sides of the NEURON_HW_ERR token), not a copy.
+
+NEURON_ERROR_TYPES = ("SRAM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "HBM_UNCORRECTABLE_ERROR", "DMA_ERROR")
+
+
+def neuron_npd_monitor() -> dict:
+    return npd_monitor(
+        "kernel-monitor",
+        [("permanent", "NeuronHealth", f"NeuronHasError_{t}", f".* NEURON_HW_ERR={t} .*") for t in NEURON_ERROR_TYPES],
+        [("NeuronHealth", "NeuronHasNoError", "Neuron has no error")],
+    )
+
+
+def neuron_line(error: str, device: int) -> str:
+    return (
+        f"neuron: NEURON_HW_ERR={error} instance-id=i-0123456789abcdef0 hostname=ip-10-1-2-3 "
+        f"nd-id={device} nc-id={device + 1} serial-num=5e1a action=TERMINATE_INSTANCE"
+    )
+
+
+def test_the_neuron_detectors_rules_beside_the_neuron_pack_raise_each_problem_once(tmp_path, capsys):
+    monitor = tmp_path / "kernel-monitor.json"
+    monitor.write_text(json.dumps(neuron_npd_monitor(), indent=2))
+    logfile = tmp_path / "lines.log"
+    logfile.write_text("".join(f"{neuron_line(t, i)}\n" for i, t in enumerate(NEURON_ERROR_TYPES)))
+    assert main(["simulate", "--pack", "kernel,neuron", "--config", str(monitor), str(logfile)]) == 0
+    findings = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    got = sorted((f["line"], f["reason"], f["rule"]) for f in findings)
+    assert got == [(i, f"NeuronHasError_{t}", "neuron/hw-error") for i, t in enumerate(NEURON_ERROR_TYPES, start=1)]
+    # The built-in rule keeps what the detector's patterns have no room for: the device and core.
+    assert [(f["fields"]["nd_id"], f["fields"]["nc_id"]) for f in findings] == [(i, i + 1) for i in range(4)]
+    assert main(["validate-config", "--pack", "kernel,neuron", str(monitor)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "is not loaded" in line]
+    assert len(notes) == len(NEURON_ERROR_TYPES) and all("neuron/hw-error" in n for n in notes), notes
+
+
+def test_without_the_neuron_pack_the_detectors_rules_are_loaded_as_they_are(tmp_path, capsys):
+    monitor = tmp_path / "kernel-monitor.json"
+    monitor.write_text(json.dumps(neuron_npd_monitor(), indent=2))
+    logfile = tmp_path / "lines.log"
+    logfile.write_text(neuron_line("DMA_ERROR", 0) + "\n")
+    assert main(["simulate", "--pack", "kernel", "--config", str(monitor), str(logfile)]) == 0
+    (finding,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert finding["reason"] == "NeuronHasError_DMA_ERROR" and finding["rule"].startswith("kernel-monitor")
+
+
+def test_the_detectors_configmap_as_it_is_is_refused_saying_to_extract_its_data_key(tmp_path, capsys):
+    configmap = tmp_path / "npd-config.yaml"
+    configmap.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "node-problem-detector-config", "namespace": "neuron-healthcheck-system"},
+                "data": {"kernel-monitor.json": json.dumps(neuron_npd_monitor(), indent=2)},
+            }
+        )
+    )
+    assert main(["validate-config", str(configmap)]) == 2
+    err = capsys.readouterr().err
+    line = 1 + configmap.read_text().splitlines().index("kind: ConfigMap")
+    assert f"{configmap}:{line}: kind: is a Kubernetes ConfigMap" in err, err
+    assert "kernel-monitor.json" in err and "jsonpath='{.data.kernel-monitor\\.json}'" in err
+    assert "unknown key" not in err

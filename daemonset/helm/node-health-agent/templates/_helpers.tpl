@@ -14,11 +14,19 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
+{{/*
+The image reference. No image is published for this chart's version yet: image.repository has no
+default, so an install cannot silently pull an image that does not exist (docs/deploy.md, "1. The image").
+*/}}
 {{- define "nha.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- if not $repo -}}
+{{- fail "image.repository is empty: build and push the image first (docs/deploy.md, section 1: docker build -t <registry>/node-health-agent:<version> . && docker push ...), then set image.repository=<registry>/node-health-agent (and image.tag or image.digest)" -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{ $repo }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 {{- end }}
 
