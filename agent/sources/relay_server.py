@@ -17,7 +17,14 @@ counted and logged (rate-limited); it never displaces the current session.
 Every connection gets the whole ring buffer, oldest record first: each client gets its own fresh
 :class:`~agent.sources.kmsg.KmsgReader` (which also survives EPIPE overruns and reopens), so an
 agent that reconnects can replay since boot and skip what it has already seen by sequence number.
-One client at a time: a new (allowed) connection replaces (closes) the previous one. A slow client
+One client at a time, and the first keeps it: while a session is live (its client connected), a new
+connection, even an allowed one, is closed at once before the hello, counted (``busy``) and logged
+(rate-limited). Any process of the agent's uid (an exec plugin) passes the peer check; it must not take the
+agent's session away (the agent would reconnect, take it back, and lose seconds each time). When the
+session's client hangs up, the next allowed connection gets it: an agent that restarts, or that
+reconnects after a stall, is back within a poll interval or two (its client retries with backoff). A
+process that holds the session instead of the agent starves the agent: no records and no heartbeats
+reach it, so its ``/healthz`` turns red after the stall timeout and its reconnects are counted. A slow client
 causes back-pressure (a small queue, then the reader waits); the kernel ring buffer overwrites
 meanwhile and the client counts the gap from the sequence numbers. Records queued together go
 out in one ``send()``.
@@ -101,18 +108,20 @@ class AccessPolicy:
 class RelayStats:
     """Connection counters of one :func:`run_relay` (its accept loop is the only writer)."""
 
-    __slots__ = ("accepted", "refused")
+    __slots__ = ("accepted", "busy", "refused")
 
     def __init__(self) -> None:
         self.accepted = 0  # allowed connections, each served by a session
         self.refused = 0  # connections closed at once: peer not allowed, or its credentials unreadable
+        self.busy = 0  # allowed connections closed at once: another session is live
 
 
 class _RefusalLog:
     """Log refused peers: the first at once, then at most one line per ``interval`` with a count."""
 
-    def __init__(self, *, policy: AccessPolicy, interval: float, clock: Callable[[], float]) -> None:
+    def __init__(self, *, policy: AccessPolicy, interval: float, clock: Callable[[], float], because: str = "") -> None:
         self._policy = policy
+        self._because = because or f"only {policy.describe()} may connect"
         self._interval = interval
         self._clock = clock
         self._next = float("-inf")
@@ -125,9 +134,7 @@ class _RefusalLog:
             return
         who = f"pid {peer.pid} (uid {peer.uid}, gid {peer.gid})" if peer is not None else f"an unknown peer ({why})"
         more = f"; {self._suppressed} more refused since the last message" if self._suppressed else ""
-        log.warning(
-            "kmsg relay: refused a connection from %s: only %s may connect%s", who, self._policy.describe(), more
-        )
+        log.warning("kmsg relay: refused a connection from %s: %s%s", who, self._because, more)
         self._suppressed = 0
         self._next = now + self._interval
 
@@ -242,6 +249,10 @@ class _Session:
         self._conn.setblocking(False)
         self._reader.start()
         self._sender.start()
+
+    def live(self) -> bool:
+        """The client is still connected: the sender ends as soon as it hangs up (or the relay stops)."""
+        return self._sender.is_alive()
 
     def close(self) -> None:
         """Stop both threads and close the connection; returns within a few poll intervals."""
@@ -401,6 +412,12 @@ def run_relay(
     if ready is not None:
         ready.set()
     refusals = _RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic)
+    busy = _RefusalLog(
+        policy=policy,
+        interval=REFUSAL_LOG_INTERVAL,
+        clock=time.monotonic,
+        because="the agent's session is live and is never taken over",
+    )
     session: _Session | None = None
     try:
         while not stop.is_set():
@@ -422,9 +439,14 @@ def run_relay(
                 stats.refused += 1
                 refusals.note(peer, why=why)
                 continue
+            if session is not None and session.live():
+                conn.close()  # one client at a time: the live session is never taken over
+                stats.busy += 1
+                busy.note(peer)
+                continue
             stats.accepted += 1
             if session is not None:
-                session.close()  # one client at a time: the new connection replaces the old
+                session.close()  # its client hung up: its threads are ending
             log.info("kmsg relay: client #%d connected (pid %d, uid %d)", stats.accepted, peer.pid, peer.uid)
             session = _Session(
                 conn=conn,
@@ -439,5 +461,10 @@ def run_relay(
             session.close()
         server.close()
         _remove_if_ours(socket_path, inode)
-    log.info("kmsg relay: stopped (%d connections served, %d refused)", stats.accepted, stats.refused)
+    log.info(
+        "kmsg relay: stopped (%d connections served, %d refused, %d refused while a session was live)",
+        stats.accepted,
+        stats.refused,
+        stats.busy,
+    )
     return 0

@@ -13,6 +13,8 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -96,26 +98,71 @@ def test_wire_protocol_hello_then_the_exact_kernel_bytes_then_heartbeats(sock_di
     assert not (sock_dir / "run" / "relay.sock").exists(), "the relay removes its socket on exit"
 
 
-def test_a_new_connection_replaces_the_old_and_gets_the_whole_buffer_again(sock_dir: Path) -> None:
+def test_a_live_session_is_kept_and_the_next_client_gets_the_whole_buffer_once_it_hangs_up(sock_dir: Path) -> None:
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "a"), record(2, "b")])
     relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    stats = relay.stats
     try:
         first = raw_connect(sock_dir / "s")
         assert read_frame(first) is not None  # hello
         assert read_frame(first) == record(1, "a")
-        second = raw_connect(sock_dir / "s")
-        assert read_frame(second) is not None
-        assert [read_frame(second), read_frame(second)] == [record(1, "a"), record(2, "b")]  # from the oldest
-
-        def first_is_closed() -> bool:
-            while (frame := read_frame(first, timeout=WAIT)) is not None:
-                assert frame in (record(2, "b"), b"")
-            return True
-
-        assert first_is_closed()
+        with raw_connect(sock_dir / "s") as second:
+            assert read_frame(second) is None  # closed before any hello: the live session is not taken over
+        assert stats.busy == 1
+        assert read_frame(first) == record(2, "b")  # the first client goes on undisturbed
         first.close()
-        second.close()
+
+        def third_gets_the_buffer() -> bool:
+            with raw_connect(sock_dir / "s") as third:
+                if read_frame(third) is None:
+                    return False  # the relay has not yet seen the first client hang up
+                return [read_frame(third), read_frame(third)] == [record(1, "a"), record(2, "b")]  # from the oldest
+
+        wait_for(third_gets_the_buffer, what="a new session once the first client hung up")
+    finally:
+        assert relay.stop() == 0
+
+
+TAKER = """
+import socket, struct, sys
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.settimeout(float(sys.argv[2]))
+conn.connect(sys.argv[1])
+try:
+    data = conn.recv(4)
+except TimeoutError:
+    data = b"timeout"
+print("closed" if data == b"" else "served")
+"""
+
+
+def test_another_process_of_the_agents_uid_cannot_take_the_session(sock_dir: Path) -> None:
+    """An exec plugin runs with the agent's uid and passes the peer check; the agent's session stays its own:
+    the plugin's connection is closed unserved, and a new kernel line reaches the agent on the same session."""
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "boot")])
+    relay = Relay(socket_path=sock_dir / "s", kmsg_path=source)
+    stats = relay.stats
+    try:
+        reader = client(sock_dir / "s")
+        consumer = Consumer(reader)
+        try:
+            assert [r.message for r in consumer.take(1)] == ["boot"]
+            taker = subprocess.run(
+                [sys.executable, "-c", TAKER, str(sock_dir / "s"), str(WAIT)],
+                capture_output=True,
+                text=True,
+                timeout=WAIT * 2,
+                check=True,
+            )
+            assert taker.stdout.strip() == "closed"
+            assert stats.busy == 1 and stats.accepted == 1
+            write_records(source, [record(2, "NVRM: Xid 79")], append=True)
+            assert [r.message for r in consumer.take(1)] == ["NVRM: Xid 79"]
+            assert reader.stats.reader_restarts == 0, "the agent's session was never interrupted"
+        finally:
+            consumer.finish()
     finally:
         assert relay.stop() == 0
 
