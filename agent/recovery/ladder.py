@@ -4,7 +4,9 @@ A policy rule with ``ladder: [reboot, replace]`` tries its remedies in turn, per
 
 * **reboot**: cordon, drain, then EC2 ``RebootInstances`` (:class:`Rebooter`). The request is recorded
   on the Node *before* the call, with this boot's id (``/proc/sys/kernel/random/boot_id``), in the
-  history annotation :data:`HISTORY_ANNOTATION`; a restarted agent never requests it twice.
+  history annotation :data:`HISTORY_ANNOTATION`, and in the attempt ledger (:mod:`agent.recovery.attempt`:
+  reserved before the call, sent after it, finished on a new boot id or at its deadline); a restarted agent
+  never requests it twice, whatever stopped it when.
 * A reboot is **finished** when an agent sees a boot id other than the one recorded with the request.
   Only a reboot we requested is ever finished: a node rebooted by someone else has no request on
   record (or one of an older boot already finished), so its new boot id changes nothing.
