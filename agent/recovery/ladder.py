@@ -4,7 +4,9 @@ A policy rule with ``ladder: [reboot, replace]`` tries its remedies in turn, per
 
 * **reboot**: cordon, drain, then EC2 ``RebootInstances`` (:class:`Rebooter`). The request is recorded
   on the Node *before* the call, with this boot's id (``/proc/sys/kernel/random/boot_id``), in the
-  history annotation :data:`HISTORY_ANNOTATION`; a restarted agent never requests it twice.
+  history annotation :data:`HISTORY_ANNOTATION`, and in the attempt ledger (:mod:`agent.recovery.attempt`:
+  reserved before the call, sent after it, finished on a new boot id or at its deadline); a restarted agent
+  never requests it twice, whatever stopped it when.
 * A reboot is **finished** when an agent sees a boot id other than the one recorded with the request.
   Only a reboot we requested is ever finished: a node rebooted by someone else has no request on
   record (or one of an older boot already finished), so its new boot id changes nothing.
@@ -40,6 +42,7 @@ from typing import Any
 from agent.core.durations import format_duration
 from agent.core.timefmt import iso
 from agent.core.types import Snapshot, Status
+from agent.recovery import attempt as attempts
 from agent.recovery.model import (
     ACTION_ORDER,
     DEFAULT_WINDOW,
@@ -349,17 +352,41 @@ def effective_policy(
 
 def finish_reboots(rungs: tuple[Rung, ...], *, boot: str, now: float) -> tuple[Rung, ...] | None:
     """The history with every requested reboot whose boot id is no longer this one marked finished (the
-    window starts now); None when nothing changed. An unknown boot id finishes nothing."""
-    if not boot or boot == "unknown":
-        return None
+    window starts now); None when nothing changed. An unknown boot id (now, or when it was requested)
+    tells nothing: such a reboot finishes at its deadline (:data:`agent.recovery.attempt.DEADLINE`)."""
     changed = False
     out = []
     for rung in rungs:
-        if rung.counts and rung.remedy is Remedy.REBOOT and rung.finished_at is None and rung.boot != boot:
-            rung = dataclasses.replace(rung, finished_at=now, finished_boot=boot, window_end=now + rung.window)
-            changed = True
+        if rung.counts and rung.remedy is Remedy.REBOOT and rung.finished_at is None:
+            if not attempts.known(rung.boot):  # nothing to compare: its deadline decides
+                done = now >= rung.at + attempts.DEADLINE
+            else:
+                done = attempts.known(boot) and rung.boot != boot
+            if done:
+                new_boot = boot if attempts.known(boot) else ""
+                rung = dataclasses.replace(rung, finished_at=now, finished_boot=new_boot, window_end=now + rung.window)
+                changed = True
         out.append(rung)
     return tuple(out) if changed else None
+
+
+def settle_rungs(rungs: tuple[Rung, ...], attempt: attempts.Attempt) -> tuple[Rung, ...]:
+    """The history with the rung of ``attempt`` (same incident, same request time) as the attempt now stands."""
+    out = []
+    for rung in rungs:
+        if rung.remedy is Remedy.REBOOT and rung.incident == attempt.incident and rung.at == attempt.at:
+            if attempt.state == attempts.FAILED and rung.outcome != FAILED:
+                rung = dataclasses.replace(rung, outcome=FAILED, message=attempt.message[:300])
+            elif attempt.state == attempts.FINISHED and rung.finished_at is None and rung.counts:
+                assert attempt.finished_at is not None
+                rung = dataclasses.replace(
+                    rung,
+                    finished_at=attempt.finished_at,
+                    finished_boot=attempt.finished_boot,
+                    window_end=attempt.finished_at + rung.window,
+                )
+        out.append(rung)
+    return tuple(out)
 
 
 def last_reboot(rungs: tuple[Rung, ...], incident: str) -> Rung | None:
@@ -411,19 +438,26 @@ def refine(decision: Decision, *, stored: Incident | None, rungs: tuple[Rung, ..
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RebootResult:
-    """``rebooted``: RebootInstances was called now; ``already``: it was requested earlier on this boot;
-    ``failed``: it failed (``code``; reported, retried later, never a replace instead); ``waiting``: a
-    failed request waits for its retry; ``not_aws`` / ``no_ec2``: not an EC2 instance / AWS not configured."""
+    """``rebooted``: RebootInstances was called now and EC2 accepted it; ``already``: it was requested for
+    this incident before (accepted, or the boot id changed since); ``pending``: a request whose outcome is
+    unknown (the agent stopped around the call, or its answer was lost) waits for a new boot id until its
+    deadline, never asked again before; ``failed``: EC2 refused it (``code``; reported, retried later,
+    never a replace instead); ``waiting``: a failed request waits for its retry; ``not_aws`` / ``no_ec2``:
+    not an EC2 instance / AWS not configured.
+
+    ``annotations``: what the caller writes on the Node together with the incident's ``done`` (one PATCH):
+    the attempt ledger as ``sent`` and the history."""
 
     outcome: str
     message: str = ""
     code: str = ""  # AWS's error code
     kind: str = ""  # of a failure, for metrics (a bounded set): throttled, denied, wrong-state, failed
     instance_id: str = ""
+    annotations: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 class Ladder:
-    """Reads and writes the history on the Node, chooses rungs, and requests reboots.
+    """Reads and writes the history and the attempt ledger on the Node, chooses rungs, and requests reboots.
 
     ``reboot(view) -> instance id`` calls EC2 (:class:`agent.recovery.ec2.Ec2Rebooter`; None: AWS is not
     configured); ``boot_id()`` reads this boot's id."""
@@ -436,15 +470,22 @@ class Ladder:
         boot_id: Callable[[], str],
         reboot: Callable[[NodeView], str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        deadline: float = attempts.DEADLINE,
     ) -> None:
         self._client = client
         self._node_name = node_name
         self._boot_id = boot_id
         self._reboot = reboot
         self._monotonic = monotonic
+        self._deadline = deadline
         self._rungs: tuple[Rung, ...] = ()
         self._opened: tuple[Opened, ...] = ()
         self._boot = ""
+        self._attempt: attempts.Attempt | None = None
+        self.attempt_problem = ""  # why the ledger on the Node cannot be read ("" = it can, or there is none)
+        self._corrupt_since: float | None = None  # when this process first found the ledger unreadable
+        self._unsent: attempts.Attempt | None = None  # reserved by this process, and not sent
+        self._sent: attempts.Attempt | None = None  # sent by this process (its record may not be written yet)
         self.plans: dict[str, Plan] = {}
         self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
         self._retry_delay: dict[str, float] = {}
@@ -452,6 +493,10 @@ class Ladder:
     @property
     def rungs(self) -> tuple[Rung, ...]:
         return self._rungs
+
+    @property
+    def attempt(self) -> attempts.Attempt | None:
+        return self._attempt
 
     def prepare(
         self,
@@ -463,18 +508,42 @@ class Ladder:
         now: float,
         enabled: bool,
     ) -> RecoveryPolicy:
-        """The policy to decide with now (see :func:`effective_policy`); marks finished reboots on the Node."""
+        """The policy to decide with now (see :func:`effective_policy`); settles the attempt ledger and marks
+        finished reboots on the Node (one PATCH)."""
         self._rungs = read_history(node)
         self._opened = read_opened(node)
         self._boot = self._boot_id()
+        self._attempt, self.attempt_problem = attempts.parse_attempt(node, now=now)
+        if not self.attempt_problem:
+            self._corrupt_since = None
+        elif self._corrupt_since is None:
+            self._corrupt_since = now
         if enabled:
-            finished = finish_reboots(self._rungs, boot=self._boot, now=now)
-            if finished is not None:
-                store_history(self._client, node_name=self._node_name, rungs=finished, opened=self._opened)
-                self._rungs = finished
-                log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
+            self._settle(now)
         effective, self.plans = effective_policy(policy, snapshot=snapshot, view=view, rungs=self._rungs, now=now)
         return effective
+
+    def _settle(self, now: float) -> None:
+        attempt = self._attempt
+        settled = attempts.settle(attempt, boot=self._boot, now=now) if attempt is not None else None
+        rungs = self._rungs if settled is None else settle_rungs(self._rungs, settled)
+        rungs = finish_reboots(rungs, boot=self._boot, now=now) or rungs
+        if settled == attempt and rungs == self._rungs:
+            return
+        notes: dict[str, str | None] = {HISTORY_ANNOTATION: history_text(rungs, self._opened)}
+        if settled != attempt:
+            notes[attempts.ATTEMPT_ANNOTATION] = attempts.attempt_text(settled)
+        self._client.patch_node(self._node_name, {"metadata": {"annotations": notes}})
+        self._rungs, self._attempt = rungs[-MAX_RUNGS:], settled
+        if settled is not None and settled != attempt:
+            log.info(
+                "recovery: the reboot requested at %s is %s: %s",
+                iso(settled.at),
+                settled.state,
+                settled.message or f"boot id now {self._boot}",
+            )
+        else:
+            log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
 
     def refine(self, decision: Decision, *, stored: Incident | None, now: float) -> Decision:
         return refine(decision, stored=stored, rungs=self._rungs, now=now)
@@ -489,17 +558,67 @@ class Ladder:
         return between
 
     def reboot(self, incident: Incident, view: NodeView, *, now: float) -> RebootResult:
-        """Request the reboot of this node's instance for ``incident`` (at most once per boot)."""
-        from agent.adapters.aws import AwsError
-
-        requested = [r for r in self._rungs if r.incident == incident.id and r.remedy is Remedy.REBOOT and r.counts]
-        if requested and requested[-1].boot == self._boot:
-            return RebootResult(outcome="already", message=f"requested at {iso(requested[-1].at)}")
+        """Request the reboot of this node's instance for ``incident``: at most once per incident, whatever
+        stops when (the ledger is written before the call)."""
+        earlier = self._earlier(incident, now)
+        if earlier is not None:
+            return earlier
         if self._reboot is None:
             return RebootResult(outcome="no_ec2", message="AWS is not configured for this agent")
         if self._monotonic() < self._retry_at.get(incident.id, float("-inf")):
             return RebootResult(outcome="waiting")
+        mine = self._unsent
+        if mine is not None and self._attempt == mine and mine.incident == incident.id:
+            attempt, rung = mine, self._rung_of(mine)  # our reservation is on record: the call was never made
+        else:
+            attempt, rung = self._reserve(incident, now)
+        return self._call(incident, view, attempt, rung)
+
+    def _earlier(self, incident: Incident, now: float) -> RebootResult | None:
+        """The answer when a request on record (or one this process made) stands in the way; None: ask EC2."""
+        attempt = self._attempt
+        if self.attempt_problem:  # unreadable: as if a reboot were requested on this boot when first seen
+            since = self._corrupt_since if self._corrupt_since is not None else now
+            if now < since + self._deadline:
+                return RebootResult(
+                    outcome="pending",
+                    message=f"the attempt record on the Node cannot be read ({self.attempt_problem[:160]}): no reboot "
+                    f"is requested before {iso(since + self._deadline)} unless a new boot shows",
+                )
+            return None
+        if attempt is None:
+            return None
+        ours = attempt.incident == incident.id
+        if ours and attempt.state == attempts.FINISHED:
+            return RebootResult(outcome="already", message=f"requested at {iso(attempt.at)}; {attempt.state}")
+        sent = self._sent
+        if ours and (attempt.state == attempts.SENT or (sent is not None and sent.at == attempt.at)):
+            record = dataclasses.replace(attempt, state=attempts.SENT)
+            return RebootResult(
+                outcome="already",
+                message=f"requested at {iso(attempt.at)}; waiting for a new boot id until {iso(attempt.deadline)}",
+                annotations=self._sent_notes(record),
+            )
+        if attempt.open and not (ours and self._unsent == attempt):
+            return RebootResult(
+                outcome="pending",
+                message=f"a reboot requested at {iso(attempt.at)} (boot id {attempt.boot}) may or may not have "
+                f"reached EC2; it is not requested again before {iso(attempt.deadline)}, and counts as done if a new "
+                "boot id shows first",
+            )
+        return None
+
+    def _reserve(self, incident: Incident, now: float) -> tuple[attempts.Attempt, Rung]:
+        """Write the intent (ledger ``reserved`` and the rung ``requested``, one PATCH) before the call."""
         plan = self.plans.get(incident.id)
+        attempt = attempts.Attempt(
+            incident=incident.id,
+            remedy=Remedy.REBOOT.value,
+            state=attempts.RESERVED,
+            boot=self._boot if self._boot else attempts.UNKNOWN_BOOT,
+            at=now,
+            deadline=now + self._deadline,
+        )
         rung = Rung(
             incident=incident.id,
             condition=incident.condition,
@@ -507,32 +626,97 @@ class Ladder:
             remedy=Remedy.REBOOT,
             step=plan.step if plan is not None else 0,
             at=now,
-            boot=self._boot,
+            boot=attempt.boot,
             window=plan.rule.window if plan is not None else DEFAULT_WINDOW,
             outcome=REQUESTED,
         )
-        # Recorded before the call: a restart between the call and the record never reboots twice.
-        before = tuple(r for r in self._rungs if not (r.incident == incident.id and r.outcome == FAILED))
-        self._record((*before, rung))
+        self._unsent = attempt  # should the write fail yet land, the next step still knows nothing was sent
+        self._write((*self._without_failed(incident), rung), attempt)
+        return attempt, rung
+
+    def _call(self, incident: Incident, view: NodeView, attempt: attempts.Attempt, rung: Rung) -> RebootResult:
+        from agent.adapters.aws import AwsError
+
+        before = self._without(incident, rung)
         try:
-            instance_id = self._reboot(view)
+            instance_id = self._reboot(view)  # type: ignore[misc]  # checked by reboot()
         except AwsError as exc:
+            self._unsent = None
+            if call_outcome_unknown(exc):  # it may have been carried out: the ledger stays reserved
+                return RebootResult(
+                    outcome="pending",
+                    code=exc.code or "Unknown",
+                    kind=failure_kind(exc),
+                    message=f"{exc}; the request may have reached EC2: not requested again before "
+                    f"{iso(attempt.deadline)}, and counted as done if a new boot id shows first",
+                )
             delay = min(RETRY_MAX, self._retry_delay.get(incident.id, RETRY_INITIAL / 2) * 2)
             self._retry_delay[incident.id] = delay
             self._retry_at[incident.id] = self._monotonic() + delay
-            self._record((*before, dataclasses.replace(rung, outcome=FAILED, message=str(exc)[:300])))
+            failed = dataclasses.replace(attempt, state=attempts.FAILED, message=str(exc)[: attempts.MAX_MESSAGE])
+            self._write((*before, dataclasses.replace(rung, outcome=FAILED, message=str(exc)[:300])), failed)
             return RebootResult(outcome="failed", code=exc.code or "Unknown", kind=failure_kind(exc), message=str(exc))
         except NotEc2Instance as exc:
-            self._record(before)
+            self._unsent = None
+            self._write(before, None)
             return RebootResult(outcome="not_aws", message=str(exc))
+        self._unsent, self._sent = None, dataclasses.replace(attempt, state=attempts.SENT)
         self._retry_at.pop(incident.id, None)
         self._retry_delay.pop(incident.id, None)
-        self._record((*before, dataclasses.replace(rung, outcome=OK, message=f"instance {instance_id}")))
-        return RebootResult(outcome="rebooted", instance_id=instance_id, message=f"instance {instance_id}")
+        self._rungs = (*before, dataclasses.replace(rung, outcome=OK, message=f"instance {instance_id}"))[-MAX_RUNGS:]
+        return RebootResult(
+            outcome="rebooted",
+            instance_id=instance_id,
+            message=f"instance {instance_id}",
+            annotations=self._sent_notes(self._sent),
+        )
 
-    def _record(self, rungs: tuple[Rung, ...]) -> None:
-        store_history(self._client, node_name=self._node_name, rungs=rungs, opened=self._opened)
-        self._rungs = rungs[-MAX_RUNGS:]
+    def _sent_notes(self, attempt: attempts.Attempt) -> dict[str, str | None]:
+        """The ledger as ``sent`` and the history with the rung ``ok``, for the caller's incident write."""
+        rungs = tuple(
+            dataclasses.replace(r, outcome=OK)
+            if r.incident == attempt.incident
+            and r.at == attempt.at
+            and r.remedy is Remedy.REBOOT
+            and r.outcome == REQUESTED
+            else r
+            for r in self._rungs
+        )
+        self._rungs, self._attempt = rungs, attempt
+        return {
+            attempts.ATTEMPT_ANNOTATION: attempts.attempt_text(attempt),
+            HISTORY_ANNOTATION: history_text(rungs, self._opened),
+        }
+
+    def _rung_of(self, attempt: attempts.Attempt) -> Rung:
+        found = [r for r in self._rungs if r.incident == attempt.incident and r.at == attempt.at]
+        if found:
+            return found[-1]
+        raise AssertionError("a reservation is written with its rung")  # pragma: no cover
+
+    def _without(self, incident: Incident, rung: Rung) -> tuple[Rung, ...]:
+        """The history without this incident's failed requests and without ``rung`` (to be replaced)."""
+        return tuple(r for r in self._without_failed(incident) if not (r.incident == rung.incident and r.at == rung.at))
+
+    def _without_failed(self, incident: Incident) -> tuple[Rung, ...]:
+        return tuple(r for r in self._rungs if not (r.incident == incident.id and r.outcome == FAILED))
+
+    def _write(self, rungs: tuple[Rung, ...], attempt: attempts.Attempt | None) -> None:
+        """The history and the ledger in one strategic merge patch (an error propagates: no call follows)."""
+        notes = {
+            HISTORY_ANNOTATION: history_text(rungs, self._opened),
+            attempts.ATTEMPT_ANNOTATION: attempts.attempt_text(attempt),
+        }
+        self._client.patch_node(self._node_name, {"metadata": {"annotations": notes}})
+        self._rungs, self._attempt = rungs[-MAX_RUNGS:], attempt
+
+
+def call_outcome_unknown(exc: Any) -> bool:
+    """A failed AWS call (an AwsError) that may have been carried out all the same: no answer (a timeout, a
+    connection lost) or a 5xx. A refusal (4xx) or an error raised before the request left is not."""
+    if exc.status is not None:
+        return bool(exc.status >= 500)
+    return exc.code in ("Timeout", "ConnectionError")
 
 
 # What failure_kind returns: the ``result`` values of a failed reboot (node_health_agent_recovery_actions_total).

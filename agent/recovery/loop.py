@@ -36,6 +36,7 @@ from agent.core.latency import RECOVERY_BOUNDS, Histogram
 from agent.core.types import Event, Severity, Snapshot
 from agent.recovery import flaps
 from agent.recovery.asg import MarkResult
+from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.holds import Hold, HoldGate
 from agent.recovery.model import Action, Blocked, BudgetView, Decision, Incident, NodeView, RecoveryPolicy
 
@@ -236,6 +237,14 @@ class RecoveryLoop:
             policy = self._ladder.prepare(
                 policy, snapshot=snapshot, node=node, view=view, now=now, enabled=self._enabled
             )
+            if self._ladder.attempt_problem and self._enabled:
+                self._tell_corrupt(
+                    node,
+                    ATTEMPT_ANNOTATION,
+                    f"is not a valid reboot attempt record ({self._ladder.attempt_problem}); as a reboot may be in "
+                    "flight, none is requested until its deadline has passed (or a new boot id shows); the next "
+                    "request replaces it",
+                )
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
@@ -556,8 +565,12 @@ class RecoveryLoop:
                 node_actions.store_incident(self._client, node_name=self._node_name, incident=incident)
                 return incident, False
         elif action is Action.REBOOT:
-            if not self._reboot(incident, view, now=now):
+            notes = self._reboot(incident, view, now=now)
+            if notes is None:
                 return incident, False  # not requested: reported, tried again later, never another remedy
+            incident = with_done(incident, action)  # one PATCH: done, with the ledger as sent and the history
+            node_actions.store_incident(self._client, node_name=self._node_name, incident=incident, annotations=notes)
+            return incident, True
         elif action is Action.MARK_UNHEALTHY:
             incident = self._claim(incident, now)
             self._mark(incident, view)
@@ -621,8 +634,9 @@ class RecoveryLoop:
             reason="Conflict",
         )
 
-    def _reboot(self, incident: Incident, view: NodeView, *, now: float) -> bool:
-        """Request the reboot (agent.recovery.ladder); whether it is requested (now or before)."""
+    def _reboot(self, incident: Incident, view: NodeView, *, now: float) -> Mapping[str, str | None] | None:
+        """Request the reboot (agent.recovery.ladder); None: not requested (now or before), else the
+        annotations to write with the incident's ``done``."""
         what = f"{incident.condition}={incident.reason}"
         result = self._ladder.reboot(incident, view, now=now) if self._ladder is not None else None
         if result is None or result.outcome == "no_ec2":
@@ -633,7 +647,7 @@ class RecoveryLoop:
                 "RecoveryRebootSkipped",
                 f"{what}: reboot skipped: AWS is not configured for this agent; the node stays cordoned",
             )
-            return False
+            return None
         if result.outcome == "rebooted":
             self._event(
                 incident,
@@ -656,7 +670,17 @@ class RecoveryLoop:
                 f"{what}: {result.message}; the node stays cordoned and the reboot is tried again "
                 "later (no other remedy is taken instead)",
             )
-        return result.outcome in ("rebooted", "already")
+        elif result.outcome == "pending":
+            if result.code:  # this step's call: its answer was lost or an error that may follow a carried-out call
+                self.stats.actions[(Action.REBOOT.value, result.kind)] += 1
+            self._tell_once(
+                incident,
+                f"reboot-pending-{result.code}",
+                "Warning",
+                "RecoveryRebootUnconfirmed",
+                f"{what}: {result.message}; the node stays cordoned",
+            )
+        return result.annotations if result.outcome in ("rebooted", "already") else None
 
     def _note_climb(self, decision: Decision) -> None:
         incident = decision.incident

@@ -240,13 +240,20 @@ def uncordon(
 
 
 def store_incident(
-    client: NodeClient, *, node_name: str, incident: Incident | None, expect: Any = _KEEP, now: float | None = None
+    client: NodeClient,
+    *,
+    node_name: str,
+    incident: Incident | None,
+    expect: Any = _KEEP,
+    now: float | None = None,
+    annotations: Mapping[str, str | None] | None = None,
 ) -> None:
     """Write the incident annotation (None removes it). No read needed: a strategic merge patch of
     one annotation leaves every other annotation alone. With ``expect`` (the record as the caller read
     it), the write is conditional: a record changed since (another agent given the same node name)
     is never overwritten; that answers 409 Conflict and the caller decides again. ``now``: as when the
-    caller read it (a record read as corrupt then reads so again)."""
+    caller read it (a record read as corrupt then reads so again). ``annotations``: others set in the
+    same patch (unconditional writes only: the ladder's ledger and history after a reboot)."""
     if expect is not _KEEP:
 
         def want(node: dict[str, Any]) -> _Want:
@@ -261,13 +268,15 @@ def store_incident(
         _apply(client, node_name, want)
         return
     value = None if incident is None else incident_text(incident)
+    notes = {**(annotations or {}), INCIDENT_ANNOTATION: value}
     try:
-        client.patch_node(node_name, {"metadata": {"annotations": {INCIDENT_ANNOTATION: value}}})
+        client.patch_node(node_name, {"metadata": {"annotations": notes}})
     except KubeError as exc:
         if not outcome_unknown(exc):
             raise
         after = _read_back(client, node_name)
-        if after is None or ((after.get("metadata") or {}).get("annotations") or {}).get(INCIDENT_ANNOTATION) != value:
+        have = ((after or {}).get("metadata") or {}).get("annotations") or {}
+        if after is None or any(have.get(k) != v for k, v in notes.items()):
             raise
         log.info("node %s: the incident write answered %s, but it was applied (read back)", node_name, exc)
 

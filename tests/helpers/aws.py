@@ -148,6 +148,7 @@ class Fault:
     status: int
     code: str
     message: str = "injected by the test"
+    applied: bool = False  # the request is carried out (forwarded) and answered with this error all the same
 
     def render(self, content_type: str) -> tuple[dict[str, str], bytes]:
         """Headers and body in the wire format of a request with ``content_type``."""
@@ -199,7 +200,7 @@ class FaultyFront:
                     front.requests += 1
                     front.actions.append(action)
                     fault = front.faults.pop(0) if front.faults else None
-                if fault is not None:
+                if fault is not None and not fault.applied:
                     headers, answer = fault.render(self.headers.get("Content-Type", ""))
                     self._answer(fault.status, headers, answer)
                     return
@@ -212,9 +213,13 @@ class FaultyFront:
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                 try:
                     with opener.open(forward, timeout=10) as response:
-                        self._answer(response.status, dict(response.headers), response.read())
+                        status, headers, answer = response.status, dict(response.headers), response.read()
                 except urllib.error.HTTPError as exc:
-                    self._answer(exc.code, dict(exc.headers), exc.read())
+                    status, headers, answer = exc.code, dict(exc.headers), exc.read()
+                if fault is not None:  # applied: carried out, and its answer replaced by the error
+                    headers, answer = fault.render(self.headers.get("Content-Type", ""))
+                    status = fault.status
+                self._answer(status, headers, answer)
 
             def _answer(self, status: int, headers: dict[str, str], body: bytes) -> None:
                 self.send_response(status)
