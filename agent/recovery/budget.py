@@ -71,8 +71,8 @@ from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
-from agent.core.timefmt import MAX_TIME
 from agent.recovery.correlation import correlated_hold, counted, labels_of
+from agent.recovery.fields import CorruptRecord, check_version, load
 from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
@@ -88,6 +88,8 @@ from agent.recovery.model import (
 log = logging.getLogger(__name__)
 
 BUDGET_ANNOTATION = f"{DOMAIN}/budget"
+RECORD = "budget"  # the record's name in what a corrupt one says (agent.recovery.fields)
+MAX_NAME = 253  # characters of a node name or a failure domain (a Kubernetes object name)
 FORMAT_VERSION = 1
 ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
 # The pause before round n is rng() * min(BACKOFF_CAP, round trip * 2**n): the round trip is how long the last lost
@@ -157,8 +159,8 @@ def resolve_limit(settings: BudgetSettings | GroupBudget, *, domains: int) -> in
 # ---- the state in the annotation ---------------------------------------------------------------------
 
 
-class CorruptBudget(ValueError):
-    """The annotation cannot be read safely."""
+class CorruptBudget(CorruptRecord):
+    """The annotation cannot be read safely (:mod:`agent.recovery.fields`: names the field)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,57 +178,23 @@ class BudgetState:
     clamped: int = 0  # step times that lay too far in the future when read (never written)
 
 
-def _number(value: object) -> bool:
-    """A time: a JSON number (not NaN, not an infinity) between 1970 and year 9999."""
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0.0 <= value <= MAX_TIME
-    )
-
-
 def decode_state(text: str | None) -> BudgetState:
-    """The state in the annotation (absent or empty = no holders, no actions). Raises CorruptBudget."""
-    if text is None or not text.strip():
+    """The state in the annotation (absent or empty = no holders, no actions). Raises CorruptBudget (only)."""
+    fields = load(text, RECORD, error=CorruptBudget)
+    if fields is None:
         return BudgetState()
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise CorruptBudget(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CorruptBudget("not a JSON object")
-    version = data.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise CorruptBudget(f"version must be an integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise CorruptBudget(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
-    raw_holders = data.get("holders", {})
-    if not isinstance(raw_holders, dict):
-        raise CorruptBudget("holders must be an object")
-    holders: dict[str, Holder] = {}
-    for domain, entry in raw_holders.items():
-        if not isinstance(entry, dict):
-            raise CorruptBudget(f"holders[{domain!r}] must be an object")
-        nodes, incident, since = entry.get("nodes"), entry.get("incident", ""), entry.get("since", 0)
-        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
-            raise CorruptBudget(f"holders[{domain!r}].nodes must be a non-empty list of node names")
-        if not isinstance(incident, str) or not _number(since):
-            raise CorruptBudget(
-                f"holders[{domain!r}] needs a string incident and a since time (seconds since 1970), got "
-                f"{incident!r:.100} and {since!r:.100}"
-            )
-        holders[domain] = Holder(nodes=tuple(nodes), incident=incident, since=float(since))
-    actions = data.get("actions", [])
-    if not isinstance(actions, list):
-        raise CorruptBudget("actions must be a list of times")
-    for index, moment in enumerate(actions):
-        if not _number(moment):
-            raise CorruptBudget(
-                f"actions must be a list of times: actions[{index}] is {moment!r:.100}, not seconds since 1970"
-            )
-    extra = {k: v for k, v in data.items() if k not in ("version", "holders", "actions")}
-    return BudgetState(holders=holders, actions=tuple(float(t) for t in actions), extra=extra)
+    check_version(fields, FORMAT_VERSION)
+    holders = {
+        domain: Holder(
+            nodes=entry.texts("nodes", limit=MAX_NAME, nonempty=True),
+            incident=entry.text("incident", default=""),
+            since=entry.time("since", default=0.0),
+        )
+        for domain, entry in fields.entries("holders", default={}, limit=MAX_NAME)
+    }
+    actions = fields.times("actions", default=[])
+    extra = {k: v for k, v in fields.data.items() if k not in ("version", "holders", "actions")}
+    return BudgetState(holders=holders, actions=actions, extra=extra)
 
 
 def encode_state(state: BudgetState) -> str:

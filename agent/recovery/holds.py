@@ -72,6 +72,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.adapters.kube import KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Publication
+from agent.recovery.fields import CorruptRecord, check_version, load
 from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, ZONE_LABEL, BudgetSettings, Incident
 
@@ -81,6 +82,7 @@ PAUSE_ANNOTATION = f"{DOMAIN}/pauses"
 VETO_ANNOTATION = f"{DOMAIN}/veto"  # on a Node: any non-empty value = never act on it (the value says why)
 DEFAULT_PAUSE_LEASE = "node-health-agent-recovery-pause"  # + "-<cluster name>" when a cluster name is set
 FORMAT_VERSION = 1
+RECORD = "pauses"  # the record's name in what a corrupt one says (agent.recovery.fields)
 POOL_LABELS = (
     "eks.amazonaws.com/nodegroup",
     "karpenter.sh/nodepool",
@@ -161,8 +163,8 @@ def pool_labels(budget: BudgetSettings) -> tuple[str, ...]:
     return configured or POOL_LABELS
 
 
-class CorruptPauses(ValueError):
-    """The pause annotation cannot be read safely."""
+class CorruptPauses(CorruptRecord):
+    """The pause annotation cannot be read safely (:mod:`agent.recovery.fields`: names the field)."""
 
 
 def pause_lease_name(cluster_name: str = "") -> str:
@@ -173,43 +175,25 @@ def pause_lease_name(cluster_name: str = "") -> str:
 
 
 def decode_pauses(text: str | None) -> Pauses:
-    """The pauses in the annotation (absent or empty = none). Raises CorruptPauses."""
-    if text is None or not text.strip():
+    """The pauses in the annotation (absent or empty = none). Raises CorruptPauses (only)."""
+    fields = load(text, RECORD, error=CorruptPauses)
+    if fields is None:
         return Pauses()
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise CorruptPauses(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CorruptPauses("not a JSON object")
-    version = data.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise CorruptPauses(f"version must be an integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise CorruptPauses(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
-    raw = data.get("pauses", [])
-    if not isinstance(raw, list):
-        raise CorruptPauses("pauses must be a list")
+    check_version(fields, FORMAT_VERSION)
     pauses: list[Pause] = []
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, dict):
-            raise CorruptPauses(f"pauses[{i}] must be an object")
-        try:
-            scope = Scope(str(entry.get("scope")))
-        except ValueError:
-            known = ", ".join(s.value for s in Scope)
-            raise CorruptPauses(f"pauses[{i}].scope must be one of {known}, got {entry.get('scope')!r}") from None
-        value, by, why, since = (entry.get(k, d) for k, d in (("value", ""), ("by", ""), ("why", ""), ("since", 0)))
-        if not all(isinstance(v, str) for v in (value, by, why)):
-            raise CorruptPauses(f"pauses[{i}]: value, by and why must be strings")
-        if isinstance(since, bool) or not isinstance(since, int | float) or not math.isfinite(since):
-            raise CorruptPauses(f"pauses[{i}].since must be a time in seconds, got {since!r}")
-        if (scope is Scope.CLUSTER) != (value == ""):
-            raise CorruptPauses(
-                f"pauses[{i}]: a {scope.value} pause needs {'no' if scope is Scope.CLUSTER else 'a'} value"
-            )
-        pauses.append(Pause(scope=scope, value=value, by=by, why=why, since=float(since)))
-    extra = {k: v for k, v in data.items() if k not in ("version", "pauses")}
+    for entry in fields.objects("pauses", default=[]):
+        scope = Scope(entry.choice("scope", [s.value for s in Scope]))
+        pause = Pause(
+            scope=scope,
+            value=entry.text("value", default=""),
+            by=entry.text("by", default=""),
+            why=entry.text("why", default=""),
+            since=entry.time("since", default=0.0),
+        )
+        if (scope is Scope.CLUSTER) != (pause.value == ""):
+            entry.fail("value", f"a {scope.value} pause needs {'no' if scope is Scope.CLUSTER else 'a'} value")
+        pauses.append(pause)
+    extra = {k: v for k, v in fields.data.items() if k not in ("version", "pauses")}
     return Pauses(pauses=tuple(pauses), extra=extra)
 
 

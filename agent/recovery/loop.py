@@ -236,6 +236,7 @@ class RecoveryLoop:
             policy = self._ladder.prepare(
                 policy, snapshot=snapshot, node=node, view=view, now=now, enabled=self._enabled
             )
+            self._note_history(node)
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
@@ -338,6 +339,18 @@ class RecoveryLoop:
                 f"is not a valid flap record and is ignored ({problem}); the next uncordon replaces it",
             )
         return record
+
+    def _note_history(self, node: Mapping[str, Any]) -> None:
+        """The ladder's history as read by its prepare(): one that cannot be read counts as none, told once."""
+        from agent.recovery.ladder import HISTORY_ANNOTATION
+
+        if self._ladder is not None and self._ladder.problem:
+            self._tell_corrupt(
+                node,
+                HISTORY_ANNOTATION,
+                f"is not a valid recovery history and is ignored ({self._ladder.problem}); the ladder starts "
+                "over from its first rung and its next write replaces it",
+            )
 
     def _tell_corrupt(self, node: Mapping[str, Any], annotation: str, what: str) -> None:
         """Tell once per annotation text (a problem may name the time) that a record on the Node is corrupt."""

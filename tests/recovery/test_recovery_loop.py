@@ -517,11 +517,17 @@ def test_step_times_in_the_future_block_only_a_window_and_the_event_says_why(har
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
-        ({"since": float("nan")}, "'since' must be a time"),
-        ({"opened": float("inf")}, "'opened' must be a time"),
-        ({"healthySince": T0 + 30 * 86_400}, "'healthySince' is 2026-01-31T00:00:00Z, more than 86400s after now"),
-        ({"done": "cordon"}, "'done' must be a list"),
-        ({"since": "yesterday"}, "'since' must be a number"),
+        ({"since": float("nan")}, "incident: since: must be a time"),
+        ({"opened": float("inf")}, "incident: opened: must be a time"),
+        (
+            {"healthySince": T0 + 30 * 86_400},
+            "incident: healthySince: is 2026-01-31T00:00:00Z, more than 86400s after now",
+        ),
+        ({"done": "cordon"}, "incident: done: must be a list"),
+        (
+            {"since": "yesterday"},
+            "incident: since: must be a time (seconds since 1970, before year 10000), got 'yesterday'",
+        ),
     ],
     ids=["since NaN", "opened Infinity", "healthySince a month ahead", "done not a list", "since a string"],
 )
