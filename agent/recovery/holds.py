@@ -332,12 +332,18 @@ def unhealthy_hold(publication: Publication, live: Mapping[str, bool] | None = N
 
 
 def veto_hold(node: Mapping[str, Any]) -> Hold | None:
+    """Vetoed: the annotation ``VETO_ANNOTATION`` with any non-empty value (whitespace too: an operator who
+    typed only spaces meant a veto), or the opt-out label. A Node's metadata is hostile input: a map that
+    is not one counts as empty."""
     metadata = node.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    labels = metadata.get("labels") or {}
-    why = str(annotations.get(VETO_ANNOTATION, "")).strip()
-    if why:
-        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({VETO_ANNOTATION}: {why[:MAX_WHY]})")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    value = annotations.get(VETO_ANNOTATION)
+    if value is not None and str(value) != "":
+        why = str(value)[:MAX_WHY].strip() or "no reason given"
+        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({VETO_ANNOTATION}: {why})")
     if str(labels.get(OPT_OUT_LABEL, "")).lower() in ("disabled", "false", "off"):
         return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({OPT_OUT_LABEL}={labels[OPT_OUT_LABEL]})")
     return None

@@ -40,6 +40,7 @@ from agent.recovery.holds import (
     encode_pauses,
     pause_lease_name,
     pool_labels,
+    veto_hold,
     with_pause,
 )
 from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
@@ -285,6 +286,55 @@ def test_a_corrupt_pause_lease_is_a_cluster_wide_pause_and_says_so(harness, api)
     assert decision.actions == () and not h.cordoned() and h.marker.marked == []
     (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
     assert "unreadable" in event.message and "treated as a cluster-wide pause" in event.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"pauses": [{"scope": "cluster", "since": 1' + "0" * 400 + "}]}",
+        '{"pauses": [{"scope": "cluster", "since": -1e308}]}',
+    ],
+    ids=["since-too-large-for-a-float", "since-minus-1e308"],
+)
+def test_a_pause_lease_with_an_absurd_time_is_a_cluster_wide_pause_never_a_failed_step(harness, api, text):
+    """Issue 33: an integer too large for a float raised OverflowError out of every step (nothing acted, no
+    Event said why); now it is an unreadable pause, held and told, and the step does not fail."""
+    h = harness()
+    put_pauses(api, text)
+    h.publish(problem())
+    for _ in range(3):
+        h.clock.now += 5
+        assert h.step().actions == ()
+    assert not h.cordoned() and h.marker.marked == [] and h.loop.stats.errors == 0
+    (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
+    assert "pauses: pauses[0].since: must be a time" in event.message
+    assert "treated as a cluster-wide pause" in event.message
+
+
+@pytest.mark.parametrize(
+    ("value", "vetoed", "says"),
+    [
+        ("disk swap, alice", True, "disk swap, alice"),
+        ("  ", True, "no reason given"),  # issue 33: any non-empty value is a veto, whitespace too
+        ("\t\n", True, "no reason given"),
+        ("", False, ""),
+        (None, False, ""),
+    ],
+    ids=["why", "spaces", "tab-newline", "empty", "absent"],
+)
+def test_any_non_empty_veto_annotation_is_a_veto(value, vetoed, says):
+    annotations = {} if value is None else {VETO_ANNOTATION: value}
+    hold = veto_hold({"metadata": {"name": "n", "annotations": annotations}})
+    assert (hold is not None) is vetoed
+    if hold is not None:
+        assert hold.kind is HoldKind.VETOED and f"({VETO_ANNOTATION}: {says})" in hold.message
+
+
+def test_a_whitespace_veto_holds_the_node_through_the_loop(harness):
+    h = harness(node=node_object(annotations={VETO_ANNOTATION: "   "}))
+    h.publish(problem())
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryVetoed"]
 
 
 def test_a_veto_annotation_on_the_node_holds_it(harness):
