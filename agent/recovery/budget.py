@@ -29,6 +29,12 @@ The limit
     one failing node is repaired), 0 when there is none. :func:`resolve_limit` is the table.
     Separately at most ``max_actions`` disruptive steps per ``window`` (one per :meth:`ClusterBudget.acquire`).
 
+Nodes outside ``node_selector``
+    The selector says which nodes the limit counts, not which may act: a node it does not list still
+    takes a place, and is held to its zone and pool budgets and to the correlated-failure hold like any
+    other (its Node is read; the holders' Nodes outside the selector, read anyway to see whether they
+    are gone, count in their zones and pools too).
+
 Concurrency
     Every change is read → modify → replace with the resourceVersion read, so two agents never both
     take the last place: on 409 Conflict the Lease is read again, once, and the change redone (at most
@@ -227,6 +233,16 @@ class _Cluster:
 
     domains: frozenset[str]  # failure domains of the matching, non-control-plane nodes
     by_name: Mapping[str, Mapping[str, Any]]  # every node the selector listed (control plane included)
+    own: Mapping[str, Any] | None = None  # this Node when the selector does not list it (None: it does, or gone)
+    outside: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # holders' Nodes outside the selector
+
+    def members(self) -> Mapping[str, Mapping[str, Any]]:
+        """The Nodes a zone or pool budget and the correlated-failure hold look at: those the selector lists,
+        this node and the holders' nodes outside the selector (a node outside it still has its zone and pool)."""
+        if self.own is None and not self.outside:
+            return self.by_name
+        own = {} if self.own is None else {str((self.own.get("metadata") or {}).get("name", "")): self.own}
+        return {**self.outside, **own, **self.by_name}
 
 
 class ClusterBudget:
@@ -276,11 +292,8 @@ class ClusterBudget:
     def view(self, *, node_labels: Mapping[str, str] | None = None) -> BudgetView:
         """The budget now, as this node sees it (nothing written). ``node_labels`` (the Node's labels)
         name this node's failure domain; without them the Node is looked up."""
-        cluster = self._cluster()
-        if node_labels is not None:
-            own = self._domain_of({"metadata": {"name": self._node, "labels": dict(node_labels)}}) or self._node
-        else:
-            own = self._own_domain(cluster)
+        cluster = self._cluster(own_labels=node_labels)
+        own = self._own_domain(cluster)
         lease = self._get()
         try:
             state = decode_state(self._annotation(lease))
@@ -420,7 +433,9 @@ class ClusterBudget:
 
     # ---- reading the cluster -------------------------------------------------------------------------
 
-    def _cluster(self) -> _Cluster:
+    def _cluster(self, *, own_labels: Mapping[str, str] | None = None) -> _Cluster:
+        """The Nodes the selector lists, and this Node when it lists not it (read, or made of ``own_labels``):
+        a node outside the selector is held to its zone and pool budgets and correlated holds all the same."""
         nodes = self._client.list_nodes(label_selector=self._settings.node_selector)
         by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
         domains = frozenset(
@@ -428,29 +443,32 @@ class ClusterBudget:
             for name, n in by_name.items()
             if not any(k in ((n.get("metadata") or {}).get("labels") or {}) for k in CONTROL_PLANE_LABELS)
         )
-        return _Cluster(domains=domains, by_name=by_name)
+        own: Mapping[str, Any] | None = None
+        if self._node not in by_name:
+            if own_labels is not None:
+                own = {"metadata": {"name": self._node, "labels": dict(own_labels)}}
+            else:
+                try:
+                    own = self._client.get_node(self._node)
+                except KubeError as exc:
+                    if exc.status != 404:
+                        raise
+        return _Cluster(domains=domains, by_name=by_name, own=own)
 
     def _own_domain(self, cluster: _Cluster) -> str:
-        node = cluster.by_name.get(self._node)
-        if node is None:  # not matched by the node selector: read it
-            try:
-                node = self._client.get_node(self._node)
-            except KubeError as exc:
-                if exc.status != 404:
-                    raise
-                return self._node
-        return self._domain_of(node) or self._node
+        node = cluster.by_name.get(self._node) or cluster.own
+        return (self._domain_of(node) or self._node) if node is not None else self._node
 
     def _present(self, name: str, cluster: _Cluster, seen: dict[str, bool]) -> bool:
         """Whether node ``name`` still exists (a node outside the selector is looked up; when that
         fails for another reason than 404 it counts as present: never drop a place on a guess)."""
-        if name in cluster.by_name:
+        if name in cluster.by_name or (name == self._node and cluster.own is not None):
             return True
         if not self._settings.node_selector:
             return False
         if name not in seen:
             try:
-                self._client.get_node(name)
+                cluster.outside[name] = self._client.get_node(name)  # its labels count in its zone and pool
                 seen[name] = True
             except KubeError as exc:
                 seen[name] = exc.status != 404
@@ -492,7 +510,7 @@ class ClusterBudget:
         )
 
     def _view(self, state: BudgetState, cluster: _Cluster, own: str, problem: str = "") -> BudgetView:
-        own_node = cluster.by_name.get(self._node)
+        own_node = cluster.by_name.get(self._node) or cluster.own
         window = self._settings.window
         return BudgetView(
             holders=tuple(sorted(state.holders)),
@@ -508,7 +526,7 @@ class ClusterBudget:
             correlated=correlated_hold(
                 self._settings.correlation,
                 own_node=own_node,
-                nodes=cluster.by_name,
+                nodes=cluster.members(),
                 types=self._problem_types,
                 now=self._clock(),
                 problem=problem,
@@ -521,16 +539,15 @@ class ClusterBudget:
         """Why a zone or pool budget refuses this node a new place ("" = none does)."""
         if own_node is None or own in state.holders:
             return ""
+        nodes = cluster.members()
         for group in self._settings.groups:
             value = labels_of(own_node).get(group.label)
             if value is None:
                 continue
             members = {
-                name
-                for name, node in cluster.by_name.items()
-                if counted(node) and labels_of(node).get(group.label) == value
+                name for name, node in nodes.items() if counted(node) and labels_of(node).get(group.label) == value
             }
-            domains = {self._domain_of(cluster.by_name[n]) or n for n in members}
+            domains = {self._domain_of(nodes[n]) or n for n in members}
             held = sorted(d for d, holder in state.holders.items() if any(n in members for n in holder.nodes))
             limit = resolve_limit(group, domains=len(domains))
             if len(held) >= limit:
