@@ -89,6 +89,10 @@ def node(text: str | None) -> dict:
         ),
         (json.dumps({"count": 2, "lastUncordon": T0 + 2 * 86_400}), None, "more than 86400s after now"),
         ("[" * 100_000 + "]" * 100_000, None, "recursion"),
+        # issue 33: an integer too large for a float raised OverflowError out of the parse
+        ('{"count": 2, "lastUncordon": 1' + "0" * 400 + "}", None, "flaps: lastUncordon: must be a time"),
+        ('{"count": 1' + "0" * 400 + ', "lastUncordon": 1767225600}', None, "flaps: count: must be a whole number"),
+        ('{"count": 2, "lastUncordon": -1e308}', None, "flaps: lastUncordon: must be a time"),
     ],
 )
 def test_the_record_is_read_as_strictly_as_config(text, expected, says):
