@@ -22,8 +22,9 @@ from agent.checks.model import ScheduledCheck
 from agent.checks.scheduler import CheckStats
 from agent.core.bus import Inbox, Publication, SnapshotFeed
 from agent.core.types import ConditionSpec, Snapshot
-from agent.recovery.budget import ClusterBudget
+from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget
 from agent.recovery.drain import DrainOutcome, DrainResult
+from agent.recovery.flaps import FLAP_ANNOTATION
 from agent.recovery.holds import (
     PAUSE_ANNOTATION,
     POOL_LABELS,
@@ -43,10 +44,12 @@ from agent.recovery.holds import (
     veto_hold,
     with_pause,
 )
+from agent.recovery.ladder import HISTORY_ANNOTATION
 from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEASE,
+    INCIDENT_ANNOTATION,
     ZONE_LABEL,
     Action,
     Blocked,
@@ -555,6 +558,44 @@ def test_a_corrupt_pause_lease_is_not_written_over_and_status_says_paused_everyw
     assert run_cli(api, tmp_path, "status", "--json") == 0
     view = json.loads(capsys.readouterr().out)
     assert "unreadable" in view["pauses"]["problem"]
+
+
+def test_the_cli_never_crashes_on_records_with_times_too_large_for_a_float(api, tmp_path, capsys):
+    """Issue 33: an integer too large for a float in the pause Lease, the budget Lease or a Node's records made
+    ``status``, ``pause`` and ``resume`` crash with OverflowError: the off switch was unusable from the CLI."""
+    big = "1" + "0" * 400
+    put_pauses(api, '{"pauses": [{"scope": "cluster", "since": ' + big + "}]}")
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": DEFAULT_LEASE,
+                "namespace": NS,
+                "annotations": {BUDGET_ANNOTATION: '{"actions": [' + big + "]}"},
+            },
+            "spec": {},
+        }
+    )
+    record = '{"id": "x", "condition": "NeuronHealth", "reason": "r", "since": ' + big + ', "opened": 1}'
+    api.put_object(
+        node_object(
+            "hostile",
+            annotations={
+                INCIDENT_ANNOTATION: record,
+                HISTORY_ANNOTATION: '{"rungs": [{"step": -5, "at": ' + big + "}]}",
+                FLAP_ANNOTATION: '{"count": 2, "lastUncordon": ' + big + "}",
+            },
+        )
+    )
+    assert run_cli(api, tmp_path, "status", "--json") == 0
+    view = json.loads(capsys.readouterr().out)
+    assert "pauses: pauses[0].since: must be a time" in view["pauses"]["problem"]
+    assert view["budget"]["state"].startswith("corrupt: budget: actions[0]: must be a time")
+    for argv in (["pause", "--node", "n1"], ["resume", "--all"]):
+        assert run_cli(api, tmp_path, *argv) == 1
+        err = capsys.readouterr().err
+        assert "pauses: pauses[0].since: must be a time" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [["pause", "--node", ""], ["pause", "--pool", " "]])
