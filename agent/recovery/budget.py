@@ -51,7 +51,8 @@ Gone nodes
     frees its place: its Node object is deleted), and holders left without nodes. :meth:`view`
     already leaves them out. Nodes that recovered give their place back through :meth:`release`.
 
-A corrupt annotation (not JSON, a wrong shape, or a newer format version)
+A corrupt annotation (not JSON, a wrong shape, a newer format version, or any field that breaks the
+rules of :mod:`agent.recovery.fields`: a time too large for a float, NaN, before 1970, ...)
     Is **not** treated as empty: an empty budget would grant a place to every asking node while the
     domains it forgot are still cordoned (up to twice the limit disrupted), and the next write would
     erase the evidence. Instead the budget refuses: :meth:`view` and :meth:`acquire` answer a

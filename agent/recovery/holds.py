@@ -45,7 +45,8 @@ Pauses (``paused``)
     that only waits (blocked by the budget, its next ask not due yet: every refused agent of a fleet-wide
     misfire, every 5 s) reads the cache too. No rollout: the Lease is read, not mounted.
 
-    **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
+    **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version, a field
+    that breaks the rules of :mod:`agent.recovery.fields`)
     counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
     or removes it (``resume`` refuses to write over it and says how).
 
