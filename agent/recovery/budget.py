@@ -29,6 +29,12 @@ The limit
     one failing node is repaired), 0 when there is none. :func:`resolve_limit` is the table.
     Separately at most ``max_actions`` disruptive steps per ``window`` (one per :meth:`ClusterBudget.acquire`).
 
+Nodes outside ``node_selector``
+    The selector says which nodes the limit counts, not which may act: a node it does not list still
+    takes a place, and is held to its zone and pool budgets and to the correlated-failure hold like any
+    other (its Node is read; the holders' Nodes outside the selector, read anyway to see whether they
+    are gone, count in their zones and pools too).
+
 Concurrency
     Every change is read → modify → replace with the resourceVersion read, so two agents never both
     take the last place: on 409 Conflict the Lease is read again, once, and the change redone (at most
@@ -45,7 +51,8 @@ Gone nodes
     frees its place: its Node object is deleted), and holders left without nodes. :meth:`view`
     already leaves them out. Nodes that recovered give their place back through :meth:`release`.
 
-A corrupt annotation (not JSON, a wrong shape, or a newer format version)
+A corrupt annotation (not JSON, a wrong shape, a newer format version, or any field that breaks the
+rules of :mod:`agent.recovery.fields`: a time too large for a float, NaN, before 1970, ...)
     Is **not** treated as empty: an empty budget would grant a place to every asking node while the
     domains it forgot are still cordoned (up to twice the limit disrupted), and the next write would
     erase the evidence. Instead the budget refuses: :meth:`view` and :meth:`acquire` answer a
@@ -71,8 +78,8 @@ from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
-from agent.core.timefmt import MAX_TIME
 from agent.recovery.correlation import correlated_hold, counted, labels_of
+from agent.recovery.fields import CorruptRecord, check_version, load
 from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
@@ -88,6 +95,8 @@ from agent.recovery.model import (
 log = logging.getLogger(__name__)
 
 BUDGET_ANNOTATION = f"{DOMAIN}/budget"
+RECORD = "budget"  # the record's name in what a corrupt one says (agent.recovery.fields)
+MAX_NAME = 253  # characters of a node name or a failure domain (a Kubernetes object name)
 FORMAT_VERSION = 1
 ATTEMPTS = 8  # read-modify-write rounds before giving up (a lost round means another agent wrote)
 # The pause before round n is rng() * min(BACKOFF_CAP, round trip * 2**n): the round trip is how long the last lost
@@ -157,8 +166,8 @@ def resolve_limit(settings: BudgetSettings | GroupBudget, *, domains: int) -> in
 # ---- the state in the annotation ---------------------------------------------------------------------
 
 
-class CorruptBudget(ValueError):
-    """The annotation cannot be read safely."""
+class CorruptBudget(CorruptRecord):
+    """The annotation cannot be read safely (:mod:`agent.recovery.fields`: names the field)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,57 +185,23 @@ class BudgetState:
     clamped: int = 0  # step times that lay too far in the future when read (never written)
 
 
-def _number(value: object) -> bool:
-    """A time: a JSON number (not NaN, not an infinity) between 1970 and year 9999."""
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0.0 <= value <= MAX_TIME
-    )
-
-
 def decode_state(text: str | None) -> BudgetState:
-    """The state in the annotation (absent or empty = no holders, no actions). Raises CorruptBudget."""
-    if text is None or not text.strip():
+    """The state in the annotation (absent or empty = no holders, no actions). Raises CorruptBudget (only)."""
+    fields = load(text, RECORD, error=CorruptBudget)
+    if fields is None:
         return BudgetState()
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise CorruptBudget(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CorruptBudget("not a JSON object")
-    version = data.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise CorruptBudget(f"version must be an integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise CorruptBudget(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
-    raw_holders = data.get("holders", {})
-    if not isinstance(raw_holders, dict):
-        raise CorruptBudget("holders must be an object")
-    holders: dict[str, Holder] = {}
-    for domain, entry in raw_holders.items():
-        if not isinstance(entry, dict):
-            raise CorruptBudget(f"holders[{domain!r}] must be an object")
-        nodes, incident, since = entry.get("nodes"), entry.get("incident", ""), entry.get("since", 0)
-        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
-            raise CorruptBudget(f"holders[{domain!r}].nodes must be a non-empty list of node names")
-        if not isinstance(incident, str) or not _number(since):
-            raise CorruptBudget(
-                f"holders[{domain!r}] needs a string incident and a since time (seconds since 1970), got "
-                f"{incident!r:.100} and {since!r:.100}"
-            )
-        holders[domain] = Holder(nodes=tuple(nodes), incident=incident, since=float(since))
-    actions = data.get("actions", [])
-    if not isinstance(actions, list):
-        raise CorruptBudget("actions must be a list of times")
-    for index, moment in enumerate(actions):
-        if not _number(moment):
-            raise CorruptBudget(
-                f"actions must be a list of times: actions[{index}] is {moment!r:.100}, not seconds since 1970"
-            )
-    extra = {k: v for k, v in data.items() if k not in ("version", "holders", "actions")}
-    return BudgetState(holders=holders, actions=tuple(float(t) for t in actions), extra=extra)
+    check_version(fields, FORMAT_VERSION)
+    holders = {
+        domain: Holder(
+            nodes=entry.texts("nodes", limit=MAX_NAME, nonempty=True),
+            incident=entry.text("incident", default=""),
+            since=entry.time("since", default=0.0),
+        )
+        for domain, entry in fields.entries("holders", default={}, limit=MAX_NAME)
+    }
+    actions = fields.times("actions", default=[])
+    extra = {k: v for k, v in fields.data.items() if k not in ("version", "holders", "actions")}
+    return BudgetState(holders=holders, actions=actions, extra=extra)
 
 
 def encode_state(state: BudgetState) -> str:
@@ -259,6 +234,16 @@ class _Cluster:
 
     domains: frozenset[str]  # failure domains of the matching, non-control-plane nodes
     by_name: Mapping[str, Mapping[str, Any]]  # every node the selector listed (control plane included)
+    own: Mapping[str, Any] | None = None  # this Node when the selector does not list it (None: it does, or gone)
+    outside: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # holders' Nodes outside the selector
+
+    def members(self) -> Mapping[str, Mapping[str, Any]]:
+        """The Nodes a zone or pool budget and the correlated-failure hold look at: those the selector lists,
+        this node and the holders' nodes outside the selector (a node outside it still has its zone and pool)."""
+        if self.own is None and not self.outside:
+            return self.by_name
+        own = {} if self.own is None else {str((self.own.get("metadata") or {}).get("name", "")): self.own}
+        return {**self.outside, **own, **self.by_name}
 
 
 class ClusterBudget:
@@ -308,11 +293,8 @@ class ClusterBudget:
     def view(self, *, node_labels: Mapping[str, str] | None = None) -> BudgetView:
         """The budget now, as this node sees it (nothing written). ``node_labels`` (the Node's labels)
         name this node's failure domain; without them the Node is looked up."""
-        cluster = self._cluster()
-        if node_labels is not None:
-            own = self._domain_of({"metadata": {"name": self._node, "labels": dict(node_labels)}}) or self._node
-        else:
-            own = self._own_domain(cluster)
+        cluster = self._cluster(own_labels=node_labels)
+        own = self._own_domain(cluster)
         lease = self._get()
         try:
             state = decode_state(self._annotation(lease))
@@ -452,7 +434,9 @@ class ClusterBudget:
 
     # ---- reading the cluster -------------------------------------------------------------------------
 
-    def _cluster(self) -> _Cluster:
+    def _cluster(self, *, own_labels: Mapping[str, str] | None = None) -> _Cluster:
+        """The Nodes the selector lists, and this Node when it lists not it (read, or made of ``own_labels``):
+        a node outside the selector is held to its zone and pool budgets and correlated holds all the same."""
         nodes = self._client.list_nodes(label_selector=self._settings.node_selector)
         by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
         domains = frozenset(
@@ -460,29 +444,32 @@ class ClusterBudget:
             for name, n in by_name.items()
             if not any(k in ((n.get("metadata") or {}).get("labels") or {}) for k in CONTROL_PLANE_LABELS)
         )
-        return _Cluster(domains=domains, by_name=by_name)
+        own: Mapping[str, Any] | None = None
+        if self._node not in by_name:
+            if own_labels is not None:
+                own = {"metadata": {"name": self._node, "labels": dict(own_labels)}}
+            else:
+                try:
+                    own = self._client.get_node(self._node)
+                except KubeError as exc:
+                    if exc.status != 404:
+                        raise
+        return _Cluster(domains=domains, by_name=by_name, own=own)
 
     def _own_domain(self, cluster: _Cluster) -> str:
-        node = cluster.by_name.get(self._node)
-        if node is None:  # not matched by the node selector: read it
-            try:
-                node = self._client.get_node(self._node)
-            except KubeError as exc:
-                if exc.status != 404:
-                    raise
-                return self._node
-        return self._domain_of(node) or self._node
+        node = cluster.by_name.get(self._node) or cluster.own
+        return (self._domain_of(node) or self._node) if node is not None else self._node
 
     def _present(self, name: str, cluster: _Cluster, seen: dict[str, bool]) -> bool:
         """Whether node ``name`` still exists (a node outside the selector is looked up; when that
         fails for another reason than 404 it counts as present: never drop a place on a guess)."""
-        if name in cluster.by_name:
+        if name in cluster.by_name or (name == self._node and cluster.own is not None):
             return True
         if not self._settings.node_selector:
             return False
         if name not in seen:
             try:
-                self._client.get_node(name)
+                cluster.outside[name] = self._client.get_node(name)  # its labels count in its zone and pool
                 seen[name] = True
             except KubeError as exc:
                 seen[name] = exc.status != 404
@@ -524,7 +511,7 @@ class ClusterBudget:
         )
 
     def _view(self, state: BudgetState, cluster: _Cluster, own: str, problem: str = "") -> BudgetView:
-        own_node = cluster.by_name.get(self._node)
+        own_node = cluster.by_name.get(self._node) or cluster.own
         window = self._settings.window
         return BudgetView(
             holders=tuple(sorted(state.holders)),
@@ -540,7 +527,7 @@ class ClusterBudget:
             correlated=correlated_hold(
                 self._settings.correlation,
                 own_node=own_node,
-                nodes=cluster.by_name,
+                nodes=cluster.members(),
                 types=self._problem_types,
                 now=self._clock(),
                 problem=problem,
@@ -553,16 +540,15 @@ class ClusterBudget:
         """Why a zone or pool budget refuses this node a new place ("" = none does)."""
         if own_node is None or own in state.holders:
             return ""
+        nodes = cluster.members()
         for group in self._settings.groups:
             value = labels_of(own_node).get(group.label)
             if value is None:
                 continue
             members = {
-                name
-                for name, node in cluster.by_name.items()
-                if counted(node) and labels_of(node).get(group.label) == value
+                name for name, node in nodes.items() if counted(node) and labels_of(node).get(group.label) == value
             }
-            domains = {self._domain_of(cluster.by_name[n]) or n for n in members}
+            domains = {self._domain_of(nodes[n]) or n for n in members}
             held = sorted(d for d, holder in state.holders.items() if any(n in members for n in holder.nodes))
             limit = resolve_limit(group, domains=len(domains))
             if len(held) >= limit:

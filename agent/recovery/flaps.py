@@ -16,8 +16,8 @@ disruptive steps: one flapping node could starve every other. So:
 * A node that stays healthy for ``FLAP_MEMORY`` after its uncordon is forgiven: its next incident is
   not a flap, and the count starts over.
 
-Everything read back is validated as strictly as config: a record that is not one is ignored (no
-damping) and told once by the loop.
+Everything read back is validated by the rules of :mod:`agent.recovery.fields`: a record that is not one
+is ignored (no damping) and told once by the loop.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, load
 from agent.recovery.model import DOMAIN, Incident, RecoveryPolicy
-from agent.recovery.node import check_time
 
 FLAP_ANNOTATION = f"{DOMAIN}/flaps"
+RECORD = "flaps"  # the record's name in what a corrupt one says (agent.recovery.fields)
 FLAP_MEMORY = 3600.0  # seconds after an uncordon within which a new incident is a flap
 MAX_HOLD = 86_400.0  # the longest hold a flap earns (unless uncordon_after itself is longer)
 MAX_COUNT = 64  # a count beyond this changes nothing (the hold is capped long before)
@@ -52,22 +53,18 @@ def flap_text(record: FlapRecord) -> str:
 
 
 def parse_flaps(node: Mapping[str, Any], *, now: float | None = None) -> tuple[FlapRecord | None, str]:
-    """The record on the Node (None: none, or unreadable) and why it is unreadable ("" otherwise)."""
+    """The record on the Node (None: none, or unreadable) and why it is unreadable ("" otherwise): the rules of
+    :mod:`agent.recovery.fields`, a time more than ``FUTURE_SLACK`` after ``now`` refused too. Never raises
+    for what the annotation holds."""
     text = (((node.get("metadata") or {}).get("annotations")) or {}).get(FLAP_ANNOTATION)
-    if text is None:
-        return None, ""
     try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-        count, last = data.get("count"), data.get("lastUncordon")
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
-            raise ValueError(f"'count' must be a whole number from 1 to {MAX_COUNT}, got {count!r:.50}")
-        if isinstance(last, bool) or not isinstance(last, int | float):
-            raise ValueError(f"'lastUncordon' must be a number, got {last!r:.50}")
-        return FlapRecord(count=count, last_uncordon=check_time("lastUncordon", float(last), now=now)), ""
-    except (ValueError, RecursionError) as exc:
-        return None, f"{exc}: {text[:200]!r}"
+        fields = load(text, RECORD)
+        if fields is None:
+            return None, ""
+        count = fields.integer("count", low=1, high=MAX_COUNT)
+        return FlapRecord(count=count, last_uncordon=fields.time("lastUncordon", now=now, ahead=FUTURE_SLACK)), ""
+    except CorruptRecord as exc:
+        return None, f"{exc}: {str(text)[:200]!r}"
 
 
 def is_flap(record: FlapRecord | None, incident: Incident | None) -> bool:

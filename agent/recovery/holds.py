@@ -48,7 +48,8 @@ Pauses (``paused``)
     that only waits (blocked by the budget, its next ask not due yet: every refused agent of a fleet-wide
     misfire, every 5 s) reads the cache too. No rollout: the Lease is read, not mounted.
 
-    **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version)
+    **Fail safe.** An annotation that cannot be read (not JSON, a wrong shape, a newer version, a field
+    that breaks the rules of :mod:`agent.recovery.fields`)
     counts as a cluster-wide pause, named as such in the Event and ``status``, until an operator fixes
     or removes it (``resume`` refuses to write over it and says how).
 
@@ -76,6 +77,7 @@ from agent.adapters.kube import KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Publication
 from agent.core.timefmt import iso
+from agent.recovery.fields import CorruptRecord, check_version, load
 from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, ZONE_LABEL, BudgetSettings, Incident
 
@@ -85,6 +87,7 @@ PAUSE_ANNOTATION = f"{DOMAIN}/pauses"
 VETO_ANNOTATION = f"{DOMAIN}/veto"  # on a Node: any non-empty value = never act on it (the value says why)
 DEFAULT_PAUSE_LEASE = "node-health-agent-recovery-pause"  # + "-<cluster name>" when a cluster name is set
 FORMAT_VERSION = 1
+RECORD = "pauses"  # the record's name in what a corrupt one says (agent.recovery.fields)
 POOL_LABELS = (
     "eks.amazonaws.com/nodegroup",
     "karpenter.sh/nodepool",
@@ -165,8 +168,8 @@ def pool_labels(budget: BudgetSettings) -> tuple[str, ...]:
     return configured or POOL_LABELS
 
 
-class CorruptPauses(ValueError):
-    """The pause annotation cannot be read safely."""
+class CorruptPauses(CorruptRecord):
+    """The pause annotation cannot be read safely (:mod:`agent.recovery.fields`: names the field)."""
 
 
 def pause_lease_name(cluster_name: str = "") -> str:
@@ -184,43 +187,25 @@ def pause_lease_names(cluster_name: str = "") -> tuple[str, ...]:
 
 
 def decode_pauses(text: str | None) -> Pauses:
-    """The pauses in the annotation (absent or empty = none). Raises CorruptPauses."""
-    if text is None or not text.strip():
+    """The pauses in the annotation (absent or empty = none). Raises CorruptPauses (only)."""
+    fields = load(text, RECORD, error=CorruptPauses)
+    if fields is None:
         return Pauses()
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise CorruptPauses(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CorruptPauses("not a JSON object")
-    version = data.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise CorruptPauses(f"version must be an integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise CorruptPauses(f"written in format version {version} by a newer agent (this one reads {FORMAT_VERSION})")
-    raw = data.get("pauses", [])
-    if not isinstance(raw, list):
-        raise CorruptPauses("pauses must be a list")
+    check_version(fields, FORMAT_VERSION)
     pauses: list[Pause] = []
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, dict):
-            raise CorruptPauses(f"pauses[{i}] must be an object")
-        try:
-            scope = Scope(str(entry.get("scope")))
-        except ValueError:
-            known = ", ".join(s.value for s in Scope)
-            raise CorruptPauses(f"pauses[{i}].scope must be one of {known}, got {entry.get('scope')!r}") from None
-        value, by, why, since = (entry.get(k, d) for k, d in (("value", ""), ("by", ""), ("why", ""), ("since", 0)))
-        if not all(isinstance(v, str) for v in (value, by, why)):
-            raise CorruptPauses(f"pauses[{i}]: value, by and why must be strings")
-        if isinstance(since, bool) or not isinstance(since, int | float) or not math.isfinite(since):
-            raise CorruptPauses(f"pauses[{i}].since must be a time in seconds, got {since!r}")
-        if (scope is Scope.CLUSTER) != (value == ""):
-            raise CorruptPauses(
-                f"pauses[{i}]: a {scope.value} pause needs {'no' if scope is Scope.CLUSTER else 'a'} value"
-            )
-        pauses.append(Pause(scope=scope, value=value, by=by, why=why, since=float(since)))
-    extra = {k: v for k, v in data.items() if k not in ("version", "pauses")}
+    for entry in fields.objects("pauses", default=[]):
+        scope = Scope(entry.choice("scope", [s.value for s in Scope]))
+        pause = Pause(
+            scope=scope,
+            value=entry.text("value", default=""),
+            by=entry.text("by", default=""),
+            why=entry.text("why", default=""),
+            since=entry.time("since", default=0.0),
+        )
+        if (scope is Scope.CLUSTER) != (pause.value == ""):
+            entry.fail("value", f"a {scope.value} pause needs {'no' if scope is Scope.CLUSTER else 'a'} value")
+        pauses.append(pause)
+    extra = {k: v for k, v in fields.data.items() if k not in ("version", "pauses")}
     return Pauses(pauses=tuple(pauses), extra=extra)
 
 
@@ -393,12 +378,18 @@ def unhealthy_hold(publication: Publication, live: Mapping[str, bool] | None = N
 
 
 def veto_hold(node: Mapping[str, Any]) -> Hold | None:
+    """Vetoed: the annotation ``VETO_ANNOTATION`` with any non-empty value (whitespace too: an operator who
+    typed only spaces meant a veto), or the opt-out label. A Node's metadata is hostile input: a map that
+    is not one counts as empty."""
     metadata = node.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    labels = metadata.get("labels") or {}
-    why = str(annotations.get(VETO_ANNOTATION, "")).strip()
-    if why:
-        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({VETO_ANNOTATION}: {why[:MAX_WHY]})")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    labels = labels if isinstance(labels, Mapping) else {}
+    value = annotations.get(VETO_ANNOTATION)
+    if value is not None and str(value) != "":
+        why = str(value)[:MAX_WHY].strip() or "no reason given"
+        return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({VETO_ANNOTATION}: {why})")
     if str(labels.get(OPT_OUT_LABEL, "")).lower() in ("disabled", "false", "off"):
         return Hold(kind=HoldKind.VETOED, message=f"vetoed on this node ({OPT_OUT_LABEL}={labels[OPT_OUT_LABEL]})")
     return None

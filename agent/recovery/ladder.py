@@ -33,16 +33,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agent.core.durations import format_duration
-from agent.core.timefmt import iso
+from agent.core.timefmt import MAX_TIME, iso
 from agent.core.types import Snapshot, Status
 from agent.recovery import attempt as attempts
+from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load, show
 from agent.recovery.model import (
     ACTION_ORDER,
     DEFAULT_WINDOW,
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 # JSON {"rungs": [Rung.to_json(), ...], "opened": [Opened.to_json(), ...]}, each oldest first
 HISTORY_ANNOTATION = f"{DOMAIN}/recovery-history"
+RECORD = "history"  # the record's name in what a corrupt one says (agent.recovery.fields)
+MAX_STEP = len(Remedy) - 1  # a rung's step: an index into a ladder, which names each remedy at most once
+MAX_BOOT = 256  # characters of a boot id (36 in Linux's format)
 MAX_RUNGS = 20  # history kept on the Node (the oldest are dropped)
 MAX_OPENED = 20  # incident opens kept on the Node (the oldest are dropped)
 REBOOT_GRACE = 3600.0  # a requested reboot not seen finished this long no longer counts as "within the window"
@@ -111,38 +114,27 @@ class Rung:
         }
 
     @staticmethod
-    def from_json(data: Any) -> Rung:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected an object, got {type(data).__name__}")
-
-        def number(key: str, *, optional: bool = False) -> Any:
-            value = data.get(key)
-            if value is None and optional:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{key!r} must be a number, got {value!r}")
-            return value
-
-        def text(key: str) -> str:
-            value = data.get(key, "")
-            if not isinstance(value, str):
-                raise ValueError(f"{key!r} must be a string, got {value!r}")
-            return value
-
+    def from_json(data: Any, *, now: float | None = None) -> Rung:
+        """One entry of ``rungs`` (a Mapping or :class:`Fields`); raises CorruptRecord naming the field."""
+        fields = data if isinstance(data, Fields) else _object(data, "rungs[]")
+        ahead = FUTURE_SLACK
+        window = fields.number("window", low=0.0, high=MAX_TIME)
+        if window <= 0:
+            fields.fail("window", "must be longer than 0, got 0")
         return Rung(
-            incident=text("incident"),
-            condition=text("condition"),
-            reason=text("reason"),
-            remedy=Remedy(text("remedy")),
-            step=int(number("step")),
-            at=float(number("at")),
-            boot=text("boot"),
-            window=float(number("window")),
-            outcome=text("outcome"),
-            message=text("message"),
-            finished_at=number("finishedAt", optional=True),
-            finished_boot=text("finishedBoot"),
-            window_end=number("windowEnd", optional=True),
+            incident=fields.text("incident", default=""),
+            condition=fields.text("condition", default=""),
+            reason=fields.text("reason", default=""),
+            remedy=Remedy(fields.choice("remedy", [r.value for r in Remedy])),
+            step=fields.integer("step", low=0, high=MAX_STEP),  # a ladder names each remedy at most once
+            at=fields.time("at", now=now, ahead=ahead),
+            boot=fields.text("boot", default="", limit=MAX_BOOT),
+            window=window,
+            outcome=fields.choice("outcome", (REQUESTED, OK, FAILED)),
+            message=fields.text("message", default=""),
+            finished_at=fields.optional_time("finishedAt", now=now, ahead=ahead),
+            finished_boot=fields.text("finishedBoot", default="", limit=MAX_BOOT),
+            window_end=fields.optional_time("windowEnd", now=now, ahead=ahead + window),
         )
 
 
@@ -158,60 +150,58 @@ class Opened:
         return {"incident": self.incident, "condition": self.condition, "at": self.at}
 
     @staticmethod
-    def from_json(data: Any) -> Opened:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected an object, got {type(data).__name__}")
-        incident, condition, at = data.get("incident"), data.get("condition"), data.get("at")
-        if not isinstance(incident, str) or not isinstance(condition, str):
-            raise ValueError("'incident' and 'condition' must be strings")
-        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
-            raise ValueError(f"'at' must be a time in seconds, got {at!r}")
-        return Opened(incident=incident, condition=condition, at=float(at))
-
-
-def _history_data(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(HISTORY_ANNOTATION)
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        log.warning("ignoring annotation %s, which is not JSON (%s): %.200r", HISTORY_ANNOTATION, exc, text)
-        return None
-    if not isinstance(data, Mapping):
-        log.warning("ignoring annotation %s, which is not a JSON object: %.200r", HISTORY_ANNOTATION, text)
-        return None
-    return data
-
-
-def read_history(node: Mapping[str, Any]) -> tuple[Rung, ...]:
-    """The rungs recorded on the Node, oldest first; () when none or unreadable (logged)."""
-    data = _history_data(node)
-    if data is None:
-        return ()
-    try:
-        return tuple(Rung.from_json(r) for r in data["rungs"])
-    except (ValueError, KeyError, TypeError) as exc:
-        log.warning(
-            "ignoring annotation %s, which is not a recovery history (%s): %.200r", HISTORY_ANNOTATION, exc, data
+    def from_json(data: Any, *, now: float | None = None) -> Opened:
+        """One entry of ``opened`` (a Mapping or :class:`Fields`); raises CorruptRecord naming the field."""
+        fields = data if isinstance(data, Fields) else _object(data, "opened[]")
+        return Opened(
+            incident=fields.text("incident"),
+            condition=fields.text("condition"),
+            at=fields.time("at", now=now, ahead=FUTURE_SLACK),
         )
-        return ()
 
 
-def read_opened(node: Mapping[str, Any]) -> tuple[Opened, ...]:
-    """The incident opens recorded on the Node, oldest first; () when none (an entry that cannot be read
-    is skipped: a history written by an older agent has none)."""
-    data = _history_data(node)
-    raw = data.get("opened") if data is not None else None
-    if not isinstance(raw, list):
-        return ()
-    out = []
-    for entry in raw:
-        try:
-            out.append(Opened.from_json(entry))
-        except ValueError:
-            continue
-    return tuple(out)
+def _object(data: Any, where: str) -> Fields:
+    if not isinstance(data, Mapping):
+        raise CorruptRecord(RECORD, where, f"must be an object, got {show(data)}")
+    return Fields(record=RECORD, data=data, path=where)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class History:
+    """The history annotation as read: its rungs and opens (oldest first), or why it is unreadable."""
+
+    rungs: tuple[Rung, ...] = ()
+    opened: tuple[Opened, ...] = ()
+    problem: str = ""  # non-empty: unreadable, ignored as if absent (its next write replaces it)
+
+
+def parse_history(node: Mapping[str, Any], *, now: float | None = None) -> History:
+    """The history on the Node by the rules of :mod:`agent.recovery.fields` (every rung and open checked; a
+    time more than a day after ``now`` refused too). Unreadable: empty, with ``problem``. Never raises for
+    what the annotation holds."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(HISTORY_ANNOTATION)
+    try:
+        fields = load(text, RECORD)
+        if fields is None:
+            return History()
+        rungs = tuple(Rung.from_json(r, now=now) for r in fields.objects("rungs", default=[]))
+        opened = tuple(Opened.from_json(o, now=now) for o in fields.objects("opened", default=[]))
+    except CorruptRecord as exc:
+        return History(problem=f"{exc}: {str(text)[:200]!r}")
+    return History(rungs=rungs, opened=opened)
+
+
+def read_history(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Rung, ...]:
+    """The rungs recorded on the Node, oldest first; () when none or unreadable (logged)."""
+    history = parse_history(node, now=now)
+    if history.problem:
+        log.warning("ignoring annotation %s, which is not a recovery history (%s)", HISTORY_ANNOTATION, history.problem)
+    return history.rungs
+
+
+def read_opened(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Opened, ...]:
+    """The incident opens recorded on the Node, oldest first; () when none or the history is unreadable."""
+    return parse_history(node, now=now).opened
 
 
 def history_text(rungs: tuple[Rung, ...], opened: tuple[Opened, ...] = ()) -> str:
@@ -487,6 +477,7 @@ class Ladder:
         self._unsent: attempts.Attempt | None = None  # reserved by this process, and not sent
         self._sent: attempts.Attempt | None = None  # sent by this process (its record may not be written yet)
         self.plans: dict[str, Plan] = {}
+        self.problem = ""  # why the history read at the last prepare() is unreadable ("" = it is not)
         self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
         self._retry_delay: dict[str, float] = {}
 
@@ -509,9 +500,10 @@ class Ladder:
         enabled: bool,
     ) -> RecoveryPolicy:
         """The policy to decide with now (see :func:`effective_policy`); settles the attempt ledger and marks
-        finished reboots on the Node (one PATCH)."""
-        self._rungs = read_history(node)
-        self._opened = read_opened(node)
+        finished reboots on the Node (one PATCH). An unreadable history counts as none; :attr:`problem` says
+        why (the loop tells it once)."""
+        history = parse_history(node, now=now)
+        self._rungs, self._opened, self.problem = history.rungs, history.opened, history.problem
         self._boot = self._boot_id()
         self._attempt, self.attempt_problem = attempts.parse_attempt(node, now=now)
         if not self.attempt_problem:

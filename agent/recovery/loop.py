@@ -245,6 +245,7 @@ class RecoveryLoop:
                     "flight, none is requested until its deadline has passed (or a new boot id shows); the next "
                     "request replaces it",
                 )
+            self._note_history(node)
 
         def decided(budget: BudgetView | None) -> Decision:
             return decide(
@@ -347,6 +348,18 @@ class RecoveryLoop:
                 f"is not a valid flap record and is ignored ({problem}); the next uncordon replaces it",
             )
         return record
+
+    def _note_history(self, node: Mapping[str, Any]) -> None:
+        """The ladder's history as read by its prepare(): one that cannot be read counts as none, told once."""
+        from agent.recovery.ladder import HISTORY_ANNOTATION
+
+        if self._ladder is not None and self._ladder.problem:
+            self._tell_corrupt(
+                node,
+                HISTORY_ANNOTATION,
+                f"is not a valid recovery history and is ignored ({self._ladder.problem}); the ladder starts "
+                "over from its first rung and its next write replaces it",
+            )
 
     def _tell_corrupt(self, node: Mapping[str, Any], annotation: str, what: str) -> None:
         """Tell once per annotation text (a problem may name the time) that a record on the Node is corrupt."""

@@ -29,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.adapters.kube import KubeError
-from agent.core.timefmt import MAX_TIME, iso
+from agent.core.timefmt import iso
+from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load
 from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ TAINT_EFFECT = "NoSchedule"
 MAX_LABEL_VALUE = 63
 _KEEP: Any = object()  # _Want.incident default: leave the annotation as it is
 CLAIM_TTL = 600.0  # seconds: a claim on a mark older than this is stale (its agent is gone)
-FUTURE_SLACK = 86_400.0  # seconds: a recorded time later than now + this is not a time this agent wrote
+RECORD = "incident"  # the record's name in what a corrupt one says (agent.recovery.fields)
+MAX_EVIDENCE = 1024  # characters of one bundle location kept
 
 
 class NodeClient(Protocol):
@@ -84,81 +85,53 @@ def read_node_view(node: Mapping[str, Any]) -> NodeView:
 
 
 def incident_from_json(data: Any, *, now: float | None = None) -> Incident:
-    """The :class:`Incident` of an annotation body (``Incident.to_json()``); ValueError (naming the
-    field) when the shape is wrong or a time is not a time: NaN, an infinity, before 1970, past year
-    9999, or (given ``now``) more than ``FUTURE_SLACK`` after ``now``. Action names this version does not
-    know are ignored (a newer agent wrote them)."""
+    """The :class:`Incident` of an annotation body (``Incident.to_json()``), every field checked by the rules
+    of :mod:`agent.recovery.fields`; a time more than ``FUTURE_SLACK`` after ``now`` (given) is refused too.
+    Raises CorruptRecord (a ValueError) naming the field, and nothing else. Action names this version
+    does not know are ignored (a newer agent wrote them)."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        raise CorruptRecord(RECORD, "", f"expected a JSON object, got {type(data).__name__}")
+    return _incident(Fields(record=RECORD, data=data), now=now)
 
-    def text(key: str, default: str | None = None) -> str:
-        value = data.get(key, default)
-        if not isinstance(value, str):
-            raise ValueError(f"{key!r} must be a string, got {value!r}")
-        return value
 
-    def number(key: str) -> float:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{key!r} must be a number, got {value!r}")
-        return check_time(key, float(value), now=now)
-
-    def flag(key: str) -> bool:
-        value = data.get(key, False)
-        if not isinstance(value, bool):
-            raise ValueError(f"{key!r} must be true or false, got {value!r}")
-        return value
-
-    done = data.get("done", [])
-    if not isinstance(done, list) or not all(isinstance(a, str) for a in done):
-        raise ValueError(f"'done' must be a list of action names, got {done!r}")
+def _incident(fields: Fields, *, now: float | None) -> Incident:
     known = {a.value for a in Action}
+
+    def time(key: str) -> float:
+        return fields.time(key, now=now, ahead=FUTURE_SLACK)
+
+    def optional(key: str) -> float | None:
+        return fields.optional_time(key, now=now, ahead=FUTURE_SLACK)
+
     return Incident(
-        id=text("id"),
-        condition=text("condition"),
-        reason=text("reason"),
-        since=number("since"),
-        opened=number("opened"),
-        done=tuple(dict.fromkeys(Action(a) for a in done if a in known)),
-        cordoned_by_us=flag("cordonedByUs"),
-        drain=text("drain", ""),
-        budget_held=flag("budgetHeld"),
-        healthy_since=None if data.get("healthySince") is None else number("healthySince"),
-        dry_run=flag("dryRun"),
-        claim=text("claim", ""),
-        claimed_at=None if data.get("claimedAt") is None else number("claimedAt"),
-        evidence=_evidence(data.get("evidence")),
+        id=fields.text("id"),
+        condition=fields.text("condition"),
+        reason=fields.text("reason"),
+        since=time("since"),
+        opened=time("opened"),
+        done=tuple(dict.fromkeys(Action(a) for a in fields.texts("done", default=[]) if a in known)),
+        cordoned_by_us=fields.flag("cordonedByUs", default=False),
+        drain=fields.text("drain", default=""),
+        budget_held=fields.flag("budgetHeld", default=False),
+        healthy_since=optional("healthySince"),
+        dry_run=fields.flag("dryRun", default=False),
+        claim=fields.text("claim", default=""),
+        claimed_at=optional("claimedAt"),
+        evidence=tuple(v[:MAX_EVIDENCE] for v in fields.texts("evidence", default=[]))[-8:],
     )
-
-
-def _evidence(value: Any) -> tuple[str, ...]:
-    """The bundle locations of a record; what is not a list of strings is dropped (it only points to files)."""
-    if not isinstance(value, list):
-        return ()
-    return tuple(v[:1024] for v in value if isinstance(v, str))[-8:]
-
-
-def check_time(field: str, value: float, *, now: float | None = None) -> float:
-    """``value`` when it is a plausible time read back from the cluster; ValueError naming ``field``."""
-    if not math.isfinite(value) or not 0.0 <= value <= MAX_TIME:
-        raise ValueError(f"{field!r} must be a time (seconds since 1970, before year 10000), got {value!r}")
-    if now is not None and value > now + FUTURE_SLACK:
-        raise ValueError(f"{field!r} is {iso(value)}, more than {FUTURE_SLACK:g}s after now ({iso(now)})")
-    return value
 
 
 def parse_incident(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Incident | None, str]:
     """The incident recorded on the Node (None when there is none or it cannot be read) and, when it
-    cannot be read, why ("" otherwise). Nothing is logged: the caller reports it (once)."""
+    cannot be read, why ("" otherwise). Nothing is logged: the caller reports it (once). Never raises
+    for what the annotation holds."""
     meta = node.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(INCIDENT_ANNOTATION)
-    if text is None:
-        return None, ""
     try:
-        # NaN, Infinity and a number too large (parsed as inf) are refused by the field checks, naming the field.
-        return incident_from_json(json.loads(text), now=now), ""
-    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
-        return None, f"{exc}: {text[:200]!r}"
+        fields = load(text, RECORD)
+        return (None if fields is None else _incident(fields, now=now)), ""
+    except CorruptRecord as exc:
+        return None, f"{exc}: {str(text)[:200]!r}"
 
 
 def read_incident(node: Mapping[str, Any], *, now: float | None = None) -> Incident | None:

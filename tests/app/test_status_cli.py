@@ -161,7 +161,7 @@ def test_a_corrupt_budget_is_shown_as_such(api, tmp_path, capsys):
     )
     code, out, _ = run_status(api, tmp_path, capsys)
     assert code == 0
-    assert "corrupt: not JSON" in out and "blocked cluster-wide" in out
+    assert "corrupt: budget: not JSON" in out and "blocked cluster-wide" in out
 
 
 def test_an_unreachable_api_server_exits_1_with_the_reason(api, tmp_path, capsys):

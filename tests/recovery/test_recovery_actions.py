@@ -506,7 +506,7 @@ def test_read_incident_refuses_times_a_day_past_now(field, value, reads) -> None
     incident, problem = parse_incident(node_, now=NOW)
     assert (incident is not None, problem == "") == (reads, reads)
     if not reads:
-        assert f"'{field}' is " in problem and "after now" in problem
+        assert f"incident: {field}: is " in problem and "after now" in problem
     assert read_incident(node_) is not None  # without a now, only the absolute bounds apply
 
 

@@ -432,18 +432,45 @@ def put_lease(server: KubeApiServer, annotation: str) -> None:
     [
         ("{not json", "not JSON"),
         ("[]", "not a JSON object"),
-        ('{"holders": {"n": {"nodes": []}}}', "holders['n'].nodes must be a non-empty list"),
-        ('{"holders": {}, "actions": ["yesterday"]}', "actions must be a list of times"),
+        ('{"holders": {"n": {"nodes": []}}}', "budget: holders['n'].nodes: must be a non-empty list"),
+        (
+            '{"holders": {}, "actions": ["yesterday"]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got 'yesterday'",
+        ),
         ('{"version": 2, "holders": {}}', "written in format version 2 by a newer agent"),
         # Read back from the cluster as strictly as config (issue 13, finding 11):
-        ('{"holders": {}, "actions": [NaN]}', "actions[0] is nan"),
-        ('{"holders": {}, "actions": [1, Infinity]}', "actions[1] is inf"),
-        ('{"holders": {}, "actions": [1e400]}', "actions[0] is inf"),
-        ('{"holders": {}, "actions": [-5]}', "actions[0] is -5"),
-        ('{"holders": {}, "actions": [1e300]}', "actions[0] is 1e+300"),
-        ('{"holders": {}, "actions": [true]}', "actions[0] is True"),
-        ('{"holders": {"n": {"nodes": ["n"], "since": NaN}}}', "holders['n'] needs a string incident and a since"),
-        ('{"holders": {"n": {"nodes": ["n"], "incident": 7}}}', "holders['n'] needs a string incident"),
+        (
+            '{"holders": {}, "actions": [NaN]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got nan",
+        ),
+        (
+            '{"holders": {}, "actions": [1, Infinity]}',
+            "actions[1]: must be a time (seconds since 1970, before year 10000), got inf",
+        ),
+        (
+            '{"holders": {}, "actions": [1e400]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got inf",
+        ),
+        (
+            '{"holders": {}, "actions": [-5]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got -5",
+        ),
+        (
+            '{"holders": {}, "actions": [1e300]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got 1e+300",
+        ),
+        (
+            '{"holders": {}, "actions": [true]}',
+            "actions[0]: must be a time (seconds since 1970, before year 10000), got True",
+        ),
+        (
+            '{"holders": {"n": {"nodes": ["n"], "since": NaN}}}',
+            "holders['n'].since: must be a time (seconds since 1970, before year 10000), got nan",
+        ),
+        (
+            '{"holders": {"n": {"nodes": ["n"], "incident": 7}}}',
+            "holders['n'].incident: must be a string of at most 4096 characters, got 7",
+        ),
         ("[" * 100_000 + "]" * 100_000, "not JSON"),
     ],
 )

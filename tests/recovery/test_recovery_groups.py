@@ -226,3 +226,47 @@ def test_correlation_off_never_holds(api, client):
     for spec in cluster({f"n{i}": "GpuHealth" for i in range(10)}).values():
         api.put_object(spec)
     assert budget_for(client, "n0", NO_HOLDS).acquire(incident_id="n0").granted
+
+
+# ---- a node outside budget.nodeSelector ---------------------------------------------------------------------
+
+ROLE = "example.com/role"
+
+
+def test_a_node_outside_the_node_selector_is_held_to_its_zone_budget(api, client):
+    """Issue 33: the group budget looked for this node among the nodes the selector lists only: a node outside
+    it was in no zone and took a place its zone did not have. Holders outside the selector count in their zone."""
+    for i in range(4):
+        api.put_object(node(f"gpu{i}", labels={ZONE_LABEL: "a", ROLE: "gpu"}))
+    for i in range(2):
+        api.put_object(node(f"cpu{i}", labels={ZONE_LABEL: "a"}))
+    api.put_object(node("cpu-b", labels={ZONE_LABEL: "b"}))
+    settings = BudgetSettings(
+        max_unhealthy="100%",
+        max_unhealthy_cap=None,
+        max_actions=100,
+        node_selector=f"{ROLE}=gpu",
+        groups=(GroupBudget(label=ZONE_LABEL, max_unhealthy=1),),
+        correlation=None,
+    )
+    assert budget_for(client, "gpu0", settings).acquire(incident_id="g0").granted
+    refused = budget_for(client, "cpu0", settings).acquire(incident_id="c0")
+    assert not refused.granted and refused.group_full.startswith(f"{ZONE_LABEL}=a: 1 of 1 places held (gpu0)")
+    assert budget_for(client, "cpu-b", settings).acquire(incident_id="cb").granted, "zone b has room"
+    assert budget_for(client, "gpu0", settings).release().holders == ("cpu-b",)
+    assert budget_for(client, "cpu0", settings).acquire(incident_id="c0").granted
+    refused = budget_for(client, "gpu1", settings).acquire(incident_id="g1")
+    assert not refused.granted and refused.group_full.startswith(f"{ZONE_LABEL}=a: 1 of 1 places held (cpu0)"), (
+        "a holder outside the selector counts in its zone too"
+    )
+
+
+def test_a_node_outside_the_node_selector_is_held_when_its_zone_fails_together(api, client):
+    for i in range(4):
+        api.put_object(node(f"gpu{i}", labels={ZONE_LABEL: "a", ROLE: "gpu"}, problem="GpuHealth"))
+    api.put_object(node("cpu0", labels={ZONE_LABEL: "a"}, problem="GpuHealth"))
+    settings = BudgetSettings(
+        max_unhealthy="100%", max_unhealthy_cap=None, max_actions=100, node_selector=f"{ROLE}=gpu", correlation=SETTINGS
+    )
+    answer = budget_for(client, "cpu0", settings).acquire(incident_id="c0", problem="GpuHealth")
+    assert not answer.granted and "5 of its 5 nodes show GpuHealth problems" in answer.correlated

@@ -22,8 +22,9 @@ from agent.checks.model import ScheduledCheck
 from agent.checks.scheduler import CheckStats
 from agent.core.bus import Inbox, Publication, SnapshotFeed
 from agent.core.types import ConditionSpec, Snapshot
-from agent.recovery.budget import ClusterBudget
+from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget
 from agent.recovery.drain import DrainOutcome, DrainResult
+from agent.recovery.flaps import FLAP_ANNOTATION
 from agent.recovery.holds import (
     PAUSE_ANNOTATION,
     POOL_LABELS,
@@ -40,12 +41,15 @@ from agent.recovery.holds import (
     encode_pauses,
     pause_lease_name,
     pool_labels,
+    veto_hold,
     with_pause,
 )
+from agent.recovery.ladder import HISTORY_ANNOTATION
 from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, RecoveryLoop
 from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEASE,
+    INCIDENT_ANNOTATION,
     ZONE_LABEL,
     Action,
     Blocked,
@@ -155,14 +159,14 @@ def harness(api, kube) -> Callable[..., Harness]:
         ("{", "not JSON"),
         ("[]", "not a JSON object"),
         ('{"version": 9}', "newer agent"),
-        ('{"version": "1"}', "version must be an integer"),
-        ('{"pauses": {}}', "pauses must be a list"),
-        ('{"pauses": [3]}', "pauses[0] must be an object"),
-        ('{"pauses": [{"scope": "zone", "value": "a"}]}', "pauses[0].scope must be one of"),
+        ('{"version": "1"}', "pauses: version: must be a whole number from 1"),
+        ('{"pauses": {}}', "pauses: pauses: must be a list"),
+        ('{"pauses": [3]}', "pauses: pauses[0]: must be an object"),
+        ('{"pauses": [{"scope": "zone", "value": "a"}]}', "pauses: pauses[0].scope: must be one of"),
         ('{"pauses": [{"scope": "node", "value": ""}]}', "a node pause needs a value"),
         ('{"pauses": [{"scope": "cluster", "value": "x"}]}', "a cluster pause needs no value"),
-        ('{"pauses": [{"scope": "cluster", "since": "now"}]}', "since must be a time"),
-        ('{"pauses": [{"scope": "cluster", "by": 3}]}', "must be strings"),
+        ('{"pauses": [{"scope": "cluster", "since": "now"}]}', "pauses[0].since: must be a time"),
+        ('{"pauses": [{"scope": "cluster", "by": 3}]}', "pauses[0].by: must be a string"),
     ],
 )
 def test_an_unreadable_pause_annotation_is_named(text, problem):
@@ -287,6 +291,55 @@ def test_a_corrupt_pause_lease_is_a_cluster_wide_pause_and_says_so(harness, api)
     assert decision.actions == () and not h.cordoned() and h.marker.marked == []
     (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
     assert "unreadable" in event.message and "treated as a cluster-wide pause" in event.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"pauses": [{"scope": "cluster", "since": 1' + "0" * 400 + "}]}",
+        '{"pauses": [{"scope": "cluster", "since": -1e308}]}',
+    ],
+    ids=["since-too-large-for-a-float", "since-minus-1e308"],
+)
+def test_a_pause_lease_with_an_absurd_time_is_a_cluster_wide_pause_never_a_failed_step(harness, api, text):
+    """Issue 33: an integer too large for a float raised OverflowError out of every step (nothing acted, no
+    Event said why); now it is an unreadable pause, held and told, and the step does not fail."""
+    h = harness()
+    put_pauses(api, text)
+    h.publish(problem())
+    for _ in range(3):
+        h.clock.now += 5
+        assert h.step().actions == ()
+    assert not h.cordoned() and h.marker.marked == [] and h.loop.stats.errors == 0
+    (event,) = [e for e in h.told if e.reason == "RecoveryPaused"]
+    assert "pauses: pauses[0].since: must be a time" in event.message
+    assert "treated as a cluster-wide pause" in event.message
+
+
+@pytest.mark.parametrize(
+    ("value", "vetoed", "says"),
+    [
+        ("disk swap, alice", True, "disk swap, alice"),
+        ("  ", True, "no reason given"),  # issue 33: any non-empty value is a veto, whitespace too
+        ("\t\n", True, "no reason given"),
+        ("", False, ""),
+        (None, False, ""),
+    ],
+    ids=["why", "spaces", "tab-newline", "empty", "absent"],
+)
+def test_any_non_empty_veto_annotation_is_a_veto(value, vetoed, says):
+    annotations = {} if value is None else {VETO_ANNOTATION: value}
+    hold = veto_hold({"metadata": {"name": "n", "annotations": annotations}})
+    assert (hold is not None) is vetoed
+    if hold is not None:
+        assert hold.kind is HoldKind.VETOED and f"({VETO_ANNOTATION}: {says})" in hold.message
+
+
+def test_a_whitespace_veto_holds_the_node_through_the_loop(harness):
+    h = harness(node=node_object(annotations={VETO_ANNOTATION: "   "}))
+    h.publish(problem())
+    assert h.step().actions == ()
+    assert not h.cordoned() and h.reasons() == ["RecoveryVetoed"]
 
 
 def test_a_veto_annotation_on_the_node_holds_it(harness):
@@ -507,6 +560,44 @@ def test_a_corrupt_pause_lease_is_not_written_over_and_status_says_paused_everyw
     assert run_cli(api, tmp_path, "status", "--json") == 0
     view = json.loads(capsys.readouterr().out)
     assert "unreadable" in view["pauses"]["problem"]
+
+
+def test_the_cli_never_crashes_on_records_with_times_too_large_for_a_float(api, tmp_path, capsys):
+    """Issue 33: an integer too large for a float in the pause Lease, the budget Lease or a Node's records made
+    ``status``, ``pause`` and ``resume`` crash with OverflowError: the off switch was unusable from the CLI."""
+    big = "1" + "0" * 400
+    put_pauses(api, '{"pauses": [{"scope": "cluster", "since": ' + big + "}]}")
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": DEFAULT_LEASE,
+                "namespace": NS,
+                "annotations": {BUDGET_ANNOTATION: '{"actions": [' + big + "]}"},
+            },
+            "spec": {},
+        }
+    )
+    record = '{"id": "x", "condition": "NeuronHealth", "reason": "r", "since": ' + big + ', "opened": 1}'
+    api.put_object(
+        node_object(
+            "hostile",
+            annotations={
+                INCIDENT_ANNOTATION: record,
+                HISTORY_ANNOTATION: '{"rungs": [{"step": -5, "at": ' + big + "}]}",
+                FLAP_ANNOTATION: '{"count": 2, "lastUncordon": ' + big + "}",
+            },
+        )
+    )
+    assert run_cli(api, tmp_path, "status", "--json") == 0
+    view = json.loads(capsys.readouterr().out)
+    assert "pauses: pauses[0].since: must be a time" in view["pauses"]["problem"]
+    assert view["budget"]["state"].startswith("corrupt: budget: actions[0]: must be a time")
+    for argv in (["pause", "--node", "n1"], ["resume", "--all"]):
+        assert run_cli(api, tmp_path, *argv) == 1
+        err = capsys.readouterr().err
+        assert "pauses: pauses[0].since: must be a time" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [["pause", "--node", ""], ["pause", "--pool", " "]])

@@ -9,6 +9,7 @@ server through tests/awsfixtures.FaultyFront.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,7 @@ from agent.core.errors import ConfigError
 from agent.core.types import Condition
 from agent.recovery.drain import DrainResult
 from agent.recovery.ec2 import Ec2Rebooter
-from agent.recovery.ladder import Ladder, Rung, read_history, read_opened, step_for
+from agent.recovery.ladder import HISTORY_ANNOTATION, Ladder, Rung, read_history, read_opened, step_for
 from agent.recovery.model import (
     TAINT_KEY,
     Action,
@@ -520,3 +521,69 @@ def test_the_ec2_client_is_built_by_the_first_reboot_only(aws):
     instance = aws.lone_instance()
     out = subprocess.run([sys.executable, "-c", code, instance], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:4] == ["False", "['autoscaling']", instance, "['autoscaling', 'ec2']"]
+
+
+# ---- a hand-edited history (issue 33) -----------------------------------------------------------------------
+
+
+def edit_history(a: Agent, **rung: object) -> None:
+    """Change the first rung of the history on the Node, as a hand edit would (any JSON, hostile values too)."""
+    node = a.node()
+    data = json.loads(node["metadata"]["annotations"][HISTORY_ANNOTATION])
+    data["rungs"][0].update(rung)
+    node["metadata"]["annotations"][HISTORY_ANNOTATION] = json.dumps(data)
+    a.api.put_object(node)
+
+
+def told_corrupt(a: Agent, field: str) -> None:
+    (told,) = a.events("RecoveryCorruptRecord")
+    assert HISTORY_ANNOTATION in told.message and f"history: rungs[0].{field}: " in told.message, told.message
+    assert "the ladder starts over from its first rung" in told.message
+    assert a.loop.stats.errors == 0
+
+
+@pytest.mark.parametrize("step", [-5, 10**400, 7])
+def test_a_history_with_a_step_off_the_ladder_is_ignored_and_told_once_never_a_failed_step(agent, step):
+    """``step: -5`` raised IndexError at every step; it is ignored, told once, and nothing is done twice."""
+    a = agent()
+    a.publish(problem())
+    a.step()
+    edit_history(a, step=step)
+    again = agent(reboots=a.reboots)  # restarted on the same boot
+    again.publish(problem())
+    for _ in range(3):
+        again.clock.now += 5
+        again.step()
+    told_corrupt(again, "step")
+    assert a.reboots.calls == [NODE] and again.marker.calls == [] and again.cordoned()
+
+
+@pytest.mark.parametrize("end", [float("nan"), -1e308, 10**400])
+def test_a_history_whose_window_end_is_not_a_time_never_uncordons_at_once(agent, end):
+    """``windowEnd: NaN`` uncordoned the node at once, claiming the window had passed."""
+    a = agent()
+    a.publish(problem())
+    a.step()
+    b = rebooted(a)
+    b.step()
+    edit_history(b, windowEnd=end)
+    b.clock.now += 5
+    assert b.step().actions == ()
+    assert b.cordoned(), "healthy for 5 s after the reboot: not through its window"
+    told_corrupt(b, "windowEnd")
+
+
+@pytest.mark.parametrize("end", [-1e308, float("-inf")])
+def test_a_history_whose_window_end_is_far_past_does_not_climb_to_replace(agent, end):
+    """``windowEnd: -1e308`` with the problem still there climbed straight to replace."""
+    a = agent()
+    a.publish(problem())
+    a.step()
+    a.clock.now += 120
+    a.boot.id = "boot-2"
+    a.step()  # the reboot finished; the problem is still there, within its window
+    edit_history(a, windowEnd=end)
+    a.clock.now += 5
+    decision = a.step()
+    assert Action.MARK_UNHEALTHY not in decision.actions and a.marker.calls == []
+    told_corrupt(a, "windowEnd")

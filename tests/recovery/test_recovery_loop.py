@@ -517,13 +517,29 @@ def test_step_times_in_the_future_block_only_a_window_and_the_event_says_why(har
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
-        ({"since": float("nan")}, "'since' must be a time"),
-        ({"opened": float("inf")}, "'opened' must be a time"),
-        ({"healthySince": T0 + 30 * 86_400}, "'healthySince' is 2026-01-31T00:00:00Z, more than 86400s after now"),
-        ({"done": "cordon"}, "'done' must be a list"),
-        ({"since": "yesterday"}, "'since' must be a number"),
+        ({"since": float("nan")}, "incident: since: must be a time"),
+        ({"opened": float("inf")}, "incident: opened: must be a time"),
+        (
+            {"healthySince": T0 + 30 * 86_400},
+            "incident: healthySince: is 2026-01-31T00:00:00Z, more than 86400s after now",
+        ),
+        ({"done": "cordon"}, "incident: done: must be a list"),
+        (
+            {"since": "yesterday"},
+            "incident: since: must be a time (seconds since 1970, before year 10000), got 'yesterday'",
+        ),
+        ({"since": 10**400}, "incident: since: must be a time (seconds since 1970, before year 10000), got an integer"),
+        ({"claimedAt": -1e308, "claim": "x"}, "incident: claimedAt: must be a time"),
     ],
-    ids=["since NaN", "opened Infinity", "healthySince a month ahead", "done not a list", "since a string"],
+    ids=[
+        "since NaN",
+        "opened Infinity",
+        "healthySince a month ahead",
+        "done not a list",
+        "since a string",
+        "since too large for a float",
+        "claimedAt -1e308",
+    ],
 )
 def test_a_hand_edited_incident_is_told_once_and_never_fails_a_step(harness, api, caplog, edit, says):
     """An incident annotation that is not a record (issue 13, finding 11) is ignored as if absent and told once
@@ -554,6 +570,47 @@ def test_a_hand_edited_incident_is_told_once_and_never_fails_a_step(harness, api
     assert says in told.message, told.message
     assert h.incident()["done"] == ["cordon", "mark-unhealthy"]  # replaced by a valid record
     assert caplog.text.count("ignored") == 1
+
+
+@pytest.mark.parametrize(
+    ("actions", "field"),
+    [
+        ("[1" + "0" * 400 + "]", "actions[0]"),  # an integer too large for a float: OverflowError at every step before
+        ("[NaN]", "actions[0]"),
+        ("[-1e308]", "actions[0]"),
+        ('[], "holders": {"n": {"nodes": ["n"], "since": 1' + "0" * 400 + "}}", "holders['n'].since"),
+    ],
+    ids=["int-too-large", "NaN", "minus-1e308", "holder-since-too-large"],
+)
+def test_a_corrupt_budget_lease_is_reported_and_blocks_until_fixed_never_a_failed_step(harness, api, actions, field):
+    """Issue 33: a corrupt budget Lease blocks every new disruptive step cluster-wide (never read as empty, which
+    could disrupt twice the limit), and says so: the step does not fail, RecoveryBlocked names the Lease and the
+    field, and once an operator deletes the Lease recovery goes on by itself."""
+    h = harness()
+    api.put_object(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": DEFAULT_LEASE,
+                "namespace": NS,
+                "annotations": {BUDGET_ANNOTATION: '{"version": 1, "actions": ' + actions + "}"},
+            },
+            "spec": {},
+        }
+    )
+    h.publish(problem())
+    h.clock.now += DELAY
+    for _ in range(3):
+        assert h.step().blocked is Blocked.BUDGET
+        h.clock.now += BUDGET_RETRY * 30  # past any backoff: it asks again, and is refused again
+    assert h.loop.stats.errors == 0 and not h.cordoned() and h.marker.marked == []
+    (blocked,) = h.events("RecoveryBlocked")
+    assert f"{DEFAULT_LEASE} has an unreadable {BUDGET_ANNOTATION} annotation (budget: {field}: " in blocked.message
+    assert "until an operator fixes the annotation or deletes the Lease" in blocked.message
+    api.delete_object("leases", DEFAULT_LEASE, NS)
+    h.clock.now += BUDGET_RETRY * 30
+    assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
 
 
 @pytest.mark.parametrize("status", [500, 503, 504])
