@@ -26,10 +26,10 @@ and what to do, so callers never import botocore.
 
 from __future__ import annotations
 
-import logging
-import math
 import functools
 import http.client
+import logging
+import math
 import os
 import random
 import re

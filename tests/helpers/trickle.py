@@ -85,4 +85,5 @@ class TricklingImds:
 
 
 def _head(length: int) -> bytes:
-    return f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n".encode()
+    text = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+    return text.encode()
