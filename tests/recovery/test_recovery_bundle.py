@@ -147,7 +147,11 @@ def test_the_newest_bundles_are_kept(tmp_path):
         clock.now = T0 + 60 * i
         bundle.before_remedy(Action.MARK_UNHEALTHY, dataclasses.replace(INCIDENT, id=f"incident-{i}"))
     kept = sorted(p.name for p in (tmp_path / "state" / DIRECTORY).iterdir())
-    assert [name[:23] for name in kept] == ["000003-20260101T000200Z", "000004-20260101T000300Z", "000005-20260101T000400Z"]
+    assert [name[:23] for name in kept] == [
+        "000003-20260101T000200Z",
+        "000004-20260101T000300Z",
+        "000005-20260101T000400Z",
+    ]
 
 
 @pytest.mark.parametrize(
