@@ -362,7 +362,7 @@ class _DeadlineHandler(urllib.request.HTTPHandler):
         deadline = getattr(req, "deadline", None)
         if deadline is None:
             return super().http_open(req)
-        return self.do_open(functools.partial(_DeadlineConnection, deadline=deadline), req)  # type: ignore[arg-type]
+        return self.do_open(functools.partial(_DeadlineConnection, deadline=deadline), req)
 
 
 class InstanceIdLookup:
