@@ -26,11 +26,14 @@ and what to do, so callers never import botocore.
 
 from __future__ import annotations
 
+import functools
+import http.client
 import logging
 import math
 import os
 import random
 import re
+import socket
 import threading
 import time
 import types
@@ -66,6 +69,7 @@ READ_TIMEOUT = 10.0  # seconds to wait for an answer
 IMDS_ENDPOINT = "http://169.254.169.254"
 IMDS_ENDPOINT_IPV6 = "http://[fd00:ec2::254]"
 IMDS_TIMEOUT = 2.0  # seconds per instance metadata request
+IMDS_DEADLINE = 5.0  # seconds one ``get`` may take in all (token and GET, each byte of a trickling answer)
 IMDS_TOKEN_TTL = 21_600  # seconds an IMDSv2 session token lives (the maximum)
 IMDS_MAX_BODY = 64 * 1024
 MAX_DATUMS = 1000  # PutMetricData: metrics per request
@@ -168,6 +172,8 @@ class InstanceMetadata:
 
     The token is fetched with ``PUT /latest/api/token`` and reused until shortly before it expires;
     a 401 (token expired or revoked) fetches a new one once. Requests bypass any HTTP proxy.
+    Each socket operation waits ``timeout`` at most and one :meth:`get` ``deadline`` in all (real time),
+    so an answer that trickles a byte at a time ends as a timeout instead of holding its caller.
     """
 
     def __init__(
@@ -175,6 +181,7 @@ class InstanceMetadata:
         *,
         endpoint: str | None = None,
         timeout: float = IMDS_TIMEOUT,
+        deadline: float = IMDS_DEADLINE,
         token_ttl: int = IMDS_TOKEN_TTL,
         environ: Mapping[str, str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -183,9 +190,10 @@ class InstanceMetadata:
         self.endpoint = (endpoint or imds_endpoint(env)).rstrip("/")
         self._disabled = env.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() == "true"
         self._timeout = timeout
+        self._deadline = deadline
         self._ttl = token_ttl
         self._monotonic = monotonic
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _DeadlineHandler())
         self._lock = threading.Lock()
         self._token: str | None = None
         self._token_expires = 0.0
@@ -213,27 +221,30 @@ class InstanceMetadata:
                 code="ImdsDisabled",
             )
         url = f"{self.endpoint}/latest/{path.lstrip('/')}"
+        deadline = time.monotonic() + self._deadline  # real time: the whole get, a renewed token included
         try:
-            return self._get(url)
+            return self._get(url, deadline=deadline)
         except AwsError as exc:
             if exc.status != 401:
                 raise
         with self._lock:  # the token expired or was revoked: one more try with a new one
             self._token = None
-        return self._get(url)
+        return self._get(url, deadline=deadline)
 
-    def _get(self, url: str) -> str:
-        request = urllib.request.Request(url, headers={"X-aws-ec2-metadata-token": self._session_token()})
+    def _get(self, url: str, *, deadline: float) -> str:
+        token = self._session_token(deadline=deadline)
+        request = _ImdsRequest(url, headers={"X-aws-ec2-metadata-token": token}, deadline=deadline)
         return self._send(request, what=f"GET {url}")
 
-    def _session_token(self) -> str:
+    def _session_token(self, *, deadline: float) -> str:
         with self._lock:
             if self._token is not None and self._monotonic() < self._token_expires:
                 return self._token
-            request = urllib.request.Request(
+            request = _ImdsRequest(
                 f"{self.endpoint}/latest/api/token",
                 method="PUT",
                 headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self._ttl)},
+                deadline=deadline,
             )
             token = self._send(request, what="the IMDSv2 session token request (PUT /latest/api/token)")
             if not token:
@@ -246,7 +257,7 @@ class InstanceMetadata:
             self._token_expires = self._monotonic() + max(1.0, self._ttl - 60.0)
             return token
 
-    def _send(self, request: urllib.request.Request, *, what: str) -> str:
+    def _send(self, request: _ImdsRequest, *, what: str) -> str:
         hop_hint = (
             "from a pod without hostNetwork the instance's metadata hop limit must be at least 2 (aws ec2 "
             "modify-instance-metadata-options --instance-id <id> --http-tokens required "
@@ -275,15 +286,83 @@ class InstanceMetadata:
                 transient=status >= 500 or status == 429,
                 status=status,
             ) from None
-        except (TimeoutError, urllib.error.URLError, OSError) as exc:
+        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
-            happened = f"did not answer within {self._timeout:g}s" if timed_out else f"cannot be reached ({reason})"
+            if time.monotonic() >= request.deadline:
+                happened = f"did not finish answering within {self._deadline:g}s"
+            elif timed_out:
+                happened = f"did not answer within {self._timeout:g}s"
+            else:
+                happened = f"cannot be reached ({reason})"
             raise AwsError(
                 f"the instance metadata service at {self.endpoint} {happened} for {what}: not on EC2? {hop_hint}",
                 code="ImdsTimeout" if timed_out else "ImdsUnavailable",
                 transient=True,
             ) from None
+
+
+class _ImdsRequest(urllib.request.Request):
+    """A request that must be answered by ``deadline`` (``time.monotonic``), every byte of it."""
+
+    def __init__(self, url: str, *, deadline: float, **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self.deadline = deadline
+
+
+class _DeadlineSocket(socket.socket):
+    """A connected socket each of whose operations waits ``op_timeout`` at most and ends by ``deadline``."""
+
+    deadline = 0.0
+    op_timeout = IMDS_TIMEOUT
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out (the request's deadline passed)")
+        self.settimeout(min(self.op_timeout, left))
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self._arm()
+        return super().recv(bufsize, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._arm()
+        super().sendall(data, flags)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """An HTTP connection whose socket ends by the request's deadline (headers and body alike)."""
+
+    def __init__(self, host: str, *, deadline: float, **kw: Any) -> None:
+        super().__init__(host, **kw)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out (the request's deadline passed)")
+        op_timeout = self.timeout if isinstance(self.timeout, int | float) else IMDS_TIMEOUT
+        self.timeout = min(op_timeout, left)
+        super().connect()
+        raw = self.sock
+        wrapped = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
+        wrapped.deadline, wrapped.op_timeout = self._deadline, op_timeout
+        self.sock = wrapped
+
+
+class _DeadlineHandler(urllib.request.HTTPHandler):
+    """``http:`` with a whole-request deadline for an :class:`_ImdsRequest` (IMDS is plain HTTP)."""
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        deadline = getattr(req, "deadline", None)
+        if deadline is None:
+            return super().http_open(req)
+        return self.do_open(functools.partial(_DeadlineConnection, deadline=deadline), req)
 
 
 class InstanceIdLookup:

@@ -385,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also validate this recovery policy and print it (env NHA_RECOVERY_POLICY; default: the built-in one)",
     )
+    val.add_argument(
+        "--print-policy",
+        action="store_true",
+        help="print only the effective recovery policy, as a policy file (base: none) you can copy",
+    )
     val.add_argument("files", nargs="*", metavar="FILE", help="rule pack files to validate")
     return parser
 
@@ -452,6 +457,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
+    if getattr(args, "print_policy", False):
+        from agent.app.commands.policy import print_policy
+
+        return print_policy(args, validate)
     from agent.app.config import load_agent_config
 
     paths = _rule_paths(args, args.files)
@@ -495,13 +504,9 @@ def validate(args: argparse.Namespace) -> int:
         )
     for warning in [*config.warnings, *npd_warnings(rule_set)]:
         print(f"  warning: {warning}")
-    from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary
+    from agent.app.commands.policy import report
 
-    policy_file = getattr(args, "recovery_policy", None)
-    policy = load_policy(Path(policy_file)) if policy_file else DEFAULT_POLICY
-    print(f"recovery policy ({policy_file or 'built-in'}):")
-    for line in policy_summary(policy):
-        print(f"  {line}")
+    report(args)  # the recovery policy: summary, built-in rules left out
     return EXIT_OK
 
 
@@ -626,9 +631,10 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_configuration(  # as every reload does
         list(settings.rule_paths), context=context, agent_checks=agent_checks(settings)
     )
-    from agent.recovery.policyfile import DEFAULT_POLICY, load_policy
+    from agent.app.commands.policy import load, log_left_out
 
-    policy = load_policy(settings.recovery_policy) if settings.recovery_policy else DEFAULT_POLICY
+    policy = load(settings.recovery_policy)
+    log_left_out(policy, settings.recovery_policy)  # a file that drops built-in rules says so at start
     return run_agent(
         settings=settings,
         loaded=loaded,

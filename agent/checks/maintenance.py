@@ -8,15 +8,17 @@ EC2 tells an instance about maintenance it has scheduled through the instance me
 canceled events stay listed for a while; they do not count.
 
 :class:`ScheduledMaintenanceCheck` polls that path (through the agent's IMDSv2 client, handed in as
-``fetch``) and reports:
+``fetch``; its whole-request deadline ends a slow or trickling answer before this check's timeout, so
+the next poll always comes) and reports:
 
 - ``PROBLEM`` on ``ScheduledMaintenance`` while an event is pending, with the reason of the earliest
   one (``ScheduledInstanceRetirement``, ...; an unknown code is ``ScheduledMaintenanceOther``) and a
   message that starts with ``notBefore=<RFC 3339>`` (what the recovery policy's ``leadTime`` reads,
   :func:`agent.core.timefmt.read_not_before`), then the code, the window and the event id;
 - ``OK`` when none is pending;
-- ``UNKNOWN`` when the answer cannot be had or read (not on EC2, a refused token, a body that is not
-  a JSON list, an event without a readable ``NotBefore``): the condition keeps what it was.
+- ``UNKNOWN`` when the answer cannot be had or read (not on EC2, a refused token, an answer not done
+  by the client's deadline: ``ImdsTimeout``, a body that is not a JSON list, an event without a readable
+  ``NotBefore``, year 0000 included): the condition keeps what it was.
 
 The answer is hostile input: the IMDS client reads at most 64 KiB; at most :data:`MAX_EVENTS` events
 are looked at; every text is cut and stripped of control characters before it reaches a message.
@@ -37,7 +39,7 @@ from agent.core.types import ConditionSpec, Severity
 CONDITION = "ScheduledMaintenance"
 IMDS_PATH = "meta-data/events/maintenance/scheduled"
 INTERVAL = 300.0  # seconds between polls: EC2 schedules events days (at least hours) ahead
-TIMEOUT = 10.0  # token + one GET, each bounded by the client's own 2 s timeout
+TIMEOUT = 10.0  # token + one GET: the IMDS client's whole-request deadline (5 s) ends them well before
 MAX_EVENTS = 32  # events looked at in one answer (EC2 lists a handful at most)
 MAX_TEXT = 120  # characters of any text taken from the answer into a message
 
@@ -93,6 +95,8 @@ def parse_ec2_time(text: object, *, field: str) -> float:
     if match is None or month is None:
         raise EventError(f"{field} {_clean(text)!r} is not a time like '21 Jan 2026 09:00:00 GMT'")
     day, year, hour, minute, second = (int(match.group(i)) for i in (1, 3, 4, 5, 6))
+    if year < 1:  # the calendar starts at year 1: "0000" is no date (and must not raise out of the check)
+        raise EventError(f"{field} {_clean(text)!r} is not a valid date and time (year {year:04d})")
     if not (1 <= day <= calendar.monthrange(year, month)[1] and hour < 24 and minute < 60 and second < 60):
         raise EventError(f"{field} {_clean(text)!r} is not a valid date and time")
     return float(calendar.timegm((year, month, day, hour, minute, second, 0, 1, 0)))
@@ -194,7 +198,8 @@ class ScheduledMaintenanceCheck:
         try:
             body = self._fetch(IMDS_PATH)
         except Exception as exc:  # the IMDS client's AwsError (not on EC2, token refused, timeout): not the node's
-            return [self._unknown("ImdsUnavailable", f"cannot read EC2 scheduled events: {_clean(exc)}")]
+            reason = "ImdsTimeout" if getattr(exc, "code", "") == "ImdsTimeout" else "ImdsUnavailable"
+            return [self._unknown(reason, f"cannot read EC2 scheduled events: {_clean(exc)}")]
         try:
             events, notes = parse_events(body)
         except EventError as exc:

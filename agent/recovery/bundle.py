@@ -12,8 +12,9 @@ calls :meth:`DiagnosticsBundle.before_remedy` once per incident and remedy. It c
 into one gzip-compressed JSON document of at most :data:`MAX_BYTES` before compression (the kernel
 log and tool outputs are cut, oldest lines first, to fit), and writes it
 
-- to ``<state dir>/diagnostics/`` (mode 0600, atomically; the newest ``keep`` kept), which survives
-  the reboot, and
+- to ``<state dir>/diagnostics/<sequence>-<time>-<reason>-<remedy>.json.gz`` (mode 0600, atomically;
+  the ``keep`` written last kept, by the sequence number, never by the time in the name, and never the
+  one the current incident names), which survives the reboot, and
 - when configured, to S3 (``s3://bucket/prefix/<node>/<file>``; ``s3:PutObject`` under that prefix only).
 
 Its locations are added to the incident (``evidence``). It never delays the remedy by more than
@@ -57,6 +58,7 @@ TOOLS: tuple[tuple[str, ...], ...] = (("nvidia-smi", "-q"), ("neuron-ls",))
 REMEDIES = frozenset(a for a in Action if a.value in ("reboot", "mark-unhealthy"))
 _S3_URL = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?$")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_SEQUENCE = re.compile(r"^(\d{1,30})-\d{8}T\d{6}Z-")  # <sequence>-<time>-<reason>-<remedy>.json.gz
 
 RunProcess = Callable[..., ProcessResult]
 
@@ -232,12 +234,13 @@ class DiagnosticsBundle:
         name = f"{stamp}-{_SAFE.sub('_', incident.reason)[:60]}-{action.value}.json.gz"
         path = ""
         if self._keep > 0:
+            name = f"{self._next_sequence():06d}-{name}"  # the same name in S3
             target = self._dir / name
             try:
                 atomic_write(target, data)  # a temporary file of mode 0600, renamed
                 target.chmod(0o600)
                 path = str(target)
-                self._prune()
+                self._prune(keep_also={target.name, *(Path(e).name for e in incident.evidence)})
             except OSError as exc:
                 problems.append(f"cannot write {target}: {exc.strerror or exc}")
         s3 = ""
@@ -307,11 +310,42 @@ class DiagnosticsBundle:
         body = json.dumps({k: doc[k] for k in ("kind", "version", "node", "createdAt", "remedy")}).encode()
         return body, len(body), [*cut, "everything but the header"]
 
-    def _prune(self) -> None:
-        """Keep the newest ``keep`` bundles (names sort by time)."""
-        bundles = sorted(p for p in self._dir.glob("*.json.gz") if p.is_file())
-        for old in bundles[: max(0, len(bundles) - self._keep)]:
-            old.unlink(missing_ok=True)
+    def _written_order(self) -> list[tuple[int, float, str, Path]]:
+        """The bundles in the order they were written, oldest first: by the sequence number that starts
+        our names; a name without one (an older version's, or a stray file) counts as older than any
+        numbered one, by modification time among them. Never by the time in the name: a clock that once
+        ran ahead would make its bundles the "newest" for years."""
+        found = []
+        for path in self._dir.glob("*.json.gz"):
+            if not path.is_file():
+                continue
+            match = _SEQUENCE.match(path.name)
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            found.append((int(match.group(1)) if match else -1, mtime, path.name, path))
+        return sorted(found)
+
+    def _next_sequence(self) -> int:
+        """One more than the highest sequence number in the directory (1 in an empty one)."""
+        try:
+            return max((seq for seq, _, _, _ in self._written_order() if seq > 0), default=0) + 1
+        except OSError:  # an unreadable directory: the write says why
+            return 1
+
+    def _prune(self, *, keep_also: set[str]) -> None:
+        """Keep the ``keep`` bundles written last, and always those named in ``keep_also`` (the one just
+        written, and every one the current incident's evidence lists) whatever their number."""
+        bundles = self._written_order()
+        excess = len(bundles) - self._keep
+        for _, _, name, path in bundles:
+            if excess <= 0:
+                break
+            if name in keep_also:
+                continue
+            path.unlink(missing_ok=True)
+            excess -= 1
 
 
 def _note(cut: list[str], what: str) -> None:

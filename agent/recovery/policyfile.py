@@ -1,11 +1,13 @@
-"""The recovery policy as data: the built-in default, and a YAML (or JSON) file that replaces it.
+"""The recovery policy as data: the built-in default, and a YAML (or JSON) file that extends it.
 
 Format (every key optional; camelCase like the rule packs; durations like ``30s``, ``5m``, ``1h30m``)::
 
+    base: builtin              # builtin: the rules below are merged into the built-in rules (by condition
+                               # and reason set: agent.recovery.policymerge); none: only the rules below
     startupDelay: 60s          # no recovery action in the first 60 s after the agent starts (0 = none)
     uncordonAfter: 10m         # uncordon a node WE cordoned once healthy this long; omit / null = never
     respectGracePeriod: true   # SetInstanceHealth(ShouldRespectGracePeriod=...) for mark-unhealthy
-    rules:                     # omitted = the built-in rules; [] = no rule (recovery never acts)
+    rules:                     # omitted = the built-in rules; base: none and [] = no rule (never acts)
       - condition: NeuronHealth          # a condition type that is True while the problem is present
         reasons: ["NeuronHasError_*"]    # shell globs over the condition's reason; omitted / [] = any reason
         actions: [cordon, mark-unhealthy]   # of cordon, taint, drain, mark-unhealthy (run in that order)
@@ -40,13 +42,14 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
         newNodeRepeats: 2      # ... this many of them, show it
 
 Refused, each as a problem naming ``file:line: field path`` (all problems of a file at once):
-unknown keys (with a did-you-mean), wrong types, bad durations, unknown or repeated actions,
+unknown keys (with a did-you-mean), a ``base`` other than builtin or none, ``rules: []`` without
+``base: none`` (it would add nothing), wrong types, bad durations, unknown or repeated actions,
 ``uncordon`` as a rule action (it follows healing: ``uncordonAfter``), a rule that drains without
 cordoning (the scheduler would put pods back onto the node being drained), a rule on a type others
 own (``Ready``, ``AcceleratedHardwareReady``, ...: True means healthy there), unknown ``sources``, a rule that
 can never match because an earlier rule takes all its reasons (the first matching rule governs a
-condition), a ``podDeadline`` longer than the drain ``timeout``, a ``maxUnhealthyCap`` with a count,
-and a ``nodeSelector`` that is not a label selector.
+condition; in the merged order, the built-in rules included), a ``podDeadline`` longer than the
+drain ``timeout``, a ``maxUnhealthyCap`` with a count, and a ``nodeSelector`` that is not a label selector.
 """
 
 from __future__ import annotations
@@ -54,7 +57,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,7 @@ from agent.recovery.model import (
     Remedy,
 )
 from agent.recovery.policy import rule_for
+from agent.recovery.policymerge import covers, describe_rule, merge_rules
 
 __all__ = ["DEFAULT_POLICY", "load_policy", "policy_summary", "published"]
 
@@ -130,7 +133,9 @@ DEFAULT_POLICY = RecoveryPolicy(
     budget=BudgetSettings(),
 )
 
-TOP_KEYS = ("startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
+BASE_BUILTIN, BASE_NONE = "builtin", "none"
+BASES = (BASE_BUILTIN, BASE_NONE)
+TOP_KEYS = ("base", "startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
 RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources", "leadTime", "ladder", "window", "repeat")
 REPEAT_KEYS = ("count", "within")
 REMEDY_NAMES = tuple(r.value for r in Remedy)
@@ -216,7 +221,7 @@ def _integer(data: Mapping[str, Any], key: str, default: int, *, col: Problems, 
 def _check(col: Problems) -> RecoveryPolicy | None:
     data = col.doc.data
     if not isinstance(data, dict):
-        col.add((), "expected a mapping (startupDelay, uncordonAfter, respectGracePeriod, rules, drain, budget)")
+        col.add((), "expected a mapping (base, startupDelay, uncordonAfter, respectGracePeriod, rules, drain, budget)")
         return None
     _unknown_keys(data, known=TOP_KEYS, path=(), col=col)
     startup_delay = _duration(data, "startupDelay", DEFAULT_POLICY.startup_delay, col=col, path=())
@@ -227,7 +232,7 @@ def _check(col: Problems) -> RecoveryPolicy | None:
     if not isinstance(respect, bool):
         col.add(("respectGracePeriod",), f"must be true or false, got {respect!r}")
         respect = True
-    rules = DEFAULT_RULES if "rules" not in data else _check_rules(data["rules"], col=col)
+    rules = _rules(data, col=col)
     return RecoveryPolicy(
         rules=rules,
         startup_delay=startup_delay,
@@ -238,11 +243,55 @@ def _check(col: Problems) -> RecoveryPolicy | None:
     )
 
 
-def _check_rules(raw: Any, *, col: Problems) -> tuple[PolicyRule, ...]:
+def _rules(data: Mapping[str, Any], *, col: Problems) -> tuple[PolicyRule, ...]:
+    """The rules in force: the file's merged into the built-in ones (agent.recovery.policymerge), or the
+    file's alone with ``base: none``."""
+    base = data.get("base", BASE_BUILTIN)
+    if base not in BASES:
+        col.add(
+            ("base",),
+            f"must be {BASE_BUILTIN} (the file's rules extend the built-in rules; the default) or {BASE_NONE} "
+            f"(only the file's rules), got {base!r:.100}",
+        )
+        base = BASE_BUILTIN
+    if "rules" not in data:
+        return DEFAULT_RULES if base == BASE_BUILTIN else ()
+    checked = _check_rules(data["rules"], col=col, base=base)
+    if base == BASE_NONE:
+        return tuple(rule for _, rule in checked)
+    if data["rules"] == []:
+        col.add(
+            ("rules",),
+            "[] adds no rule to the built-in rules; for no rule at all (recovery never acts) set base: none",
+        )
+    merged = merge_rules(DEFAULT_RULES, [rule for _, rule in checked])
+    for path, rule in checked:  # a file rule the merge put behind one that takes all its reasons
+        if rule not in merged:
+            continue  # a second rule of one key: refused above already
+        earlier = merged[: merged.index(rule)]
+        hit = next((e for e in earlier if covers(e, rule)), None)
+        if hit is not None and not any(covers(other, rule) for p, other in checked if p < path):
+            where = "the built-in rule" if hit.source == "built-in" else col.where(_path_of(checked, hit))
+            col.add(
+                path,
+                f"never matches: {where} ({describe_rule(hit)}) goes first and takes every reason listed here "
+                "(a rule with the key of a built-in rule takes its place; other rules go ahead of the built-in "
+                "rules; base: none starts from no rule)",
+            )
+    return merged
+
+
+def _path_of(checked: list[tuple[tuple, PolicyRule]], rule: PolicyRule) -> tuple:
+    return next(path for path, mine in checked if mine is rule)
+
+
+def _check_rules(raw: Any, *, col: Problems, base: str) -> list[tuple[tuple, PolicyRule]]:
     if not isinstance(raw, list):
-        hint = " ([] = no rule; leave the key out for the built-in rules)" if raw is None else ""
+        hint = ""
+        if raw is None:
+            hint = " (leave the key out for the built-in rules; base: none and [] for no rule)"
         col.add(("rules",), f"must be a list of {{condition, reasons, actions, persist}}{hint}")
-        return ()
+        return []
     rules: list[tuple[tuple, PolicyRule]] = []
     for i, item in enumerate(raw):
         path = ("rules", i)
@@ -253,7 +302,7 @@ def _check_rules(raw: Any, *, col: Problems) -> tuple[PolicyRule, ...]:
         if rule is None:
             continue
         for earlier_path, earlier in rules:
-            if _covers(earlier, rule):
+            if covers(earlier, rule):
                 col.add(
                     path,
                     f"never matches: {col.where(earlier_path)} already takes every reason of {rule.condition} "
@@ -261,22 +310,7 @@ def _check_rules(raw: Any, *, col: Problems) -> tuple[PolicyRule, ...]:
                 )
                 break
         rules.append((path, rule))
-    return tuple(rule for _, rule in rules)
-
-
-def _covers(earlier: PolicyRule, later: PolicyRule) -> bool:
-    """Whether every reason ``later`` can match is taken by ``earlier`` (simple, certain cases only)."""
-    if earlier.condition != later.condition:
-        return False
-    if not earlier.reasons:
-        return True
-    if not later.reasons:
-        return False
-    return all(any(g == e or (not _is_glob(g) and fnmatchcase(g, e)) for e in earlier.reasons) for g in later.reasons)
-
-
-def _is_glob(text: str) -> bool:
-    return any(c in text for c in "*?[")
+    return rules
 
 
 def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> PolicyRule | None:

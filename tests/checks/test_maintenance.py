@@ -27,6 +27,7 @@ from agent.core.timefmt import read_not_before
 from agent.core.types import Provenance, Severity
 
 from helpers.aws import StrictImds, closed_endpoint
+from helpers.trickle import TricklingImds
 
 JAN21 = 1_768_986_000.0  # 2026-01-21T09:00:00Z
 
@@ -72,6 +73,8 @@ def test_ec2_times(text, expected):
         ("21 Jab 2026 09:00:00 GMT", "is not a time like"),
         ("30 Feb 2026 09:00:00 GMT", "is not a valid date and time"),
         ("21 Jan 2026 25:00:00 GMT", "is not a valid date and time"),
+        ("1 Jan 0000 00:00:00 GMT", "is not a valid date and time (year 0000)"),  # no year 0: never a raise
+        ("29 Feb 0000 00:00:00 GMT", "is not a valid date and time (year 0000)"),
         ("21 Jan 2026 09:00:00 GMT\n", None),  # a trailing newline is whitespace: fine
         (1768986000, "must be a string like '21 Jan 2026 09:00:00 GMT', got int"),
         (None, "must be a string"),
@@ -181,6 +184,13 @@ def check_at(imds: StrictImds) -> ScheduledMaintenanceCheck:
             "EC2 scheduled events answer refused: the answer is not JSON",
         ),
         (None, CheckStatus.UNKNOWN, "ImdsUnavailable", "cannot read EC2 scheduled events: instance metadata GET"),
+        # Year 0000 (no such year): the check says so, it does not raise.
+        (
+            imds_body(event(before="1 Jan 0000 00:00:00 GMT")),
+            CheckStatus.UNKNOWN,
+            "ScheduledEventsUnreadable",
+            "EC2 scheduled events answer refused: event 0.NotBefore '1 Jan 0000 00:00:00 GMT' is not a valid date",
+        ),
     ],
 )
 def test_the_check_reads_imds(answer, status, reason, message_start):
@@ -219,6 +229,36 @@ def test_no_metadata_service_is_unknown():
     check = ScheduledMaintenanceCheck(fetch=InstanceMetadata(endpoint=closed_endpoint(), environ={}).get)
     (result,) = check.run()
     assert result.status is CheckStatus.UNKNOWN and "cannot be reached" in result.message
+
+
+@pytest.mark.parametrize(
+    "trickles",
+    [
+        "token",  # the PUT's answer, a byte at a time
+        "head",  # the GET's status line and headers
+        "body",  # the GET's body (after a complete head)
+    ],
+)
+def test_a_trickling_answer_ends_at_the_clients_deadline(trickles):
+    # Each byte comes well within the per-operation timeout (2 s), so only a whole-request deadline ends it;
+    # the client's is injected small (0.3 s) and the check is UNKNOWN with the timeout as its reason.
+    with TricklingImds(trickles=trickles, every=0.05) as imds:
+        metadata = InstanceMetadata(endpoint=imds.endpoint, environ={}, timeout=2.0, deadline=0.3)
+        (result,) = ScheduledMaintenanceCheck(fetch=metadata.get).run()
+        assert imds.trickled  # the server did trickle (the request reached that part)
+    assert (result.status, result.reason) == (CheckStatus.UNKNOWN, "ImdsTimeout")
+    assert "did not finish answering within 0.3s" in result.message, result.message
+
+
+def test_the_check_polls_again_after_a_trickling_answer():
+    # The deadline frees the caller: the next run reads the (now prompt) answer.
+    with TricklingImds(trickles="body", every=0.05, after=1, body="[]") as imds:
+        check = ScheduledMaintenanceCheck(
+            fetch=InstanceMetadata(endpoint=imds.endpoint, environ={}, timeout=2.0, deadline=0.3).get
+        )
+        first, second = check.run()[0], check.run()[0]
+    assert (first.status, first.reason) == (CheckStatus.UNKNOWN, "ImdsTimeout")
+    assert (second.status, second.reason) == (CheckStatus.OK, "NoScheduledMaintenance")
 
 
 # ---- the agent owns the condition ----------------------------------------------------------------

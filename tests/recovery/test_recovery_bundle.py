@@ -112,7 +112,7 @@ def test_a_bundle_before_a_replace(tmp_path):
     (path,) = after.evidence
     assert after == dataclasses.replace(INCIDENT, evidence=(path,))
     assert Path(path).parent == tmp_path / "state" / DIRECTORY
-    assert Path(path).name == "20260101T000000Z-NeuronHasError_DMA_ERROR-mark-unhealthy.json.gz"
+    assert Path(path).name == "000001-20260101T000000Z-NeuronHasError_DMA_ERROR-mark-unhealthy.json.gz"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     doc = read(path)
     assert doc["kind"] == "node-health-agent diagnostics bundle" and doc["node"] == NODE
@@ -147,7 +147,53 @@ def test_the_newest_bundles_are_kept(tmp_path):
         clock.now = T0 + 60 * i
         bundle.before_remedy(Action.MARK_UNHEALTHY, dataclasses.replace(INCIDENT, id=f"incident-{i}"))
     kept = sorted(p.name for p in (tmp_path / "state" / DIRECTORY).iterdir())
-    assert [name[:16] for name in kept] == ["20260101T000200Z", "20260101T000300Z", "20260101T000400Z"]
+    assert [name[:23] for name in kept] == [
+        "000003-20260101T000200Z",
+        "000004-20260101T000300Z",
+        "000005-20260101T000400Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("strays", "kept"),
+    [
+        # A clock that once ran ahead (year 9999), in an older version's names: those go first.
+        (
+            [f"99991231T23595{i}Z-GpuXid79-reboot.json.gz" for i in range(5)],
+            ["000001", "000002", "000003"],
+        ),
+        # ... and in ours: the sequence decides, not the time in the name.
+        (
+            [f"00000{i}-99991231T23595{i}Z-GpuXid79-reboot.json.gz" for i in range(1, 6)],
+            ["000006", "000007", "000008"],
+        ),
+    ],
+)
+def test_bundles_are_pruned_by_when_they_were_written_not_by_their_names(tmp_path, strays, kept):
+    directory = tmp_path / "state" / DIRECTORY
+    directory.mkdir(parents=True)
+    for name in strays:
+        (directory / name).write_bytes(b"old")
+    clock = Clock()
+    bundle = make(tmp_path, keep=3, clock=clock)
+    for i in range(3):
+        clock.now = T0 + 60 * i
+        after = bundle.before_remedy(Action.MARK_UNHEALTHY, dataclasses.replace(INCIDENT, id=f"incident-{i}"))
+        (path,) = after.evidence
+        assert Path(path).is_file()  # the bundle the incident names is there once written
+    assert sorted(p.name[:6] for p in directory.iterdir()) == kept
+
+
+def test_the_bundles_the_current_incident_names_are_never_pruned(tmp_path):
+    # keep=1: the reboot's bundle and then the replace's, both named by one incident, are both kept.
+    bundle = make(tmp_path, keep=1)
+    after_reboot = bundle.before_remedy(Action.REBOOT, INCIDENT)
+    after_replace = bundle.before_remedy(Action.MARK_UNHEALTHY, after_reboot)
+    assert len(after_replace.evidence) == 2
+    assert all(Path(p).is_file() for p in after_replace.evidence)
+    # The next incident's bundle: the older incident's go, the new one stays.
+    other = bundle.before_remedy(Action.MARK_UNHEALTHY, dataclasses.replace(INCIDENT, id="incident-2"))
+    assert [p.name for p in (tmp_path / "state" / DIRECTORY).iterdir()] == [Path(other.evidence[0]).name]
 
 
 def test_keep_zero_and_no_s3_takes_none(tmp_path):
@@ -207,7 +253,7 @@ def test_an_unwritable_state_directory_is_reported(tmp_path):
     assert bundle.before_remedy(Action.MARK_UNHEALTHY, INCIDENT) is INCIDENT
     assert bundle.last is not None and bundle.last.path == ""
     (problem,) = bundle.last.problems
-    assert problem.startswith(f"cannot write {tmp_path / 'state' / DIRECTORY}/20260101T000000Z-")
+    assert problem.startswith(f"cannot write {tmp_path / 'state' / DIRECTORY}/000001-20260101T000000Z-")
     assert bundle.failures == 1
 
 

@@ -493,7 +493,7 @@ def test_a_ladder_in_a_file(tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text(
         "rules:\n  - condition: GpuXid\n    reasons: [GpuXid79]\n    ladder: [reboot, replace]\n    window: 5m\n"
-        "    repeat: {count: 4, within: 7d}\n"
+        "    repeat: {count: 4, within: 7d}\nbase: none\n"  # only this rule (else merged into the built-in ones)
     )
     (rule,) = load_policy(path).rules
     assert (rule.actions, rule.ladder, rule.window, rule.repeat_count, rule.repeat_period) == (

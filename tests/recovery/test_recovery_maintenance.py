@@ -128,6 +128,7 @@ def test_lead_time_in_the_policy_file(tmp_path):
             actions: [cordon, drain]
           - condition: GpuXid
             actions: [cordon]
+        base: none
         """,
     )
     assert [r.lead_time for r in policy.rules] == [DEFAULT_LEAD_TIME, None]

@@ -128,6 +128,7 @@ def test_a_full_file(tmp_path):
             minNodes: 4
             newNodeWindow: 2h
             newNodeRepeats: 3
+        base: none
         """,
     )
     assert load_policy(path) == RecoveryPolicy(
@@ -185,7 +186,9 @@ def test_correlation_null_turns_holds_off(tmp_path):
 
 
 def test_json_works_too(tmp_path):
-    path = write(tmp_path, '{"budget": {"maxUnhealthy": 3, "maxUnhealthyCap": null}, "rules": []}', "policy.json")
+    path = write(
+        tmp_path, '{"budget": {"maxUnhealthy": 3, "maxUnhealthyCap": null}, "rules": [], "base": "none"}', "policy.json"
+    )
     policy = load_policy(path)
     assert policy.rules == () and policy.budget.max_unhealthy == 3 and policy.budget.max_unhealthy_cap is None
 
@@ -226,7 +229,7 @@ KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
         (
             "colour: blue\n",
             [
-                "policy.yaml:1: colour: unknown key 'colour' (known: startupDelay, uncordonAfter, "
+                "policy.yaml:1: colour: unknown key 'colour' (known: base, startupDelay, uncordonAfter, "
                 "respectGracePeriod, rules, drain, budget)"
             ],
         ),
@@ -310,15 +313,15 @@ KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
         (
             "rules:\n",
             [
-                "policy.yaml:1: rules: must be a list of {condition, reasons, actions, persist} ([] = no rule; "
-                "leave the key out for the built-in rules)"
+                "policy.yaml:1: rules: must be a list of {condition, reasons, actions, persist} (leave the key out "
+                "for the built-in rules; base: none and [] for no rule)"
             ],
         ),
         (
             "- a\n- b\n",
             [
-                "policy.yaml:1: expected a mapping (startupDelay, uncordonAfter, respectGracePeriod, rules, drain, "
-                "budget)"
+                "policy.yaml:1: expected a mapping (base, startupDelay, uncordonAfter, respectGracePeriod, rules, "
+                "drain, budget)"
             ],
         ),
         (
@@ -561,6 +564,7 @@ def test_policy_summary_of_a_file(tmp_path):
               nodeSelector: role=gpu
               groups: [{label: topology.kubernetes.io/zone, maxUnhealthy: 50%, maxUnhealthyCap: 2}]
               correlation: null
+            base: none
             """,
         )
     )
@@ -617,7 +621,7 @@ def test_published(cond, owner, expected):
     ],
 )
 def test_rule_sources(tmp_path, rule, sources):
-    (loaded,) = load_policy(write(tmp_path, f"rules:\n  - {rule}\n")).rules
+    (loaded,) = load_policy(write(tmp_path, f"rules:\n  - {rule}\nbase: none\n")).rules
     assert loaded.sources == sources
 
 
