@@ -496,6 +496,100 @@ def _agent_rss_mib(*, deployed: bool = True) -> float:
     return rss_kib / 1024
 
 
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def bench_scrapes(seconds: float = 15.0, scrapers: int = 8) -> list[Figure]:
+    """The metrics port under load (issue 33: four looping scrapers took RSS from 38 to 200-240 MB; eight got
+    the agent OOM-killed under the DaemonSet's 160 MiB limit). A real agent as deployed, in Kubernetes mode
+    against tests/kubeapi, all packs: its idle RSS once it wrote its first condition PATCH, then the peak
+    RSS (sampled every 50 ms) while ``scrapers`` clients scrape /metrics back to back for ``seconds``, then
+    while it is attacked for ``seconds`` (bursts of 500 concurrent scrapes, clients that never read, clients
+    that hang up mid-response, slowloris heads; bench/scrapes.py). /healthz is probed every 0.5 s
+    throughout and must always answer 200. Targets: peak <= 100 MiB (the issue's bar) and <= idle + 10 MiB."""
+    import subprocess
+    import tempfile
+
+    from bench import scrapes
+
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        server, client = _kube_setup(tmp)
+        client.close()
+        kmsg = tmp / "kmsg"
+        kmsg.write_text("6,1,1000,-;hello\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            + ["--node-name", "bench-node", "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "127.0.0.1:0", "--aggregate-condition", "true", "--log-level", "info"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert proc.stderr is not None
+        try:
+            while "serving /metrics" not in (line := proc.stderr.readline()):
+                if not line:
+                    raise SystemExit("the agent exited before serving HTTP")
+            port = int(line.rsplit(":", 1)[1])
+            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)  # keep draining its log
+            _wait(lambda: server.requests.count(method="PATCH") >= 1, 60)
+            scrapes.scrapers(port, count=1, until=time.monotonic() + 1.0)  # the first renders' memos are idle state
+            time.sleep(1.0)
+            idle = _rss_kib(proc.pid) / 1024
+            figures.append(Figure(name="scrapes.idle_rss_mib", value=idle, target="", unit="MiB"))
+            for phase, load in (
+                ("scrapers", lambda until: scrapes.scrapers(port, count=scrapers, until=until)),
+                ("attack", lambda until: scrapes.attack(port, until=until)),
+            ):
+                peak, seen, probes = _under_load(proc.pid, port, time.monotonic() + seconds, load)
+                failed = sum(n for status, n in probes.items() if status != "200")
+                print(f"  {phase}: statuses {dict(seen)}; /healthz {dict(probes)}", flush=True)
+                if phase == "scrapers":
+                    figures.append(Figure(name="scrapes.per_second", value=seen["200"] / seconds, target="", unit="/s"))
+                figures += [
+                    Figure(name=f"scrapes.{phase}_rss_peak_mib", value=peak, target="<= 100", unit="MiB"),
+                    Figure(name=f"scrapes.{phase}_over_idle_mib", value=peak - idle, target="<= 10", unit="MiB"),
+                    Figure(name=f"scrapes.{phase}_healthz_failed", value=float(failed), target="<= 0"),
+                ]
+        finally:
+            _stop(proc)
+            server.stop()
+    return figures
+
+
+def _under_load(pid: int, port: int, until: float, load: Callable[[float], Any]) -> tuple[float, Any, Any]:
+    """``load(until)`` against the agent ``pid`` while /healthz is probed and RSS sampled every 50 ms: the
+    peak RSS (MiB), what ``load`` returned, the probes' statuses."""
+    import threading
+
+    from bench import scrapes
+
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], _rss_kib(pid) / 1024)
+
+    probes: list[Any] = []
+    threads = [
+        threading.Thread(target=sample, daemon=True),
+        threading.Thread(target=lambda: probes.append(scrapes.healthz(port, until=until)), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    seen = load(until)
+    threads[1].join()
+    done.set()
+    threads[0].join()
+    return peak[0], seen, probes[0]
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far (/proc/<pid>/stat, clock ticks)."""
     import os
@@ -1447,6 +1541,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "recovery": bench_recovery,
     "fleet": bench_fleet,
     "npd": bench_npd,
+    "scrapes": bench_scrapes,
 }
 
 
