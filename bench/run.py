@@ -231,6 +231,62 @@ def bench_kubernetes() -> list[Figure]:
     return figures
 
 
+@contextlib.contextmanager
+def _moto_server() -> Iterator[str]:
+    """moto's server on a free loopback port, its state emptied before and after: its endpoint.
+
+    Every moto server in one process shares moto's in-memory backends, so a second benchmark in the same
+    run (``bench/run.py``, ``bench/run.py kubernetes recovery``) would find the first one's launch template
+    and Auto Scaling group, and ``CreateLaunchTemplate`` would be refused. moto's own reset API empties
+    them (``POST /moto-api/reset``, as tests/helpers/aws.py does between tests)."""
+    import logging
+    import socket
+    import urllib.request
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def reset() -> None:
+        with urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30):
+            pass
+
+    try:
+        reset()
+        yield endpoint
+        reset()
+    finally:
+        moto.stop()
+
+
+def _asg_of_one(session: Any, endpoint: str, region: str) -> str:
+    """An Auto Scaling group of one instance (its launch template too) in moto: the instance's id."""
+    ec2 = session.client("ec2", endpoint_url=endpoint)
+    asg = session.client("autoscaling", endpoint_url=endpoint)
+    ec2.create_launch_template(
+        LaunchTemplateName="bench-lt",
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
+    )
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName="bench-ng",
+        LaunchTemplate={"LaunchTemplateName": "bench-lt", "Version": "$Latest"},
+        MinSize=1,
+        MaxSize=1,
+        DesiredCapacity=1,
+        AvailabilityZones=[f"{region}a"],
+    )
+    (instance,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bench-ng"])["AutoScalingGroups"][0][
+        "Instances"
+    ]
+    return str(instance["InstanceId"])
+
+
 class _MotoAsg:
     """moto's server with an Auto Scaling group of one instance (``with``): ``endpoint``, ``instance_id``,
     ``health()`` (the instance's health as Auto Scaling reports it), ``env`` (what an agent process needs)."""
@@ -238,42 +294,18 @@ class _MotoAsg:
     region = "us-west-2"
 
     def __enter__(self) -> _MotoAsg:
-        import logging
         import os
-        import socket
 
         import boto3
-        from moto.server import ThreadedMotoServer
 
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        self._moto.start()
-        self.endpoint = f"http://127.0.0.1:{port}"
+        self._moto = _moto_server()
+        self.endpoint = self._moto.__enter__()
         session = boto3.session.Session(
             aws_access_key_id="testing", aws_secret_access_key="testing", region_name=self.region
         )
-        ec2 = session.client("ec2", endpoint_url=self.endpoint)
         self.asg = session.client("autoscaling", endpoint_url=self.endpoint)
         self.cloudwatch = session.client("cloudwatch", endpoint_url=self.endpoint)
-        ec2.create_launch_template(
-            LaunchTemplateName="bench-lt",
-            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
-        )
-        self.asg.create_auto_scaling_group(
-            AutoScalingGroupName="bench-ng",
-            LaunchTemplate={"LaunchTemplateName": "bench-lt", "Version": "$Latest"},
-            MinSize=1,
-            MaxSize=1,
-            DesiredCapacity=1,
-            AvailabilityZones=[f"{self.region}a"],
-        )
-        (instance,) = self.asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bench-ng"])["AutoScalingGroups"][0][
-            "Instances"
-        ]
-        self.instance_id = instance["InstanceId"]
+        self.instance_id = _asg_of_one(session, self.endpoint, self.region)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         self.env.update(
             AWS_ENDPOINT_URL=self.endpoint,
@@ -291,7 +323,7 @@ class _MotoAsg:
         return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
 
     def __exit__(self, *exc: object) -> None:
-        self._moto.stop()
+        self._moto.__exit__(None, None, None)
 
 
 def _acting_rss_mib() -> tuple[float, str]:
@@ -462,6 +494,100 @@ def _agent_rss_mib(*, deployed: bool = True) -> float:
             proc.wait(timeout=10)
             server.stop()
     return rss_kib / 1024
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def bench_scrapes(seconds: float = 15.0, scrapers: int = 8) -> list[Figure]:
+    """The metrics port under load (issue 33: four looping scrapers took RSS from 38 to 200-240 MB; eight got
+    the agent OOM-killed under the DaemonSet's 160 MiB limit). A real agent as deployed, in Kubernetes mode
+    against tests/kubeapi, all packs: its idle RSS once it wrote its first condition PATCH, then the peak
+    RSS (sampled every 50 ms) while ``scrapers`` clients scrape /metrics back to back for ``seconds``, then
+    while it is attacked for ``seconds`` (bursts of 500 concurrent scrapes, clients that never read, clients
+    that hang up mid-response, slowloris heads; bench/scrapes.py). /healthz is probed every 0.5 s
+    throughout and must always answer 200. Targets: peak <= 100 MiB (the issue's bar) and <= idle + 10 MiB."""
+    import subprocess
+    import tempfile
+
+    from bench import scrapes
+
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        server, client = _kube_setup(tmp)
+        client.close()
+        kmsg = tmp / "kmsg"
+        kmsg.write_text("6,1,1000,-;hello\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            + ["--node-name", "bench-node", "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "127.0.0.1:0", "--aggregate-condition", "true", "--log-level", "info"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert proc.stderr is not None
+        try:
+            while "serving /metrics" not in (line := proc.stderr.readline()):
+                if not line:
+                    raise SystemExit("the agent exited before serving HTTP")
+            port = int(line.rsplit(":", 1)[1])
+            subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)  # keep draining its log
+            _wait(lambda: server.requests.count(method="PATCH") >= 1, 60)
+            scrapes.scrapers(port, count=1, until=time.monotonic() + 1.0)  # the first renders' memos are idle state
+            time.sleep(1.0)
+            idle = _rss_kib(proc.pid) / 1024
+            figures.append(Figure(name="scrapes.idle_rss_mib", value=idle, target="", unit="MiB"))
+            for phase, load in (
+                ("scrapers", lambda until: scrapes.scrapers(port, count=scrapers, until=until)),
+                ("attack", lambda until: scrapes.attack(port, until=until)),
+            ):
+                peak, seen, probes = _under_load(proc.pid, port, time.monotonic() + seconds, load)
+                failed = sum(n for status, n in probes.items() if status != "200")
+                print(f"  {phase}: statuses {dict(seen)}; /healthz {dict(probes)}", flush=True)
+                if phase == "scrapers":
+                    figures.append(Figure(name="scrapes.per_second", value=seen["200"] / seconds, target="", unit="/s"))
+                figures += [
+                    Figure(name=f"scrapes.{phase}_rss_peak_mib", value=peak, target="<= 100", unit="MiB"),
+                    Figure(name=f"scrapes.{phase}_over_idle_mib", value=peak - idle, target="<= 10", unit="MiB"),
+                    Figure(name=f"scrapes.{phase}_healthz_failed", value=float(failed), target="<= 0"),
+                ]
+        finally:
+            _stop(proc)
+            server.stop()
+    return figures
+
+
+def _under_load(pid: int, port: int, until: float, load: Callable[[float], Any]) -> tuple[float, Any, Any]:
+    """``load(until)`` against the agent ``pid`` while /healthz is probed and RSS sampled every 50 ms: the
+    peak RSS (MiB), what ``load`` returned, the probes' statuses."""
+    import threading
+
+    from bench import scrapes
+
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], _rss_kib(pid) / 1024)
+
+    probes: list[Any] = []
+    threads = [
+        threading.Thread(target=sample, daemon=True),
+        threading.Thread(target=lambda: probes.append(scrapes.healthz(port, until=until)), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    seen = load(until)
+    threads[1].join()
+    done.set()
+    threads[0].join()
+    return peak[0], seen, probes[0]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -1227,14 +1353,11 @@ def bench_recovery() -> list[Figure]:
     to the kmsg file; the figure is the time until DescribeAutoScalingInstances shows the instance
     UNHEALTHY (polled every 20 ms). The AWS walkthrough this stands for took about 2 minutes.
     """
-    import logging
     import os
-    import socket
     import subprocess
     import tempfile
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from bench.fleet import simulate_fleet
 
@@ -1248,95 +1371,69 @@ def bench_recovery() -> list[Figure]:
         f"{len(fleet.handled)} handled in {fleet.rounds} rounds"
     )
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
     region, node = "us-west-2", "ip-10-0-0-1.us-west-2.compute.internal"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    moto.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        with tempfile.TemporaryDirectory() as tmpdir:
-            tmp = Path(tmpdir)
-            session = boto3.session.Session(
-                aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
-            )
-            ec2 = session.client("ec2", endpoint_url=endpoint)
-            asg = session.client("autoscaling", endpoint_url=endpoint)
-            ec2.create_launch_template(
-                LaunchTemplateName="bench-lt",
-                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
-            )
-            asg.create_auto_scaling_group(
-                AutoScalingGroupName="bench-ng",
-                LaunchTemplate={"LaunchTemplateName": "bench-lt", "Version": "$Latest"},
-                MinSize=1,
-                MaxSize=1,
-                DesiredCapacity=1,
-                AvailabilityZones=[f"{region}a"],
-            )
-            (instance,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["bench-ng"])["AutoScalingGroups"][0][
-                "Instances"
-            ]
-            instance_id = instance["InstanceId"]
+    with _moto_server() as endpoint, tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+        )
+        asg = session.client("autoscaling", endpoint_url=endpoint)
+        instance_id = _asg_of_one(session, endpoint, region)
 
-            server, client = _kube_setup(tmp)
-            client.close()
-            server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-health-agent"}})
-            server.put_object(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": node, "labels": {"kubernetes.io/os": "linux"}},
-                    "spec": {"providerID": f"aws:///{region}a/{instance_id}"},
-                    "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
-                }
-            )
-            usec = lambda: int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)  # noqa: E731
-            kmsg = tmp / "kmsg"
-            kmsg.write_text(f"6,1,{usec()},-;boot\n")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-            env.update(
-                ENABLE_RECOVERY="true",
-                RECOVERY_STARTUP_DELAY="0",
-                CLUSTER_NAME="bench",
-                POD_NAMESPACE="node-health-agent",
-                AWS_ENDPOINT_URL=endpoint,
-                AWS_REGION=region,
-                AWS_ACCESS_KEY_ID="testing",
-                AWS_SECRET_ACCESS_KEY="testing",
-                AWS_CONFIG_FILE=str(tmp / "no-aws-config"),
-                AWS_SHARED_CREDENTIALS_FILE=str(tmp / "no-aws-credentials"),
-                AWS_EC2_METADATA_DISABLED="true",
-            )
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "agent", "run", "--kubeconfig", str(tmp / "kubeconfig")]
-                + ["--node-name", node, "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
-                + ["--listen", "0", "--aggregate-condition", "true", "--pack", "kernel,neuron"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                cwd=ROOT,
-            )
+        server, client = _kube_setup(tmp)
+        client.close()
+        server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-health-agent"}})
+        server.put_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"kubernetes.io/os": "linux"}},
+                "spec": {"providerID": f"aws:///{region}a/{instance_id}"},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+            }
+        )
+        usec = lambda: int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)  # noqa: E731
+        kmsg = tmp / "kmsg"
+        kmsg.write_text(f"6,1,{usec()},-;boot\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(
+            ENABLE_RECOVERY="true",
+            RECOVERY_STARTUP_DELAY="0",
+            CLUSTER_NAME="bench",
+            POD_NAMESPACE="node-health-agent",
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_REGION=region,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_CONFIG_FILE=str(tmp / "no-aws-config"),
+            AWS_SHARED_CREDENTIALS_FILE=str(tmp / "no-aws-credentials"),
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            + ["--node-name", node, "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
+            + ["--listen", "0", "--aggregate-condition", "true", "--pack", "kernel,neuron"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+        )
 
-            def health() -> str:
-                answer = asg.describe_auto_scaling_instances(InstanceIds=[instance_id])
-                return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
+        def health() -> str:
+            answer = asg.describe_auto_scaling_instances(InstanceIds=[instance_id])
+            return answer["AutoScalingInstances"][0]["HealthStatus"].upper()
 
-            try:
-                _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{node}/status$") >= 1, 60)
-                assert health() == "HEALTHY"
-                start = time.perf_counter()
-                with kmsg.open("a") as f:
-                    f.write(f"3,2,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
-                _wait(lambda: health() == "UNHEALTHY", 60, interval=0.02)
-                detect_to_unhealthy = time.perf_counter() - start
-            finally:
-                _stop(proc)
-                server.stop()
-    finally:
-        moto.stop()
+        try:
+            _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{node}/status$") >= 1, 60)
+            assert health() == "HEALTHY"
+            start = time.perf_counter()
+            with kmsg.open("a") as f:
+                f.write(f"3,2,{usec()},-;test NEURON_HW_ERR=DMA_ERROR test\n")
+            _wait(lambda: health() == "UNHEALTHY", 60, interval=0.02)
+            detect_to_unhealthy = time.perf_counter() - start
+        finally:
+            _stop(proc)
+            server.stop()
     figures.append(Figure(name="recovery.detect_to_unhealthy_s", value=detect_to_unhealthy, target="<= 2", unit="s"))
     return figures
 
@@ -1444,6 +1541,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "recovery": bench_recovery,
     "fleet": bench_fleet,
     "npd": bench_npd,
+    "scrapes": bench_scrapes,
 }
 
 

@@ -13,6 +13,17 @@ thread per connection:
 * at most ``max_connections`` connections are open at once. When full, a new connection evicts the
   oldest one that is not being answered (still sending its request head, or lingering after its
   response); only when every open connection is being answered does the newcomer get a 503;
+* what all connections hold together is counted and bounded (:class:`HeldBytes`): request heads at most
+  ``max_held // 2`` (past it, the connection holding the largest head is dropped), responses at most
+  ``max_held`` (past it, a 503 that costs nothing: a constant). A response is let go the moment the kernel
+  has taken its last byte, and a closed connection keeps nothing: before, a closed connection stayed in
+  the deadline heap with its whole response until its deadline, and eight scrapers in a loop held
+  200 MB (issue 33);
+* ``/metrics`` is rendered once for every scrape waiting (one body, shared by all of them: 500 concurrent
+  scrapers hold one body, not 500), at most ``RENDER_RATE`` times a second beyond a burst of
+  ``RENDER_BURST`` (:class:`RenderBudget`); a scrape past that waits for the next render. A scrape is never
+  answered with a body rendered before its request came in: the render's catch-up with the kernel log
+  (:class:`agent.core.bus.CaughtUp`) still covers every line logged before the request;
 * one request per connection (``Connection: close``), GET and HEAD only;
 * a client hanging up at any point is logged at debug level; a failing callback gives a 500 and
   one log line. Nothing a client does produces a traceback.
@@ -61,10 +72,16 @@ LINGER = 1.0  # seconds to wait for a client to hang up after its response (see 
 LINGER_BYTES = 65536  # ... and how much of what it still sends meanwhile to read and discard
 ACCEPT_BATCH = 128  # connections accepted per wakeup at most (then the open ones get their turn)
 ACCEPT_RETRY = 1.0  # seconds to stop accepting after accept() failed for want of resources (EMFILE, ...)
+MAX_HELD = 4 << 20  # bytes of responses all connections may hold together (request heads: half of it more)
+RESERVE = 256 << 10  # of MAX_HELD, kept for /healthz and /conditions: a scrape is refused before they are
+RENDER_BURST = 50  # /metrics renders that may follow each other at once...
+RENDER_RATE = 200.0  # ... and per second beyond that (a back-to-back scraper waits at most 5 ms more)
+COMPACT_AT = 256  # stale deadline heap entries that may wait for their time; past it (and past half) it is rebuilt
 ENDPOINTS = ("/metrics", "/healthz", "/livez", "/readyz", "/conditions")
 HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+_NOTHING = memoryview(b"")
 _LISTENER = "listener"  # selector keys' data besides connections
 _WAKE = "wake"
 
@@ -75,8 +92,72 @@ class _BadRequest(Exception):
         self.status = status
 
 
+class HeldBytes:
+    """The bytes all connections hold together: what each took is given back exactly once. Not thread-safe
+    (the loop thread's)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most held at once since started
+
+    def take(self, size: int, *, leave: int = 0) -> bool:
+        """Count ``size`` bytes more if that leaves at least ``leave`` of the limit; False (nothing counted)
+        otherwise."""
+        if self.held + size > self.limit - leave:
+            return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+        assert self.held >= 0, "gave back more than was taken"
+
+
+class RenderBudget:
+    """A token bucket for ``/metrics`` renders: ``burst`` at once, ``rate`` a second after that."""
+
+    def __init__(self, *, burst: int, rate: float, now: float) -> None:
+        if burst < 1 or rate <= 0:
+            raise ValueError("burst and rate must be positive")
+        self._burst = float(burst)
+        self._rate = rate
+        self._tokens = float(burst)
+        self._at = now
+
+    def take(self, now: float) -> bool:
+        """Whether a render may happen at ``now`` (and if so, it is counted)."""
+        self._refill(now)
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    def next_at(self, now: float) -> float:
+        """When the next render may happen (``now`` if it may now)."""
+        self._refill(now)
+        return now if self._tokens >= 1 else now + (1 - self._tokens) / self._rate
+
+    def _refill(self, now: float) -> None:
+        self._tokens = min(self._burst, self._tokens + max(0.0, now - self._at) * self._rate)
+        self._at = max(self._at, now)
+
+
+class _Buffer:
+    """A response some connections send: counted in :class:`HeldBytes` while one of them holds it."""
+
+    __slots__ = ("data", "size", "users")
+
+    def __init__(self, data: bytes, *, counted: bool = True) -> None:
+        self.data = data
+        self.size = len(data) if counted else 0  # a constant is held by the module, not by connections
+        self.users = 0
+
+
 class _Phase(enum.Enum):
     HEAD = "reading the request head"
+    SCRAPE = "waiting for the metrics render"
     ANSWER = "taking the response"
     LINGER = "lingering"  # half-closed after the response: what the client still sends is read and discarded
 
@@ -86,7 +167,7 @@ class _Conn:
     makes the kernel send a reset, which can destroy the response before the client reads it (an early
     405, 431 or 503, or a request sent twice)."""
 
-    __slots__ = ("sock", "peer", "shed", "phase", "head", "out", "deadline", "discarded", "closed")
+    __slots__ = ("sock", "peer", "shed", "phase", "head", "out", "buffer", "deadline", "discarded", "closed", "want")
 
     def __init__(self, sock: socket.socket, peer: str, *, shed: bool) -> None:
         self.sock = sock
@@ -94,7 +175,9 @@ class _Conn:
         self.shed = shed  # told 503 without its request being read
         self.phase = _Phase.HEAD
         self.head = b""  # the request head received so far
-        self.out = memoryview(b"")  # the response not yet handed to the kernel
+        self.out = _NOTHING  # the response not yet handed to the kernel
+        self.buffer: _Buffer | None = None  # the response it holds (until the kernel has taken all of it)
+        self.want: tuple[bool, bool] = (False, False)  # a waiting scrape's (gzip, head only)
         self.deadline = math.inf
         self.discarded = 0
         self.closed = False
@@ -118,12 +201,13 @@ class AgentHTTPServer:
         request_timeout: float = 5.0,
         max_connections: int = 1024,
         backlog: int = 1024,
+        max_held: int = MAX_HELD,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``monotonic`` times the looks at the loop (see :meth:`healthy`); connections' deadlines are
-        always on ``time.monotonic``."""
-        if request_timeout <= 0 or max_connections < 1 or backlog < 1:
-            raise ValueError("request_timeout, max_connections and backlog must be positive")
+        """``monotonic`` times the looks at the loop (see :meth:`healthy`); connections' deadlines and the
+        render budget are always on ``time.monotonic``. ``max_held``: see the module docstring."""
+        if request_timeout <= 0 or max_connections < 1 or backlog < 1 or max_held <= RESERVE:
+            raise ValueError("request_timeout, max_connections and backlog must be positive, max_held over RESERVE")
         self._host = host
         self._port = port
         self._registry = registry
@@ -150,6 +234,28 @@ class AgentHTTPServer:
         self._deadlines: list[tuple[float, int, _Conn]] = []  # a heap; entries of closed or moved deadlines are skipped
         self._order = itertools.count()
         self._accept_again_at: float | None = None  # accepting paused (accept() failed for want of resources)
+        self._stale = 0  # entries in the deadline heap for closed connections or moved deadlines
+        self._held = HeldBytes(max_held)  # responses held (see _Buffer)
+        self._heads = HeldBytes(max_held // 2)  # request heads held
+        self._scrapes: dict[_Conn, None] = {}  # /metrics requests waiting for the next render, oldest first
+        self._renders = RenderBudget(burst=RENDER_BURST, rate=RENDER_RATE, now=time.monotonic())
+        self._last_render = 0  # the last render's size, to refuse a scrape before rendering past the bound
+        self.rendered = 0  # renders so far
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of request heads and responses all connections hold now (the loop's own count)."""
+        return self._held.held + self._heads.held
+
+    @property
+    def peak_held_bytes(self) -> tuple[int, int]:
+        """The most bytes of responses, and of request heads, held at once so far."""
+        return self._held.peak, self._heads.peak
+
+    @property
+    def held_limits(self) -> tuple[int, int]:
+        """The bounds of those two."""
+        return self._held.limit, self._heads.limit
 
     # ---- lifecycle (any thread) -------------------------------------------------------------
 
@@ -241,6 +347,7 @@ class AgentHTTPServer:
             self._ready.set()
             for conn in [*self._conns, *self._shedding]:
                 self._close(selector, conn)
+            self._deadlines.clear()
             selector.close()
             waker, self._waker = self._waker, None
             for sock in (wake_r, waker):
@@ -258,17 +365,23 @@ class AgentHTTPServer:
                             pass
                 elif not key.data.closed:  # not closed by an earlier event of this round (evicted)
                     self._ready_conn(selector, key.data, mask)
+            if self._scrapes:
+                self._render_for_scrapes(selector)
             if self._asked is not None:  # the loop turns: answer a look
                 self._answered_at, self._asked = self._monotonic(), None
             self._expire(selector)
 
     def _next_wait(self) -> float | None:
-        """Seconds until the next deadline or the end of an accept pause; None: none (an idle loop sleeps)."""
+        """Seconds until the next deadline, the end of an accept pause or the next render that scrapes wait
+        for; None: none (an idle loop sleeps)."""
         heap = self._deadlines
-        while heap and (heap[0][2].closed or heap[0][2].deadline != heap[0][0]):
+        while heap and not _live(heap[0]):
             heapq.heappop(heap)
-        due = [d for d in (heap[0][0] if heap else None, self._accept_again_at) if d is not None]
-        return max(0.0, min(due) - time.monotonic()) if due else None
+            self._stale -= 1
+        now = time.monotonic()
+        render = self._renders.next_at(now) if self._scrapes else None
+        due = [d for d in (heap[0][0] if heap else None, self._accept_again_at, render) if d is not None]
+        return max(0.0, min(due) - now) if due else None
 
     def _expire(self, selector: selectors.BaseSelector) -> None:
         now = time.monotonic()
@@ -278,11 +391,14 @@ class AgentHTTPServer:
             selector.register(self._sock, selectors.EVENT_READ, _LISTENER)
         heap = self._deadlines
         while heap and heap[0][0] <= now:
-            deadline, _, conn = heapq.heappop(heap)
-            if conn.closed or conn.deadline != deadline:
+            entry = heapq.heappop(heap)
+            conn = entry[2]
+            if not _live(entry):
+                self._stale -= 1
                 continue
             if conn.phase is not _Phase.LINGER:
                 log.debug("http: %s timed out %s", conn.peer, conn.phase.value)
+            conn.deadline = math.inf  # its entry is gone from the heap
             self._close(selector, conn)
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
@@ -316,8 +432,7 @@ class AgentHTTPServer:
         if shed:  # every open connection is being answered: 503 without reading the request
             log.debug("http: connection limit reached, shedding %s", peer)
             self._shedding.add(conn)
-            busy = _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False)
-            self._guarded(selector, conn, lambda: self._answer(selector, conn, busy))
+            self._guarded(selector, conn, lambda: self._answer(selector, conn, _TOO_MANY))
             return
         self._conns[conn] = True
         self._set_deadline(conn, time.monotonic() + self._timeout)
@@ -337,6 +452,8 @@ class AgentHTTPServer:
         if conn.phase is _Phase.ANSWER:
             if mask & selectors.EVENT_WRITE:
                 self._guarded(selector, conn, lambda: self._send(selector, conn))
+        elif conn.phase is _Phase.SCRAPE:
+            pass  # not registered while it waits: a client that half-closed after its request still gets it
         elif conn.phase is _Phase.HEAD:
             self._guarded(selector, conn, lambda: self._read_head(selector, conn))
         else:
@@ -356,25 +473,103 @@ class AgentHTTPServer:
 
     def _read_head(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
         try:
-            chunk = conn.sock.recv(MAX_HEAD)
+            chunk = conn.sock.recv(MAX_HEAD + 1 - len(conn.head))
         except (BlockingIOError, InterruptedError):
             return
         if not chunk:
             log.debug("http: %s went away %s", conn.peer, conn.phase.value)
             self._close(selector, conn)
             return
+        if not self._heads.take(len(chunk)):
+            self._drop_largest_head(selector, conn, len(chunk))
+            if conn.closed:
+                return
         conn.head += chunk
         head = _head(conn.head)
         if head is None:
             return
+        self._heads.give_back(len(conn.head))
+        conn.head = b""
         self._conns[conn] = False
-        self._answer(selector, conn, self._respond(head))
+        scrape = _scrape(head)
+        if scrape is None:
+            self._answer(selector, conn, _Buffer(self._respond(head)))
+            return
+        conn.phase, conn.want = _Phase.SCRAPE, scrape  # answered at the end of this round (one render for all)
+        selector.unregister(conn.sock)
+        self._scrapes[conn] = None
+        self._set_deadline(conn, time.monotonic() + self._timeout)
 
-    def _answer(self, selector: selectors.BaseSelector, conn: _Conn, data: bytes) -> None:
-        """Hand ``data`` to the kernel within ``request_timeout`` (so nothing is left to flush on close)."""
-        conn.phase, conn.out = _Phase.ANSWER, memoryview(data)
+    def _drop_largest_head(self, selector: selectors.BaseSelector, conn: _Conn, size: int) -> None:
+        """Request heads hold their bound: drop the connection holding the largest head (a slow client's; a
+        scraper's request is a few hundred bytes) until ``size`` more bytes fit for ``conn`` (which may be
+        the one dropped)."""
+        while not self._heads.take(size):
+            largest = max((c for c in self._conns if c.phase is _Phase.HEAD), key=lambda c: len(c.head))
+            if len(largest.head) < len(conn.head) + size:
+                largest = conn
+            log.debug("http: request heads at their bound, dropping %s", largest.peer)
+            self._close(selector, largest)
+            if largest is conn:
+                return
+
+    def _render_for_scrapes(self, selector: selectors.BaseSelector) -> None:
+        """Answer every waiting scrape from one render, if the render budget allows one now; each of them was
+        received before the render began (this round or an earlier one)."""
+        if not self._renders.take(time.monotonic()):
+            return  # the next render's time is in _next_wait
+        waiting, self._scrapes = list(self._scrapes), {}
+        if not self._held.take(self._last_render, leave=RESERVE):
+            log.debug("http: responses at their bound, refusing %d scrapes", len(waiting))
+            for conn in waiting:
+                self._scraped(selector, conn, _HELD_FULL)
+            return
+        self._held.give_back(self._last_render)
+        self.rendered += 1
+        status, body, ctype = self._endpoint_or_500("/metrics")
+        self._last_render = len(body)
+        plain = _Buffer(_response(status, body, ctype, False))
+        zipped: _Buffer | None = None
+        for conn in waiting:
+            gzip_ok, head_only = conn.want
+            if head_only:
+                self._scraped(selector, conn, _Buffer(_response(status, body, ctype, gzip_ok, head_only=True)))
+            elif gzip_ok and status == HTTPStatus.OK:
+                if zipped is None:
+                    zipped = _Buffer(_response(status, body, ctype, True))
+                self._scraped(selector, conn, zipped)
+            else:
+                self._scraped(selector, conn, plain)
+
+    def _scraped(self, selector: selectors.BaseSelector, conn: _Conn, buffer: _Buffer) -> None:
+        if conn.closed:
+            return
+
+        def answer() -> None:
+            selector.register(conn.sock, selectors.EVENT_READ, conn)
+            self._answer(selector, conn, buffer, leave=RESERVE)
+
+        self._guarded(selector, conn, answer)
+
+    def _answer(self, selector: selectors.BaseSelector, conn: _Conn, buffer: _Buffer, *, leave: int = 0) -> None:
+        """Hand ``buffer`` to the kernel within ``request_timeout`` (so nothing is left to flush on close); a
+        response that would take what connections hold past its bound (less ``leave``) is a 503 instead. A
+        shared buffer is counted once, with its first user."""
+        if buffer.users == 0 and not self._held.take(buffer.size, leave=leave):
+            log.debug("http: responses at their bound, refusing %s", conn.peer)
+            buffer = _HELD_FULL
+        buffer.users += 1
+        conn.buffer, conn.phase, conn.out = buffer, _Phase.ANSWER, memoryview(buffer.data)
         self._set_deadline(conn, time.monotonic() + self._timeout)
         self._send(selector, conn)
+
+    def _let_go(self, conn: _Conn) -> None:
+        """``conn`` no longer holds its response (sent, or the connection closed)."""
+        buffer, conn.buffer, conn.out = conn.buffer, None, _NOTHING
+        if buffer is not None:
+            buffer.users -= 1
+            if buffer.users == 0:
+                self._held.give_back(buffer.size)
 
     def _send(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
         try:
@@ -385,6 +580,7 @@ class AgentHTTPServer:
         if conn.out:
             selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
             return
+        self._let_go(conn)
         conn.sock.shutdown(socket.SHUT_WR)
         conn.phase = _Phase.LINGER
         if not conn.shed:
@@ -404,15 +600,32 @@ class AgentHTTPServer:
             self._close(selector, conn)
 
     def _set_deadline(self, conn: _Conn, deadline: float) -> None:
+        if conn.deadline != math.inf:
+            self._stale_entry()  # its earlier deadline's entry
         conn.deadline = deadline
         heapq.heappush(self._deadlines, (deadline, next(self._order), conn))
+
+    def _stale_entry(self) -> None:
+        """One more heap entry stands for nothing; past ``COMPACT_AT`` and half the heap, the heap is rebuilt
+        without them (a closed connection's entry would keep it until its deadline)."""
+        self._stale += 1
+        if self._stale > COMPACT_AT and 2 * self._stale > len(self._deadlines):
+            self._deadlines = [entry for entry in self._deadlines if _live(entry)]
+            heapq.heapify(self._deadlines)
+            self._stale = 0
 
     def _close(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
         if conn.closed:
             return
         conn.closed = True
+        self._let_go(conn)
+        self._heads.give_back(len(conn.head))
+        conn.head = b""
         self._conns.pop(conn, None)
         self._shedding.discard(conn)
+        self._scrapes.pop(conn, None)
+        if conn.deadline != math.inf:
+            self._stale_entry()
         with contextlib.suppress(KeyError, ValueError):
             selector.unregister(conn.sock)
         conn.sock.close()
@@ -429,13 +642,16 @@ class AgentHTTPServer:
             return _response(exc.status, f"{exc}\n".encode(), TEXT, False)
         if method not in ("GET", "HEAD"):
             return _response(HTTPStatus.METHOD_NOT_ALLOWED, b"only GET and HEAD\n", TEXT, False, allow=True)
+        status, body, ctype = self._endpoint_or_500(path)
+        return _response(status, body, ctype, accept_gzip and status == HTTPStatus.OK, head_only=method == "HEAD")
+
+    def _endpoint_or_500(self, path: str) -> tuple[HTTPStatus, bytes, str]:
         try:
-            status, body, ctype = self._endpoint(path)
+            return self._endpoint(path)
         except Exception as exc:  # a failing callback must never take the agent down
             log.error("http: error serving %s: %s: %s", path, type(exc).__name__, exc)
             log.debug("http: error serving %s", path, exc_info=True)
-            status, body, ctype = HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", TEXT
-        return _response(status, body, ctype, accept_gzip and status == HTTPStatus.OK, head_only=method == "HEAD")
+            return HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", TEXT
 
     def _endpoint(self, path: str) -> tuple[HTTPStatus, bytes, str]:
         if path == "/metrics":
@@ -473,6 +689,22 @@ def _head(buf: bytes) -> bytes | _BadRequest | None:
     if len(buf) > MAX_HEAD:
         return _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes")
     return None
+
+
+def _live(entry: tuple[float, int, _Conn]) -> bool:
+    """Whether a deadline heap entry still stands: its connection open, its deadline not moved since."""
+    return not entry[2].closed and entry[2].deadline == entry[0]
+
+
+def _scrape(head: bytes | _BadRequest) -> tuple[bool, bool] | None:
+    """``(accepts gzip, head only)`` when ``head`` asks for ``/metrics`` with GET or HEAD; else None."""
+    if isinstance(head, _BadRequest):
+        return None
+    try:
+        method, path, accept_gzip = _parse(head)
+    except _BadRequest:
+        return None
+    return (accept_gzip, method == "HEAD") if path == "/metrics" and method in ("GET", "HEAD") else None
 
 
 def _peer(addr: Any) -> str:
@@ -522,3 +754,9 @@ def _response(
 
 def _json(body: Any, *, indent: int | None = None) -> bytes:
     return (json.dumps(body, indent=indent, sort_keys=True) + "\n").encode()
+
+
+_TOO_MANY = _Buffer(_response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many connections\n", TEXT, False), counted=False)
+_HELD_FULL = _Buffer(
+    _response(HTTPStatus.SERVICE_UNAVAILABLE, b"busy: too many responses in flight\n", TEXT, False), counted=False
+)

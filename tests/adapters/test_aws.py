@@ -192,22 +192,19 @@ def test_a_missing_path_is_a_clear_permanent_error(imds):
 
 
 def test_no_imds_answers_quickly_with_a_transient_error_and_what_to_do():
+    """A refused connection is answered at once, not after the timeout: with a timeout far longer than a
+    loaded machine's delays, the error is ImdsUnavailable, never ImdsTimeout (no wall-clock figure)."""
     endpoint = closed_endpoint()
-    started = time.monotonic()
     with pytest.raises(AwsError) as failed:
-        InstanceMetadata(endpoint=endpoint, timeout=1.0).instance_id()
-    assert time.monotonic() - started < 1.0
+        InstanceMetadata(endpoint=endpoint, timeout=60.0).instance_id()
     assert (failed.value.code, failed.value.transient) == ("ImdsUnavailable", True)
     assert endpoint in str(failed.value) and "AWS_REGION" in str(failed.value)
 
 
 def test_an_imds_that_never_answers_times_out_with_the_hop_limit_hint():
     """From a pod without hostNetwork, hop limit 1 makes the token PUT vanish: the classic IMDSv2 trap."""
-    with blackhole() as endpoint:
-        started = time.monotonic()
-        with pytest.raises(AwsError) as failed:
-            InstanceMetadata(endpoint=endpoint, timeout=0.5).instance_id()
-        assert time.monotonic() - started < 3.0
+    with blackhole() as endpoint, pytest.raises(AwsError) as failed:  # gives up on the small timeout injected
+        InstanceMetadata(endpoint=endpoint, timeout=0.5).instance_id()
     assert (failed.value.code, failed.value.transient) == ("ImdsTimeout", True)
     assert "within 0.5s" in str(failed.value) and "hop-limit 2" in str(failed.value)
 
@@ -236,20 +233,28 @@ def test_instance_id_lookup_prefers_the_provider_id_then_imds_and_keeps_the_answ
     assert fresh() == "i-0123456789abcdef0"
 
 
+class CountingMetadata(InstanceMetadata):
+    """The real client against a refused endpoint, counting the lookups asked of it."""
+
+    asked = 0
+
+    def instance_id(self) -> str:
+        self.asked += 1
+        return super().instance_id()
+
+
 def test_instance_id_lookup_retries_imds_at_most_every_retry_seconds():
     now = [0.0]
-    endpoint = closed_endpoint()
-    lookup = InstanceIdLookup(
-        provider_id=lambda: None,
-        imds=InstanceMetadata(endpoint=endpoint, timeout=0.5),
-        retry=300.0,
-        monotonic=lambda: now[0],
-    )
+    imds = CountingMetadata(endpoint=closed_endpoint(), timeout=0.5)
+    lookup = InstanceIdLookup(provider_id=lambda: None, imds=imds, retry=300.0, monotonic=lambda: now[0])
     assert lookup() is None
-    started = time.monotonic()
+    assert imds.asked == 1
     now[0] = 299.0
     assert lookup() is None
-    assert time.monotonic() - started < 0.05  # no second request yet
+    assert imds.asked == 1  # no second request yet
+    now[0] = 300.0
+    assert lookup() is None
+    assert imds.asked == 2
 
 
 # ---- region ------------------------------------------------------------------------------------
@@ -530,11 +535,11 @@ def test_a_failure_after_some_requests_says_how_far_it_got(aws, monkeypatch):
 def test_endpoint_down_is_a_transient_error_within_the_timeout(aws, monkeypatch):
     endpoint = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    pub, slept = publisher(AwsClients(connect_timeout=1.0, read_timeout=1.0), attempts=1)
-    started = time.monotonic()
+    # A refused connection fails at once, not at a timeout: with timeouts far longer than a loaded machine's
+    # delays, the error is ConnectionError, never Timeout (no wall-clock figure: issue 33, 3.2 s against 2.0 s).
+    pub, slept = publisher(AwsClients(connect_timeout=60.0, read_timeout=60.0), attempts=1)
     with pytest.raises(AwsError) as failed:
         pub.put_metrics("NeuronHealthCheck", [datum()])
-    assert time.monotonic() - started < 2.0
     assert (failed.value.code, failed.value.transient) == ("ConnectionError", True)
     assert endpoint in str(failed.value) and "AWS_ENDPOINT_URL" in str(failed.value)
 
@@ -543,10 +548,8 @@ def test_an_endpoint_that_never_answers_times_out(aws, monkeypatch):
     with blackhole() as endpoint:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         pub, _ = publisher(AwsClients(connect_timeout=1.0, read_timeout=0.5), attempts=1)
-        started = time.monotonic()
-        with pytest.raises(AwsError) as failed:
+        with pytest.raises(AwsError) as failed:  # gives up on the small read timeout injected
             pub.put_metrics("NeuronHealthCheck", [datum()])
-        assert time.monotonic() - started < 3.0
     assert (failed.value.code, failed.value.transient) == ("Timeout", True)
 
 

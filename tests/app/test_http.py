@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 
-from agent.app.http import LOOK_EVERY, AgentHTTPServer
+from agent.app.http import LOOK_EVERY, RESERVE, AgentHTTPServer, HeldBytes, RenderBudget
 
 from helpers.threads import wakeups_while_asleep
 
@@ -31,6 +31,7 @@ WAIT = 15.0  # upper bound for anything that should happen "soon"; a generous on
 CONDITIONS = [{"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock"}]
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+BIG = 256 << 20  # a bound on held responses that lets the huge /conditions documents below through
 HEALTH_BODY = {"status": "ok", "components": {"kmsg_reader": True, "main_loop": True}}
 
 
@@ -389,7 +390,7 @@ def test_full_server_evicts_the_slowest_client(fake: Fake) -> None:
 @pytest.mark.slow  # over 2 s: the full suite runs it, the fast lane does not
 def test_full_server_of_busy_connections_sheds_with_503(fake: Fake) -> None:
     fake.conditions = ["x" * (32 << 20)]  # far more than the socket buffers of a client that reads nothing
-    with serving(fake, max_connections=2, request_timeout=2.0) as server:
+    with serving(fake, max_connections=2, request_timeout=2.0, max_held=BIG) as server:
         busy = [connect(server.port, rcvbuf=4096) for _ in range(2)]
         try:
             for sock in busy:
@@ -414,7 +415,7 @@ def test_a_shed_client_that_reset_is_quietly_forgotten(fake: Fake, caplog: pytes
     caplog.set_level(logging.DEBUG)
     release = threading.Event()
     fake.conditions_document = lambda: release.wait(WAIT) and ["x" * (32 << 20)]  # type: ignore[method-assign]
-    with serving(fake, max_connections=1, request_timeout=WAIT) as server:
+    with serving(fake, max_connections=1, request_timeout=WAIT, max_held=BIG) as server:
         busy = connect(server.port, rcvbuf=4096)
         try:
             busy.sendall(b"GET /conditions HTTP/1.1\r\n\r\n")  # answered: the loop waits in the callback
@@ -456,12 +457,202 @@ def rude_clients(port: int) -> None:
     rst_close(rst)
 
 
+# --------------------------------------------------------------------------------------------------
+# What connections hold (issue 33: eight scrapers in a loop held 200 MB, each closed connection its whole
+# response until its deadline)
+
+
+@pytest.mark.parametrize(
+    ("limit", "takes", "results", "held"),
+    [
+        (100, [(60, 0), (40, 0)], [True, True], 100),  # up to the limit exactly
+        (100, [(60, 0), (41, 0)], [True, False], 60),  # past it: refused, nothing counted
+        (100, [(60, 0), (30, 20)], [True, False], 60),  # leaving 20 of it: 90 > 80
+        (100, [(50, 20), (30, 20)], [True, True], 80),  # ... 80 fits
+        (100, [(0, 0), (101, 0)], [True, False], 0),  # a constant costs nothing; one response over all of it
+    ],
+)
+def test_held_bytes_count_up_to_the_limit(
+    limit: int, takes: list[tuple[int, int]], results: list[bool], held: int
+) -> None:
+    count = HeldBytes(limit)
+    assert [count.take(size, leave=leave) for size, leave in takes] == results
+    assert (count.held, count.peak) == (held, held)
+    count.give_back(held)
+    assert (count.held, count.peak) == (0, held)
+
+
+@pytest.mark.parametrize(
+    ("burst", "rate", "asks", "allowed"),
+    [
+        (3, 10.0, [0.0, 0.0, 0.0, 0.0], [True, True, True, False]),  # the burst, then none at once
+        (3, 4.0, [0.0, 0.0, 0.0, 0.125, 0.25], [True, True, True, False, True]),  # one more each 0.25 s
+        (1, 4.0, [0.0, 0.25, 0.5, 0.625, 0.75], [True, True, True, False, True]),
+        (2, 4.0, [0.0, 100.0, 100.0, 100.0], [True, True, True, False]),  # a long idle refills the burst only
+    ],
+)
+def test_render_budget_is_a_burst_then_a_rate(burst: int, rate: float, asks: list[float], allowed: list[bool]) -> None:
+    budget = RenderBudget(burst=burst, rate=rate, now=0.0)
+    assert [budget.take(now) for now in asks] == allowed
+
+
+def test_render_budget_says_when_the_next_render_may_be() -> None:
+    budget = RenderBudget(burst=1, rate=4.0, now=10.0)
+    assert budget.next_at(10.0) == 10.0
+    assert budget.take(10.0)
+    assert budget.next_at(10.0) == pytest.approx(10.25)
+    assert budget.next_at(10.2) == pytest.approx(10.25)
+    assert not budget.take(10.2)
+    assert budget.take(10.25)
+
+
+def response_bytes_in_the_deadline_heap(server: AgentHTTPServer) -> int:
+    return sum(len(entry[2].out.obj) for entry in server._deadlines)
+
+
+def test_a_closed_connection_holds_nothing(fake: Fake) -> None:
+    """Before: behind one open connection's deadline (a client still sending its request, for up to 5 s), each
+    closed scrape's connection stayed in the deadline heap with its whole response until its own deadline."""
+    with serving(fake, series=3000) as server, connect(server.port) as idle:
+        idle.sendall(b"GET /metr")  # its deadline is the earliest in the heap
+        wait_for(lambda: len(server._conns) == 1, what="the idle connection accepted")
+        size = len(get(server.port, "/metrics").body)
+        assert size > 50_000
+        for _ in range(30):
+            assert get(server.port, "/metrics").status == 200
+        wait_for(lambda: len(server._conns) == 1, what="every scrape's connection closed")
+        assert response_bytes_in_the_deadline_heap(server) == 0
+        assert server.held_bytes == len(b"GET /metr")
+        assert len(server._deadlines) <= 1 + 256  # stale entries are dropped past COMPACT_AT
+
+
+def test_every_scrape_sees_what_was_set_before_its_request(fake: Fake) -> None:
+    """Renders are shared and rate-limited, never stale: past the burst a scrape waits for the next render."""
+    registry = make_registry()
+    counter = Counter("test_fresh", "Set before each scrape.", registry=registry)
+    with serving(fake, registry=registry) as server:
+        for i in range(1, 121):  # more than RENDER_BURST back to back
+            counter.inc()
+            assert f"test_fresh_total {float(i)}".encode() in get(server.port, "/metrics").body
+
+
+def test_a_scraper_that_half_closes_after_its_request_is_answered(server: AgentHTTPServer) -> None:
+    with connect(server.port) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        assert Response(read_all(sock)).status == 200
+
+
+def scrape_all(port: int, times: int, *, rcvbuf: int | None, dawdle: float) -> list[tuple[int, bool]]:
+    """``times`` scrapes one after the other: (status, whether the body has its Content-Length)."""
+    out = []
+    for _ in range(times):
+        with connect(port, rcvbuf=rcvbuf) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            if dawdle:
+                time.sleep(dawdle)  # a slow reader: its response waits in the server
+            response = Response(read_all(sock))
+            out.append((response.status, len(response.body) == int(response.headers["content-length"])))
+    return out
+
+
+def test_many_concurrent_scrapers_hold_no_more_than_the_bound(fake: Fake) -> None:
+    """24 threads, a third of them slow readers, scrape a 90 kB body; what the server holds stays within
+    its bound (its own count), each answer is a whole 200 or a 503, and /healthz answers throughout."""
+    bound = RESERVE + (256 << 10)  # about three bodies for scrapes
+    results: list[list[tuple[int, bool]]] = []
+    with serving(fake, series=3000, max_held=bound) as server:
+        threads = [
+            threading.Thread(
+                target=lambda slow=(n % 3 == 0): results.append(
+                    scrape_all(server.port, 15, rcvbuf=4096 if slow else None, dawdle=0.05 if slow else 0.0)
+                )
+            )
+            for n in range(24)
+        ]
+        for thread in threads:
+            thread.start()
+        healthz = []
+        while any(thread.is_alive() for thread in threads):
+            healthz.append(get(server.port, "/healthz").status)
+        for thread in threads:
+            thread.join(WAIT)
+        wait_for(lambda: server.held_bytes == 0, what="every response let go")
+        peak, _ = server.peak_held_bytes
+        assert peak <= server.held_limits[0]
+    answers = [answer for got in results for answer in got]
+    assert len(answers) == 24 * 15
+    assert set(answers) <= {(200, True), (503, True)}
+    assert (200, True) in answers
+    assert set(healthz) == {200}
+
+
+def test_slow_readers_are_bounded_and_healthz_answers(fake: Fake) -> None:
+    """Clients that never read their response: what they pin in the server is bounded (what the kernel's
+    socket buffers took is not the server's), and /healthz still answers."""
+    bound = RESERVE + (512 << 10)
+    need_fds(200)
+    with serving(fake, series=6000, max_held=bound, request_timeout=WAIT) as server:
+        size = len(get(server.port, "/metrics").body)
+        socks = []
+        try:
+            for _ in range(40):
+                sock = connect(server.port, rcvbuf=4096)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                socks.append(sock)
+                wait_for(lambda: not server._scrapes, what="the scrape answered")  # one render each
+            assert get(server.port, "/healthz").status == 200
+            assert server.peak_held_bytes[0] <= server.held_limits[0]
+            statuses = {int(sock.recv(4096).split(b" ")[1]) for sock in socks}
+        finally:
+            for sock in socks:
+                sock.close()
+        assert size > 100_000
+        assert statuses <= {200, 503}
+        wait_for(lambda: server.held_bytes == 0, what="every response let go")
+
+
+@pytest.mark.parametrize(
+    ("path", "series", "status", "says"),
+    [
+        ("/metrics", 6000, 503, b"busy: too many responses in flight\n"),  # a body over what scrapes may hold
+        ("/metrics", 1, 200, b"test_scrapes_total 1.0"),
+        ("/healthz", 6000, 200, b'"status": "ok"'),  # the reserve is kept for it
+    ],
+)
+def test_a_response_past_the_bound_is_a_503(fake: Fake, path: str, series: int, status: int, says: bytes) -> None:
+    with serving(fake, series=series, max_held=RESERVE + (64 << 10)) as server:
+        response = get(server.port, path)
+        assert (response.status, says in response.body) == (status, True)
+        assert server.held_bytes == 0
+
+
+def test_large_request_heads_are_bounded_and_healthz_answers(fake: Fake) -> None:
+    """Slow clients that send large request heads and never end them: the heads held stay within their
+    bound (the largest is dropped), and a small request still gets through."""
+    need_fds(200)
+    with serving(fake, max_held=RESERVE + (256 << 10), request_timeout=WAIT) as server:
+        socks = []
+        try:
+            for _ in range(80):
+                sock = connect(server.port)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"x" * 7000)  # never ended
+                socks.append(sock)
+            assert get(server.port, "/healthz").status == 200
+            assert server.peak_held_bytes[1] <= server.held_limits[1]
+            assert sum(reads_eof(sock) for sock in socks) >= 80 - server.held_limits[1] // 7000
+        finally:
+            for sock in socks:
+                sock.close()
+
+
 def test_rude_clients_leave_no_traceback(fake: Fake, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     fake.conditions = ["x" * (16 << 20)]
-    with serving(fake, request_timeout=1.0) as server:
+    with serving(fake, request_timeout=1.0, max_held=BIG) as server:
         rude_clients(server.port)
         wait_for(lambda: not server._conns, what="every rude connection to be closed")
+        wait_for(lambda: server.held_bytes == 0, what="every response let go")
         assert get(server.port, "/metrics").status == 200
         assert get(server.port, "/healthz").json() == HEALTH_BODY
     assert problems(caplog) == []
