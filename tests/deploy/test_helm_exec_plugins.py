@@ -174,6 +174,37 @@ def test_the_rendered_script_runs_as_a_check(tmp_path: Path) -> None:
     ]
 
 
+def test_the_documented_set_file_install_ships_the_kustomize_example(tmp_path: Path) -> None:
+    """docs/checks-exec.md's command: the component's two files, as the kustomize ConfigMap carries them."""
+    example = CHART.parents[1] / "components" / "exec-plugin-example" / "plugins"
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", IMAGE_SET]
+    args += ["--values", str(EXAMPLES / "neuron.yaml")]
+    args += ["--set-file", f"execPlugins.scripts.check_clock_sync\\.py={example / 'check_clock_sync.py'}"]
+    args += ["--set-file", f"execPlugins.monitors.clock-sync-monitor\\.json={example / 'clock-sync-monitor.json'}"]
+    proc = helm(*args)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    data = one(docs, "ConfigMap", "node-health-agent-exec-plugins")["data"]
+    assert data == {p.name: p.read_text() for p in example.iterdir()}
+    where = _write_volume(docs, one(docs, "DaemonSet"), tmp_path / "exec-plugins")
+    valid = _cli("validate-config", "--pack", "kernel", str(where), cwd=tmp_path)
+    assert valid.returncode == 0, valid.stderr
+    assert f"'{EXEC_DIR}/check_clock_sync.py' does not exist (yet)" in valid.stdout  # its path in the pod
+
+
+def test_the_documented_values_file_loads(tmp_path: Path) -> None:
+    """docs/checks-exec.md's values example renders and its declaration loads."""
+    text = (CHART.parents[2] / "docs" / "checks-exec.md").read_text()
+    block = text.split("Or in a values file:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    values = tmp_path / "doc-values.yaml"
+    values.write_text(block)
+    docs = helm_template(EXAMPLES / "nvidia.yaml", values)
+    where = _write_volume(docs, one(docs, "DaemonSet"), tmp_path / "exec-plugins")
+    listed = _cli("plugins", "--pack", "kernel", "--config", str(where), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "widget/widget-not-ready every 1m" in listed.stdout, listed.stdout
+
+
 @pytest.mark.parametrize(
     ("values", "says"),
     [
