@@ -272,9 +272,9 @@ def test_a_second_release_refuses_naming_the_first(
         assert stderr is None, stderr
         return
     assert stderr is not None, "a second release was accepted"
-    assert (
-        f'already installed in this cluster by Helm release "{owner}" in namespace "{owner_namespace}"' in stderr
-    ), stderr
+    assert f'already installed in this cluster by Helm release "{owner}" in namespace "{owner_namespace}"' in stderr, (
+        stderr
+    )
     assert "install the chart once per cluster" in stderr
     assert f"helm uninstall {owner} --namespace {owner_namespace}" in stderr
 
