@@ -246,10 +246,9 @@ def _render_with_existing(tmp_path: Path, existing: dict[str, Any], release: str
     """Render a copy of the chart whose extra template runs the one-release check on ``existing``; stderr or None."""
     chart = tmp_path / "chart"
     shutil.copytree(CHART, chart, symlinks=False)
-    (chart / "templates" / "zz-existing.yaml").write_text(
-        '{{- include "nha.onePerCluster" (dict "root" . "existing" (fromJson %s)) }}\n'
-        % json.dumps(json.dumps(existing))
-    )
+    found = json.dumps(json.dumps(existing))  # a Go template string literal holding the JSON
+    check = '{{- include "nha.onePerCluster" (dict "root" . "existing" (fromJson FOUND)) }}\n'
+    (chart / "templates" / "zz-existing.yaml").write_text(check.replace("FOUND", found))
     proc = helm("template", release, str(chart), "--namespace", namespace, "--set", IMAGE_SET)
     return None if proc.returncode == 0 else proc.stderr
 
