@@ -110,3 +110,33 @@ def test_the_quick_starts_try_it_line_flags_nothing_that_outlives_it():
         findings = list(simulate_lines(rule_set=RULE_SET, lines=iter([line])))
         assert findings, f"{line!r} matches no built-in rule: the try-it shows nothing"
         assert {f["type"] for f in findings} == {RuleType.TEMPORARY.value}, findings
+
+
+def test_the_readmes_neuron_example_is_a_driver_line_the_pack_reads_as_documented():
+    """The README shows the driver's own tokens (nd-id=, nc-id=, ...) on a line the neuron rule matches, and
+    the fields it names are the fields that line yields."""
+    from agent.app.cli import simulate_lines
+
+    text = README.read_text(encoding="utf-8")
+    packs = text[text.index("\n## Rule packs\n") : text.index("\n## ", text.index("\n## Rule packs\n") + 1)]
+    (line,) = re.findall(r"`(NEURON_HW_ERR=[A-Z_]+ [^`]+)`", packs)
+    for token in ("nd-id=", "nc-id=", "serial-num=", "action=", "instance-id="):
+        assert f" {token}" in line, f"the README's example lacks the driver's {token} token"
+    (finding,) = simulate_lines(rule_set=RULE_SET, lines=iter([line]))
+    assert (finding["rule"], finding["condition"], finding["reason"]) == (
+        "neuron/hw-error",
+        "NeuronHealth",
+        "NeuronHasError_DMA_ERROR",
+    )
+    assert finding["fields"] == {
+        "error": "DMA_ERROR",
+        "instance_id": "i-0123456789abcdef0",
+        "nd_id": 3,
+        "nc_id": 1,
+        "serial_num": "51a2b3c4d5e6f708",
+        "action": "TERMINATE_INSTANCE",
+    }
+    documented = re.search(r"tokens become fields (.+?); Neuron runtime", packs, re.S)
+    assert documented, "the README names the fields the tokens become"
+    named = set(re.findall(r"`(\w+)`", documented[1]))
+    assert named == set(finding["fields"]), named ^ set(finding["fields"])

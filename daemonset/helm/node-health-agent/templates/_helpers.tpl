@@ -108,3 +108,47 @@ recovery-policy.yaml: |
   {{- if kindIs "string" $doc }}{{ $doc | nindent 2 }}{{ else }}{{ toYaml $doc | nindent 2 }}{{ end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Where the agents mount the chart's exec plugins (the kustomize component's path), and the data of their
+ConfigMap: the declarations and the scripts, sorted by name. Empty when no declaration is given.
+*/}}
+{{- define "nha.execPluginsDir" -}}/etc/node-health-agent/exec-plugins{{- end }}
+
+{{- define "nha.execPluginsData" -}}
+{{- $ep := .Values.execPlugins | default dict }}
+{{- $scripts := $ep.scripts | default dict }}
+{{- $monitors := $ep.monitors | default dict }}
+{{- if and $scripts (not $monitors) }}
+{{- fail (printf "execPlugins.scripts (%s) without execPlugins.monitors: a script runs only when a custom-plugin-monitor declaration names it (docs/checks-exec.md, \"Shipping a check with Helm\")" (keys $scripts | sortAlpha | join ", ")) }}
+{{- end }}
+{{- range $file := keys $monitors | sortAlpha }}
+{{- if hasKey $scripts $file }}{{ fail (printf "execPlugins: %s is both a script and a monitor" $file) }}{{ end }}
+{{ $file }}: |
+  {{- $doc := index $monitors $file }}
+  {{- if kindIs "string" $doc }}{{ $doc | nindent 2 }}
+  {{- else if hasSuffix ".json" $file }}{{ toPrettyJson $doc | nindent 2 }}
+  {{- else }}{{ toYaml $doc | nindent 2 }}{{ end }}
+{{- end }}
+{{- range $file := keys $scripts | sortAlpha }}
+{{ $file }}: |
+  {{- index $scripts $file | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+One release per cluster: the objects' names do not depend on the release name, so a second release
+would share the ClusterRoles and put a second agent on every node. On a real install or upgrade
+(`lookup` reads the cluster; under `helm template` and a client dry run it finds nothing) the release
+refuses when the ClusterRole node-health-agent belongs to another release. The check itself takes the
+found object ({"root": $, "existing": <object or empty>}), so tests can hand it one.
+*/}}
+{{- define "nha.onePerCluster" -}}
+{{- $root := .root }}
+{{- $annotations := dig "metadata" "annotations" dict (.existing | default dict) }}
+{{- $owner := index $annotations "meta.helm.sh/release-name" | default "" }}
+{{- $ownerNs := index $annotations "meta.helm.sh/release-namespace" | default "" }}
+{{- if and $owner (or (ne $owner $root.Release.Name) (ne $ownerNs $root.Release.Namespace)) }}
+{{- fail (printf "node-health-agent is already installed in this cluster by Helm release %q in namespace %q (it owns ClusterRole node-health-agent): install the chart once per cluster. Change that release instead (helm upgrade %s ... --namespace %s), or uninstall it first (helm uninstall %s --namespace %s); two releases would put two agents on every node." $owner $ownerNs $owner $ownerNs $owner $ownerNs) }}
+{{- end }}
+{{- end }}
