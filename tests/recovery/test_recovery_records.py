@@ -235,3 +235,10 @@ def test_times_far_ahead_of_now_are_corrupt_except_a_window_end_within_its_windo
     assert read(json.dumps({"rungs": [{**RUNG, "windowEnd": NOW + 86_400 + 1201}]})).startswith(
         "history: rungs[0].windowEnd: is "
     )
+
+
+@pytest.mark.parametrize(("key", "name"), [("extra", "extra"), ("k" * 5000, "k" * 60 + "...")], ids=["short", "5000"])
+def test_a_field_the_ledger_does_not_know_is_corrupt_and_named_bounded(key, name):
+    problem = READ["attempt"](json.dumps({**VALID["attempt"], key: 1}))
+    assert problem.startswith(f"attempt: {name}: is not a field of this record"), problem[:300]
+    assert len(problem) < 2000
