@@ -22,23 +22,28 @@ Replace needs no ledger: its ``SetInstanceHealth`` is preceded by ``DescribeAuto
 (an instance already Unhealthy is not marked again) and marking is idempotent (one instance is
 replaced once, however often it is marked), while each ``RebootInstances`` reboots again.
 
-The codec is strict: every field of the right type, times finite and plausible, strings bounded;
-anything else is a corrupt record (:func:`parse_attempt` says why; nothing raises).
+The codec reads the record by the rules of :mod:`agent.recovery.fields`, like every other record recovery
+reads back: every field of the right type, times finite and plausible, strings bounded, no field it does
+not know; and, the ledger's own rules, a deadline within :data:`MAX_DEADLINE` after the request and
+``finishedAt`` set exactly when finished. Unlike the other records, a blank annotation is corrupt, not
+absent: an absent ledger lets a reboot be requested at once, which a ledger someone blanked must not.
+Anything else is a corrupt record (:func:`parse_attempt` says why, as ``attempt: <field>: <problem>``;
+nothing raises).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.timefmt import MAX_TIME
+from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load, show
 from agent.recovery.model import DOMAIN
 
 ATTEMPT_ANNOTATION = f"{DOMAIN}/recovery-attempt"
+RECORD = "attempt"  # the record's name in what a corrupt one says (agent.recovery.fields)
 RESERVED, SENT, FINISHED, FAILED = "reserved", "sent", "finished", "failed"
 STATES = (RESERVED, SENT, FINISHED, FAILED)
 REMEDIES = ("reboot",)
@@ -47,7 +52,7 @@ UNKNOWN_BOOT = "unknown"  # what the agent reads when the boot id file cannot be
 MAX_ID = 256  # characters of an incident or boot id
 MAX_MESSAGE = 300
 MAX_DEADLINE = 86_400.0  # the most a recorded deadline may lie after its request
-FUTURE_SLACK = 86_400.0  # a request recorded later than now + this is not one an agent wrote
+FIELDS = ("incident", "remedy", "state", "boot", "at", "deadline", "finishedAt", "finishedBoot", "message")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,51 +96,48 @@ def attempt_text(attempt: Attempt | None) -> str | None:
 
 
 def decode(data: Any, *, now: float) -> Attempt:
-    """The :class:`Attempt` of an annotation body; ValueError naming the field otherwise."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    unknown = set(data) - {
-        "incident",
-        "remedy",
-        "state",
-        "boot",
-        "at",
-        "deadline",
-        "finishedAt",
-        "finishedBoot",
-        "message",
-    }
-    if unknown:
-        raise ValueError(f"unknown fields {sorted(unknown)}")
-    at = _time(data, "at", now=now)
-    deadline = _time(data, "deadline", now=now + MAX_DEADLINE)
+    """The :class:`Attempt` of an annotation body (a JSON object, or its :class:`Fields`); raises
+    :class:`~agent.recovery.fields.CorruptRecord` naming the field otherwise."""
+    if isinstance(data, Fields):
+        fields = data
+    elif isinstance(data, Mapping):
+        fields = Fields(record=RECORD, data=data)
+    else:
+        raise CorruptRecord(RECORD, "", f"not a JSON object: {show(data)}")
+    fields.only(FIELDS)
+    at = fields.time("at", now=now, ahead=FUTURE_SLACK)  # later than that: not a request an agent wrote
+    deadline = fields.time("deadline", now=now, ahead=FUTURE_SLACK + MAX_DEADLINE)
     if not at <= deadline <= at + MAX_DEADLINE:
-        raise ValueError(f"'deadline' must lie within {MAX_DEADLINE:g}s after 'at', got {deadline - at!r}s")
-    finished_at = None if data.get("finishedAt") is None else _time(data, "finishedAt", now=now)
+        fields.fail("deadline", f"must lie from 0 to {MAX_DEADLINE:g}s after at, got {deadline - at:g}s")
+    finished_at = fields.optional_time("finishedAt", now=now, ahead=FUTURE_SLACK)
     attempt = Attempt(
-        incident=_text(data, "incident", MAX_ID, required=True),
-        remedy=_choice(data, "remedy", REMEDIES),
-        state=_choice(data, "state", STATES),
-        boot=_text(data, "boot", MAX_ID, required=True),
+        incident=fields.text("incident", limit=MAX_ID, nonempty=True),
+        remedy=fields.choice("remedy", REMEDIES),
+        state=fields.choice("state", STATES),
+        boot=fields.text("boot", limit=MAX_ID, nonempty=True),
         at=at,
         deadline=deadline,
         finished_at=finished_at,
-        finished_boot=_text(data, "finishedBoot", MAX_ID),
-        message=_text(data, "message", MAX_MESSAGE),
+        finished_boot=fields.text("finishedBoot", default="", limit=MAX_ID),
+        message=fields.text("message", default="", limit=MAX_MESSAGE),
     )
     if (attempt.state == FINISHED) != (finished_at is not None):
-        raise ValueError(f"'finishedAt' must be set exactly when the state is {FINISHED!r}")
+        fields.fail("finishedAt", f"must be set exactly when the state is {FINISHED}, got {show(finished_at)}")
     return attempt
 
 
 def parse_attempt(node: Mapping[str, Any], *, now: float) -> tuple[Attempt | None, str]:
-    """The attempt recorded on the Node (None: none, or unreadable) and why it is unreadable ("" if not)."""
+    """The attempt recorded on the Node (None: none, or unreadable) and why it is unreadable ("" if not): the
+    rules of :mod:`agent.recovery.fields`. Never raises for what the annotation holds."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(ATTEMPT_ANNOTATION)
     if text is None:
         return None, ""
     try:
-        return decode(json.loads(text), now=now), ""
-    except (ValueError, RecursionError) as exc:  # a JSONDecodeError is a ValueError
+        fields = load(text, RECORD)
+        if fields is None:  # blank: someone cleared it; a reboot may be in flight all the same
+            raise CorruptRecord(RECORD, "", "blank (remove the annotation to clear the ledger)")
+        return decode(fields, now=now), ""
+    except CorruptRecord as exc:
         return None, f"{exc}: {str(text)[:200]!r}"
 
 
@@ -162,31 +164,3 @@ def settle(attempt: Attempt, *, boot: str, now: float) -> Attempt:
         )
         return dataclasses.replace(attempt, state=FAILED, message=why)
     return dataclasses.replace(attempt, state=FINISHED, finished_at=now, message=why)
-
-
-def _time(data: Mapping[str, Any], key: str, *, now: float) -> float:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key!r} must be a number, got {value!r:.60}")
-    if isinstance(value, int) and not 0 <= value <= MAX_TIME:  # before float(): 10**400 would overflow
-        raise ValueError(f"{key!r} must be a time (seconds since 1970, before year 10000), got {value!r:.60}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or not 0.0 <= seconds <= MAX_TIME:
-        raise ValueError(f"{key!r} must be a time (seconds since 1970, before year 10000), got {seconds!r}")
-    if seconds > now + FUTURE_SLACK:
-        raise ValueError(f"{key!r} is {seconds - now:.0f}s in the future")
-    return seconds
-
-
-def _text(data: Mapping[str, Any], key: str, limit: int, *, required: bool = False) -> str:
-    value = data.get(key, None if required else "")
-    if not isinstance(value, str) or (required and not value) or len(value) > limit:
-        raise ValueError(f"{key!r} must be a string of {'1' if required else '0'} to {limit} characters")
-    return value
-
-
-def _choice(data: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
-    value = data.get(key)
-    if value not in allowed:
-        raise ValueError(f"{key!r} must be one of {', '.join(allowed)}, got {value!r:.60}")
-    return str(value)

@@ -11,7 +11,8 @@ way, as strictly as configuration:
   float) from 1970 to year 9999 and, given ``now``, not more than ``ahead`` seconds after it;
 * a number or a whole number lies within the range its field states;
 * a string is a string of at most ``MAX_TEXT`` characters (or its field's own limit);
-* a list or an object is one, of at most ``MAX_ITEMS`` entries.
+* a list or an object is one, of at most ``MAX_ITEMS`` entries;
+* a record whose codec calls :meth:`Fields.only` holds no field it does not name.
 
 What breaks a rule raises :class:`CorruptRecord` (a ``ValueError``) naming the record and the field,
 e.g. ``history: rungs[0].step: must be a whole number from 0 to 1, got -5``; nothing else ever leaves
@@ -105,6 +106,12 @@ class Fields:
 
     def fail(self, key: str, problem: str) -> NoReturn:
         raise self.error(self.record, self.name(key), problem)
+
+    def only(self, keys: Collection[str]) -> None:
+        """Refuse a field not in ``keys`` (the first one, by name; a record whose codec knows all it may hold)."""
+        for key in sorted(set(self.data) - set(keys)):
+            shown = key if len(key) <= 60 else f"{key[:60]}..."
+            self.fail(shown, f"is not a field of this record (its fields: {', '.join(sorted(keys))})")
 
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None

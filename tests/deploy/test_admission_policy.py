@@ -5,7 +5,9 @@ validation, each CEL expression run by cel-python against admission requests.
 The requests are the agent's real writes, recorded: a Kubernetes-mode agent with recovery acting against
 tests/kubeapi (the real client over HTTP) detects, cordons, marks its instance and takes the budget; the
 agent's own steps for what follows (taint, incident updates, uncordon with the flap record, the budget given
-back) run through the real client too. Every change the server stored becomes the AdmissionRequest the API
+back) run through the real client too. A ladder's reboot rung is recorded the same way: the recovery loop
+with its ladder reserves the reboot in the attempt ledger, calls RebootInstances at moto, records it sent,
+and finishes it on a new boot id. Every change the server stored becomes the AdmissionRequest the API
 server would evaluate (operation, resource, subresource, name, namespace, the object before and after the
 write). They must all be admitted for the agent's own Node and refused once replayed as another node's
 agent. The table covers what a healthy agent never sends (another Node, labels, others' annotations and
@@ -16,7 +18,12 @@ other nodes, a token without a node claim, other users).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import dataclasses
+import importlib
+import json
+import pkgutil
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,14 +32,23 @@ import celpy
 import pytest
 import yaml
 
+import agent.recovery
+from agent.adapters.aws import AwsClients, Ec2Reboot
+from agent.recovery import attempt as attempts
+from agent.recovery.attempt import ATTEMPT_ANNOTATION
+from agent.recovery.budget import BUDGET_ANNOTATION, BudgetSettings
+from agent.recovery.drain import DrainResult
+from agent.recovery.ec2 import Ec2Rebooter
 from agent.recovery.flaps import FLAP_ANNOTATION, after_uncordon, flap_text
-from agent.recovery.ladder import HISTORY_ANNOTATION
-from agent.recovery.model import INCIDENT_ANNOTATION, OPT_OUT_LABEL, TAINT_KEY, Action, Incident
+from agent.recovery.holds import PAUSE_ANNOTATION, VETO_ANNOTATION
+from agent.recovery.ladder import HISTORY_ANNOTATION, Ladder
+from agent.recovery.model import DOMAIN, INCIDENT_ANNOTATION, OPT_OUT_LABEL, TAINT_KEY, Action, Incident
 from agent.recovery.node import incident_text, read_incident, uncordon
+from agent.recovery.policyfile import DEFAULT_POLICY
 
-from helpers import kube_client, wait_for
+from helpers import kube_client, recovery, wait_for
 from helpers.agents import NAMESPACE, NODE, Agent, condition, node
-from helpers.aws import REGION, AwsTestEnv
+from helpers.aws import REGION, AwsTestEnv, FaultyFront
 from helpers.k8srender import DAEMONSET, EXAMPLES, helm_template
 from kubeapi import KubeApiServer
 
@@ -206,9 +222,10 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 VETO = "node-health-agent.io/veto"
 
 
-def incident(*, cordoned_by_us: bool, done: tuple[Action, ...]) -> str:
+def incident(*, cordoned_by_us: bool, done: tuple[Action, ...], **more: Any) -> str:
     """The incident annotation as the agent writes it (agent/recovery/node.py incident_text)."""
     record = Incident(
+        **more,
         id=f"NeuronHealth/NeuronHasError_DMA/{NODE}/1767225600",
         condition="NeuronHealth",
         reason="NeuronHasError_DMA",
@@ -221,6 +238,14 @@ def incident(*, cordoned_by_us: bool, done: tuple[Action, ...]) -> str:
 
 
 OURS = incident(cordoned_by_us=True, done=(Action.CORDON,))
+# As node.py writes it after a reboot rung: a claim and evidence sort around cordonedByUs and done.
+OURS_REBOOTED = incident(
+    cordoned_by_us=True,
+    done=(Action.TAINT, Action.CORDON, Action.DRAIN, Action.REBOOT),
+    claim="a1b2c3",
+    claimed_at=1767225602.0,
+    evidence=("/var/lib/node-health-agent/bundles/1767225602-GpuXid79.json.gz",),
+)
 OURS_LATER = incident(cordoned_by_us=True, done=(Action.TAINT, Action.CORDON, Action.DRAIN))
 NOT_OURS = incident(cordoned_by_us=False, done=(Action.CORDON,))
 PLANNED = incident(cordoned_by_us=True, done=())  # opened, not yet cordoned
@@ -382,6 +407,40 @@ CASES = [
     (
         "the history annotation",
         node_write(BASE, changed(BASE, annotations={HISTORY_ANNOTATION: '{"opened":[],"rungs":[]}'})),
+        True,
+        "",
+    ),
+    (
+        "the attempt ledger, with the history",
+        node_write(
+            BASE,
+            changed(
+                BASE,
+                annotations={
+                    HISTORY_ANNOTATION: '{"rungs":[]}',
+                    ATTEMPT_ANNOTATION: '{"at":1767225600.0,"state":"reserved"}',
+                },
+            ),
+        ),
+        True,
+        "",
+    ),
+    (
+        "the attempt ledger removed",
+        node_write(
+            the_node(annotations={ATTEMPT_ANNOTATION: "{}"}), changed(BASE, annotations={ATTEMPT_ANNOTATION: None})
+        ),
+        True,
+        "",
+    ),
+    (
+        "uncordon of our cordon after a reboot (claim, evidence, reboot done)",
+        node_write(
+            the_node(
+                unschedulable=True, taints=(GPU_TAINT, OUR_TAINT), annotations={INCIDENT_ANNOTATION: OURS_REBOOTED}
+            ),
+            the_node(),
+        ),
         True,
         "",
     ),
@@ -844,6 +903,103 @@ def test_the_agents_recorded_writes_are_admitted_for_its_own_node_only(
             assert verdict.messages == (
                 f"the agent on {OTHER} may write the budget Lease only as its holderIdentity",
             ), verdict.messages
+
+
+REBOOT_POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))
+
+
+def _drained(stop: threading.Event, report: Callable[[str, str], None]) -> DrainResult:
+    return DrainResult(outcome="done")  # the drain's own writes (evictions) are covered by the eviction policy
+
+
+def ledger_states(writes: list[dict[str, Any]]) -> list[str]:
+    """The attempt ledger's state after each Node write that changed it."""
+    states = []
+    for req in writes:
+        notes = [(r["metadata"].get("annotations") or {}) if r else {} for r in (req["oldObject"], req["object"])]
+        before, after = (n.get(ATTEMPT_ANNOTATION) for n in notes)
+        if req["resource"]["resource"] == "nodes" and after is not None and after != before:
+            states.append(json.loads(after)["state"])
+    return states
+
+
+def test_a_reboot_rungs_recorded_writes_are_admitted_for_its_own_node_only(
+    evaluate: PolicyEvaluator, api: KubeApiServer, aws: AwsTestEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ladder's reboot path, recorded: the recovery loop with its ladder cordons, reserves the reboot in the
+    attempt ledger, calls RebootInstances at moto (real boto3), records it sent, and on a new boot id finishes
+    it. Every write is admitted for its own Node, and refused replayed as another node's agent."""
+    instance = aws.lone_instance()
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/{instance}"))
+    since = api.store.revision
+    clock, boot = recovery.Clock(), ["boot-1"]
+    with FaultyFront(upstream=aws.endpoint, faults=[]) as front, kube_client(api, tmp_path) as client:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint)  # to count what reaches moto
+        reboot = Ec2Rebooter(ec2=Ec2Reboot(clients=AwsClients()))
+        ladder = Ladder(client=client, node_name=NODE, boot_id=lambda: boot[0], reboot=reboot, monotonic=clock)
+        h = recovery.LoopHarness(
+            api, client, policy=REBOOT_POLICY, put_node=False, clock=clock, ladder=ladder, drainer=_drained
+        )
+        h.publish(recovery.problem("GpuXid", "GpuXid79", since=recovery.T0 - 10))
+        h.step()
+        assert front.actions.count("RebootInstances") == 1
+        boot[0] = "boot-2"  # the host went down and came back
+        for _ in range(3):
+            clock.now += 60
+            h.step()
+        assert front.actions.count("RebootInstances") == 1
+    assert "reboot" in (h.incident() or {}).get("done", []) and h.cordoned()
+    writes = list(admission_requests(api, since))
+    assert ledger_states(writes) == [attempts.RESERVED, attempts.SENT, attempts.FINISHED]
+    written = {k for r in writes if r["object"] for k in (r["object"]["metadata"].get("annotations") or {})}
+    assert {INCIDENT_ANNOTATION, HISTORY_ANNOTATION, ATTEMPT_ANNOTATION} <= written
+    assert any(r["resource"]["resource"] == "leases" for r in writes), "the budget Lease was written"
+    for req in writes:
+        verdict = evaluate(req)
+        assert verdict.matched and verdict.allowed, (req["resource"], req["name"], verdict.messages)
+        forged = copy.deepcopy(req)
+        forged["userInfo"]["extra"][NODE_CLAIM] = [OTHER]
+        assert not evaluate(forged).allowed, (req["resource"], req["name"])
+
+
+# What the agent's recovery modules name an annotation for, and where (a new constant must be placed here).
+ON_THE_NODE = {INCIDENT_ANNOTATION, HISTORY_ANNOTATION, FLAP_ANNOTATION, ATTEMPT_ANNOTATION}  # the agent writes
+NOT_WRITTEN_ON_THE_NODE = {
+    VETO_ANNOTATION: "the operator's, on the Node: the agent only reads it",
+    BUDGET_ANNOTATION: "on the budget Lease (the policy's Lease rules)",
+    PAUSE_ANNOTATION: "on the pause Lease, which only the CLI writes",
+}
+
+
+def agents_annotation_constants() -> dict[str, str]:
+    """Every ``*_ANNOTATION`` of the agent's own domain in agent.recovery's modules: {value: where defined}."""
+    found: dict[str, str] = {}
+    for info in pkgutil.iter_modules(agent.recovery.__path__, prefix="agent.recovery."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.endswith("_ANNOTATION") and isinstance(value, str) and value.startswith(f"{DOMAIN}/"):
+                found.setdefault(value, f"{info.name}.{name}")
+    return found
+
+
+def test_the_policy_owns_exactly_the_annotations_the_agent_writes_on_its_node() -> None:
+    """The list in the policy (and its message, and the docs) is the agent's own constants: a new annotation
+    the agent writes on its Node cannot be silently refused by the policy."""
+    constants = agents_annotation_constants()
+    assert set(constants) == ON_THE_NODE | set(NOT_WRITTEN_ON_THE_NODE), "classify each new annotation here"
+    (variable,) = [v for v in load_policy()["spec"]["variables"] if v["name"] == "ownedAnnotations"]
+    env = celpy.Environment()
+    program = env.program(env.compile(variable["expression"]))
+    for on_node, expected in ((True, ON_THE_NODE), (False, {BUDGET_ANNOTATION})):
+        listed = program.evaluate({"variables": celpy.celtypes.MapType({"isNode": celpy.celtypes.BoolType(on_node)})})
+        assert sorted(str(k) for k in listed) == sorted(expected)
+    (rule,) = [v for v in load_policy()["spec"]["validations"] if "annotations it owns" in v.get("message", "")]
+    section = (DAEMONSET.parent / "docs" / "deploy.md").read_text().split("## 10.")[1].split("\n## ")[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| annotations |")]
+    for key in ON_THE_NODE:
+        short = key.removeprefix(DOMAIN)
+        assert short in rule["message"], key
+        assert f"`{short}`" in row or f"`{key}`" in row, key
 
 
 def test_the_chart_and_the_component_ship_the_same_policy() -> None:

@@ -298,26 +298,38 @@ GOOD = attempt().to_json()
 
 
 @pytest.mark.parametrize(
-    ("change", "field"),
+    ("change", "field", "says"),
     [
-        pytest.param({"at": 10**400}, "'at'", id="an integer too large for a float"),
-        pytest.param({"at": float("nan")}, "'at'", id="NaN"),
-        pytest.param({"deadline": -1e308}, "'deadline'", id="a deadline before 1970"),
-        pytest.param({"deadline": AT + 10 * 86_400}, "'deadline'", id="a deadline days after the request"),
-        pytest.param({"at": AT + 30 * 86_400, "deadline": AT + 30 * 86_400}, "'at'", id="a request in the future"),
-        pytest.param({"at": True}, "'at'", id="a boolean time"),
-        pytest.param({"state": "done"}, "'state'", id="an unknown state"),
-        pytest.param({"remedy": "replace"}, "'remedy'", id="an unknown remedy"),
-        pytest.param({"incident": ""}, "'incident'", id="no incident"),
-        pytest.param({"boot": "x" * 300}, "'boot'", id="a boot id too long"),
-        pytest.param({"state": "finished"}, "'finishedAt'", id="finished without a time"),
-        pytest.param({"extra": 1}, "unknown fields", id="an unknown field"),
+        pytest.param({"at": 10**400}, "at", "must be a time", id="an integer too large for a float"),
+        pytest.param({"at": float("nan")}, "at", "must be a time", id="NaN"),
+        pytest.param({"deadline": -1e308}, "deadline", "must be a time", id="a deadline before 1970"),
+        pytest.param({"deadline": AT + 10 * 86_400}, "deadline", "after now", id="a deadline days after the request"),
+        pytest.param({"deadline": AT + 1.5 * 86_400}, "deadline", "after at", id="a deadline a day and more after it"),
+        pytest.param({"deadline": AT - 1}, "deadline", "after at", id="a deadline before the request"),
+        pytest.param(
+            {"at": AT + 30 * 86_400, "deadline": AT + 30 * 86_400}, "at", "after now", id="a request in the future"
+        ),
+        pytest.param({"at": True}, "at", "must be a time", id="a boolean time"),
+        pytest.param({"state": "done"}, "state", "must be one of", id="an unknown state"),
+        pytest.param({"remedy": "replace"}, "remedy", "must be one of", id="an unknown remedy"),
+        pytest.param({"incident": ""}, "incident", "non-empty string", id="no incident"),
+        pytest.param({"boot": "x" * 300}, "boot", "at most 256 characters", id="a boot id too long"),
+        pytest.param({"state": "finished"}, "finishedAt", "exactly when", id="finished without a time"),
+        pytest.param({"finishedAt": AT}, "finishedAt", "exactly when", id="a time without finished"),
+        pytest.param({"extra": 1}, "extra", "is not a field", id="an unknown field"),
     ],
 )
-def test_a_corrupt_ledger_names_its_field_and_never_raises(change, field):
+def test_a_corrupt_ledger_names_its_field_and_never_raises(change, field, says):
     node = {"metadata": {"annotations": {ATTEMPT_ANNOTATION: json.dumps({**GOOD, **change})}}}
     record, problem = attempts.parse_attempt(node, now=AT)
-    assert record is None and field in problem
+    assert record is None and problem.startswith(f"attempt: {field}: ") and says in problem, problem
+
+
+@pytest.mark.parametrize("text", ["", "   "], ids=["empty", "blank"])
+def test_a_blank_ledger_is_corrupt_not_absent(text):
+    """Absent would let a reboot be requested at once; a ledger someone blanked may hide one in flight."""
+    record, problem = attempts.parse_attempt({"metadata": {"annotations": {ATTEMPT_ANNOTATION: text}}}, now=AT)
+    assert record is None and problem.startswith("attempt: blank"), problem
 
 
 def test_the_ledger_round_trips():

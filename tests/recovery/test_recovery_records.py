@@ -1,10 +1,10 @@
 """Every record recovery reads back from the cluster, checked by one set of rules (agent.recovery.fields).
 
 One table over every field of every record (the budget Lease, the pause Lease, the incident, the ladder's
-history, the flap record) with hostile values: an integer too large for a float, NaN, the infinities,
--1e308, steps below 0 and past the ladder, wrong types, over-long strings. Each is corrupt, named by record
-and field, and raises only the record's documented error (or returns the codec's "corrupt" result):
-never OverflowError, IndexError, TypeError or ValueError of another kind.
+history, the flap record, the reboot attempt ledger) with hostile values: an integer too large for a float,
+NaN, the infinities, -1e308, steps below 0 and past the ladder, wrong types, over-long strings. Each is
+corrupt, named by record and field, and raises only the record's documented error (or returns the codec's
+"corrupt" result): never OverflowError, IndexError, TypeError or ValueError of another kind.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agent.recovery.attempt import ATTEMPT_ANNOTATION, parse_attempt
 from agent.recovery.budget import CorruptBudget, decode_state
 from agent.recovery.fields import MAX_RECORD, CorruptRecord
 from agent.recovery.flaps import FLAP_ANNOTATION, parse_flaps
@@ -43,6 +44,8 @@ def on_node(annotation: str) -> Callable[[str], str]:
             return parse_incident(node, now=NOW)[1]
         if annotation == FLAP_ANNOTATION:
             return parse_flaps(node, now=NOW)[1]
+        if annotation == ATTEMPT_ANNOTATION:
+            return parse_attempt(node, now=NOW)[1]
         return parse_history(node, now=NOW).problem
 
     return read
@@ -65,6 +68,7 @@ READ = {
     "incident": on_node(INCIDENT_ANNOTATION),
     "history": on_node(HISTORY_ANNOTATION),
     "flaps": on_node(FLAP_ANNOTATION),
+    "attempt": on_node(ATTEMPT_ANNOTATION),
 }
 RUNG = {
     "incident": "GpuXid/GpuXid79/n/1",
@@ -106,6 +110,17 @@ VALID: dict[str, dict[str, Any]] = {
     },
     "history": {"rungs": [RUNG], "opened": [{"incident": "GpuXid/GpuXid79/n/1", "condition": "GpuXid", "at": NOW}]},
     "flaps": {"count": 2, "lastUncordon": NOW},
+    "attempt": {
+        "incident": "GpuXid/GpuXid79/n/1",
+        "remedy": "reboot",
+        "state": "finished",
+        "boot": "boot-1",
+        "at": NOW - 600,
+        "deadline": NOW + 300,
+        "finishedAt": NOW - 300,
+        "finishedBoot": "boot-2",
+        "message": "instance i-1",
+    },
 }
 # (record, the path to the field in VALID, its name in the error, the hostile values)
 FIELDS: list[tuple[str, tuple[Any, ...], str, list[str]]] = [
@@ -150,6 +165,11 @@ FIELDS: list[tuple[str, tuple[Any, ...], str, list[str]]] = [
     ("history", ("opened", 0, "at"), "opened[0].at", TIME),
     ("flaps", ("count",), "count", [*INT, "0", "65"]),
     ("flaps", ("lastUncordon",), "lastUncordon", TIME),
+    *(("attempt", (key,), key, [*TEXT, '""', '"' + "x" * 257 + '"']) for key in ("incident", "boot")),
+    *(("attempt", (key,), key, TEXT) for key in ("finishedBoot", "message")),
+    ("attempt", ("message",), "message", ['"' + "x" * 301 + '"']),
+    *(("attempt", (key,), key, CHOICE) for key in ("remedy", "state")),
+    *(("attempt", (key,), key, TIME) for key in ("at", "deadline", "finishedAt")),
 ]
 
 
@@ -215,3 +235,10 @@ def test_times_far_ahead_of_now_are_corrupt_except_a_window_end_within_its_windo
     assert read(json.dumps({"rungs": [{**RUNG, "windowEnd": NOW + 86_400 + 1201}]})).startswith(
         "history: rungs[0].windowEnd: is "
     )
+
+
+@pytest.mark.parametrize(("key", "name"), [("extra", "extra"), ("k" * 5000, "k" * 60 + "...")], ids=["short", "5000"])
+def test_a_field_the_ledger_does_not_know_is_corrupt_and_named_bounded(key, name):
+    problem = READ["attempt"](json.dumps({**VALID["attempt"], key: 1}))
+    assert problem.startswith(f"attempt: {name}: is not a field of this record"), problem[:300]
+    assert len(problem) < 2000
