@@ -441,9 +441,7 @@ def test_runner_cancel_kills_the_process_group_at_once(tmp_path: Path) -> None:
     timer = threading.Thread(target=stop_once_running)
     timer.start()
     # Its own timeout is an hour: only the cancel can end it; a cancel that kills nothing hangs the run.
-    result = finishes(
-        lambda: run_process([str(prog)], timeout=3600.0, cancel=cancel), what="the cancelled plugin run"
-    )
+    result = finishes(lambda: run_process([str(prog)], timeout=3600.0, cancel=cancel), what="the cancelled plugin run")
     timer.join()
     assert result.error == "cancelled: the agent is stopping (process group killed)"
     assert not result.timed_out  # ended by the cancel, not by its own timeout
