@@ -13,6 +13,7 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,29 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not reached within {timeout}s")
+
+
+def finishes(call: Callable[[], T], *, what: str, limit: float = 120.0) -> T:
+    """``call()``'s result (or its exception), run in a thread; fail the test, saying ``what`` hung, when it
+    is not done after ``limit`` seconds. For "does not hang" tests: the limit is generous (a loaded machine
+    is slow, never wrong); nothing is asserted about how long it took."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name=f"finishes: {what}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if not outcome:
+        raise AssertionError(f"{what} hung: not done after {limit:g}s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def process_gone(pid: int) -> bool:

@@ -9,7 +9,6 @@ an outage beginning or ending, a stop).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from agent.adapters.kube import KubeClient, KubeError
 from agent.recovery.drain import Drainer, DrainOutcome, DrainResult, SkippedPod, skip_reason
 from agent.recovery.model import MIRROR_POD_ANNOTATION, SAFE_TO_EVICT_ANNOTATION, DrainSettings, OnDeadline
 
-from helpers import kube_client
+from helpers import finishes, kube_client
 from kubeapi import KubeApiServer
 from kubeapi.authz import PolicyRule
 
@@ -490,25 +489,45 @@ def test_a_broken_report_does_not_break_the_drain(setup) -> None:
     assert setup.drainer(report=broken).run(threading.Event()).outcome is DrainOutcome.DONE
 
 
+class WatchedStop(threading.Event):
+    """A stop event that notes each wait on it: ``waiting`` is set once one began; ``woken`` holds what
+    each returned (True: woken by the stop; False: the wait ran out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.woken: list[bool] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        woken = super().wait(timeout)
+        self.woken.append(woken)
+        return woken
+
+
 def test_without_a_sleep_the_drain_waits_on_its_stop_event(setup) -> None:
     put(setup.server, pod("web-1", labels={"app": "web"}), pdb("web", app="web", min_available=1))
-    stop = threading.Event()
-    drainer = Drainer(
+    stop = WatchedStop()
+    drainer = Drainer(  # the fake clock stands still: no wait can run out, only the stop ends one
         client=setup.client,
         node_name=NODE,
-        settings=DrainSettings(),
+        settings=DrainSettings(timeout=1e9, pod_deadline=1e9),
         clock=setup.time.clock,
         report=lambda kind, message: None,
     )
-    stopper = threading.Timer(0.05, stop.set)  # the agent's SIGTERM, while the drain waits for the budget
-    began = time.monotonic()
+
+    def sigterm() -> None:  # the agent's SIGTERM, while the drain waits for the budget
+        try:
+            stop.waiting.wait(60)
+        finally:
+            stop.set()
+
+    stopper = threading.Thread(target=sigterm)
     stopper.start()
-    try:
-        result = drainer.run(stop)
-    finally:
-        stopper.cancel()
+    result = finishes(lambda: drainer.run(stop), what="the drain after its stop")
+    stopper.join()
     assert result.outcome is DrainOutcome.STOPPED and result.remaining == ("default/web-1",)
-    assert time.monotonic() - began < 2  # woken by the stop, not by the end of a wait
+    assert stop.woken and stop.woken[-1], "the last wait was woken by the stop, not by the end of the wait"
 
 
 def test_kube_error_is_what_the_client_raises(setup) -> None:

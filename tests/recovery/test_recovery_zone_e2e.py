@@ -7,14 +7,15 @@ and the node of the other zone are never touched.
 Then ``pause --pool b`` and ``pause --pool a``, pools named by the operator's own label in ``budget.groups``.
 Pool b's agent is idle (it polls the pause Lease every 5 min, but reads it fresh before any action): a
 fault written to it after the pause is held (``RecoveryPaused``) and it then exports
-``node_health_agent_recovery_paused 1``; pool a's held agents (an incident open: they poll every 5 s)
-export it within 10 s; no agent of another pool does."""
+``node_health_agent_recovery_paused 1``; pool a's held agents (an incident open: each step reads the pause
+Lease) export it from their next step on; no agent of another pool does. Steps, not seconds: a loaded
+machine is slow, never wrong (the 5 s interval itself is timed with an injected clock in
+test_recovery_holds.py::test_an_agent_polls_every_5_s_with_an_incident_open_and_every_5_min_idle)."""
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +61,8 @@ budget:
 """
 
 
-PAUSE_BOUND = 10.0  # seconds from a pause to every agent it covers holding (the issue's figure)
+PAUSE_LEASE_NAME = "node-health-agent-recovery-pause"
+STEP_SLACK = 3  # Node reads after the pause by which a held agent must show it: its next step (+1 stray read)
 
 
 def node(name: str, zone: str, pool: str) -> dict:
@@ -132,6 +134,30 @@ def held(api: KubeApiServer) -> dict[str, str]:
     }
 
 
+def node_reads_since_the_pause(api: KubeApiServer, names: tuple[str, ...]) -> dict[str, int]:
+    """Node -> GETs of that Node (one per recovery step) answered after the latest pause was written."""
+    records = api.requests.snapshot()
+    written = max(
+        i
+        for i, r in enumerate(records)
+        if r.method in ("POST", "PUT")
+        and r.status in (200, 201)
+        and "/leases" in r.path
+        and ((r.body or {}).get("metadata") or {}).get("name") == PAUSE_LEASE_NAME
+    )
+    later = records[written + 1 :]
+    return {n: sum(r.method == "GET" and r.path == f"/api/v1/nodes/{n}" for r in later) for n in names}
+
+
+def paused_by_their_next_step(api: KubeApiServer, agents: dict, members: tuple[str, ...]) -> bool:
+    """All ``members`` export the pause; fails at once if one has stepped past the pause without it."""
+    reads = node_reads_since_the_pause(api, members)  # first: what is scraped after can only be more paused
+    shown = {n: agents[n].paused() for n in members}
+    late = {n: reads[n] for n in members if reads[n] >= STEP_SLACK and shown[n] != "1.0"}
+    assert not late, f"Node reads since the pause without exporting it: {late}"
+    return all(value == "1.0" for value in shown.values())
+
+
 def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path):
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
@@ -157,16 +183,15 @@ def test_a_zone_burst_lets_at_most_one_node_act_and_holds_the_rest(api, tmp_path
         assert {a.paused() for a in agents.values()} == {"0.0"}
         kubeconfig = str(api.write_kubeconfig(tmp_path / "cli-kubeconfig"))
         for pool, members in (("b", AGENTS[3:]), ("a", FAULTY)):  # b: the idle agent; a: the held ones
-            started = time.monotonic()
             argv = ["--pool", pool, "--by", "tester", "--recovery-policy", str(policy)]  # the agents' pool label
             assert main(["pause", "--kubeconfig", kubeconfig, *argv]) == 0
-            if pool == "b":  # idle: the pause takes effect at its next action, read fresh
+            if pool == "b":  # idle: the pause takes effect at its next action, read fresh (never cordoned: below)
                 agents[AGENTS[3]].fault()
                 wait_for(lambda: AGENTS[3] in paused_events(api), timeout=60)
-            wait_for(lambda members=members: all(agents[n].paused() == "1.0" for n in members), timeout=60)
-            took = time.monotonic() - started
-            print(f"pause --pool {pool} -> its {len(members)} agents export paused: {took:.2f}s")
-            assert took <= PAUSE_BOUND, f"{took:.1f}s from the pause to every agent of pool {pool} paused"
+                wait_for(lambda: agents[AGENTS[3]].paused() == "1.0", timeout=60)
+            else:  # held with an incident open: every step reads the pause Lease
+                wait_for(lambda members=members: paused_by_their_next_step(api, agents, members), timeout=60)
+            print(f"pause --pool {pool}: Node reads since, by agent: {node_reads_since_the_pause(api, members)}")
             if pool == "b":
                 assert {agents[n].paused() for n in FAULTY} == {"0.0"}, "pool a is not paused by pool b's pause"
     finally:
