@@ -323,7 +323,7 @@ def _decode(lease: Mapping[str, Any] | None) -> Pauses:
     except CorruptPauses:
         raise
     except (ValueError, TypeError, OverflowError, RecursionError, AttributeError) as exc:
-        raise CorruptPauses(f"{type(exc).__name__}: {exc}"[:200]) from None
+        raise CorruptPauses(RECORD, "", f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
 def corrupt_message(where: str, problem: str) -> str:
