@@ -359,10 +359,9 @@ class _DeadlineHandler(urllib.request.HTTPHandler):
     """``http:`` with a whole-request deadline for an :class:`_ImdsRequest` (IMDS is plain HTTP)."""
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        deadline = getattr(req, "deadline", None)
-        if deadline is None:
+        if not isinstance(req, _ImdsRequest):
             return super().http_open(req)
-        return self.do_open(functools.partial(_DeadlineConnection, deadline=deadline), req)
+        return self.do_open(functools.partial(_DeadlineConnection, deadline=req.deadline), req)
 
 
 class InstanceIdLookup:

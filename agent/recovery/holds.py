@@ -275,6 +275,25 @@ class PauseStore:
             return before, after
         raise KubeError(f"pause Lease {self.where}: still conflicting after {ATTEMPTS} attempts", status=409)
 
+    def reset(self) -> str:
+        """Replace an unreadable annotation with no pause (``resume --all``: the operator lifts every pause,
+        whatever the record held). The problem replaced; "" when the record was readable (nothing written)."""
+        for _ in range(ATTEMPTS):
+            lease = self._get()
+            try:
+                _decode(lease)
+                return ""
+            except CorruptPauses as exc:
+                problem = str(exc)
+            try:
+                self._write(lease, Pauses())
+            except KubeError as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            return problem
+        raise KubeError(f"pause Lease {self.where}: still conflicting after {ATTEMPTS} attempts", status=409)
+
     def _get(self, *, cached: bool = False) -> dict[str, Any] | None:
         try:
             if cached:

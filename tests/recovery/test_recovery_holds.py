@@ -594,10 +594,12 @@ def test_the_cli_never_crashes_on_records_with_times_too_large_for_a_float(api, 
     view = json.loads(capsys.readouterr().out)
     assert "pauses: pauses[0].since: must be a time" in view["pauses"]["problem"]
     assert view["budget"]["state"].startswith("corrupt: budget: actions[0]: must be a time")
-    for argv in (["pause", "--node", "hostile"], ["resume", "--all"]):
-        assert run_cli(api, tmp_path, *argv) == 1
-        err = capsys.readouterr().err
-        assert "pauses: pauses[0].since: must be a time" in err and "Traceback" not in err
+    assert run_cli(api, tmp_path, "pause", "--node", "hostile") == 1
+    err = capsys.readouterr().err
+    assert "pauses: pauses[0].since: must be a time" in err and "Traceback" not in err
+    assert run_cli(api, tmp_path, "resume", "--all") == 0  # lifts every pause, also from an unreadable record
+    out, err = capsys.readouterr()
+    assert "pauses: pauses[0].since: must be a time" in out and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [["pause", "--node", ""], ["pause", "--pool", " "]])

@@ -257,13 +257,19 @@ class Unreadable(Exception):
 
 
 def change(store: Any, **kw: Any) -> tuple[bool, str]:
-    """:func:`apply`, with an unreadable Lease as :class:`Unreadable` naming it and its repair."""
+    """:func:`apply`, with an unreadable Lease as :class:`Unreadable` naming it and its repair; ``resume --all``
+    replaces an unreadable record with no pause (the operator lifts every pause, whatever it held)."""
     from agent.recovery.holds import CorruptPauses, corrupt_message
 
     try:
         return apply(store, **kw)
     except CorruptPauses as exc:
-        raise Unreadable(corrupt_message(store.where, str(exc))) from None
+        if kw["command"] != "resume" or not kw["every"].get("all"):
+            raise Unreadable(corrupt_message(store.where, str(exc))) from None
+    problem = store.reset()  # resume --all lifts every pause, also from a record no one can read
+    if not problem:  # readable again meanwhile (another writer repaired it)
+        return apply(store, **kw)
+    return True, f"recovery resumed by {kw['by']} ({store.where}): lifted every pause of an unreadable record ({problem})"
 
 
 def apply(
