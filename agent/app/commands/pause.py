@@ -269,7 +269,10 @@ def change(store: Any, **kw: Any) -> tuple[bool, str]:
     problem = store.reset()  # resume --all lifts every pause, also from a record no one can read
     if not problem:  # readable again meanwhile (another writer repaired it)
         return apply(store, **kw)
-    return True, f"recovery resumed by {kw['by']} ({store.where}): lifted every pause of an unreadable record ({problem})"
+    return (
+        True,
+        f"recovery resumed by {kw['by']} ({store.where}): lifted every pause of an unreadable record ({problem})",
+    )
 
 
 def apply(
