@@ -1,7 +1,7 @@
 """Fleet simulation: agents as they run in production, as threads across worker processes, against one
 tests/kubeapi server (``bench/run.py fleet``).
 
-Each simulated agent is the Kubernetes-mode wiring of ``agent/app/assembly.py`` with time injected:
+Each simulated agent is the Kubernetes-mode wiring (``agent/app/wiring/``) with time injected:
 the ``node_seeder`` (reads the Node, seeds the state), the ``main_loop`` with the built-in rule packs,
 the ``condition_sink`` (aggregate condition, 300 s heartbeat at the node's phase of a 330 s cycle),
 the ``event_sink`` (in-memory outbox) and the ``recovery`` loop (enabled, the built-in policy and budget,
@@ -185,7 +185,7 @@ class SimAgent:
     def __init__(
         self, *, node: str, client: Any, rule_set: Any, sim: SimTime, policy: Any, seed: int, engines: EngineCopies
     ) -> None:
-        from agent.app.assembly import severity_lookup
+        from agent.app.wiring.state import severity_lookup
         from agent.core.bus import Inbox, SnapshotFeed
         from agent.core.state import NodeState
         from agent.core.types import Provenance
@@ -268,7 +268,7 @@ class SimAgent:
             enabled=True,
             budget=budget,
             mark_unhealthy=self.marker,
-            holds=HoldGate(  # as assembly.hold_gate: the pause Lease read before acting
+            holds=HoldGate(  # as agent.app.wiring.recovery.hold_gate: the pause Lease read before acting
                 store=PauseStore(client=client, namespace=NAMESPACE, lease_name=pause_lease_name(CLUSTER)),
                 client=client,
                 node_name=node,

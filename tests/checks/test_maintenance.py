@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.adapters.aws import IMDS_MAX_BODY, InstanceMetadata
-from agent.app.assembly import agent_checks
 from agent.app.config import load_configuration
+from agent.app.wiring.checks import agent_checks
 from agent.checks.maintenance import (
     CONDITION,
     IMDS_PATH,

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent.adapters.kube import KubeClient
-from agent.app.assembly import stale_checks
 from agent.app.cli import main
+from agent.app.wiring.checks import stale_checks
 from agent.checks.model import ScheduledCheck
 from agent.checks.scheduler import CheckStats
 from agent.core.bus import Inbox, Publication, SnapshotFeed
