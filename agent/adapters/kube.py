@@ -109,8 +109,9 @@ class KubeClient:
                 config.load_incluster_config(client_configuration=cfg)
                 source = "in-cluster service account"
             elif env.get("KUBECONFIG") or Path("~/.kube/config").expanduser().is_file():
-                config.load_kube_config(client_configuration=cfg)
+                # Named here: the client reads KUBECONFIG once, when it is first imported, not at this call.
                 source = env.get("KUBECONFIG") or "~/.kube/config"
+                config.load_kube_config(config_file=source, client_configuration=cfg)
             else:
                 raise KubeConfigError(
                     "no in-cluster service account (KUBERNETES_SERVICE_HOST unset) and no kubeconfig: pass "
