@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.adapters.kube import KubeClient, KubeConfigError
+
 from kubeapi.server import KubeApiServer
 
 
