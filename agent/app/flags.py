@@ -589,7 +589,7 @@ REFERENCE_INTRO = """\
 Every flag of `node-health-agent run` can also be set through its environment variable; the flag
 wins. Most variables are `NHA_<FLAG>` (dashes become underscores). A few keep the names the
 DaemonSet has always used: `ENABLE_RECOVERY`, `CLUSTER_NAME`, `RECOVERY_STARTUP_DELAY` and
-`POD_NAMESPACE`.
+`POD_NAMESPACE`. Where a flag has two variables, the first one set and not empty wins.
 
 A repeatable flag's variable holds a comma-separated list. For `--config` and `--delete-condition`
 the variable adds to the flags; for `--pack` it applies when no `--pack` is given.
@@ -601,10 +601,11 @@ least 10s (it bounds API writes)`.
 
 
 def _row(flag: Flag) -> str:
-    name = f"--{flag.name}" + ("" if flag.kind is Kind.SWITCH else f" {flag.metavar or flag.dest.upper()}")
+    value = flag.metavar or "|".join(flag.choices or ()) or flag.dest.upper()
+    name = (f"--{flag.name}" + ("" if flag.kind is Kind.SWITCH else f" {value}")).replace("|", "\\|")
     env = ", ".join(f"`{var}`" for var in flag.env) or "–"
     default = flag.shown_default or (f"`{flag.default}`" if flag.default else "–")
-    return f"| `{name}` | {env} | {default} | {flag.doc} |".replace("FILE|DIR", "FILE\\|DIR")
+    return f"| `{name}` | {env} | {default} | {flag.doc} |"
 
 
 def reference(flags: Iterable[Flag] = (*RUN_FLAGS, LOG_LEVEL)) -> str:
