@@ -95,6 +95,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
     if refused:
         raise ConfigError([flag.problem(message) for flag, message in refused])
     fields: dict[str, Any] = {f.field: values[f.name] for f in RUN_FLAGS if f.field is not None}
+    # --plugins-dir and --pack both fill plugins_dirs: the directories given, then the packs named.
     fields["plugins_dirs"] = tuple(rule_dirs(plugins_dirs=values["plugins-dir"], packs=values["pack"]))
     if fields["serve_conditions"] is None:
         # Off in Kubernetes mode unless asked for: the messages quote the kernel log, the port is on the pod network.
