@@ -218,7 +218,8 @@ AGENT_FLAGS = (
         default=str(v.DEFAULT_KMSG),
         group=AGENT,
         help="kernel log device",
-        doc="kernel log to read (a kmsg-format file works too)",
+        doc="kernel log to read (a kmsg-format file works too: "
+        "[its format](rule-packs.md#a-kmsg-format-file---kmsg-path-file))",
     ),
     Flag(
         name="boot-id-file",
