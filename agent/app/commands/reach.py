@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.adapters.kube import KubeError
+from agent.app.flags import flag
 from agent.recovery.holds import DEFAULT_PAUSE_LEASE, Pause, Scope, pause_lease_names
 from agent.recovery.model import BUILTIN_CONDITIONS
 
@@ -93,11 +94,11 @@ def agent_pod(pod: Mapping[str, Any]) -> AgentPod | None:
     agent = next((c for c in containers if "run" in _tokens(c) and "kmsg-relay" not in _tokens(c)), None)
     if agent is None:  # labelled as an agent, but no container runs one: cannot tell
         return AgentPod(name=name, node=node if isinstance(node, str) else "", cluster_name=None)
-    recovery = _setting(agent, "--enable-recovery", ("ENABLE_RECOVERY",))
+    recovery = _setting(agent, "--enable-recovery", flag("enable-recovery").env)
     return AgentPod(
         name=name,
         node=node if isinstance(node, str) else "",
-        cluster_name=_setting(agent, "--cluster-name", ("CLUSTER_NAME", "NHA_CLUSTER_NAME")),
+        cluster_name=_setting(agent, "--cluster-name", flag("cluster-name").env),
         recovery=None if recovery is None else recovery.strip().lower() == "true",
     )
 
