@@ -39,8 +39,8 @@ from agent.engine.mainloop import MainLoop
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sinks.stdout import snapshot_json
 from agent.sinks.worker import RESYNC
-from agent.sources.kmsg import KmsgStats
-from agent.sources.kmsg_format import read_boot_id
+from agent.sources.kmsg.boot import read_boot_id
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.producer import Source, SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
@@ -66,7 +66,7 @@ def build_source(settings: Settings) -> Source:
         from agent.sources.relay_client import RelayClient
 
         return RelayClient(path=settings.kmsg_relay, stats=stats)
-    from agent.sources.kmsg import KmsgReader
+    from agent.sources.kmsg.reader import KmsgReader
 
     # Idle, it sleeps on the device until a record or stop comes, waking only to stay within stall_timeout.
     return KmsgReader(path=settings.kmsg_path, stats=stats, idle_wait=settings.stall_timeout / 2)

@@ -6,8 +6,9 @@ import collections
 import threading
 from collections.abc import Sequence
 
+from agent.core.columns import RecordColumns
 from agent.core.timefmt import iso
-from agent.core.types import LogRecord, RecordColumns
+from agent.core.types import LogRecord
 
 _STAMP = len("2026-01-01T00:00:00Z ")  # what each line gets in front of its message
 
