@@ -60,8 +60,8 @@ class RecordBatch:
     """Kernel log records in read order, from one source: given, or to be decoded by the main loop.
 
     A source whose thread should only do I/O hands over raw data and its ``decode`` (parsing and
-    sequence accounting, the source's own code); the main loop runs it. Two threads that both parse
-    and match would spend much of their time handing the interpreter lock back and forth.
+    sequence accounting, the source's own code); the main loop runs it (docs/benchmarks.md, "The kmsg
+    fast path").
     """
 
     records: Sequence[LogRecord] = ()

@@ -112,8 +112,8 @@ class _RecordSlots:
 
     The fast parser fills one of these with plain attribute stores and then makes it a ``LogRecord``
     (``__class__`` assignment, allowed between classes with identical ``__slots__``): a real, frozen
-    ``LogRecord``, built several times faster than the dataclass ``__init__`` allows. Every field must be
-    stored; the kmsg tests check that the result equals :func:`parse_record`'s.
+    ``LogRecord`` without the dataclass ``__init__``. Every field must be stored; the kmsg tests check that
+    the result equals :func:`parse_record`'s.
     """
 
     __slots__ = LogRecord.__slots__
@@ -130,8 +130,7 @@ _RECORD = re.compile("^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)
 _HEADER = re.compile(  # the same without dictionary lines
     "^" + _PRIORITY + r",([0-9]{1,20}),([0-9]{1,20}),([^,;\n]*)[^;\n]*;(.*)", re.MULTILINE
 )
-# A dictionary line's start: the regex engine looks for it a newline at a time, three times as fast as
-# ``"\n " in text``, whose skip table stops at every space.
+# A dictionary line's start, found by the regex engine (docs/benchmarks.md, "The kmsg fast path").
 _DICTIONARY_LINE = re.compile("\n ")
 _MESSAGE = re.compile(  # the same line with only its message as a group (one string a record, no tuple)
     "^(?:" + _PRIORITY[1:] + r",[0-9]{1,20},[0-9]{1,20},[^;\n]*;(.*)", re.MULTILINE

@@ -185,7 +185,7 @@ class KmsgReader:
         """``idle_wait``: the longest a wait for new records on a device or FIFO lasts, i.e. how often an idle
         reader shows it is alive (``stats.last_activity``; default ``poll_interval``). New records (once the
         kernel wakes its readers), :meth:`catch_up` and :meth:`wake` end the wait, so it only sets the idle
-        wakeups (issue 16). ``poller`` makes the poll objects those waits use."""
+        wakeups. ``poller`` makes the poll objects those waits use."""
         if poll_interval <= 0 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("need poll_interval > 0 and 0 < backoff_initial <= backoff_max")
         if idle_wait is not None and idle_wait <= 0:
@@ -222,10 +222,8 @@ class KmsgReader:
         Any thread, any time; False while no device is open, and always for a file or FIFO (a file polls
         readable at its end too).
 
-        The kernel stores a record and marks the device readable at once, but wakes its readers only from its
-        next timer tick (printk's wakeup is lazy irq_work: up to 4 ms at HZ=250; here 1.1-1.6 ms after the
-        record was readable at the median, up to 3.6 ms). A scrape that comes in meanwhile waits for the reader's
-        next batch (:class:`agent.core.bus.CaughtUp`), and without this would wait for that tick too."""
+        The kernel marks the device readable at once but wakes its readers only at its next tick; a scrape
+        (:class:`agent.core.bus.CaughtUp`) would wait for that tick too (docs/benchmarks.md, "The kmsg fast path")."""
         with self._wake_lock:  # never a poll of (or a write to) a descriptor closed and reused meanwhile
             if self._device is None:
                 return False

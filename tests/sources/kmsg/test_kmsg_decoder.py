@@ -193,6 +193,52 @@ def test_the_devices_reads_as_columns_are_the_records_parse_chunk_makes(records,
             assert all(m in line for m, line in zip(columns.messages, data.decode().splitlines(), strict=True))
 
 
+def reference_positions(raws: list[bytes]) -> list[int]:
+    """For each record the reference parser refuses: how many records it made before."""
+    positions, made = [], 0
+    for raw in raws:
+        try:
+            parse_record(raw, boot_time=BOOT)
+        except KmsgParseError:
+            positions.append(made)
+        else:
+            made += 1
+    return positions
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=[mode.value for mode in Mode])
+@settings(deadline=None)  # no per-example time limit: the machine is shared
+@given(
+    records=st.lists(_device_record, min_size=1, max_size=12),
+    first=st.integers(0, 2**64 - 20),
+    jump=st.one_of(st.none(), st.integers(0, 11)),
+    broken=st.one_of(st.none(), st.tuples(st.integers(0, 12), _broken)),
+)
+def test_each_mode_decodes_what_the_reference_parses(mode: Mode, records, first, jump, broken) -> None:
+    """Every mode of the one decoder, fast path or not, gives the records and errors parse_record gives for
+    each record of a chunk read that way: the device's reads, a file's records, the relay's frames."""
+    raws = []
+    seq = first
+    for i, (prio, usec, flags, message, fields) in enumerate(records):
+        seq += 3 if i == jump else 0
+        raws.append(
+            f"{prio},{seq},{usec},{flags};".encode()
+            + escape(message.encode())
+            + b"".join(b"\n " + escape(k.encode()) + b"=" + escape(v.encode()) for k, v in fields.items())
+        )
+        seq += 1
+    if broken is not None:  # the kernel's own device formats every line: a broken one only at an end
+        at = broken[0] if mode is not Mode.KERNEL_DEVICE else 0 if broken[0] % 2 else len(raws)
+        raws.insert(min(at, len(raws)), broken[1])
+    chunk = [raw + b"\n" for raw in raws] if mode is Mode.RELAY else chunk_of(raws)
+    decoded = decode(chunk, mode=mode, boot_time=BOOT)
+    expected_records, expected_errors = reference(raws)
+    assert list(decoded.records) == expected_records and all(type(r) is LogRecord for r in decoded.records)
+    assert [str(error) for _, error in decoded.errors] == expected_errors
+    assert [before for before, _ in decoded.errors] == reference_positions(raws)
+    assert not decoded.bad_lines
+
+
 @settings(deadline=None)  # no per-example time limit: the machine is shared
 @given(data=st.binary(max_size=300))
 def test_parse_chunk_only_reports_never_raises(data: bytes) -> None:
