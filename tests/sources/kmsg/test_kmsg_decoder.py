@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.columns import RecordColumns
 from agent.core.types import LogRecord
 from agent.sources.kmsg import decoder as kmsg_format
 from agent.sources.kmsg.decoder import Mode, decode, scan
@@ -234,6 +235,10 @@ def test_each_mode_decodes_what_the_reference_parses(mode: Mode, records, first,
     decoded = decode(chunk, mode=mode, boot_time=BOOT)
     expected_records, expected_errors = reference(raws)
     assert list(decoded.records) == expected_records and all(type(r) is LogRecord for r in decoded.records)
+    columns = RecordColumns.of(decoded.records)  # what the main loop reads in place of the records
+    assert list(columns.seqs) == [r.seq for r in expected_records]
+    assert list(columns.timestamps) == [r.timestamp for r in expected_records]
+    assert list(columns.messages) == [r.message for r in expected_records]
     assert [str(error) for _, error in decoded.errors] == expected_errors
     assert [before for before, _ in decoded.errors] == reference_positions(raws)
     assert not decoded.bad_lines
