@@ -58,9 +58,7 @@ class Decoded:
     bad_lines: list[KmsgParseError]
 
 
-def decode(
-    chunk: bytes | Sequence[bytes], *, mode: Mode, boot_time: float, source: str = "kmsg"
-) -> Decoded:
+def decode(chunk: bytes | Sequence[bytes], *, mode: Mode, boot_time: float, source: str = "kmsg") -> Decoded:
     """Decode complete records read in ``mode``: bytes, or in :attr:`Mode.RELAY` one frame a record.
 
     ``boot_time`` is the wall-clock time of boot; a record's time is ``boot_time + usec / 1e6``. Every line
@@ -70,9 +68,11 @@ def decode(
     ``bad_lines`` (a frame's is dropped unreported, as :func:`parse_record` drops it).
     """
     if mode is Mode.RELAY:
-        assert not isinstance(chunk, bytes)  # noqa: S101  # a relay chunk is its frames
+        if isinstance(chunk, bytes):
+            raise TypeError("a relay chunk is its frames, one record each")
         return _frames(chunk, boot_time=boot_time, source=source)
-    assert isinstance(chunk, bytes)  # noqa: S101
+    if not isinstance(chunk, bytes):
+        raise TypeError(f"a {mode.value} chunk is bytes")
     columns = scan(chunk, mode=mode, boot_time=boot_time, source=source)
     if columns is not None:
         return Decoded(records=columns, errors=[], bad_lines=[])
