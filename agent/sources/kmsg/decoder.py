@@ -300,5 +300,3 @@ def _dictionary_line(
         return False
     records[-1].fields[key] = value  # type: ignore[index]  # a fresh dict, not yet handed out
     return False
-
-
