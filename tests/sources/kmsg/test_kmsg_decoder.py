@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agent.core.columns import RecordColumns
 from agent.core.types import LogRecord
-from agent.sources.kmsg import decoder as kmsg_format
+from agent.sources.kmsg import decoder
 from agent.sources.kmsg.decoder import Mode, decode, scan
 from agent.sources.kmsg.format import KmsgParseError, parse_record
 
@@ -299,7 +299,7 @@ def _well_formed(raw: bytes) -> bool:
     dictionary = raw.rstrip(b"\n").split(b"\n")[1:]
     return (
         raw.isascii()
-        and raw.split(b",", 1)[0].decode() in kmsg_format._PRIORITIES
+        and raw.split(b",", 1)[0].decode() in decoder._PRIORITIES
         and all(b"=" in line[2:] for line in dictionary)  # every line KEY=value, the key not empty
     )
 
@@ -391,7 +391,7 @@ def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, d
 
 def test_the_fast_parser_knows_every_log_record_field() -> None:
     """The fast path stores every LogRecord field itself: a new field must be added there too."""
-    assert tuple(f.name for f in dataclasses.fields(LogRecord)) == kmsg_format._RecordSlots.__slots__
+    assert tuple(f.name for f in dataclasses.fields(LogRecord)) == decoder._RecordSlots.__slots__
     assert not hasattr(LogRecord, "__post_init__")
 
 
