@@ -14,7 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.kmsg.reader import KmsgReader
+from agent.sources.kmsg.stats import KmsgStats
 
 # (weight, priority): mostly kernel info, some notice/warning/debug, a few userspace (facility 1) writes.
 _PRIORITIES = ((70, 6), (10, 5), (8, 4), (5, 7), (4, 12), (3, 14))

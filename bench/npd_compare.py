@@ -248,7 +248,7 @@ def kmsg_record(seq: int, text: str, *, prio: int = 6, usec: int = 0) -> str:
 
 def _record(entry: Any, *, seq: int, where: str, saved_log: bool, kmsg_records: bool) -> Record:
     from agent.detectors.pipeline import saved_log_line
-    from agent.sources.kmsg_format import KmsgParseError, parse_record
+    from agent.sources.kmsg.format import KmsgParseError, parse_record
 
     age = 0.0
     kmsg = None

@@ -55,7 +55,7 @@ class _QueueSource:
     def __init__(self) -> None:
         import queue
 
-        from agent.sources.kmsg import KmsgStats
+        from agent.sources.kmsg.stats import KmsgStats
 
         self.stats = KmsgStats()
         self._queue: queue.Queue = queue.Queue()

@@ -14,7 +14,7 @@ at start:
 
 - valid: the scheduler gets the new set of checks at once (unchanged declarations keep their
   running check object and its memory: baselines, flap history), and the main loop gets the new
-  kernel log rules and conditions (a :class:`~agent.core.bus.Reconfigure` item);
+  kernel log rules and conditions (a :class:`~agent.engine.inputs.Reconfigure` item);
 - invalid: the error is logged with every problem, counted, shown in ``/healthz`` details, and the
   last good configuration keeps running (``/healthz`` stays green: the agent is fine). The same
   broken content is not tried again.
@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from agent.app.config import Loaded, load_configuration
 from agent.checks.model import CheckContext
-from agent.core.bus import Inbox, Reconfigure
+from agent.core.bus import Inbox
 from agent.core.configdoc import PACK_SUFFIXES, discover
 from agent.core.docreader import Refused, read_config_bytes
 from agent.core.errors import ConfigError
+from agent.engine.inputs import Reconfigure
 
 if TYPE_CHECKING:
     from agent.checks.scheduler import CheckScheduler

@@ -35,13 +35,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
-from agent.core.types import Condition, ConditionSpec, Event, LogRecord, Snapshot
-
-if TYPE_CHECKING:  # a bus item the checks produce; the bus itself never looks inside
-    from agent.checks.model import CheckReport
-    from agent.detectors.model import RuleSet
+from agent.core.types import Condition, Event, LogRecord, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +60,8 @@ class RecordBatch:
     """Kernel log records in read order, from one source: given, or to be decoded by the main loop.
 
     A source whose thread should only do I/O hands over raw data and its ``decode`` (parsing and
-    sequence accounting, the source's own code); the main loop runs it. Two threads that both parse
-    and match would spend much of their time handing the interpreter lock back and forth.
+    sequence accounting, the source's own code); the main loop runs it (docs/benchmarks.md, "The kmsg
+    fast path").
     """
 
     records: Sequence[LogRecord] = ()
@@ -85,17 +81,6 @@ class SeedConditions:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Reconfigure:
-    """A reloaded configuration for the main loop: new kernel log rules, the conditions now declared,
-    and the checks that no longer exist (their counters are dropped)."""
-
-    rule_set: RuleSet
-    conditions: Sequence[ConditionSpec]
-    removed_checks: Sequence[str] = ()
-    generation: int = 0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Notice:
     """Events from a component that acts (recovery: cordoned, blocked by the budget, dry run ...).
 
@@ -105,7 +90,9 @@ class Notice:
     events: Sequence[Event]
 
 
-Input: TypeAlias = "RecordBatch | SeedConditions | CheckReport | Reconfigure | Notice"
+# What producers put: the items here, and the features' own (a check's CheckReport, the engine's Reconfigure).
+# The bus never looks inside; the main loop tells them apart.
+Input: TypeAlias = object
 
 
 _WAKE = object()  # what Inbox.wake() puts: a get() returns None for it
@@ -172,7 +159,7 @@ class Inbox:
         nobody waits."""
         self._woken = True
         with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(_WAKE)  # type: ignore[arg-type]  # never handed out
+            self._queue.put_nowait(_WAKE)  # never handed out
 
     def gather(self, *, timeout: float) -> None:
         """Wait up to ``timeout`` seconds while the inbox holds fewer than half the items it can, and

@@ -6,8 +6,9 @@ import collections
 import threading
 from collections.abc import Sequence
 
+from agent.core.columns import RecordColumns
 from agent.core.timefmt import iso
-from agent.core.types import LogRecord, RecordColumns
+from agent.core.types import LogRecord
 
 _STAMP = len("2026-01-01T00:00:00Z ")  # what each line gets in front of its message
 
@@ -17,8 +18,8 @@ class LineRing:
     (UTF-8, a newline each) in all, a message cut at ``max_line`` characters; ``dropped`` counts the rest.
 
     The main loop hands over every kernel log record it reads; the diagnostics bundle copies them out as
-    lines. Kept as (time, message, bytes) and written as text only when copied out: formatting a time
-    for each record as it was read cost 7 µs a record, more than reading and matching it (issue 16)."""
+    lines. Kept as (time, message, bytes) and written as text only when copied out (docs/benchmarks.md,
+    "The kmsg fast path")."""
 
     def __init__(self, *, max_lines: int = 5000, max_bytes: int = 1 << 20, max_line: int = 1024) -> None:
         if max_lines < 1 or max_bytes < 1 or max_line < 1:

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from agent.core.types import Finding, LogRecord, Mapped, RecordColumns
+from agent.core.columns import Mapped, RecordColumns
+from agent.core.types import Finding, LogRecord
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine

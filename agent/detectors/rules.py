@@ -116,8 +116,7 @@ class FindingBuilder:
         reason = bounded_reason(rule.reason.format_map(_Fields(fields))) if "{" in rule.reason else rule.reason
         if rule.suffix:
             message = f"{message}; {rule.suffix}"
-        # Finding's frozen dataclass __init__ costs ~4 µs (a checked store per field); every fault line
-        # makes one, so it is filled as its slot twin and then made a real, frozen Finding (~1 µs).
+        # Filled as its slot twin, then made a real, frozen Finding (docs/benchmarks.md, "The kmsg fast path").
         finding: Any = object.__new__(_FindingSlots)
         finding.rule = rule.name
         finding.type = rule.type

@@ -26,17 +26,18 @@ from agent.core.bus import (
     Inbox,
     Input,
     Notice,
-    Reconfigure,
     RecordBatch,
     SeedConditions,
     SnapshotFeed,
     iter_inputs,
 )
+from agent.core.columns import RecordColumns
 from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
-from agent.core.types import Event, RecordColumns, Snapshot
+from agent.core.types import Event, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
+from agent.engine.inputs import Reconfigure
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 log = logging.getLogger(__name__)

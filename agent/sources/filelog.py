@@ -39,7 +39,7 @@ from agent.core.patterns import MAX_MEMORY, Spans, compile_anchored, spans_funct
 from agent.core.regex import PatternError
 from agent.core.types import LogRecord
 from agent.sources.golayout import Layout, LayoutError, TimestampError, compile_layout
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
 
 _logger = logging.getLogger(__name__)

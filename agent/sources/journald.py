@@ -45,7 +45,7 @@ from agent.core import proctree
 from agent.core.backoff import Backoff
 from agent.core.process import DEFAULT_PATH, resolve
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.polling import Poll, polled_chunks
 
 _logger = logging.getLogger(__name__)

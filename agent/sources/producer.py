@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 from agent.core.bus import Inbox, RecordBatch
 from agent.core.supervisor import Wakeable
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 
 
 class Source(Protocol):

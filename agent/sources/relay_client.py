@@ -3,7 +3,7 @@
 The unprivileged agent cannot open the host's ``/dev/kmsg``; a privileged relay container can, and
 serves its raw records on a socket in a shared emptyDir. :class:`RelayClient` is a drop-in
 :class:`agent.sources.producer.Source` for that socket: same ``KmsgStats``, same ``LogRecord`` s, same sequence
-accounting as :class:`~agent.sources.kmsg.KmsgReader`.
+accounting as :class:`~agent.sources.kmsg.reader.KmsgReader`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 from agent.core.backoff import Backoff
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgStats, SequenceTracker
-from agent.sources.kmsg_format import KmsgParseError, parse_record
+from agent.sources.kmsg.decoder import Mode, decode
+from agent.sources.kmsg.sequence import SequenceTracker
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_protocol import HEADER, MAX_FRAME, Hello, ProtocolError
 
 _logger = logging.getLogger(__name__)
@@ -261,18 +262,16 @@ class RelayClient:
         stats = self._stats
         while (payloads := frames.frames(limit=BATCH_MAX)) is not None:
             self._touch()  # after the hello every frame is a record or a heartbeat
+            decoded = decode([p for p in payloads if p], mode=Mode.RELAY, boot_time=hello.boot_time)  # b"": heartbeat
             batch: list[LogRecord] = []
-            for payload in payloads:
-                if not payload:
-                    continue  # heartbeat
-                try:
-                    record = parse_record(payload, boot_time=hello.boot_time)
-                except KmsgParseError as exc:
-                    stats.parse_errors += 1
-                    self._log.warning("kmsg relay: skipping a record: %s", exc)
-                    continue
-                if record.seq is not None and tracker.accept(record.seq):
-                    batch.append(record)
+            start = 0
+            records = decoded.records
+            for before, error in decoded.errors:
+                batch += tracker.accept_all(records[start:before])
+                start = before
+                stats.parse_errors += 1
+                self._log.warning("kmsg relay: skipping a record: %s", error)
+            batch += tracker.accept_all(records[start:])
             if batch:
                 stats.records_read += len(batch)
                 stats.last_record_time = batch[-1].timestamp

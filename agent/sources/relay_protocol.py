@@ -28,7 +28,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
-from agent.sources.kmsg_format import boot_time_now, read_boot_id
+from agent.sources.kmsg.boot import boot_time_now, read_boot_id
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ same: a peer that is not root, not ``client_uid`` and not ``client_gid`` is clos
 counted and logged (rate-limited); it never displaces the current session.
 
 Every connection gets the whole ring buffer, oldest record first: each client gets its own fresh
-:class:`~agent.sources.kmsg.KmsgReader` (which also survives EPIPE overruns and reopens), so an
+:class:`~agent.sources.kmsg.reader.KmsgReader` (which also survives EPIPE overruns and reopens), so an
 agent that reconnects can replay since boot and skip what it has already seen by sequence number.
 One client at a time, and the first keeps it: while a session is live (its client connected), a new
 connection, even an allowed one, is closed at once before the hello, counted (``busy``) and logged
@@ -46,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sources.kmsg import KmsgReader, KmsgStats
+from agent.sources.kmsg.reader import KmsgReader
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_protocol import HEADER, MAX_FRAME, current_hello, encode_frame
 
 log = logging.getLogger(__name__)

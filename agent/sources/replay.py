@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from agent.core.columns import RecordColumns
 from agent.core.statedir import atomic_write
-from agent.core.types import LogRecord, MicrosecondTimes, RecordColumns
+from agent.core.types import LogRecord
+from agent.sources.kmsg.columns import MicrosecondTimes
 
 _logger = logging.getLogger(__name__)
 

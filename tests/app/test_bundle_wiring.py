@@ -21,7 +21,7 @@ from agent.app.settings import Settings
 from agent.core.paths import builtin_plugins_dir
 from agent.core.types import LogRecord
 from agent.recovery.model import INCIDENT_ANNOTATION
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 
 from helpers import wait_for
 from helpers.aws import REGION

@@ -22,7 +22,7 @@ from agent.app.config import load_rule_set
 from agent.app.settings import Settings
 from agent.core.paths import builtin_plugins_dir
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 
 from helpers import wait_for
 from kubeapi.server import KubeApiServer

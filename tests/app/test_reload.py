@@ -18,10 +18,11 @@ from agent.app.config import load_configuration
 from agent.app.reload import ConfigWatcher, Relevant
 from agent.checks.model import CheckContext, CheckResult, CheckStatus
 from agent.checks.scheduler import CheckScheduler
-from agent.core.bus import Inbox, Reconfigure
+from agent.core.bus import Inbox
 from agent.core.process import run_process
 from agent.core.statedir import atomic_write
 from agent.core.types import ConditionSpec
+from agent.engine.inputs import Reconfigure
 
 from helpers import http_get, start_standalone_agent, wait_for
 from helpers.threads import wakeups_while_asleep

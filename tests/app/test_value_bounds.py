@@ -35,7 +35,7 @@ from agent.core.types import Event, Severity, Snapshot
 from agent.sinks.events import MAX_BUCKETS, EventSink
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 from agent.sinks.stdout import StdoutSink
-from agent.sources.kmsg_format import parse_chunk
+from agent.sources.kmsg.decoder import Mode, decode
 
 from helpers import free_port, http_get, kube_client, wait_for
 from helpers.agents import NAMESPACE, NODE, Agent, cloudwatch_metrics, condition, node, recent_usec
@@ -121,7 +121,7 @@ def kmsg_records(errors: list[str], *, first_seq: int) -> list:
     """The records the kernel would give for these lines (the real kmsg format, parsed as the reader parses it)."""
     usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
     data = "".join(f"3,{first_seq + i},{usec + i},-;{hw_error(e)}\n" for i, e in enumerate(errors)).encode()
-    parsed = parse_chunk(data, boot_time=time.time() - usec / 1e6)
+    parsed = decode(data, mode=Mode.FILE, boot_time=time.time() - usec / 1e6)
     assert len(parsed.records) == len(errors) and not parsed.errors
     return parsed.records
 

@@ -189,7 +189,7 @@ def test_summary_counts_points_and_the_rest(nc) -> None:
 
 
 def test_kernel_escape_is_undone_by_our_kmsg_parser(nc) -> None:
-    from agent.sources.kmsg_format import parse_record
+    from agent.sources.kmsg.format import parse_record
 
     text = "tab\there, caf\u00e9, back\\slash, line\nbreak"
     record = nc.kmsg_record(7, text)

@@ -26,7 +26,7 @@ from agent.checks.loader import build_checks
 from agent.checks.model import ENTRY_POINT_GROUP, CheckContext, CheckResult, CheckStatus, ScheduledCheck, Value
 from agent.core.paths import builtin_plugins_dir
 from agent.core.types import ConditionSpec, Status
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 
 import helpers
 from helpers import REPO

@@ -17,7 +17,7 @@ import yaml
 from agent.app.cli import simulate_lines
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
-from agent.sources.kmsg_format import parse_chunk
+from agent.sources.kmsg.decoder import Mode, decode
 
 from helpers.k8srender import CHART, REPO
 
@@ -71,7 +71,7 @@ def _kmsg_example() -> bytes:
 
 
 def test_the_kmsg_format_example_parses_as_documented() -> None:
-    parsed = parse_chunk(_kmsg_example(), boot_time=1_000.0)
+    parsed = decode(_kmsg_example(), mode=Mode.FILE, boot_time=1_000.0)
     assert parsed.errors == [] and parsed.bad_lines == []
     rows = [
         (r.seq, r.facility, r.priority, r.monotonic_usec, r.timestamp, r.continuation, r.fields) for r in parsed.records

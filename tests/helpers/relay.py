@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_client import RelayClient
 from agent.sources.relay_protocol import HEADER, PROTO, Hello, encode_frame
 from agent.sources.relay_server import RelayStats, run_relay

@@ -26,7 +26,7 @@ import pytest
 
 import agent.sources.relay_client as relay_source
 from agent.core.bus import Inbox
-from agent.sources.kmsg_format import boot_time_now, read_boot_id
+from agent.sources.kmsg.boot import boot_time_now, read_boot_id
 from agent.sources.producer import SourceProducer
 from agent.sources.relay_client import BATCH_MAX
 from agent.sources.relay_protocol import HEADER, PROTO, Hello, encode_frame

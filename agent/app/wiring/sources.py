@@ -12,7 +12,7 @@ from agent.app.wiring.kube import KubeSetup
 from agent.core.bus import Inbox
 from agent.core.types import Severity
 from agent.detectors.pipeline import DetectionPipeline
-from agent.sources.kmsg import KmsgStats
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.producer import Source, SourceProducer
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def build_source(settings: Settings) -> Source:
         from agent.sources.relay_client import RelayClient
 
         return RelayClient(path=settings.kmsg_relay, stats=stats)
-    from agent.sources.kmsg import KmsgReader
+    from agent.sources.kmsg.reader import KmsgReader
 
     # Idle, it sleeps on the device until a record or stop comes, waking only to stay within stall_timeout.
     return KmsgReader(path=settings.kmsg_path, stats=stats, idle_wait=settings.stall_timeout / 2)

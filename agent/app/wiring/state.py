@@ -19,7 +19,7 @@ from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
 from agent.core.types import Condition, ConditionSpec, Provenance, Severity, Status
 from agent.detectors.rulepack import RuleSet
-from agent.sources.kmsg_format import read_boot_id
+from agent.sources.kmsg.boot import read_boot_id
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agent.core.types import LogRecord
-from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats, is_kernel_log
+from agent.sources.kmsg.reader import MAX_BATCH, KmsgReader, is_kernel_log
+from agent.sources.kmsg.stats import KmsgStats
 
 from helpers import ScriptedRead, wait_for
 
@@ -152,13 +153,13 @@ def test_only_the_devices_reads_are_vouched_for_as_numbered_in_order(tmp_path: P
     numbered from their ends; a file's records may come in any order and are read one by one."""
     reader = reader_for("/dev/kmsg", KmsgStats(), opener=device_opener, read=ScriptedRead([rec(1), rec(2), rec(3)]))
     chunks = list(reader.chunks(stop=threading.Event()))
-    assert [chunk.device for chunk in chunks] == [True]
+    assert [chunk.mode.device for chunk in chunks] == [True]
     assert isinstance(reader.decode(chunks[0]).seqs, range)
     path = tmp_path / "f.kmsg"
     path.write_bytes(rec(1) + rec(3) + rec(2) + rec(4))
     reader = reader_for(path, KmsgStats())
     chunks = list(reader.chunks(stop=threading.Event()))
-    assert chunks and not any(chunk.device for chunk in chunks)
+    assert chunks and not any(chunk.mode.device for chunk in chunks)
     assert [r.seq for chunk in chunks for r in reader.decode(chunk)] == [1, 3, 4]  # 2 came after 3: passed
 
 

@@ -1,4 +1,4 @@
-"""parse_chunk (many concatenated kmsg records at once) against parse_record (one at a time)."""
+"""The decoder (many concatenated kmsg records at once, in each mode) against parse_record (one at a time)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core.columns import RecordColumns
 from agent.core.types import LogRecord
-from agent.sources import kmsg_format
-from agent.sources.kmsg_format import KmsgParseError, parse_chunk, parse_record
+from agent.sources.kmsg import decoder
+from agent.sources.kmsg.decoder import Mode, decode, scan
+from agent.sources.kmsg.format import KmsgParseError, parse_record
 
 BOOT = 1_700_000_000.0
 
@@ -90,7 +92,7 @@ def chunk_of(raws: list[bytes]) -> bytes:
 
 
 def assert_same(raws: list[bytes], data: bytes) -> None:
-    parsed = parse_chunk(data, boot_time=BOOT)
+    parsed = decode(data, mode=Mode.FILE, boot_time=BOOT)
     expected_records, expected_errors = reference(raws)
     assert [repr(r) for r in parsed.records] == [repr(r) for r in expected_records]
     assert parsed.records == expected_records
@@ -174,12 +176,12 @@ def test_the_devices_reads_as_columns_are_the_records_parse_chunk_makes(records,
     if broken is not None:
         raws.insert(min(broken[0], len(raws)), broken[1])
     data = chunk_of(raws)
-    expected = parse_chunk(data, boot_time=BOOT)
+    expected = decode(data, mode=Mode.FILE, boot_time=BOOT)
     # The kernel's own device formats every line: its way checks the two ends only, so a broken line is put
     # at one of them for it (a line in between would be the kernel's bug).
     at_an_end = broken is None or broken[0] == 0 or broken[0] >= len(raws) - 1
     for kernel in (False, True) if at_an_end else (False,):
-        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True, kernel=kernel)
+        columns = scan(data, boot_time=BOOT, mode=Mode.KERNEL_DEVICE if kernel else Mode.OTHER_DEVICE)
         if columns is None:
             assert broken is not None or not data.isascii()  # only a line the scan cannot take refuses the chunk
             continue
@@ -192,10 +194,60 @@ def test_the_devices_reads_as_columns_are_the_records_parse_chunk_makes(records,
             assert all(m in line for m, line in zip(columns.messages, data.decode().splitlines(), strict=True))
 
 
+def reference_positions(raws: list[bytes]) -> list[int]:
+    """For each record the reference parser refuses: how many records it made before."""
+    positions, made = [], 0
+    for raw in raws:
+        try:
+            parse_record(raw, boot_time=BOOT)
+        except KmsgParseError:
+            positions.append(made)
+        else:
+            made += 1
+    return positions
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=[mode.value for mode in Mode])
+@settings(deadline=None)  # no per-example time limit: the machine is shared
+@given(
+    records=st.lists(_device_record, min_size=1, max_size=12),
+    first=st.integers(0, 2**64 - 20),
+    jump=st.one_of(st.none(), st.integers(0, 11)),
+    broken=st.one_of(st.none(), st.tuples(st.integers(0, 12), _broken)),
+)
+def test_each_mode_decodes_what_the_reference_parses(mode: Mode, records, first, jump, broken) -> None:
+    """Every mode of the one decoder, fast path or not, gives the records and errors parse_record gives for
+    each record of a chunk read that way: the device's reads, a file's records, the relay's frames."""
+    raws = []
+    seq = first
+    for i, (prio, usec, flags, message, fields) in enumerate(records):
+        seq += 3 if i == jump else 0
+        raws.append(
+            f"{prio},{seq},{usec},{flags};".encode()
+            + escape(message.encode())
+            + b"".join(b"\n " + escape(k.encode()) + b"=" + escape(v.encode()) for k, v in fields.items())
+        )
+        seq += 1
+    if broken is not None:  # the kernel's own device formats every line: a broken one only at an end
+        at = broken[0] if mode is not Mode.KERNEL_DEVICE else 0 if broken[0] % 2 else len(raws)
+        raws.insert(min(at, len(raws)), broken[1])
+    chunk = [raw + b"\n" for raw in raws] if mode is Mode.RELAY else chunk_of(raws)
+    decoded = decode(chunk, mode=mode, boot_time=BOOT)
+    expected_records, expected_errors = reference(raws)
+    assert list(decoded.records) == expected_records and all(type(r) is LogRecord for r in decoded.records)
+    columns = RecordColumns.of(decoded.records)  # what the main loop reads in place of the records
+    assert list(columns.seqs) == [r.seq for r in expected_records]
+    assert list(columns.timestamps) == [r.timestamp for r in expected_records]
+    assert list(columns.messages) == [r.message for r in expected_records]
+    assert [str(error) for _, error in decoded.errors] == expected_errors
+    assert [before for before, _ in decoded.errors] == reference_positions(raws)
+    assert not decoded.bad_lines
+
+
 @settings(deadline=None)  # no per-example time limit: the machine is shared
 @given(data=st.binary(max_size=300))
 def test_parse_chunk_only_reports_never_raises(data: bytes) -> None:
-    parsed = parse_chunk(data, boot_time=BOOT)
+    parsed = decode(data, mode=Mode.FILE, boot_time=BOOT)
     assert all(type(r) is LogRecord for r in parsed.records)
     assert all(isinstance(e, KmsgParseError) for _, e in parsed.errors)
 
@@ -211,7 +263,7 @@ def test_errors_say_where_they_were_and_the_seq_when_known() -> None:
         b"garbage\n"
         b"6,4,0,-;d\n no-equals-sign\n K=v\n"
     )
-    parsed = parse_chunk(data, boot_time=BOOT)
+    parsed = decode(data, mode=Mode.FILE, boot_time=BOOT)
     assert [(r.seq, dict(r.fields)) for r in parsed.records] == [(1, {}), (3, {}), (4, {"K": "v"})]
     assert [(before, error.seq) for before, error in parsed.errors] == [(0, None), (1, 2), (2, None)]
     assert "dictionary line without a record header" in str(parsed.errors[0][1])
@@ -220,19 +272,19 @@ def test_errors_say_where_they_were_and_the_seq_when_known() -> None:
 
 @pytest.mark.parametrize("data", [b"", b"\n", b"\n\n\n", b"   \n"])
 def test_blank_input(data: bytes) -> None:
-    parsed = parse_chunk(data, boot_time=BOOT)
+    parsed = decode(data, mode=Mode.FILE, boot_time=BOOT)
     assert parsed.records == []
     assert len(parsed.errors) == (1 if data.strip(b"\n") else 0)  # "   " is a dictionary line without header
 
 
 def test_dictionary_lines_go_to_their_own_record() -> None:
-    parsed = parse_chunk(b"6,1,0,-;a\n A=1\n6,2,0,-;b\n6,3,0,-;c\n C=3\n", boot_time=BOOT)
+    parsed = decode(b"6,1,0,-;a\n A=1\n6,2,0,-;b\n6,3,0,-;c\n C=3\n", mode=Mode.FILE, boot_time=BOOT)
     assert [dict(r.fields) for r in parsed.records] == [{"A": "1"}, {}, {"C": "3"}]
     assert len({id(r.fields) for r in parsed.records}) == 3
 
 
 def test_records_are_real_frozen_log_records() -> None:
-    record = parse_chunk(b"6,1,0,-;a\n", boot_time=BOOT).records[0]
+    record = decode(b"6,1,0,-;a\n", mode=Mode.FILE, boot_time=BOOT).records[0]
     assert type(record) is LogRecord
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.message = "changed"  # type: ignore[misc]
@@ -247,7 +299,7 @@ def _well_formed(raw: bytes) -> bool:
     dictionary = raw.rstrip(b"\n").split(b"\n")[1:]
     return (
         raw.isascii()
-        and raw.split(b",", 1)[0].decode() in kmsg_format._PRIORITIES
+        and raw.split(b",", 1)[0].decode() in decoder._PRIORITIES
         and all(b"=" in line[2:] for line in dictionary)  # every line KEY=value, the key not empty
     )
 
@@ -259,7 +311,7 @@ def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
     raws = [raw for _, raw in CASES if _well_formed(raw)]
     assert len(raws) > 20
     data = chunk_of(raws)
-    columns = kmsg_format.parse_columns(data, boot_time=BOOT)
+    columns = scan(data, boot_time=BOOT, mode=Mode.FILE)
     expected = reference(raws)[0]
     assert columns is not None and list(columns) == expected and columns == expected
     assert list(columns.messages) == [r.message for r in expected]
@@ -268,11 +320,11 @@ def test_a_chunk_of_well_formed_records_takes_the_one_scan_and_agrees() -> None:
     assert_same(raws, data)
     for odd in (b"06,2,0,-;x", b"1024,2,0,-;x", b"6,1,0;x", b"6,1,0,-;m\n =v", b""):
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
-        assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None
+        assert scan(mixed, boot_time=BOOT, mode=Mode.FILE) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
     for between in (b"\n\n", b"\n K=v\n", b"\n 6,1,0,-;x\n"):  # blank lines; a dictionary line after one
         mixed = chunk_of(raws[:3]) + between + chunk_of(raws[3:])
-        assert kmsg_format.parse_columns(mixed, boot_time=BOOT) is None  # the per-line code decides
+        assert scan(mixed, boot_time=BOOT, mode=Mode.FILE) is None  # the per-line code decides
 
 
 def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
@@ -284,8 +336,8 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
     data = chunk_of(raws)
     expected = reference(raws)[0]
     # The device's way too (the cases' numbers are not consecutive: each is read), and the kernel device's.
-    for device, kernel in ((False, False), (True, False), (True, True)):
-        columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device, kernel=kernel)
+    for mode in (Mode.FILE, Mode.OTHER_DEVICE, Mode.KERNEL_DEVICE):
+        columns = scan(data, boot_time=BOOT, mode=mode)
         assert columns is not None and list(columns) == expected and columns == expected
         assert list(columns.messages) == [r.message for r in expected]
         assert columns.timestamps == [r.timestamp for r in expected] and columns.seqs == [r.seq for r in expected]
@@ -293,10 +345,10 @@ def test_a_chunk_of_record_lines_takes_the_message_scan_and_agrees() -> None:
         assert list(columns.timestamps[2:5]) == [r.timestamp for r in expected[2:5]]
     for odd in (b"06,2,0,-;x", b"1024,2,0,-;x", b"6,1,0;x", b"garbage", b""):
         mixed = chunk_of([*raws[:3], odd, *raws[3:]]) if odd else chunk_of(raws[:3]) + b"\n" + chunk_of(raws[3:])
-        assert kmsg_format.parse_columns(mixed, boot_time=BOOT, device=True) is None
+        assert scan(mixed, boot_time=BOOT, mode=Mode.OTHER_DEVICE) is None
         assert_same([*raws[:3], odd, *raws[3:]] if odd else raws, mixed)
         for ends in (chunk_of([odd, *raws]), chunk_of([*raws, odd])):  # the kernel's way checks the two ends
-            assert kmsg_format.parse_columns(ends, boot_time=BOOT, device=True, kernel=True) is None
+            assert scan(ends, boot_time=BOOT, mode=Mode.KERNEL_DEVICE) is None
 
 
 @pytest.mark.parametrize(
@@ -314,8 +366,8 @@ def test_the_kernels_own_lines_are_what_the_prefilter_scans_where_nothing_is_esc
     """Reads of the kernel's /dev/kmsg: a chunk without escapes and dictionary lines is its own ``raw_lines``
     (every message verbatim in its line); any other chunk gives the messages as parse_chunk does."""
     data = b"\n".join(lines) + b"\n"
-    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=True, kernel=True)
-    assert columns is not None and list(columns) == parse_chunk(data, boot_time=BOOT).records
+    columns = scan(data, boot_time=BOOT, mode=Mode.KERNEL_DEVICE)
+    assert columns is not None and list(columns) == decode(data, mode=Mode.FILE, boot_time=BOOT).records
     assert columns.raw_lines == (data if raw_lines else None)
 
 
@@ -331,7 +383,7 @@ def test_the_kernels_own_lines_are_what_the_prefilter_scans_where_nothing_is_esc
 )
 def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, device, from_the_ends) -> None:
     data = chunk_of([b"6,%d,%d,-;m%d" % (seq, seq * 10, seq) for seq in seqs])
-    columns = kmsg_format.parse_columns(data, boot_time=BOOT, device=device)
+    columns = scan(data, boot_time=BOOT, mode=Mode.OTHER_DEVICE if device else Mode.FILE)
     assert columns is not None and isinstance(columns.seqs, range) is from_the_ends
     assert list(columns.seqs) == seqs and [r.seq for r in columns] == seqs
     assert columns.timestamps == [BOOT + seq * 10 / 1e6 for seq in seqs]
@@ -339,7 +391,7 @@ def test_the_devices_reads_are_numbered_from_their_first_and_last_record(seqs, d
 
 def test_the_fast_parser_knows_every_log_record_field() -> None:
     """The fast path stores every LogRecord field itself: a new field must be added there too."""
-    assert tuple(f.name for f in dataclasses.fields(LogRecord)) == kmsg_format._RecordSlots.__slots__
+    assert tuple(f.name for f in dataclasses.fields(LogRecord)) == decoder._RecordSlots.__slots__
     assert not hasattr(LogRecord, "__post_init__")
 
 
@@ -358,4 +410,4 @@ PREFIXED = [
 def test_the_message_is_never_altered(message: str) -> None:
     raw = b"6,1,0,-;" + escape(message.encode())
     assert parse_record(raw, boot_time=BOOT).message == message
-    assert [r.message for r in parse_chunk(raw + b"\n", boot_time=BOOT).records] == [message]
+    assert [r.message for r in decode(raw + b"\n", mode=Mode.FILE, boot_time=BOOT).records] == [message]

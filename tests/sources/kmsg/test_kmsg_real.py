@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from agent.core.types import LogRecord
-from agent.sources.kmsg import MAX_BATCH, KmsgReader, KmsgStats
-from agent.sources.kmsg_format import parse_chunk, read_boot_id
+from agent.sources.kmsg.boot import read_boot_id
+from agent.sources.kmsg.decoder import Mode, decode
+from agent.sources.kmsg.reader import MAX_BATCH, KmsgReader
+from agent.sources.kmsg.stats import KmsgStats
 
 from helpers import kmsg_problem, wait_for
 
@@ -123,9 +125,9 @@ def test_the_kernels_own_device_is_read_as_the_kernel_formats_it(stop: threading
     reader = KmsgReader(path=DEVICE, stats=KmsgStats(), poll_interval=0.1)
     mine: list[str] = []
     for chunk in reader.chunks(stop=stop):
-        assert chunk.device and chunk.kernel
+        assert chunk.mode is Mode.KERNEL_DEVICE
         records = reader.decode(chunk)
-        assert list(records) == parse_chunk(chunk.data, boot_time=chunk.boot_time).records[-len(records) :]
+        assert list(records) == decode(chunk.data, mode=Mode.FILE, boot_time=chunk.boot_time).records[-len(records) :]
         mine += [r.message for r in records if marker in r.message]
         if len(mine) == len(sent):
             break

@@ -9,12 +9,15 @@ import logging
 import pytest
 
 from agent.app.config import load_rule_set
+from agent.core.columns import RecordColumns
 from agent.core.paths import builtin_plugins_dir
 from agent.core.ring import LineRing
-from agent.core.types import KERNEL_ORDER_SLACK, LogRecord, MicrosecondTimes, RecordColumns
+from agent.core.types import LogRecord
 from agent.detectors.pipeline import Batch, DetectionPipeline
-from agent.sources.kmsg import KmsgStats, SequenceTracker
-from agent.sources.kmsg_format import parse_chunk, parse_columns
+from agent.sources.kmsg.columns import KERNEL_ORDER_SLACK, MicrosecondTimes
+from agent.sources.kmsg.decoder import Mode, decode, scan
+from agent.sources.kmsg.sequence import SequenceTracker
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.replay import Cursor, ReplayPolicy
 
 BOOT_TIME = 1_767_225_600.0
@@ -55,12 +58,13 @@ KINDS = {
 def columns_and_list(request) -> tuple[RecordColumns, list[LogRecord]]:
     kind = KINDS[request.param]
     data = chunk(dictionaries=kind["dictionaries"], escapes=kind["escapes"])
-    columns = parse_columns(data, boot_time=BOOT_TIME, device=kind["device"], kernel=kind["kernel"])
+    mode = Mode.KERNEL_DEVICE if kind["kernel"] else Mode.OTHER_DEVICE if kind["device"] else Mode.FILE
+    columns = scan(data, boot_time=BOOT_TIME, mode=mode)
     assert columns is not None
     assert isinstance(columns.seqs, range) is (kind["device"] and not kind["dictionaries"])
     assert (columns.raw_lines is not None) is (request.param == "kernel-reads-unescaped")
     assert columns.raw_lines is None or columns.raw_lines == data
-    return columns, parse_chunk(data, boot_time=BOOT_TIME).records
+    return columns, list(decode(data, mode=Mode.FILE, boot_time=BOOT_TIME).records)
 
 
 def test_columns_are_the_records(columns_and_list) -> None:

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 from agent.core.bus import Inbox, RecordBatch
 from agent.core.types import LogRecord
-from agent.sources.kmsg import KmsgReader, KmsgStats
-from agent.sources.kmsg_format import KmsgParseError, boot_time_now, parse_record, read_boot_id
+from agent.sources.kmsg.boot import boot_time_now, read_boot_id
+from agent.sources.kmsg.format import KmsgParseError, parse_record
+from agent.sources.kmsg.reader import KmsgReader
+from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.producer import SourceProducer
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
 

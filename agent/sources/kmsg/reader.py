@@ -1,11 +1,12 @@
-"""The ``/dev/kmsg`` reader: read kernel log records, account for lost ones, turn them into ``LogRecord``s.
+"""The ``/dev/kmsg`` reader: read kernel log records, account for lost ones, hand them to the decoder.
 
-The record format lives in :mod:`agent.sources.kmsg_format`, the restart cursor policy in
-:mod:`agent.sources.replay`, the retry schedule in :mod:`agent.core.backoff`.
+The record format is :mod:`agent.sources.kmsg.format`, the decoder :mod:`agent.sources.kmsg.decoder`,
+the sequence accounting :mod:`agent.sources.kmsg.sequence`, the restart cursor policy
+:mod:`agent.sources.replay`, the retry schedule :mod:`agent.core.backoff`.
 
 The real device returns exactly one record per ``read()``; the reader reads on while more is ready and
-parses up to 4096 records at once. It also accepts a regular file or a FIFO holding many concatenated
-records (test fixtures, a relay), read in 64 KiB chunks and parsed a chunk at a time.
+hands up to 4096 records at once to the decoder. It also accepts a regular file or a FIFO holding many
+concatenated records (test fixtures, a relay), read in 64 KiB chunks and decoded a chunk at a time.
 
 Restart semantics: the reader remembers the last sequence number it delivered. After a reopen the
 kernel replays the ring buffer from its oldest record; records already delivered are skipped, and
@@ -29,15 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.backoff import Backoff
-from agent.core.types import LogRecord, RecordColumns
-from agent.sources.kmsg_format import (
-    KmsgParseError,
-    ParsedChunk,
-    boot_time_now,
-    parse_chunk,
-    parse_columns,
-    parse_header,
-)
+from agent.core.columns import RecordColumns
+from agent.core.types import LogRecord
+from agent.sources.kmsg.boot import boot_time_now
+from agent.sources.kmsg.decoder import Decoded, Mode, decode
+from agent.sources.kmsg.format import KmsgParseError, parse_header
+from agent.sources.kmsg.sequence import SequenceTracker
+from agent.sources.kmsg.stats import KmsgStats
 
 _logger = logging.getLogger(__name__)
 
@@ -62,93 +61,8 @@ def open_nonblocking(path: str) -> int:
 # Reader
 
 
-@dataclass
-class KmsgStats:
-    """Counters of one reader, read by the metrics sink and ``/healthz`` at scrape time.
-
-    Thread-safety: the reader thread is the only writer. Each field is a plain value whose assignment
-    is atomic under the GIL, so other threads may read single fields at any time; they must not expect
-    two fields to be consistent with each other.
-    """
-
-    records_read: int = 0  # records delivered (new sequence numbers)
-    records_lost: int = 0  # sum of sequence-number gaps, including ring-buffer overwrites (EPIPE)
-    overruns: int = 0  # EPIPE reads: the kernel overwrote records before we read them
-    reader_restarts: int = 0  # reopens after an error
-    read_errors: int = 0  # OSErrors on open/read (other than EAGAIN/EPIPE)
-    parse_errors: int = 0  # records skipped because their header could not be parsed (never also counted lost)
-    malformed_lines: int = 0  # malformed dictionary lines dropped from records that were kept
-    last_record_time: float | None = None  # wall-clock timestamp of the last delivered record
-    # clock() (time.monotonic) when the open source last answered a read: data, EAGAIN, or end of file while
-    # following (at least every idle_wait while idle). Never refreshed in backoff or by a failed open, nor
-    # while the consumer holds on to a batch (a stalled pipeline goes stale).
-    last_activity: float | None = None
-    # Why the source cannot be read, e.g. "cannot open /dev/kmsg: [Errno 13] Permission denied"; None once
-    # the open source answers.
-    last_error: str | None = None
-    connected: bool = False  # the source is open
-
-
-class SequenceTracker:
-    """Skip records already seen and count gaps in sequence numbers as lost records.
-
-    Records that could not be parsed are reported with :meth:`skip`: they are not lost, so they do not
-    count toward a gap.
-    """
-
-    def __init__(self, *, start_after_seq: int | None, stats: KmsgStats, log: logging.Logger) -> None:
-        self._last = start_after_seq
-        self._unparsed = 0  # skipped records of unknown seq since the last accepted one
-        self._stats = stats
-        self._log = log
-
-    def accept(self, seq: int) -> bool:
-        """Whether a record with this seq is new; a jump past the last one counts the records between as lost."""
-        last = self._last
-        if last is not None:
-            if seq <= last:
-                return False
-            lost = seq - last - 1 - self._unparsed
-            if lost > 0:
-                self._stats.records_lost += lost
-                self._log.warning("kmsg: %d record(s) lost (sequence jumped from %d to %d)", lost, last, seq)
-        self._last = seq
-        self._unparsed = 0
-        return True
-
-    def accept_all(self, records: Sequence[LogRecord]) -> Sequence[LogRecord]:
-        """:meth:`accept` each record in order; returns the new ones (``records`` itself when all are)."""
-        if not records:
-            return records
-        seqs = records.seqs if isinstance(records, RecordColumns) else [record.seq for record in records]
-        first, last = seqs[0], self._last
-        if first is not None and (last is None or first == last + 1):  # noqa: SIM102  # narrows first
-            if _consecutive(seqs, first):  # the usual case: nothing to skip
-                self._last = first + len(seqs) - 1
-                self._unparsed = 0
-                return records
-        return [record for record in records if record.seq is not None and self.accept(record.seq)]
-
-    def skip(self, seq: int | None) -> bool:
-        """Note a record that could not be parsed; returns whether it is new (count it once, as a parse error).
-
-        With its seq unknown, it stands for one number of the next gap.
-        """
-        if seq is None:
-            self._unparsed += 1
-            return True
-        return self.accept(seq)
-
-
-def _consecutive(seqs: Sequence[int | None], first: int) -> bool:
-    """Whether ``seqs`` are ``first``, ``first + 1``, ... (a device chunk's numbers come as that range already:
-    compared without making a list of it)."""
-    expected = range(first, first + len(seqs))
-    return seqs == expected if isinstance(seqs, range) else list(seqs) == list(expected)
-
-
 # (major, minor) of the kernel's own /dev/kmsg (drivers/char/mem.c: MEM_MAJOR, minor 11 "kmsg"), whatever path
-# or mount namespace names it: the one device whose every line the kernel formats (see ``parse_columns``).
+# or mount namespace names it: the one device whose every line the kernel formats (see ``Mode.KERNEL_DEVICE``).
 KMSG_DEVICE_NUMBERS = (1, 11)
 
 
@@ -160,8 +74,7 @@ def is_kernel_log(st: os.stat_result) -> bool:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Source:
     fd: int
-    is_device: bool  # a character device (the real /dev/kmsg): one record per read()
-    is_kernel_log: bool  # the kernel's /dev/kmsg itself (KMSG_DEVICE_NUMBERS)
+    mode: Mode  # a device mode for a character device (the real /dev/kmsg): one record per read()
     is_regular: bool
     identity: tuple[int, int]  # (st_dev, st_ino): is the path still naming this file?
 
@@ -175,14 +88,20 @@ class _Source:
             raise
         return cls(
             fd=fd,
-            is_device=stat.S_ISCHR(st.st_mode),
-            is_kernel_log=is_kernel_log(st),
+            mode=_mode(st),
             is_regular=stat.S_ISREG(st.st_mode),
             identity=(st.st_dev, st.st_ino),
         )
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _mode(st: os.stat_result) -> Mode:
+    """How the decoder takes what is read from the file ``st`` describes."""
+    if is_kernel_log(st):
+        return Mode.KERNEL_DEVICE
+    return Mode.OTHER_DEVICE if stat.S_ISCHR(st.st_mode) else Mode.FILE
 
 
 def _complete_end(buf: bytes) -> int:
@@ -220,8 +139,7 @@ class RawChunk:
     data: bytes
     boot_time: float
     tracker: SequenceTracker
-    device: bool = False  # read from the kernel's device, whose sequence numbers only increase
-    kernel: bool = False  # read from the kernel's own /dev/kmsg (is_kernel_log), which formats every line
+    mode: Mode = Mode.FILE  # where it was read: how far the decoder can trust it
 
 
 class KmsgReader:
@@ -267,7 +185,7 @@ class KmsgReader:
         """``idle_wait``: the longest a wait for new records on a device or FIFO lasts, i.e. how often an idle
         reader shows it is alive (``stats.last_activity``; default ``poll_interval``). New records (once the
         kernel wakes its readers), :meth:`catch_up` and :meth:`wake` end the wait, so it only sets the idle
-        wakeups (issue 16). ``poller`` makes the poll objects those waits use."""
+        wakeups. ``poller`` makes the poll objects those waits use."""
         if poll_interval <= 0 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("need poll_interval > 0 and 0 < backoff_initial <= backoff_max")
         if idle_wait is not None and idle_wait <= 0:
@@ -304,10 +222,8 @@ class KmsgReader:
         Any thread, any time; False while no device is open, and always for a file or FIFO (a file polls
         readable at its end too).
 
-        The kernel stores a record and marks the device readable at once, but wakes its readers only from its
-        next timer tick (printk's wakeup is lazy irq_work: up to 4 ms at HZ=250; here 1.1-1.6 ms after the
-        record was readable at the median, up to 3.6 ms). A scrape that comes in meanwhile waits for the reader's
-        next batch (:class:`agent.core.bus.CaughtUp`), and without this would wait for that tick too."""
+        The kernel marks the device readable at once but wakes its readers only at its next tick; a scrape
+        (:class:`agent.core.bus.CaughtUp`) would wait for that tick too (docs/benchmarks.md, "The kmsg fast path")."""
         with self._wake_lock:  # never a poll of (or a write to) a descriptor closed and reused meanwhile
             if self._device is None:
                 return False
@@ -341,8 +257,7 @@ class KmsgReader:
                 data=data,
                 boot_time=self._boot_time(),
                 tracker=tracker,
-                device=source.is_device,
-                kernel=source.is_kernel_log,
+                mode=source.mode,
             )
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
@@ -352,16 +267,11 @@ class KmsgReader:
         Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
         dictionary lines are counted in ``malformed_lines`` and dropped from their record.
         """
-        records: Sequence[LogRecord]
-        columns = parse_columns(chunk.data, boot_time=chunk.boot_time, device=chunk.device, kernel=chunk.kernel)
-        if columns is not None:
-            records = chunk.tracker.accept_all(columns)
-        else:
-            parsed = parse_chunk(chunk.data, boot_time=chunk.boot_time)
-            for line_error in parsed.bad_lines:
-                self._stats.malformed_lines += 1
-                self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
-            records = self._new_records(parsed, chunk.tracker)
+        decoded = decode(chunk.data, mode=chunk.mode, boot_time=chunk.boot_time)
+        for line_error in decoded.bad_lines:
+            self._stats.malformed_lines += 1
+            self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
+        records = self._new_records(decoded, chunk.tracker)
         if records:
             self._stats.records_read += len(records)
             last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
@@ -425,7 +335,7 @@ class KmsgReader:
             else:
                 self._stats.connected = True
                 try:
-                    if source.is_device:
+                    if source.mode.device:
                         device = select.poll()
                         device.register(source.fd, select.POLLIN)
                         with self._wake_lock:
@@ -594,7 +504,7 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _new_records(self, parsed: ParsedChunk, tracker: SequenceTracker) -> Sequence[LogRecord]:
+    def _new_records(self, parsed: Decoded, tracker: SequenceTracker) -> Sequence[LogRecord]:
         """The records not delivered before; each skipped record counts once, as a parse error."""
         records = parsed.records
         if not parsed.errors:
