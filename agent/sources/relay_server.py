@@ -436,13 +436,13 @@ def run_relay(
             except OSError as exc:
                 peer, why = None, f"SO_PEERCRED failed: {exc}"
             if peer is None or not policy.allows(peer):
+                stats.refused += 1  # counted before the close, so whoever sees it closed sees it counted
                 conn.close()  # before anything else: the current session goes on undisturbed
-                stats.refused += 1
                 refusals.note(peer, why=why)
                 continue
             if session is not None and session.live():
+                stats.busy += 1  # counted before the close, as a refusal
                 conn.close()  # one client at a time: the live session is never taken over
-                stats.busy += 1
                 busy.note(peer)
                 continue
             stats.accepted += 1
