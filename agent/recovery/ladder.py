@@ -476,7 +476,7 @@ class Ladder:
         self._corrupt_since: float | None = None  # when this process first found the ledger unreadable
         self._unsent: attempts.Attempt | None = None  # reserved by this process, and not sent
         self._sent: attempts.Attempt | None = None  # sent by this process (its record may not be written yet)
-        self.plans: dict[str, Plan] = {}
+        self.plans: Mapping[str, Plan] = {}  # this step's rung per incident id (the plan's climb stage)
         self.problem = ""  # why the history read at the last prepare() is unreadable ("" = it is not)
         self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
         self._retry_delay: dict[str, float] = {}
@@ -489,31 +489,21 @@ class Ladder:
     def attempt(self) -> attempts.Attempt | None:
         return self._attempt
 
-    def prepare(
-        self,
-        policy: RecoveryPolicy,
-        *,
-        snapshot: Snapshot,
-        node: Mapping[str, Any],
-        view: NodeView,
-        now: float,
-        enabled: bool,
-    ) -> RecoveryPolicy:
-        """The policy to decide with now (see :func:`effective_policy`); settles the attempt ledger and marks
-        finished reboots on the Node (one PATCH). An unreadable history counts as none; :attr:`problem` says
-        why (the loop tells it once)."""
-        history = parse_history(node, now=now)
+    def load(
+        self, history: History, attempt: attempts.Attempt | None, attempt_problem: str, *, now: float, enabled: bool
+    ) -> None:
+        """Take the history and the attempt ledger as read from the Node this step (agent.recovery.record);
+        settles the ledger and marks finished reboots on the Node (one PATCH). An unreadable history counts
+        as none; :attr:`problem` says why (the loop tells it once). The rungs to plan with: :attr:`rungs`."""
         self._rungs, self._opened, self.problem = history.rungs, history.opened, history.problem
         self._boot = self._boot_id()
-        self._attempt, self.attempt_problem = attempts.parse_attempt(node, now=now)
+        self._attempt, self.attempt_problem = attempt, attempt_problem
         if not self.attempt_problem:
             self._corrupt_since = None
         elif self._corrupt_since is None:
             self._corrupt_since = now
         if enabled:
             self._settle(now)
-        effective, self.plans = effective_policy(policy, snapshot=snapshot, view=view, rungs=self._rungs, now=now)
-        return effective
 
     def _settle(self, now: float) -> None:
         attempt = self._attempt
@@ -536,9 +526,6 @@ class Ladder:
             )
         else:
             log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
-
-    def refine(self, decision: Decision, *, stored: Incident | None, now: float) -> Decision:
-        return refine(decision, stored=stored, rungs=self._rungs, now=now)
 
     def note_opened(self, incident: Incident) -> float | None:
         """Record that ``incident`` opened (in the history read at this step's :meth:`prepare`); the seconds
