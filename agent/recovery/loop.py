@@ -30,18 +30,18 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.core.backoff import Backoff
-from agent.core.bus import Inbox, Notice, SnapshotFeed
-from agent.core.types import Event, Severity, Snapshot
+from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.types import Snapshot
 from agent.recovery import events, flaps
 from agent.recovery.actions import REMEDIES, Actor, Drainer, MarkUnhealthy, Outcome
 from agent.recovery.attempt import ATTEMPT_ANNOTATION
-from agent.recovery.events import Told
 from agent.recovery.gates import BUDGET_RETRY, BUDGET_RETRY_JITTER, Gates
 from agent.recovery.holds import Hold, HoldGate
 from agent.recovery.model import INCIDENT_ANNOTATION, Action, Decision, Incident, NodeView, RecoveryPolicy
 from agent.recovery.plan import Planning, conclude, plan
 from agent.recovery.policy import admit
 from agent.recovery.stats import UNTRUSTED, RecoveryStats
+from agent.recovery.tell import Herald
 
 if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the functions that use them
     from agent.adapters.kube import KubeClient
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 INTERVAL = 5.0  # seconds between steps when nothing is published
 MAX_BACKOFF = 60.0
-SOURCE = "recovery"
 
 
 class RecoveryLoop:
@@ -99,10 +98,10 @@ class RecoveryLoop:
         # first step reads the Node and finds an incident a previous run left.
         self._quiet = False
         self._node: Mapping[str, Any] = {}  # the Node as read at this step
-        self._said: set[tuple[str, str]] = set()  # (incident id, what) already told in an Event
         self._trouble = ""  # why this step stood back as failed (retried with backoff, like an error)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
+        self._herald = Herald(inbox=inbox, node_name=node_name, clock=lambda: self._clock())  # a test may swap it
         self.holds = holds or HoldGate(store=None, client=client, node_name=node_name, monotonic=monotonic)
         self._gates = Gates(holds=self.holds, budget=budget, stats=self.stats, retry=budget_retry)
         self._actor = Actor(
@@ -111,7 +110,7 @@ class RecoveryLoop:
             policy=policy,
             holds=self.holds,
             latest=feed.latest,
-            tell=self._tell,
+            tell=self._herald.tell,
             count=lambda action, kind: self.stats.actions.update([(action.value, kind)]),
             count_hold=lambda hold: self.stats.blocked.update([hold.kind.value]),
             drains=lambda outcome: self.stats.drains.update([outcome]),
@@ -144,7 +143,7 @@ class RecoveryLoop:
         return self.stats.last_error
 
     def run(self, stop: threading.Event) -> None:
-        self._stop = self._actor.stop = stop
+        self._stop = self._actor.stop = self._herald.stop = stop
         seen = 0
         wait = self._interval
         while not stop.is_set():
@@ -191,7 +190,8 @@ class RecoveryLoop:
         snapshot = publication.snapshot
         if not snapshot.seeded:
             return None  # our conditions are not adopted yet: nothing to judge
-        self._note_untrusted(snapshot)
+        if told := self._herald.untrusted(snapshot, self._policy):
+            self.stats.blocked[UNTRUSTED] += told
         if self._quiet and not matching(snapshot, self._policy):
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
@@ -230,7 +230,7 @@ class RecoveryLoop:
             told |= {HISTORY_ANNOTATION, ATTEMPT_ANNOTATION} if self._enabled else {HISTORY_ANNOTATION}
         for problem in record.problems:
             if problem.annotation in told:
-                self._tell_corrupt(problem.annotation, problem.text, problem.what)
+                self._herald.corrupt(problem.annotation, problem.text, problem.what)
         self._actor.flap_record = record.flaps if self._enabled else None
         return Planning(
             snapshot=snapshot,
@@ -340,7 +340,7 @@ class RecoveryLoop:
         for action in decision.actions:
             assert incident is not None
             self.stats.would[action.value] += 1
-            self._tell(incident, events.dry_run(incident, action))
+            self._herald.tell(incident, events.dry_run(incident, action))
             incident = with_done(incident, action) if action is not Action.UNCORDON else None
         self._dry = incident
 
@@ -352,7 +352,7 @@ class RecoveryLoop:
         most = max(flaps.MAX_HOLD, self._policy.uncordon_after or 0.0)
         since = incident.opened - record.last_uncordon
         told = events.flapping(incident, since_uncordon=since, count=record.count, hold=p.flap_hold, most=most)
-        self._tell(incident, told)
+        self._herald.tell(incident, told)
 
     def _note_climb(self, decision: Decision, p: Planning) -> None:
         incident = decision.incident
@@ -361,20 +361,7 @@ class RecoveryLoop:
             told = events.ladder_climbed(
                 plan_.climbed, remedy=plan_.remedy.value, step=plan_.step, rungs=len(plan_.rule.ladder)
             )
-            self._tell(incident, told)
-
-    def _note_untrusted(self, snapshot: Snapshot) -> None:
-        """Tell once per episode about a problem a rule would act on but whose owner it does not trust."""
-        from agent.recovery.policy import untrusted
-
-        for condition, rule in untrusted(snapshot, self._policy):
-            key = (f"{condition.type}/{condition.reason}/{int(condition.last_transition)}", "untrusted")
-            if key in self._said:
-                continue
-            self._said.add(key)
-            self.stats.blocked[UNTRUSTED] += 1
-            owner = snapshot.provenance.get(condition.type)
-            self._event(None, events.untrusted(condition, rule, owner.value if owner else "source of unknown kind"))
+            self._herald.tell(incident, told)
 
     def _note_blocked(self, decision: Decision) -> None:
         from agent.recovery.model import Blocked
@@ -384,38 +371,9 @@ class RecoveryLoop:
         self.stats.blocked[decision.blocked.value] += 1
         incident = decision.incident
         if decision.blocked is Blocked.CORRELATED and incident is not None and self.stats.budget is not None:
-            self._tell(incident, events.correlated(incident, self.stats.budget))
+            self._herald.tell(incident, events.correlated(incident, self.stats.budget))
         if decision.blocked is Blocked.BUDGET and incident is not None:
-            self._tell(incident, events.blocked(incident, self.stats.budget))
-
-    def _tell_corrupt(self, annotation: str, text: str, what: str) -> None:
-        """Tell once per annotation text (a problem may name the time) that a record on the Node is corrupt."""
-        if (text, annotation) in self._said:
-            return
-        self._said.add((text, annotation))
-        log.warning("recovery: node %s: annotation %s %s", self._node_name, annotation, what)
-        self._event(None, events.corrupt(annotation, self._node_name, what))
-
-    def _tell(self, incident: Incident | None, told: Told) -> None:
-        """Send ``told``; one with a ``once`` key at most once per incident and key."""
-        if told.once and incident is not None:
-            if (incident.id, told.once) in self._said:
-                return
-            self._said.add((incident.id, told.once))
-        self._event(incident, told)
-
-    def _event(self, incident: Incident | None, told: Told) -> None:
-        log.info("recovery: %s: %s", told.reason, told.message)
-        event = Event(
-            type=told.type,
-            reason=told.reason,
-            message=told.message,
-            timestamp=self._clock(),
-            source=SOURCE,
-            severity=Severity.WARNING if told.type == "Warning" else Severity.INFO,
-            fields={"incident": incident.id} if incident is not None else {},
-        )
-        self._inbox.put(Notice(events=[event]), stop=self._stop)
+            self._herald.tell(incident, events.blocked(incident, self.stats.budget))
 
 
 def _expected(exc: Exception) -> bool:
