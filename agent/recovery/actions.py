@@ -21,7 +21,7 @@ from agent.recovery import node as node_actions
 from agent.recovery.asg import MarkResult
 from agent.recovery.events import Told
 from agent.recovery.holds import Hold, HoldGate
-from agent.recovery.model import Action, Incident, NodeView, RecoveryPolicy
+from agent.recovery.model import INCIDENT_ANNOTATION, Action, Incident, NodeView, RecoveryPolicy
 from agent.recovery.policy import with_done
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Actor:
     drains: Callable[[str], None]  # a drain's outcome
     monotonic: Callable[[], float]
     token: str  # this agent process, in a claim on the Node (never a secret)
+    note: Callable[[Mapping[str, str | None]], None]  # a record part for the step's next PATCH (RecordStore.note)
     mark_unhealthy: MarkUnhealthy | None = None
     drainer: Drainer | None = None
     bundle: Callable[[Action, Incident], Incident] | None = None
@@ -86,8 +87,10 @@ class Actor:
     def do(self, action: Action, incident: Incident, view: NodeView, now: float) -> tuple[Incident, Outcome]:
         """Carry out ``action``: its evidence first (a remedy's bundle), then a hold check before a remedy."""
         if self.bundle is not None and (kept := self.bundle(action, incident)) != incident:
-            incident = kept  # a reboot or replace: its evidence is taken first (30 s at most) and recorded now
-            node_actions.store_incident(self.client, node_name=self.node_name, incident=incident)
+            # A reboot or replace: its evidence is taken first (30 s at most) and recorded with the next PATCH
+            # of the step (the reboot's intent, the mark's claim), before any call; held, at the step's end.
+            incident = kept
+            self.note({INCIDENT_ANNOTATION: node_actions.incident_text(incident)})
         if action in REMEDIES:  # seconds after the step's hold check (cordon, drain, evidence): ask again
             node = self.client.get_node(self.node_name)
             hold = self.holds.check(publication=self.latest(), node=node, incident=incident)

@@ -463,6 +463,7 @@ class Ladder:
         deadline: float = attempts.DEADLINE,
     ) -> None:
         self._client = client
+        self._note: Callable[[Mapping[str, str | None]], None] | None = None  # None: a record part is PATCHed at once
         self._node_name = node_name
         self._boot_id = boot_id
         self._reboot = reboot
@@ -481,6 +482,17 @@ class Ladder:
         self._retry_at: dict[str, float] = {}  # incident id -> monotonic time of the next RebootInstances try
         self._retry_delay: dict[str, float] = {}
 
+    def write_through(self, client: Any, note: Callable[[Mapping[str, str | None]], None]) -> None:
+        """Write the Node through ``client`` (agent.recovery.record.RecordStore), and hand the parts that can
+        wait for the step's next PATCH (the settled ledger, an opened incident) to ``note``."""
+        self._client, self._note = client, note
+
+    def _save(self, notes: Mapping[str, str | None]) -> None:
+        if self._note is not None:
+            self._note(notes)
+        else:
+            self._client.patch_node(self._node_name, {"metadata": {"annotations": dict(notes)}})
+
     @property
     def rungs(self) -> tuple[Rung, ...]:
         return self._rungs
@@ -493,8 +505,8 @@ class Ladder:
         self, history: History, attempt: attempts.Attempt | None, attempt_problem: str, *, now: float, enabled: bool
     ) -> None:
         """Take the history and the attempt ledger as read from the Node this step (agent.recovery.record);
-        settles the ledger and marks finished reboots on the Node (one PATCH). An unreadable history counts
-        as none; :attr:`problem` says why (the loop tells it once). The rungs to plan with: :attr:`rungs`."""
+        settle the ledger and mark finished reboots (written with the step's next PATCH). An unreadable
+        history counts as none; :attr:`problem` says why (the loop tells it once). To plan with: :attr:`rungs`."""
         self._rungs, self._opened, self.problem = history.rungs, history.opened, history.problem
         self._boot = self._boot_id()
         self._attempt, self.attempt_problem = attempt, attempt_problem
@@ -515,7 +527,7 @@ class Ladder:
         notes: dict[str, str | None] = {HISTORY_ANNOTATION: history_text(rungs, self._opened)}
         if settled != attempt:
             notes[attempts.ATTEMPT_ANNOTATION] = attempts.attempt_text(settled)
-        self._client.patch_node(self._node_name, {"metadata": {"annotations": notes}})
+        self._save(notes)
         self._rungs, self._attempt = rungs[-MAX_RUNGS:], settled
         if settled is not None and settled != attempt:
             log.info(
@@ -528,11 +540,11 @@ class Ladder:
             log.info("recovery: the requested reboot finished (boot id now %s); the window starts", self._boot)
 
     def note_opened(self, incident: Incident) -> float | None:
-        """Record that ``incident`` opened (in the history read at this step's :meth:`prepare`); the seconds
+        """Record that ``incident`` opened (in the history read at this step's :meth:`load`); the seconds
         since the previous incident opened on this node (None: none before, or already on record)."""
         opened, between = with_opened(self._opened, incident)
         if opened != self._opened:
-            store_history(self._client, node_name=self._node_name, rungs=self._rungs, opened=opened)
+            self._save({HISTORY_ANNOTATION: history_text(self._rungs, opened)})
             self._opened = opened
         return between
 

@@ -30,16 +30,18 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.core.backoff import Backoff
-from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.bus import Inbox, Publication, SnapshotFeed
 from agent.core.types import Snapshot
 from agent.recovery import events, flaps
 from agent.recovery.actions import REMEDIES, Actor, Drainer, MarkUnhealthy, Outcome
 from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.gates import BUDGET_RETRY, BUDGET_RETRY_JITTER, Gates
 from agent.recovery.holds import Hold, HoldGate
+from agent.recovery.ladder import History
 from agent.recovery.model import INCIDENT_ANNOTATION, Action, Decision, Incident, NodeView, RecoveryPolicy
 from agent.recovery.plan import Planning, conclude, plan
 from agent.recovery.policy import admit
+from agent.recovery.record import RecordStore
 from agent.recovery.stats import UNTRUSTED, RecoveryStats
 from agent.recovery.tell import Herald
 
@@ -97,15 +99,18 @@ class RecoveryLoop:
         # read every interval (one GET per node every 5 s adds up across a fleet). False at start, so the
         # first step reads the Node and finds an incident a previous run left.
         self._quiet = False
-        self._node: Mapping[str, Any] = {}  # the Node as read at this step
+        self._history = History()  # the ladder's history as read at this step (without a ladder)
         self._trouble = ""  # why this step stood back as failed (retried with backoff, like an error)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
         self._herald = Herald(inbox=inbox, node_name=node_name, clock=lambda: self._clock())  # a test may swap it
+        self._store = RecordStore(client, node_name)  # every Node write of a step, the record's parts with the next
+        if ladder is not None:
+            ladder.write_through(self._store, self._store.note)
         self.holds = holds or HoldGate(store=None, client=client, node_name=node_name, monotonic=monotonic)
         self._gates = Gates(holds=self.holds, budget=budget, stats=self.stats, retry=budget_retry)
         self._actor = Actor(
-            client=client,
+            client=self._store,
             node_name=node_name,
             policy=policy,
             holds=self.holds,
@@ -116,6 +121,7 @@ class RecoveryLoop:
             drains=lambda outcome: self.stats.drains.update([outcome]),
             monotonic=monotonic,
             token=uuid.uuid4().hex,
+            note=self._store.note,
             mark_unhealthy=mark_unhealthy,
             drainer=drainer,
             bundle=bundle,
@@ -195,7 +201,14 @@ class RecoveryLoop:
         if self._quiet and not matching(snapshot, self._policy):
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
-        self._node = node = self._client.get_node(self._node_name)
+        try:
+            return self._step(publication)
+        finally:
+            self._store.flush()  # the record's parts no PATCH of this step carried
+
+    def _step(self, publication: Publication) -> Decision:
+        snapshot = publication.snapshot
+        node = self._client.get_node(self._node_name)
         planning = plan(self._read(snapshot, node, self._clock()))
         if self._ladder is not None:  # the rungs chosen, for the reboot it may request
             self._ladder.plans = planning.plans
@@ -222,6 +235,7 @@ class RecoveryLoop:
         from agent.recovery.record import read_record
 
         record = read_record(node, now=now)
+        self._history = record.history
         told = {INCIDENT_ANNOTATION, flaps.FLAP_ANNOTATION} if self._enabled else set()
         if self._ladder is not None:
             self._ladder.load(
@@ -261,10 +275,10 @@ class RecoveryLoop:
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
         if decision.incident is not None and (stored is None or stored.id != decision.incident.id):
-            self._note_opened(decision.incident)  # recorded first: a failed store below meets it on record
+            self._note_opened(decision.incident)  # written with the incident, in the same PATCH
         if decision.actions and decision.incident is not None and decision.incident != stored:
             node_actions.store_incident(
-                self._client, node_name=self._node_name, incident=incident, expect=stored, now=self._clock()
+                self._store, node_name=self._node_name, incident=incident, expect=stored, now=self._clock()
             )
         for action in decision.actions:
             if self._stop.is_set():
@@ -289,7 +303,7 @@ class RecoveryLoop:
                 return
         if not decision.actions and decision.incident != stored:
             node_actions.store_incident(
-                self._client, node_name=self._node_name, incident=decision.incident, expect=stored, now=self._clock()
+                self._store, node_name=self._node_name, incident=decision.incident, expect=stored, now=self._clock()
             )
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
@@ -308,19 +322,16 @@ class RecoveryLoop:
             self.stats.incidents[(incident.condition, action.value, "remedy-requested")] += 1
 
     def _note_opened(self, incident: Incident) -> None:
-        """A new incident: record it in the Node's history and time it from the previous one's opening. A
-        figure only: a failed write is logged, never a reason to hold the step."""
-        from agent.adapters.kube import KubeError
-        from agent.recovery.ladder import record_opened
+        """A new incident: note it in the Node's history (written with the incident) and time it from the
+        previous one's opening."""
+        from agent.recovery.ladder import HISTORY_ANNOTATION, history_text, with_opened
 
-        try:
-            if self._ladder is not None:  # it holds the history read this step: one writer of the annotation
-                between = self._ladder.note_opened(incident)
-            else:
-                _, between = record_opened(self._client, node_name=self._node_name, node=self._node, incident=incident)
-        except KubeError as exc:
-            log.warning("recovery: cannot record incident %s in the Node's history: %s", incident.id, exc)
-            return
+        if self._ladder is not None:  # it holds the history read this step: one writer of the annotation
+            between = self._ladder.note_opened(incident)
+        else:
+            opened, between = with_opened(self._history.opened, incident)
+            if opened != self._history.opened:
+                self._store.note({HISTORY_ANNOTATION: history_text(self._history.rungs, opened)})
         if between is not None:
             self.stats.between.observe(between)
 

@@ -16,7 +16,7 @@ from agent.recovery import attempt as attempts
 from agent.recovery import events, flaps
 from agent.recovery.ladder import HISTORY_ANNOTATION, History, parse_history
 from agent.recovery.model import INCIDENT_ANNOTATION, Incident
-from agent.recovery.node import parse_incident
+from agent.recovery.node import outcome_unknown, parse_incident
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,3 +70,51 @@ def read_record(node: Mapping[str, Any], *, now: float) -> NodeRecord:
         if problem
     )
     return NodeRecord(incident=incident, history=history, flaps=flap, attempt=attempt, problems=problems)
+
+
+class RecordStore:
+    """Writes recovery's record to the Node: parts noted during a step ride along with the step's next
+    Node PATCH, so a step writes the Node once where the API allows; :meth:`flush` writes what is left.
+
+    It stands in for the Kubernetes client (``get_node``, ``patch_node``) of the record's writers
+    (agent.recovery.node). A noted part stays noted until a PATCH carrying it succeeds."""
+
+    def __init__(self, client: Any, node_name: str) -> None:
+        self._client = client
+        self._node_name = node_name
+        self._pending: dict[str, str | None] = {}
+
+    def note(self, annotations: Mapping[str, str | None]) -> None:
+        """Parts to write with the next PATCH (a later write of the same annotation wins)."""
+        self._pending.update(annotations)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._client.get_node(name)
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._pending and name == self._node_name:
+            meta = dict(body.get("metadata") or {})
+            meta["annotations"] = {**self._pending, **(meta.get("annotations") or {})}
+            body = {**body, "metadata": meta}
+        answer = self._client.patch_node(name, body)
+        if name == self._node_name:
+            self._pending.clear()
+        return answer
+
+    def flush(self) -> None:
+        """Write the noted parts no PATCH of this step carried (one whose answer was lost, or an error that
+        may follow a carried-out write, is read back: there already, it is done)."""
+        from agent.adapters.kube import KubeError
+
+        if not self._pending:
+            return
+        notes = dict(self._pending)
+        try:
+            self.patch_node(self._node_name, {"metadata": {"annotations": {}}})
+        except KubeError as exc:
+            if not outcome_unknown(exc):
+                raise
+            have = (self._client.get_node(self._node_name).get("metadata") or {}).get("annotations") or {}
+            if any(have.get(k) != v for k, v in notes.items()):
+                raise
+            self._pending.clear()

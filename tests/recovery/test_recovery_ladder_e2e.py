@@ -226,7 +226,8 @@ def _patched(body: object) -> set[str]:
 
 def test_one_reboot_from_detection_to_uncordon_writes_few_node_patches(api, aws, tmp_path):
     """Detection to reboot finished to uncordon, counted in the API server's request log: what recovery keeps
-    on the Node is written in a few PATCHes, not one per annotation and action."""
+    on the Node rides with the step's next PATCH (the opened incident with its record, the evidence with the
+    reboot's intent, the settled ledger with the healed incident): 8 PATCHes where there were 11."""
     with FaultyFront(upstream=aws.endpoint, faults=[]) as front:
         host, agent, _ = rebooted_by_us(api, aws, tmp_path, front, window="3s")
         try:
@@ -235,4 +236,5 @@ def test_one_reboot_from_detection_to_uncordon_writes_few_node_patches(api, aws,
             agent.stop()
     patches = node_patches(api)
     print("node PATCHes per reboot:", len(patches), patches)
-    assert len(patches) <= 9, patches
+    assert len(patches) <= 9, patches  # 8 measured; one more when the settle and the heal fall in two steps
+    assert "incident,recovery-history" in patches, "the opened incident and its history in one PATCH"
