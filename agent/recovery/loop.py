@@ -37,11 +37,11 @@ from agent.recovery.actions import REMEDIES, Actor, Drainer, MarkUnhealthy, Outc
 from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.gates import BUDGET_RETRY, BUDGET_RETRY_JITTER, Gates
 from agent.recovery.holds import Hold, HoldGate
-from agent.recovery.ladder import History
 from agent.recovery.model import INCIDENT_ANNOTATION, Action, Decision, Incident, NodeView, RecoveryPolicy
 from agent.recovery.plan import Planning, conclude, plan
 from agent.recovery.policy import admit
 from agent.recovery.record import RecordStore
+from agent.recovery.rungs import History
 from agent.recovery.stats import UNTRUSTED, RecoveryStats
 from agent.recovery.tell import Herald
 
@@ -230,9 +230,9 @@ class RecoveryLoop:
 
     def _read(self, snapshot: Snapshot, node: Mapping[str, Any], now: float) -> Planning:
         """The plan's inputs: the Node's view and recovery's record on it (each unreadable part told once)."""
-        from agent.recovery.ladder import HISTORY_ANNOTATION
         from agent.recovery.node import read_node_view
         from agent.recovery.record import read_record
+        from agent.recovery.rungs import HISTORY_ANNOTATION
 
         record = read_record(node, now=now)
         self._history = record.history
@@ -324,7 +324,7 @@ class RecoveryLoop:
     def _note_opened(self, incident: Incident) -> None:
         """A new incident: note it in the Node's history (written with the incident) and time it from the
         previous one's opening."""
-        from agent.recovery.ladder import HISTORY_ANNOTATION, history_text, with_opened
+        from agent.recovery.rungs import HISTORY_ANNOTATION, history_text, with_opened
 
         if self._ladder is not None:  # it holds the history read this step: one writer of the annotation
             between = self._ladder.note_opened(incident)

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agent.core.types import Snapshot
-from agent.recovery import flaps, ladder
+from agent.recovery import flaps
+from agent.recovery import rungs as ladder  # the ladder's pure parts
 from agent.recovery.model import BudgetView, Decision, Incident, NodeView, RecoveryPolicy
 from agent.recovery.policy import Proposal, admit, assess, with_budget_held
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from agent.recovery import attempt as attempts
 from agent.recovery import events, flaps
-from agent.recovery.ladder import HISTORY_ANNOTATION, History, parse_history
 from agent.recovery.model import INCIDENT_ANNOTATION, Incident
 from agent.recovery.node import outcome_unknown, parse_incident
+from agent.recovery.rungs import HISTORY_ANNOTATION, History, parse_history
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
