@@ -35,11 +35,12 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.core.latency import histogram_metric
+from agent.recovery.actions import REMEDIES
 from agent.recovery.drain import DrainOutcome
 from agent.recovery.holds import HoldKind
 from agent.recovery.ladder import FAILURE_KINDS, rung_actions
-from agent.recovery.loop import REMEDIES, UNTRUSTED, RecoveryStats
 from agent.recovery.model import Action, Blocked, RecoveryPolicy
+from agent.recovery.stats import UNTRUSTED, RecoveryStats
 
 PREFIX = "node_health_agent_recovery_"
 PHASE_KEYS = {

@@ -111,6 +111,9 @@ from agent.recovery.model import (
 
 __all__ = [
     "Match",
+    "Proposal",
+    "admit",
+    "assess",
     "decide",
     "incident_id",
     "matching",
@@ -217,6 +220,15 @@ def with_budget_held(incident: Incident, held: bool = True) -> Incident:
 # ---- the decision --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proposal:
+    """Gates 1-5 passed: ``actions`` are to be taken for ``incident``, once the budget (gate 6) admits them."""
+
+    actions: tuple[Action, ...]
+    incident: Incident
+    primary: Match  # the persisted matching rule True longest
+
+
 def decide(
     *,
     snapshot: Snapshot,
@@ -228,40 +240,30 @@ def decide(
     budget: BudgetView | None,
     enabled: bool,
 ) -> Decision:
-    """What to do now (see the module docstring for the exact semantics)."""
+    """What to do now (see the module docstring for the exact semantics): :func:`assess`, then :func:`admit`."""
+    assessed = assess(
+        snapshot=snapshot, node=node, incident=incident, policy=policy, now=now, started_at=started_at, enabled=enabled
+    )
+    return admit(assessed, budget=budget, enabled=enabled, now=now)
+
+
+def assess(
+    *,
+    snapshot: Snapshot,
+    node: NodeView,
+    incident: Incident | None,
+    policy: RecoveryPolicy,
+    now: float,
+    started_at: float,
+    enabled: bool,
+) -> Decision | Proposal:
+    """Gates 1 to 5: a decision, or the actions that only the budget (gate 6) may still hold back."""
     found = matching(snapshot, policy) if snapshot.seeded else ()
-
-    # 1. Never act on a control-plane or opted-out node.
-    if node.control_plane or node.opted_out:
-        if incident is None and not found:
-            return Decision()
-        blocked = Blocked.CONTROL_PLANE if node.control_plane else Blocked.OPTED_OUT
-        why = (
-            "is a control-plane node"
-            if node.control_plane
-            else f"is opted out ({OPT_OUT_LABEL}={node.labels.get(OPT_OUT_LABEL, '')})"
-        )
-        if incident is None:
-            return Decision(blocked=blocked, message=f"{node.name} {why}: recovery never acts on it")
-        return Decision(
-            blocked=blocked,
-            incident=None,
-            release_budget=not incident.dry_run,
-            message=f"{node.name} {why}: incident {incident.id} handed to the operator (record dropped, budget "
-            "place given back; nothing it did is undone)",
-        )
-
-    # 2. Startup: nothing at all until the conditions are re-read and the delay has passed.
-    if not snapshot.seeded or now < started_at + policy.startup_delay:
-        if incident is None and not found and snapshot.seeded:
-            return Decision()
-        why = (
-            "the node's conditions are not read yet"
-            if not snapshot.seeded
-            else f"no recovery in the first {format_duration(policy.startup_delay)} after start "
-            f"({format_duration(started_at + policy.startup_delay - now)} left)"
-        )
-        return Decision(blocked=Blocked.STARTUP_DELAY, incident=incident, message=why)
+    gated = _never(node, incident, found)
+    if gated is None:
+        gated = _starting(snapshot, policy, incident, found, now=now, started_at=started_at)
+    if gated is not None:
+        return gated
 
     stored = incident
     if stored is not None and stored.dry_run and enabled:
@@ -278,16 +280,7 @@ def decide(
 
     # 3. Report only, but the stored incident was acted on for real: keep it as recorded.
     if stored is not None and not stored.dry_run and not enabled:
-        kept = stored if new_episode else dataclasses.replace(stored, healthy_since=None)
-        would = _remaining(found, kept, now=now)
-        also = f"; would do: {_names(would)}" if would and not new_episode else ""
-        return Decision(
-            blocked=Blocked.DISABLED,
-            incident=kept,
-            rule=trigger.rule,
-            message=f"recovery is disabled (report only): incident {stored.id} was acted on for real "
-            f"(done: {_names(stored.done) or 'nothing'}) and is kept as recorded{also}",
-        )
+        return _disabled(stored, found, new_episode=new_episode, now=now)
 
     if stored is None or new_episode:
         current = _open(trigger, node=node, now=now, enabled=enabled, previous=stored)
@@ -317,8 +310,14 @@ def decide(
             rule=primary.rule,
             message=f"{_describe(primary)}: every action is done ({_names(current.done) or 'none needed'})",
         )
+    return Proposal(actions=remaining, incident=current, primary=primary)
 
-    # 6. The cluster budget (report only: what it would do, budget not consulted).
+
+def admit(assessed: Decision | Proposal, *, budget: BudgetView | None, enabled: bool, now: float) -> Decision:
+    """Gate 6, the cluster budget (report only: what it would do, budget not consulted)."""
+    if isinstance(assessed, Decision):
+        return assessed
+    primary, remaining, current = assessed.primary, assessed.actions, assessed.incident
     if enabled and (budget is None or not budget.can_start):
         return Decision(
             blocked=Blocked.CORRELATED if budget is not None and budget.correlated else Blocked.BUDGET,
@@ -332,6 +331,66 @@ def decide(
         incident=current,
         rule=primary.rule,
         message=f"{_describe(primary)} True for {format_duration(now - primary.since)}: {verb}{_names(remaining)}",
+    )
+
+
+def _never(node: NodeView, incident: Incident | None, found: tuple[Match, ...]) -> Decision | None:
+    """Gate 1: never act on a control-plane or opted-out node (None: the node is neither)."""
+    if not (node.control_plane or node.opted_out):
+        return None
+    if incident is None and not found:
+        return Decision()
+    blocked = Blocked.CONTROL_PLANE if node.control_plane else Blocked.OPTED_OUT
+    why = (
+        "is a control-plane node"
+        if node.control_plane
+        else f"is opted out ({OPT_OUT_LABEL}={node.labels.get(OPT_OUT_LABEL, '')})"
+    )
+    if incident is None:
+        return Decision(blocked=blocked, message=f"{node.name} {why}: recovery never acts on it")
+    return Decision(
+        blocked=blocked,
+        incident=None,
+        release_budget=not incident.dry_run,
+        message=f"{node.name} {why}: incident {incident.id} handed to the operator (record dropped, budget "
+        "place given back; nothing it did is undone)",
+    )
+
+
+def _starting(
+    snapshot: Snapshot,
+    policy: RecoveryPolicy,
+    incident: Incident | None,
+    found: tuple[Match, ...],
+    *,
+    now: float,
+    started_at: float,
+) -> Decision | None:
+    """Gate 2, startup: nothing at all until the conditions are re-read and the delay has passed."""
+    if snapshot.seeded and now >= started_at + policy.startup_delay:
+        return None
+    if incident is None and not found and snapshot.seeded:
+        return Decision()
+    why = (
+        "the node's conditions are not read yet"
+        if not snapshot.seeded
+        else f"no recovery in the first {format_duration(policy.startup_delay)} after start "
+        f"({format_duration(started_at + policy.startup_delay - now)} left)"
+    )
+    return Decision(blocked=Blocked.STARTUP_DELAY, incident=incident, message=why)
+
+
+def _disabled(stored: Incident, found: tuple[Match, ...], *, new_episode: bool, now: float) -> Decision:
+    """Gate 3: report only, but the stored incident was acted on for real: kept as recorded."""
+    kept = stored if new_episode else dataclasses.replace(stored, healthy_since=None)
+    would = _remaining(found, kept, now=now)
+    also = f"; would do: {_names(would)}" if would and not new_episode else ""
+    return Decision(
+        blocked=Blocked.DISABLED,
+        incident=kept,
+        rule=found[0].rule,
+        message=f"recovery is disabled (report only): incident {stored.id} was acted on for real "
+        f"(done: {_names(stored.done) or 'nothing'}) and is kept as recorded{also}",
     )
 
 

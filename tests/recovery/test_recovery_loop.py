@@ -613,6 +613,28 @@ def test_a_corrupt_budget_lease_is_reported_and_blocks_until_fixed_never_a_faile
     assert h.step().actions == (Action.CORDON, Action.MARK_UNHEALTHY)
 
 
+def test_another_agents_claim_on_the_mark_stands_this_one_back_as_an_outcome(harness, api):
+    """Two agents given one node name: the one that finds the other's fresh claim on the incident stands back.
+    The step ends with the mark counted failed and told once (an Outcome, not a made-up 409 raised)."""
+    h = harness(marker=Marker(AwsError("Rate exceeded", code="Throttling", transient=True, status=400)))
+    h.publish(problem())
+    h.clock.now += DELAY
+    with pytest.raises(AwsError):
+        h.step()  # cordoned; the mark failed: the next step tries it again
+    node = api.get_object("nodes", NODE)
+    record = json.loads(node["metadata"]["annotations"][INCIDENT_ANNOTATION])
+    node["metadata"]["annotations"][INCIDENT_ANNOTATION] = json.dumps(
+        record | {"claim": "another agent", "claimedAt": h.clock.now}
+    )
+    api.put_object(node)
+    for _ in range(2):
+        h.clock.now += 5
+        assert h.step().actions == (Action.MARK_UNHEALTHY,)
+    assert h.marker.calls == [(NODE, 1)] and h.marker.marked == []
+    assert h.loop.stats.actions == {("cordon", "ok"): 1, ("mark-unhealthy", "failed"): 3}
+    assert h.reasons().count("RecoveryClaimedElsewhere") == 1
+
+
 @pytest.mark.parametrize("status", [500, 503, 504])
 def test_writes_answered_with_an_error_but_applied_count_as_done(harness, api, status):
     """A 5xx for a write the API server carried out all the same (issue 13): the Node is read back, so the cordon
