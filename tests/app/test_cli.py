@@ -140,6 +140,11 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[str, str, float]:
     return out, err, time.monotonic() - start
 
 
+def _healthy(base: str) -> tuple[int, str] | None:
+    status, body = _get(f"{base}/healthz")
+    return (status, body) if status == 200 else None
+
+
 def test_run_standalone_end_to_end_with_restart(tmp_path):
     """Records in a kmsg-format file → JSON transition lines, /conditions, /metrics, /healthz; a restart
     rebuilds the permanent condition from records already processed but does not repeat the Event."""
@@ -160,9 +165,10 @@ def test_run_standalone_end_to_end_with_restart(tmp_path):
         neuron = next(c for c in doc["conditions"] if c["type"] == "NeuronHealth")
         assert neuron["reason"] == "NeuronHasError_DMA_ERROR"
         assert neuron["fields"]["nd_id"] == 3
-        status, body = _get(f"{base}/healthz")
+        # The server listens before the supervisor has started every thread: /healthz is 503 until it has.
+        status, body = wait_for(lambda: _healthy(base))
         components = json.loads(body)["components"]
-        assert status == 200
+        assert status == 200, body
         assert components == {
             "kmsg_reader": True,
             "main_loop": True,
