@@ -315,7 +315,7 @@ AGENT_FLAGS = (
         "present), the condition EKS node auto repair and Karpenter act on (env NHA_AGGREGATE_CONDITION)",
         doc="also maintain condition `AcceleratedHardwareReady` (`False` while a critical accelerator problem is "
         "present), the condition EKS node auto repair and Karpenter act on "
-        "([README](../README.md#conditions-and-events))",
+        "([conditions.md](conditions.md#conditions-and-events))",
     ),
 )
 

@@ -50,6 +50,8 @@ from helpers.aws import (  # noqa: F401 (the fixtures aws and moto_server)
     moto_server_fixture,
 )
 
+pytestmark = pytest.mark.slow  # many scenarios against moto's server
+
 ROOT = REPO
 IDENTITY = {
     "instance-id": "i-0123456789abcdef0",

@@ -18,6 +18,8 @@ from agent.app.cli import main
 
 from helpers import free_port, kmsg_problem, wait_for
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 AGENT = [sys.executable, "-m", "agent"]
 
 

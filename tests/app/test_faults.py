@@ -17,6 +17,8 @@ import pytest
 
 from helpers import wait_for
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 AGENT = [sys.executable, "-m", "agent"]
 
 

@@ -27,6 +27,8 @@ from agent.sources.kmsg.stats import KmsgStats
 from helpers import wait_for
 from kubeapi.server import KubeApiServer
 
+pytestmark = pytest.mark.slow  # starts agent processes against the test API server
+
 NODE = "ip-10-0-0-1.ec2.internal"
 KUBELET_CONDITIONS = [
     {

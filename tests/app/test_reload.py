@@ -27,6 +27,8 @@ from agent.engine.inputs import Reconfigure
 from helpers import http_get, start_standalone_agent, wait_for
 from helpers.threads import wakeups_while_asleep
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 PACK = """
 conditions:
   - {type: Thing, reason: ThingOk, message: fine}

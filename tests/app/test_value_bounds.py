@@ -45,6 +45,8 @@ from helpers.sinks import SimTime, node_api, running
 from helpers.threads import wakeups_while_asleep
 from kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.slow  # storms of distinct values through every sink
+
 LONG_TYPE = "E" * 300
 RULES = load_rule_set([builtin_plugins_dir()])
 

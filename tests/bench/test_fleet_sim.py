@@ -15,6 +15,8 @@ from bench.fleetweek import simulate_week
 
 from kubeapi.requestlog import RequestRecord
 
+pytestmark = pytest.mark.slow  # runs the fleet simulation with a tiny fleet
+
 
 def _patch(node: str, unschedulable: bool, *, status: int = 200) -> RequestRecord:
     return RequestRecord("PATCH", f"/api/v1/nodes/{node}", {}, None, status, {"spec": {"unschedulable": unschedulable}})

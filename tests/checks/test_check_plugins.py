@@ -31,6 +31,8 @@ from agent.sources.kmsg.stats import KmsgStats
 import helpers
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # installs the example package and starts agent processes
+
 ROOT = REPO
 EXAMPLE = ROOT / "plugins" / "examples" / "kernel-tainted"
 

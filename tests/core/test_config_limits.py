@@ -25,6 +25,8 @@ from agent.core.docreader import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
 
 from helpers import http_get, memory_limit, start_standalone_agent, wait_for
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 GiB = 1 << 30
 LIMIT = GiB  # the address space a child may use (the agent idles at ~180 MB of it)
 

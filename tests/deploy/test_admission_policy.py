@@ -52,6 +52,8 @@ from helpers.aws import REGION, AwsTestEnv, FaultyFront
 from helpers.k8srender import DAEMONSET, EXAMPLES, helm_template
 from kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.slow  # renders with kubectl and evaluates every CEL validation
+
 POLICY_FILE = DAEMONSET / "components" / "admission-policy" / "policy.yaml"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:node-health-agent"

@@ -23,6 +23,8 @@ from agent.sinks.cloudwatch import CLUSTER_DIMENSION, DEFAULT_NAMESPACE, DIMENSI
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # renders the CloudFormation template for every metric
+
 TEMPLATE = REPO / "daemonset" / "aws" / "cloudwatch-alarms.cfn.yaml"
 QUERY = re.compile(
     r"SELECT MAX\((?P<metric>\w+)\) FROM (?P<namespace>\w+) WHERE (?P<dimension>\w+) = '(?P<value>[^']*)'"

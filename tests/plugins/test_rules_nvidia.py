@@ -22,6 +22,8 @@ from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
 from agent.detectors.rules import ReferenceEngine, RuleEngine
 
+pytestmark = pytest.mark.slow  # the exhaustive rule table: thousands of cases
+
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 PACK = yaml.safe_load((builtin_plugins_dir() / "nvidia" / "nvidia-monitor.yaml").read_text())
 LISTS = {name: set(values) for name, values in PACK["lists"].items()}

@@ -23,6 +23,8 @@ from agent.detectors.rules import ReferenceEngine, RuleEngine
 
 from helpers.kprintf import kprintf
 
+pytestmark = pytest.mark.slow  # the exhaustive rule table: thousands of cases
+
 NVIDIA = builtin_plugins_dir() / "nvidia"
 EXTRACT = NVIDIA / "nvrm-print-sites.tsv"
 GENERATED = NVIDIA / "nvrm-family.yaml"

@@ -30,6 +30,8 @@ from kubernetes.client import ApiException
 from helpers import finishes
 from kubeapi import KubeApiServer, PolicyRule
 
+pytestmark = pytest.mark.slow  # many scenarios against the test API server
+
 pytest_plugins = ["kubeapi.fixtures"]
 
 NS = "default"

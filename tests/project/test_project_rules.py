@@ -15,6 +15,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow  # runs the linters and mypy
+
 BIN = Path(sys.executable).parent
 
 

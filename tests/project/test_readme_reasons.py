@@ -1,10 +1,11 @@
-"""The README's "Conditions and Events" section documents every reason the built-in rule packs can give.
+"""docs/conditions.md's "Conditions and Events" section documents every reason the built-in rule packs can give.
 
 A permanent rule's reason must be in its condition's row of the condition table, a temporary rule's
 reason in the section (the Event reasons table), a condition's healthy reason in its row. Templated
 reasons are documented by their template: ``GpuXid{xid}`` as ``GpuXid<code>``,
 ``NeuronHasError_{error}`` as ``NeuronHasError_<TYPE>`` (any ``<name>`` stands for a field). And the
-Event reasons table names no reason that no built-in rule gives.
+Event reasons table names no reason that no built-in rule gives. The README's quick start writes a line
+that flags nothing that outlives it.
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ from agent.core.types import RuleType
 from helpers import REPO
 
 README = REPO / "README.md"
+CONDITIONS = REPO / "docs" / "conditions.md"
 RULE_SET = load_rule_set([builtin_plugins_dir()])
 EVENT_TABLE_HEADER = "| pack (file) | Event reasons |"
 
 
 def _section() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = CONDITIONS.read_text(encoding="utf-8")
     start = text.index("\n## Conditions and Events\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
 
 
 def _documented(reason: str) -> re.Pattern[str]:
-    """A backquoted token in the README that documents ``reason`` (placeholders as ``<...>``)."""
+    """A backquoted token in docs/conditions.md that documents ``reason`` (placeholders as ``<...>``)."""
     parts = re.split(r"\{\w+\}", reason)
     return re.compile("`" + "<[^<>`]+>".join(re.escape(p) for p in parts) + "`")
 
@@ -69,21 +71,21 @@ def test_the_section_and_its_tables_are_there():
 @pytest.mark.parametrize(("condition", "reason"), PERMANENT, ids=[f"{c}/{r}" for c, r in PERMANENT])
 def test_a_permanent_reason_is_in_its_condition_row(condition, reason):
     rows = _condition_rows()
-    assert condition in rows, f"condition {condition} has no row in the README's condition table"
+    assert condition in rows, f"condition {condition} has no row in docs/conditions.md's condition table"
     assert _documented(reason).search(rows[condition]), f"{reason} is missing from the {condition} row"
 
 
 @pytest.mark.parametrize("reason", TEMPORARY)
 def test_an_event_reason_is_in_the_event_reasons_table(reason):
     assert any(_documented(reason).search(row) for row in _event_table()), (
-        f"Event reason {reason} is missing from the README's Event reasons table"
+        f"Event reason {reason} is missing from docs/conditions.md's Event reasons table"
     )
 
 
 @pytest.mark.parametrize("condition", RULE_SET.conditions, ids=[c.type for c in RULE_SET.conditions])
 def test_a_condition_and_its_healthy_reason_are_documented(condition):
     rows = _condition_rows()
-    assert condition.type in rows, f"condition {condition.type} has no row in the README's condition table"
+    assert condition.type in rows, f"condition {condition.type} has no row in docs/conditions.md's condition table"
     assert f"`{condition.reason}`" in rows[condition.type]
 
 
@@ -112,16 +114,16 @@ def test_the_quick_starts_try_it_line_flags_nothing_that_outlives_it():
         assert {f["type"] for f in findings} == {RuleType.TEMPORARY.value}, findings
 
 
-def test_the_readmes_neuron_example_is_a_driver_line_the_pack_reads_as_documented():
-    """The README shows the driver's own tokens (nd-id=, nc-id=, ...) on a line the neuron rule matches, and
-    the fields it names are the fields that line yields."""
+def test_the_neuron_example_is_a_driver_line_the_pack_reads_as_documented():
+    """docs/conditions.md shows the driver's own tokens (nd-id=, nc-id=, ...) on a line the neuron rule matches,
+    and the fields it names are the fields that line yields."""
     from agent.app.cli import simulate_lines
 
-    text = README.read_text(encoding="utf-8")
+    text = CONDITIONS.read_text(encoding="utf-8")
     packs = text[text.index("\n## Rule packs\n") : text.index("\n## ", text.index("\n## Rule packs\n") + 1)]
     (line,) = re.findall(r"`(NEURON_HW_ERR=[A-Z_]+ [^`]+)`", packs)
     for token in ("nd-id=", "nc-id=", "serial-num=", "action=", "instance-id="):
-        assert f" {token}" in line, f"the README's example lacks the driver's {token} token"
+        assert f" {token}" in line, f"the example lacks the driver's {token} token"
     (finding,) = simulate_lines(rule_set=RULE_SET, lines=iter([line]))
     assert (finding["rule"], finding["condition"], finding["reason"]) == (
         "neuron/hw-error",
@@ -137,6 +139,6 @@ def test_the_readmes_neuron_example_is_a_driver_line_the_pack_reads_as_documente
         "action": "TERMINATE_INSTANCE",
     }
     documented = re.search(r"tokens become fields (.+?); Neuron runtime", packs, re.S)
-    assert documented, "the README names the fields the tokens become"
+    assert documented, "docs/conditions.md names the fields the tokens become"
     named = set(re.findall(r"`(\w+)`", documented[1]))
     assert named == set(finding["fields"]), named ^ set(finding["fields"])

@@ -30,6 +30,8 @@ from helpers.agents import (
 )
 from helpers.aws import REGION, FaultyFront
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 
 def test_the_aws_walkthrough_then_a_restart_repeats_nothing(api, aws, tmp_path):
     group = aws.node_group(size=1)

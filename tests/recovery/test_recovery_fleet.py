@@ -26,6 +26,8 @@ from bench.fleet import NAMESPACE, FleetResult, _disrupted, _node, simulate_flee
 
 from kubeapi.server import KubeApiServer
 
+pytestmark = pytest.mark.slow  # 50 recovery loops against one API server
+
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_fifteen_of_fifty_fail_at_once_with_the_default_budget(seed):

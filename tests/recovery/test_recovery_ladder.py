@@ -42,6 +42,8 @@ from helpers.aws import ACCESS_DENIED, REGION, THROTTLING, Fault, FaultyFront
 from helpers.recovery import INSTANCE, NODE, OTHERS, T0, Clock, LoopHarness, kube_fixture, node_object, prepare
 from kubeapi.server import KubeApiServer
 
+pytestmark = pytest.mark.slow  # many scenarios against the test API server and moto's server
+
 pytest_plugins = ["kubeapi.fixtures"]
 __all__ = ["kube_fixture"]  # fixture: kube
 

@@ -26,6 +26,8 @@ from helpers import wait_for
 from helpers.aws import REGION, AwsTestEnv, FaultyFront
 from kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.slow  # starts agent processes
+
 NODE = "ip-10-0-0-1.us-west-2.compute.internal"
 OTHERS = ("ip-10-0-0-2", "ip-10-0-0-3", "ip-10-0-0-4")
 NAMESPACE = "node-health-agent"

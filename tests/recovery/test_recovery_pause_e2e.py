@@ -22,6 +22,8 @@ from helpers.agents import PolicyAgent
 from helpers.recovery import agent_pod
 from kubeapi import KubeApiServer
 
+pytestmark = pytest.mark.slow  # starts three agent processes
+
 NAMESPACE = "node-health-agent"
 NODES = ("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3")
 POLICY = """\

@@ -19,7 +19,7 @@ from agent.sources.kmsg.stats import KmsgStats
 
 from helpers import kmsg_problem, wait_for
 
-pytestmark = pytest.mark.kmsg
+pytestmark = [pytest.mark.kmsg, pytest.mark.slow]  # slow: writes to the real /dev/kmsg
 
 DEVICE = "/dev/kmsg"
 WAIT = 30.0  # only reached when something is broken: the marker is normally read back at once
