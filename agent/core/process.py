@@ -25,10 +25,12 @@ import os
 import selectors
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO, Literal
 
 from agent.core import proctree
 
@@ -128,11 +130,7 @@ def run_process(
     ``cancel`` set (the agent is stopping) ends the run at once, killing the process group: no
     plugin outlives the agent."""
     args = tuple(str(a) for a in argv)
-    if not args:
-        return ProcessResult(argv=args, exit_code=None, error="empty command")
-    if cwd is not None and not os.path.isdir(cwd):
-        return ProcessResult(argv=args, exit_code=None, error=f"working directory {cwd} does not exist")
-    program, why = resolve(args[0] if cwd is None or "/" not in args[0] else os.path.join(cwd, args[0]), path=path)
+    program, why = _program(args, path=path, cwd=cwd)
     if program is None:
         return ProcessResult(argv=args, exit_code=None, error=why)
     environment = {"PATH": path, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **(env or {})}
@@ -145,68 +143,105 @@ def run_process(
     except OSError as exc:
         reason = "exec format error (a script without #! line?)" if exc.errno == errno.ENOEXEC else exc.strerror
         return ProcessResult(argv=args, exit_code=None, error=f"cannot start: {reason or exc}")
-    out, err = bytearray(), bytearray()
     assert proc.stdout is not None and proc.stderr is not None  # both are pipes (Popen above)
-    stdout, stderr = proc.stdout, proc.stderr
-    limits: dict[object, tuple[bytearray, int]] = {stdout: (out, max_output), stderr: (err, STDERR_MAX)}
-    truncated = False
-    timed_out = False
-    cancelled = False
-    deadline = start + timeout
-    exited_at: float | None = None
     with selectors.DefaultSelector() as sel:
-        for pipe in (stdout, stderr):
-            os.set_blocking(pipe.fileno(), False)
-            sel.register(pipe, selectors.EVENT_READ)
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = True
-                break
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-                break
-            if exited_at is None and _exited(proc.pid):
-                exited_at = now
-            if exited_at is not None and now - exited_at >= EXIT_GRACE:
-                break  # the program is gone; whatever still holds its pipes is killed below
-            wait = min(deadline - now, 0.05 if exited_at is None else EXIT_GRACE)
-            for key, _ in sel.select(timeout=wait):
-                try:
-                    chunk = os.read(key.fd, READ_SIZE)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf, cap = limits[key.fileobj]
-                room = cap - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                if len(chunk) > room and key.fileobj is proc.stdout:
-                    truncated = True
-        if not timed_out and not cancelled and exited_at is None:
-            # Both pipes closed: wait for the exit itself, still bounded by the deadline.
-            while not _exited(proc.pid):
-                if time.monotonic() >= deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.01)
-    # On timeout: everything; otherwise: whatever the program left behind, in its group or not.
-    killed = proctree.kill_leftovers(proc.pid, mark)
-    _kill_group(proc.pid)
-    code = proctree.wait(proc)
-    proctree.settle(killed)  # reap the leftovers the agent adopted (and any other orphan that exited)
-    for pipe in (stdout, stderr):
-        pipe.close()
+        output = _Output(sel, stdout=proc.stdout, stderr=proc.stderr, max_output=max_output)
+        ending = _wait_for_end(proc.pid, output, deadline=start + timeout, cancel=cancel)
+    code = _reap(proc, mark)
+    timed_out, cancelled = ending == "timed out", ending == "cancelled"
     return ProcessResult(
         argv=args,
         exit_code=None if timed_out or cancelled else code,
         error="cancelled: the agent is stopping (process group killed)" if cancelled else None,
         cancelled=cancelled,
-        stdout=out.decode("utf-8", errors="replace"),
-        stderr=err.decode("utf-8", errors="replace"),
+        stdout=output.out.decode("utf-8", errors="replace"),
+        stderr=output.err.decode("utf-8", errors="replace"),
         timed_out=timed_out,
-        stdout_truncated=truncated,
+        stdout_truncated=output.truncated,
         duration=time.monotonic() - start,
     )
+
+
+def _program(args: tuple[str, ...], *, path: str, cwd: str | None) -> tuple[str | None, str | None]:
+    """(the program to run, None) or (None, why ``args`` cannot run in ``cwd``)."""
+    if not args:
+        return None, "empty command"
+    if cwd is not None and not os.path.isdir(cwd):
+        return None, f"working directory {cwd} does not exist"
+    return resolve(args[0] if cwd is None or "/" not in args[0] else os.path.join(cwd, args[0]), path=path)
+
+
+class _Output:
+    """A run's stdout and stderr, read as they come: each kept up to its cap, the rest read and dropped."""
+
+    def __init__(self, sel: selectors.BaseSelector, *, stdout: IO[bytes], stderr: IO[bytes], max_output: int) -> None:
+        self.out, self.err = bytearray(), bytearray()
+        self.truncated = False  # stdout said more than max_output
+        self._sel = sel
+        self._stdout = stdout
+        self._limits: dict[object, tuple[bytearray, int]] = {
+            stdout: (self.out, max_output),
+            stderr: (self.err, STDERR_MAX),
+        }
+        for pipe in (stdout, stderr):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ)
+
+    def open(self) -> bool:
+        """Some pipe is still open (not yet at end of file)."""
+        return bool(self._sel.get_map())
+
+    def read(self, wait: float) -> None:
+        """Read what is ready within ``wait`` seconds, one chunk per pipe; a pipe at end of file is dropped."""
+        for key, _ in self._sel.select(timeout=wait):
+            try:
+                chunk = os.read(key.fd, READ_SIZE)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._sel.unregister(key.fileobj)
+                continue
+            buf, cap = self._limits[key.fileobj]
+            room = cap - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            if len(chunk) > room and key.fileobj is self._stdout:
+                self.truncated = True
+
+
+def _wait_for_end(
+    pid: int, output: _Output, *, deadline: float, cancel: threading.Event | None
+) -> Literal["exited", "timed out", "cancelled"]:
+    """Read ``output`` until the program has exited and its pipes are drained (or ``EXIT_GRACE`` passed)."""
+    exited_at: float | None = None
+    while output.open():
+        now = time.monotonic()
+        if now >= deadline:
+            return "timed out"
+        if cancel is not None and cancel.is_set():
+            return "cancelled"
+        if exited_at is None and _exited(pid):
+            exited_at = now
+        if exited_at is not None and now - exited_at >= EXIT_GRACE:
+            return "exited"  # the program is gone; whatever still holds its pipes is killed by _reap
+        output.read(min(deadline - now, 0.05 if exited_at is None else EXIT_GRACE))
+    if exited_at is None:
+        # Both pipes closed: wait for the exit itself, still bounded by the deadline.
+        while not _exited(pid):
+            if time.monotonic() >= deadline:
+                return "timed out"
+            time.sleep(0.01)
+    return "exited"
+
+
+def _reap(proc: subprocess.Popen[bytes], mark: str) -> int:
+    """Kill what is left of the run, reap it and close its pipes; the program's exit status."""
+    # On timeout: everything; otherwise: whatever the program left behind, in its group or not.
+    killed = proctree.kill_leftovers(proc.pid, mark)
+    _kill_group(proc.pid)
+    code = proctree.wait(proc)
+    proctree.settle(killed)  # reap the leftovers the agent adopted (and any other orphan that exited)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return code

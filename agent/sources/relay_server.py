@@ -399,67 +399,25 @@ def run_relay(
     heartbeat = heartbeat_interval if heartbeat_interval is not None else HEARTBEAT_POLLS * poll_interval
     stats = stats if stats is not None else RelayStats()
     socket_path = Path(socket_path)
-    problem = _check_source(Path(kmsg_path))
-    if problem is not None:
-        log.error("kmsg relay: %s", problem)
+    opened = _open(Path(kmsg_path), socket_path, policy)
+    if opened is None:
         return 2
-    try:
-        server, inode = _listen(socket_path, policy)
-    except _SetupError as exc:
-        log.error("kmsg relay: %s", exc)
-        return 2
+    server, inode = opened
     server.settimeout(poll_interval)
     log.info("kmsg relay: serving %s on %s to %s", kmsg_path, socket_path, policy.describe())
     if ready is not None:
         ready.set()
-    refusals = _RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic)
-    busy = _RefusalLog(
-        policy=policy,
-        interval=REFUSAL_LOG_INTERVAL,
-        clock=time.monotonic,
-        because="the agent's session is live and is never taken over",
-    )
-    session: _Session | None = None
     try:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:  # e.g. EMFILE: wait and retry rather than spin
-                log.warning("kmsg relay: accept failed: %s", exc)
-                stop.wait(poll_interval)
-                continue
-            try:
-                peer: PeerCredentials | None = PeerCredentials.of(conn)
-                why = ""
-            except OSError as exc:
-                peer, why = None, f"SO_PEERCRED failed: {exc}"
-            if peer is None or not policy.allows(peer):
-                stats.refused += 1  # counted before the close, so whoever sees it closed sees it counted
-                conn.close()  # before anything else: the current session goes on undisturbed
-                refusals.note(peer, why=why)
-                continue
-            if session is not None and session.live():
-                stats.busy += 1  # counted before the close, as a refusal
-                conn.close()  # one client at a time: the live session is never taken over
-                busy.note(peer)
-                continue
-            stats.accepted += 1
-            if session is not None:
-                session.close()  # its client hung up: its threads are ending
-            log.info("kmsg relay: client #%d connected (pid %d, uid %d)", stats.accepted, peer.pid, peer.uid)
-            session = _Session(
-                conn=conn,
-                number=stats.accepted,
-                kmsg_path=Path(kmsg_path),
-                poll_interval=poll_interval,
-                heartbeat_interval=heartbeat,
-            )
-            session.start()
+        _serve(
+            server,
+            stop=stop,
+            gate=_Gate(policy=policy, stats=stats),
+            stats=stats,
+            kmsg_path=Path(kmsg_path),
+            poll_interval=poll_interval,
+            heartbeat_interval=heartbeat,
+        )
     finally:
-        if session is not None:
-            session.close()
         server.close()
         _remove_if_ours(socket_path, inode)
     log.info(
@@ -469,3 +427,100 @@ def run_relay(
         stats.busy,
     )
     return 0
+
+
+def _open(kmsg_path: Path, socket_path: Path, policy: AccessPolicy) -> tuple[socket.socket, int] | None:
+    """Check that ``kmsg_path`` opens, then listen on ``socket_path``; None (after logging why) if either fails."""
+    problem = _check_source(kmsg_path)
+    if problem is not None:
+        log.error("kmsg relay: %s", problem)
+        return None
+    try:
+        return _listen(socket_path, policy)
+    except _SetupError as exc:
+        log.error("kmsg relay: %s", exc)
+        return None
+
+
+def _serve(
+    server: socket.socket,
+    *,
+    stop: threading.Event,
+    gate: _Gate,
+    stats: RelayStats,
+    kmsg_path: Path,
+    poll_interval: float,
+    heartbeat_interval: float,
+) -> None:
+    """The accept loop: each admitted connection gets a new session; the last one is closed on the way out."""
+    session: _Session | None = None
+    try:
+        while not stop.is_set():
+            conn = _accept(server, stop, poll_interval)
+            if conn is None:
+                continue
+            peer = gate.admit(conn, session)
+            if peer is None:
+                continue
+            stats.accepted += 1
+            if session is not None:
+                session.close()  # its client hung up: its threads are ending
+            log.info("kmsg relay: client #%d connected (pid %d, uid %d)", stats.accepted, peer.pid, peer.uid)
+            session = _Session(
+                conn=conn,
+                number=stats.accepted,
+                kmsg_path=kmsg_path,
+                poll_interval=poll_interval,
+                heartbeat_interval=heartbeat_interval,
+            )
+            session.start()
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _accept(server: socket.socket, stop: threading.Event, poll_interval: float) -> socket.socket | None:
+    """The next connection; None when none came within a poll interval, or (after a wait) when accept failed."""
+    try:
+        conn, _ = server.accept()
+    except TimeoutError:
+        return None
+    except OSError as exc:  # e.g. EMFILE: wait and retry rather than spin
+        log.warning("kmsg relay: accept failed: %s", exc)
+        stop.wait(poll_interval)
+        return None
+    return conn
+
+
+class _Gate:
+    """Who gets past the accept loop: an allowed peer, and only while no session is live."""
+
+    def __init__(self, *, policy: AccessPolicy, stats: RelayStats) -> None:
+        self._policy = policy
+        self._stats = stats
+        self._refusals = _RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic)
+        self._busy = _RefusalLog(
+            policy=policy,
+            interval=REFUSAL_LOG_INTERVAL,
+            clock=time.monotonic,
+            because="the agent's session is live and is never taken over",
+        )
+
+    def admit(self, conn: socket.socket, session: _Session | None) -> PeerCredentials | None:
+        """The peer of ``conn`` when it may have the session; otherwise counts, closes ``conn``, logs, and None."""
+        try:
+            peer: PeerCredentials | None = PeerCredentials.of(conn)
+            why = ""
+        except OSError as exc:
+            peer, why = None, f"SO_PEERCRED failed: {exc}"
+        if peer is None or not self._policy.allows(peer):
+            self._stats.refused += 1  # counted before the close, so whoever sees it closed sees it counted
+            conn.close()  # before anything else: the current session goes on undisturbed
+            self._refusals.note(peer, why=why)
+            return None
+        if session is not None and session.live():
+            self._stats.busy += 1  # counted before the close, as a refusal
+            conn.close()  # one client at a time: the live session is never taken over
+            self._busy.note(peer)
+            return None
+        return peer
