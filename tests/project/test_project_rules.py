@@ -1,7 +1,7 @@
 """The project's own rules, run with the tests so the README's one test command keeps them:
 ruff (lint and format), the import layers (import-linter contracts in pyproject.toml), types (mypy at
 the levels [tool.mypy] declares: core and engine strictly), plugins that import only the plugin API,
-and a top level of packages."""
+a top level of packages, and no function over 80 lines."""
 
 from __future__ import annotations
 
@@ -56,6 +56,22 @@ def test_plugins_import_only_the_plugin_api():
     assert len(files) > 5
     wrong = [f"{f.relative_to(REPO)}:{line}: {m}" for f in files for line, m in agent_imports(f) if m != "agent.sdk"]
     assert wrong == [], "plugins import agent.sdk only (the plugin API); the rest may move"
+
+
+MAX_FUNCTION_LINES = 80  # issue 34's bar: a longer function is split into named parts
+
+
+def test_no_function_in_agent_is_longer_than_the_bar():
+    """From ``def`` to its last line, docstring included; nested functions count on their own too."""
+    long = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((REPO / "agent").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines"
 
 
 def test_the_top_level_of_agent_holds_only_packages_and_the_entry_modules():
