@@ -323,36 +323,28 @@ class RuleEngine:
         """
         n = len(lines)
         base = self._seen
-        # line index -> candidate rule indexes in evaluation order
-        work: dict[int, Sequence[int]] = {}
+        work = self._candidates(lines, raw_lines, base)
+        findings = self._match(work, lines, times=times, line_numbers=line_numbers, permanent_only=permanent_only)
+        if self._history.maxlen:
+            self._history.extend(lines[-self._history.maxlen :])
+        self._seen = base + n
+        return findings
+
+    def _candidates(self, lines: Sequence[str], raw_lines: bytes | None, base: int) -> dict[int, Sequence[int]]:
+        """Line index -> candidate rule indexes in evaluation order, for the lines of the batch that have any.
+
+        Updates the armed multi-line rules: armed by this batch's lines, dropped once their window ends.
+        """
+        n = len(lines)
         extra: dict[int, list[int]] = {}  # line -> armed multi-line rules (may repeat), rules without literals
         # Multi-line rules armed by earlier batches stay candidates for the first lines of this one.
         for k, until in self._armed.items():
             for i in range(min(n, until - base + 1)):
                 extra.setdefault(i, []).append(k)
-        if self._prefilter is not None and n:
-            if raw_lines is not None and self._in_place:
-                hit_lines, newlines = self._prefilter.by_line(raw_lines)
-                newlines -= 1  # the last line's end
-            else:
-                hit_lines, newlines = self._prefilter.by_line("\n".join(lines).encode("utf-8", "surrogatepass"))
-            if newlines != n - 1:
-                raise ValueError("lines must not contain newlines; split records first (split_lines)")
-            plans = self._plans
-            for i, present in hit_lines.items():
-                literals = frozenset(present)
-                plan = plans.get(literals) or self._plan(literals)
-                for k in plan.arms:
-                    window = self.rule_set.rules[k].window
-                    for j in range(i, min(n, i + window)):
-                        extra.setdefault(j, []).append(k)
-                    self._armed[k] = max(self._armed.get(k, -1), base + i + window - 1)
-                if not plan.checks:
-                    work[i] = plan.rules
-                    continue
-                line = lines[i]
-                failed = {g for g, run in plan.checks if run not in line}
-                work[i] = [k for k, g in plan.ordered if g not in failed] if failed else plan.rules
+        prefilter = self._prefilter
+        work: dict[int, Sequence[int]] = {}
+        if prefilter is not None and n:
+            work = self._scan(prefilter, lines, raw_lines, base, extra)
         for k in [k for k, until in self._armed.items() if until < base + n]:
             del self._armed[k]
         if self._always:
@@ -362,7 +354,55 @@ class RuleEngine:
             for i, more in extra.items():
                 work[i] = sorted({*work.get(i, ()), *more}, key=self._rank.__getitem__)
             work = dict(sorted(work.items()))
+        return work
 
+    def _scan(
+        self,
+        prefilter: Prefilter,
+        lines: Sequence[str],
+        raw_lines: bytes | None,
+        base: int,
+        extra: dict[int, list[int]],
+    ) -> dict[int, Sequence[int]]:
+        """The prefilter phase: line index -> the rules its literals make candidates (its plan's rules whose
+        required runs the line contains). Arms the multi-line rules of each plan, into ``extra`` and
+        ``_armed``."""
+        n = len(lines)
+        if raw_lines is not None and self._in_place:
+            hit_lines, newlines = prefilter.by_line(raw_lines)
+            newlines -= 1  # the last line's end
+        else:
+            hit_lines, newlines = prefilter.by_line("\n".join(lines).encode("utf-8", "surrogatepass"))
+        if newlines != n - 1:
+            raise ValueError("lines must not contain newlines; split records first (split_lines)")
+        work: dict[int, Sequence[int]] = {}
+        plans = self._plans
+        for i, present in hit_lines.items():
+            literals = frozenset(present)
+            plan = plans.get(literals) or self._plan(literals)
+            for k in plan.arms:
+                window = self.rule_set.rules[k].window
+                for j in range(i, min(n, i + window)):
+                    extra.setdefault(j, []).append(k)
+                self._armed[k] = max(self._armed.get(k, -1), base + i + window - 1)
+            if not plan.checks:
+                work[i] = plan.rules
+                continue
+            line = lines[i]
+            failed = {g for g, run in plan.checks if run not in line}
+            work[i] = [k for k, g in plan.ordered if g not in failed] if failed else plan.rules
+        return work
+
+    def _match(
+        self,
+        work: Mapping[int, Sequence[int]],
+        lines: Sequence[str],
+        *,
+        times: Sequence[float] | float,
+        line_numbers: Sequence[int] | int | None,
+        permanent_only: bool,
+    ) -> list[Finding]:
+        """The matching phase: each line's candidate rules in order, each pattern evaluated once per line."""
         findings: list[Finding] = []
         rules = self.rule_set.rules
         memo_keys = self._memo_key
@@ -394,9 +434,6 @@ class RuleEngine:
                 finding = build(rule, match=found[0], message=found[1], timestamp=timestamp, line=number)
                 if finding is not None:
                     findings.append(finding)
-        if self._history.maxlen:
-            self._history.extend(lines[-self._history.maxlen :])
-        self._seen = base + n
         return findings
 
     def _evaluate(self, rule: CompiledRule, lines: Sequence[str], i: int) -> tuple[PatternMatch, str] | None:

@@ -270,87 +270,35 @@ def _check_rule(
         if not explicit:
             col.add((*path, "enabled"), "a disabled rule needs the 'name' of the rule it switches off")
         return _disabled(name=name, explicit=explicit, file=col.file, path=path, ok=len(col) == before)
+    return _enabled_rule(
+        rule, col=col, path=path, name=name, explicit=explicit, source=source, buffer_size=buffer_size, before=before
+    )
 
-    try:
-        rtype = RuleType(str(rule.get("type")))
-    except ValueError:
-        col.add((*path, "type"), f"must be 'temporary' or 'permanent', got {rule.get('type')!r}")
-        rtype = RuleType.TEMPORARY
 
-    condition = rule.get("condition")
-    if rtype is RuleType.PERMANENT:
-        if not isinstance(condition, str) or not condition:
-            col.add((*path, "condition"), "required for a permanent rule")
-            condition = None
-    else:
-        if condition not in (None, ""):
-            col.add((*path, "condition"), "only permanent rules set a condition; remove it or use type: permanent")
-        condition = None
-
-    pattern = rule.get("pattern")
-    if pattern == "":
-        col.add(
-            (*path, "pattern"),
-            "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line",
-        )
-        pattern = None
-    elif not isinstance(pattern, str):
-        col.add((*path, "pattern"), "required: a regular expression")
-        pattern = None
-
-    key_values: tuple[str, ...] = ()
-    if "keyValues" in rule:
-        kv = rule["keyValues"]
-        if not isinstance(kv, list) or not all(isinstance(k, str) and k for k in kv):
-            col.add((*path, "keyValues"), "must be a list of key names, e.g. ['nd-id', 'nc-id']")
-        else:
-            key_values = tuple(kv)
-
-    field_types: dict[str, str] = {}
-    if "fieldTypes" in rule:
-        ft = rule["fieldTypes"]
-        if not isinstance(ft, dict):
-            col.add((*path, "fieldTypes"), "must be a mapping of field name to int, hex or str")
-        else:
-            for fname, ftype in ft.items():
-                if not isinstance(ftype, str) or ftype not in FIELD_TYPES:
-                    col.add((*path, "fieldTypes", fname), f"must be one of int, hex, str, got {ftype!r}")
-                else:
-                    field_types[str(fname)] = ftype
-
+def _enabled_rule(
+    rule: Mapping[str, Any],
+    *,
+    col: Problems,
+    path: tuple,
+    name: str,
+    explicit: bool,
+    source: str,
+    buffer_size: int,
+    before: int,
+) -> RuleSpec:
+    """The spec of an enabled rule; its keys are checked in this order (problems come out in it)."""
+    rtype = _rule_type(rule, col=col, path=path)
+    condition = _rule_condition(rule, rtype, col=col, path=path)
+    pattern = _rule_pattern(rule, col=col, path=path)
+    key_values = _rule_key_values(rule, col=col, path=path)
+    field_types = _rule_field_types(rule, col=col, path=path)
     reason, reason_fields = _check_reason(rule.get("reason"), col=col, path=(*path, "reason"))
-
-    default_severity = Severity.ERROR if rtype is RuleType.PERMANENT else Severity.WARNING
-    try:
-        severity = Severity(rule.get("severity", default_severity.value))
-    except ValueError:
-        col.add((*path, "severity"), f"must be one of {', '.join(s.value for s in Severity)}")
-        severity = default_severity
-
-    suffix = rule.get("patternGeneratedMessageSuffix", "")
-    if not isinstance(suffix, str):
-        col.add((*path, "patternGeneratedMessageSuffix"), "must be a string")
-        suffix = ""
-
-    provenance: tuple[str, ...] = ()
-    if "provenance" in rule:
-        raw = rule["provenance"]
-        raw = [raw] if isinstance(raw, str) else raw
-        if not isinstance(raw, list) or not raw or not all(isinstance(s, str) and s.strip() for s in raw):
-            col.add(
-                (*path, "provenance"),
-                "must name where the message is printed: 'repository:path: format string' (or a list of them)",
-            )
-        else:
-            provenance = tuple(raw)
-    fallback = rule.get("fallback", False)
-    if not isinstance(fallback, bool):
-        col.add((*path, "fallback"), "must be true or false")
-        fallback = False
-
+    severity = _rule_severity(rule, rtype, col=col, path=path)
+    suffix = _rule_suffix(rule, col=col, path=path)
+    provenance = _rule_provenance(rule, col=col, path=path)
+    fallback = _rule_fallback(rule, col=col, path=path)
     where = _check_where(rule["where"], col=col, path=(*path, "where")) if "where" in rule else ()
     threshold = _check_threshold(rule["threshold"], col=col, path=(*path, "threshold")) if "threshold" in rule else None
-
     return RuleSpec(
         name=name,
         explicit_name=explicit,
@@ -375,6 +323,106 @@ def _check_rule(
         provenance=provenance,
         fallback=fallback,
     )
+
+
+def _rule_type(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> RuleType:
+    try:
+        return RuleType(str(rule.get("type")))
+    except ValueError:
+        col.add((*path, "type"), f"must be 'temporary' or 'permanent', got {rule.get('type')!r}")
+        return RuleType.TEMPORARY
+
+
+def _rule_condition(rule: Mapping[str, Any], rtype: RuleType, *, col: Problems, path: tuple) -> str | None:
+    """The condition a permanent rule sets (required there, refused on a temporary rule)."""
+    condition = rule.get("condition")
+    if rtype is RuleType.PERMANENT:
+        if not isinstance(condition, str) or not condition:
+            col.add((*path, "condition"), "required for a permanent rule")
+            return None
+        return condition
+    if condition not in (None, ""):
+        col.add((*path, "condition"), "only permanent rules set a condition; remove it or use type: permanent")
+    return None
+
+
+def _rule_pattern(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> str | None:
+    pattern = rule.get("pattern")
+    if pattern == "":
+        col.add(
+            (*path, "pattern"),
+            "must not be empty: node-problem-detector accepts an empty pattern and fires it on every line",
+        )
+        return None
+    if not isinstance(pattern, str):
+        col.add((*path, "pattern"), "required: a regular expression")
+        return None
+    return pattern
+
+
+def _rule_key_values(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[str, ...]:
+    if "keyValues" not in rule:
+        return ()
+    kv = rule["keyValues"]
+    if not isinstance(kv, list) or not all(isinstance(k, str) and k for k in kv):
+        col.add((*path, "keyValues"), "must be a list of key names, e.g. ['nd-id', 'nc-id']")
+        return ()
+    return tuple(kv)
+
+
+def _rule_field_types(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> dict[str, str]:
+    field_types: dict[str, str] = {}
+    if "fieldTypes" not in rule:
+        return field_types
+    ft = rule["fieldTypes"]
+    if not isinstance(ft, dict):
+        col.add((*path, "fieldTypes"), "must be a mapping of field name to int, hex or str")
+        return field_types
+    for fname, ftype in ft.items():
+        if not isinstance(ftype, str) or ftype not in FIELD_TYPES:
+            col.add((*path, "fieldTypes", fname), f"must be one of int, hex, str, got {ftype!r}")
+        else:
+            field_types[str(fname)] = ftype
+    return field_types
+
+
+def _rule_severity(rule: Mapping[str, Any], rtype: RuleType, *, col: Problems, path: tuple) -> Severity:
+    default = Severity.ERROR if rtype is RuleType.PERMANENT else Severity.WARNING
+    try:
+        return Severity(rule.get("severity", default.value))
+    except ValueError:
+        col.add((*path, "severity"), f"must be one of {', '.join(s.value for s in Severity)}")
+        return default
+
+
+def _rule_suffix(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> str:
+    suffix = rule.get("patternGeneratedMessageSuffix", "")
+    if not isinstance(suffix, str):
+        col.add((*path, "patternGeneratedMessageSuffix"), "must be a string")
+        return ""
+    return suffix
+
+
+def _rule_provenance(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[str, ...]:
+    if "provenance" not in rule:
+        return ()
+    raw = rule["provenance"]
+    raw = [raw] if isinstance(raw, str) else raw
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, str) and s.strip() for s in raw):
+        col.add(
+            (*path, "provenance"),
+            "must name where the message is printed: 'repository:path: format string' (or a list of them)",
+        )
+        return ()
+    return tuple(raw)
+
+
+def _rule_fallback(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> bool:
+    fallback = rule.get("fallback", False)
+    if not isinstance(fallback, bool):
+        col.add((*path, "fallback"), "must be true or false")
+        return False
+    return fallback
 
 
 def _disabled(*, name: str, explicit: bool, file: str, path: tuple, ok: bool) -> RuleSpec:
