@@ -67,6 +67,9 @@ def compile_rule(
             for b in spec.threshold.by:
                 if b not in fields:
                     col.add((*path, "threshold", "by"), _unknown_field(b, fields))
+        for name in spec.device.fields if spec.device is not None else ():
+            if name not in fields:
+                col.add((*path, "device", "field"), _unknown_field(name, fields))
 
     if len(col) > before or not spec.ok or regex is None or spec.reason is None or spec.pattern is None:
         return None
@@ -94,6 +97,7 @@ def compile_rule(
         field_types=dict(spec.field_types),
         provenance=spec.provenance,
         fallback=spec.fallback,
+        device=spec.device,
     )
 
 

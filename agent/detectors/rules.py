@@ -129,6 +129,7 @@ class FindingBuilder:
         finding.fields = fields
         finding.line = line
         finding.status = Status.TRUE
+        finding.device = None if rule.device is None else rule.device.device(fields)
         finding.__class__ = Finding
         return finding
 
