@@ -418,7 +418,7 @@ def check_device(raw: Any, *, col: Problems, path: tuple) -> DeviceField | None:
     _unknown_keys(raw, known=frozenset({"kind", "field"}), path=path, col=col)
     kinds = ", ".join(k.value for k in DeviceKind)
     try:
-        kind = DeviceKind(raw.get("kind"))
+        kind: DeviceKind | None = DeviceKind(str(raw.get("kind")))
     except ValueError:
         col.add((*path, "kind"), f"required: one of {kinds}, got {raw.get('kind')!r}")
         kind = None

@@ -40,7 +40,7 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def condition_json(cond: Condition) -> dict[str, Any]:
-    body = {
+    body: dict[str, Any] = {
         "type": cond.type,
         "status": cond.status.value,
         "reason": bounded_reason(cond.reason),

@@ -17,7 +17,8 @@ RULE_SET = load_rule_set([builtin_plugins_dir()])
 ENGINES = pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
 
 CASES = [
-    # NVIDIA Xid printer, src/nvidia/src/kernel/gpu/rc/kernel_rc.c (krcReportXid): "NVRM: Xid (PCI:%04x:%02x:%02x): %d, "
+    # NVIDIA Xid printer, src/nvidia/src/kernel/gpu/rc/kernel_rc.c (krcReportXid):
+    # "NVRM: Xid (PCI:%04x:%02x:%02x): %d, "
     ("xid-real", "NVRM: Xid (PCI:0000:84:00): 95, Uncontained: FBHUB. RST: Yes", "nvidia/xid-node", "gpu:0000:84:00.0"),
     (
         "xid-pid-name",
