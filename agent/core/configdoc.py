@@ -62,6 +62,7 @@ LOG_MONITOR_RULE_KEYS = frozenset(
         "enabled",
         "provenance",
         "fallback",
+        "device",
     }
 )
 

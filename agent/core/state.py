@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from agent.core.bounds import ProblemCounts
+from agent.core.devices import DeviceProblem
 from agent.core.durations import format_duration
 from agent.core.types import (
     Condition,
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 AGGREGATE_TYPE = "AcceleratedHardwareReady"
 AGGREGATE_HEALTHY_REASON = "AcceleratedHardwareIsReady"
 AGGREGATE_HEALTHY_MESSAGE = "no fatal accelerator problem"
+MAX_DEVICES = 64  # devices one condition tracks (a node has at most a few dozen; lines can name any)
+MAX_NAMED = 8  # devices a condition's message names (the rest: "and N more")
 
 
 def event_type(severity: Severity) -> str:
@@ -70,6 +73,8 @@ class NodeState:
         self._restored: set[str] = set()  # types restored from our own state directory (fresher than the Node)
         self._seeded = seeded
         self._node_uid: str | None = None
+        self._node_scoped: set[str] = set()  # True types held (also) by a finding that named no device
+        self._base_message: dict[str, str] = {}  # type -> its message before the devices were named
         now = clock()
         self._conditions: dict[str, Condition] = {
             c.type: Condition(
@@ -153,6 +158,8 @@ class NodeState:
         for cond in conditions:
             if cond.type in self._conditions and cond.type not in self._touched:
                 self._conditions[cond.type] = cond
+                if cond.status is Status.TRUE and not cond.devices:
+                    self._node_scoped.add(cond.type)  # a problem read back names no device: the node's
                 if cond.status is Status.TRUE and cond.type in self._specs:
                     self._problems.pair(cond.type, cond.reason)
                 self._generation += 1
@@ -187,6 +194,8 @@ class NodeState:
         current = self._conditions[finding.condition]
         if finding.status is Status.TRUE:
             return self._set_problem(current, finding, now)
+        if finding.device is not None and current.status is Status.TRUE and self._device_healed(current, finding):
+            return []
         spec = self._specs[finding.condition]
         reason = spec.reason if finding.status is Status.FALSE else finding.reason
         message = spec.message if finding.status is Status.FALSE else finding.message
@@ -208,11 +217,17 @@ class NodeState:
         ]
 
     def _set_problem(self, current: Condition, finding: Finding, now: float) -> list[Event]:
+        devices = _with_device(current.devices if current.status is Status.TRUE else (), finding, now)
+        if finding.device is None:
+            self._node_scoped.add(current.type)
         if current.status is Status.TRUE:
             same = current.reason == finding.reason
             weaker = finding.severity.rank < current.severity.rank
             if same or weaker:
-                self._conditions[current.type] = _replace(current, last_update=now)
+                if _keys(devices) != _keys(current.devices):  # another device: the message names it
+                    self._set_devices(current, devices, last_update=now)
+                else:
+                    self._conditions[current.type] = _replace(current, last_update=now, devices=devices)
                 return []
         self._problems.count(current.type, finding.reason)
         self._problems.pair(current.type, finding.reason)
@@ -229,8 +244,28 @@ class NodeState:
                 fields=finding.fields,
                 # NPD uses the log time as transition time; never in the future of our clock.
                 transition_time=min(finding.timestamp, now) if finding.timestamp else now,
+                devices=devices,
             )
         ]
+
+    def _device_healed(self, current: Condition, finding: Finding) -> bool:
+        """A healthy finding about one device of a True condition: that device's problem closes. True when
+        the condition stays True (other devices, or a problem that named none, still hold it)."""
+        assert finding.device is not None
+        left = tuple(d for d in current.devices if d.device.key != finding.device.key)
+        if not left and current.type not in self._node_scoped:
+            return False  # the last device healed: the condition heals as a whole
+        if len(left) != len(current.devices):
+            self._set_devices(current, left, last_update=current.last_update)
+        return True
+
+    def _set_devices(self, current: Condition, devices: tuple[DeviceProblem, ...], *, last_update: float) -> None:
+        """The condition with another set of devices (its status and reason unchanged; its message names them)."""
+        base = self._base_message.get(current.type, current.message)
+        self._conditions[current.type] = _replace(
+            current, devices=devices, message=_named(base, devices), last_update=last_update
+        )
+        self._generation += 1
 
     def _transition(
         self,
@@ -245,19 +280,26 @@ class NodeState:
         rule: str | None,
         fields: object,
         transition_time: float | None = None,
+        devices: tuple[DeviceProblem, ...] = (),
     ) -> Event:
         changed_status = current.status is not status
+        if status is Status.TRUE:
+            self._base_message[current.type] = message
+        else:
+            self._base_message.pop(current.type, None)
+            self._node_scoped.discard(current.type)
         updated = Condition(
             type=current.type,
             status=status,
             reason=reason,
-            message=message,
+            message=_named(message, devices) if status is Status.TRUE else message,
             last_transition=(transition_time if transition_time is not None else now)
             if changed_status
             else current.last_transition,
             last_update=now,
             severity=severity if status is Status.TRUE else Severity.INFO,
             fields=dict(fields) if isinstance(fields, dict) else {},
+            devices=devices if status is Status.TRUE else (),
         )
         self._conditions[current.type] = updated
         self._touched.add(current.type)
@@ -265,7 +307,8 @@ class NodeState:
         return Event(
             type="Warning" if status is not Status.FALSE else "Normal",
             reason=reason,
-            message=f"Node condition {current.type} is now: {status.value}, reason: {reason}, message: {message!r}",
+            message=f"Node condition {current.type} is now: {status.value}, reason: {reason}, message: "
+            f"{updated.message!r}",
             timestamp=now,
             source=source or self._specs[current.type].source,
             severity=severity if status is not Status.FALSE else Severity.INFO,
@@ -283,7 +326,9 @@ class NodeState:
             spec = self._specs.get(type_)
             if spec is None:
                 continue
-            if cond.status is Status.TRUE and spec.clear_after and now - cond.last_update >= spec.clear_after:
+            if cond.status is Status.TRUE and spec.clear_after and now - cond.last_update < spec.clear_after:
+                self._expire_devices(cond, spec.clear_after, now)
+            elif cond.status is Status.TRUE and spec.clear_after:
                 events.append(
                     self._transition(
                         cond,
@@ -302,6 +347,17 @@ class NodeState:
             events.extend(self._update_aggregate(now))
         return events
 
+    def _expire_devices(self, cond: Condition, clear_after: float, now: float) -> None:
+        """Devices of a condition still held by others that were quiet for ``clearAfter`` heal alone."""
+        left = tuple(d for d in cond.devices if now - d.last_update < clear_after)
+        if len(left) == len(cond.devices):
+            return
+        if not left and cond.type not in self._node_scoped:
+            left = cond.devices[-1:]  # never none while True: the condition itself heals when it is quiet
+            if len(left) == len(cond.devices):
+                return
+        self._set_devices(cond, left, last_update=cond.last_update)
+
     def next_expiry(self) -> float | None:
         """When (this state's clock) the first TRUE condition with a ``clearAfter`` heals if nothing renews
         it: the main loop sleeps until then, not in short ticks. None when none would."""
@@ -310,6 +366,15 @@ class NodeState:
             for type_, cond in self._conditions.items()
             if cond.status is Status.TRUE and (spec := self._specs.get(type_)) is not None and spec.clear_after
         ]
+        due.extend(
+            d.last_update + spec.clear_after
+            for type_, cond in self._conditions.items()
+            if cond.status is Status.TRUE
+            and (len(cond.devices) > 1 or type_ in self._node_scoped)
+            and (spec := self._specs.get(type_)) is not None
+            and spec.clear_after
+            for d in cond.devices
+        )
         return min(due, default=None)
 
     def _update_aggregate(self, now: float) -> list[Event]:
@@ -374,6 +439,41 @@ class NodeState:
 def _provenance(specs: Mapping[str, ConditionSpec]) -> dict[str, Provenance]:
     """Who owns each condition type (never changed after it is handed to a snapshot)."""
     return {type_: spec.provenance for type_, spec in specs.items() if spec.provenance is not None}
+
+
+def _with_device(devices: tuple[DeviceProblem, ...], finding: Finding, now: float) -> tuple[DeviceProblem, ...]:
+    """``devices`` with the finding's device opened or renewed (a weaker reason never replaces a stronger)."""
+    ref = finding.device
+    if ref is None:
+        return devices
+    for i, old in enumerate(devices):
+        if old.device.key == ref.key:
+            stronger = finding.severity.rank >= old.severity.rank
+            renewed = DeviceProblem(
+                device=ref,
+                reason=finding.reason if stronger else old.reason,
+                severity=finding.severity if stronger else old.severity,
+                since=old.since,
+                last_update=now,
+            )
+            return (*devices[:i], renewed, *devices[i + 1 :])
+    if len(devices) >= MAX_DEVICES:
+        return devices
+    opened = DeviceProblem(device=ref, reason=finding.reason, severity=finding.severity, since=now, last_update=now)
+    return (*devices, opened)
+
+
+def _keys(devices: tuple[DeviceProblem, ...]) -> tuple[str, ...]:
+    return tuple(d.device.key for d in devices)
+
+
+def _named(message: str, devices: tuple[DeviceProblem, ...]) -> str:
+    """A condition's message naming its devices (unchanged where none): Kubernetes has no per-device condition."""
+    if not devices:
+        return message
+    names = [d.device.describe() for d in devices[:MAX_NAMED]]
+    more = f" and {len(devices) - MAX_NAMED} more" if len(devices) > MAX_NAMED else ""
+    return f"{message} [devices: {'; '.join(names)}{more}]"
 
 
 def _replace(cond: Condition, **changes: object) -> Condition:

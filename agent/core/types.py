@@ -8,7 +8,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.core.devices import DeviceProblem, DeviceRef
 
 
 class RuleType(enum.StrEnum):
@@ -86,6 +89,7 @@ class Finding:
     fields: Mapping[str, Any] = field(default_factory=dict)
     line: int | None = None
     status: Status = Status.TRUE
+    device: DeviceRef | None = None  # the device the line names (the rule's ``device`` field); None: the node
 
 
 # Condition types that others own and act on. Ours are True while a problem is present; these mean
@@ -144,6 +148,7 @@ class Condition:
     last_update: float  # last time a finding confirmed this status (drives clear_after)
     severity: Severity = Severity.INFO
     fields: Mapping[str, Any] = field(default_factory=dict)
+    devices: tuple[DeviceProblem, ...] = ()  # the devices whose problems hold this condition (may be empty)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -67,6 +67,7 @@ def compile_rule(
             for b in spec.threshold.by:
                 if b not in fields:
                     col.add((*path, "threshold", "by"), _unknown_field(b, fields))
+        _check_device_fields(spec, fields, col=col)
 
     if len(col) > before or not spec.ok or regex is None or spec.reason is None or spec.pattern is None:
         return None
@@ -94,7 +95,14 @@ def compile_rule(
         field_types=dict(spec.field_types),
         provenance=spec.provenance,
         fallback=spec.fallback,
+        device=spec.device,
     )
+
+
+def _check_device_fields(spec: RuleSpec, fields: set[str], *, col: Problems) -> None:
+    for name in spec.device.fields if spec.device is not None else ():
+        if name not in fields:
+            col.add((*spec.path, "device", "field"), _unknown_field(name, fields))
 
 
 def _unknown_field(name: str, known: set[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.core.devices import DeviceKind, DeviceRef, device_from
 from agent.core.patterns import RulePattern
 from agent.core.types import ConditionSpec, RuleType, Severity
 
@@ -16,6 +17,23 @@ class Threshold:
     count: int
     window: float
     by: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceField:
+    """A rule's ``device``: which of its fields names the device, and of what kind. ``fields`` are tried
+    in order (an EFA line prints the RDMA device name and its PCI address; the name wins)."""
+
+    kind: DeviceKind
+    fields: tuple[str, ...]
+
+    def device(self, fields: Mapping[str, object]) -> DeviceRef | None:
+        """The device a finding's fields name, or None (the finding is then node-scoped)."""
+        for name in self.fields:
+            value = fields.get(name)
+            if value is not None and (ref := device_from(self.kind, value)) is not None:
+                return ref
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +67,7 @@ class CompiledRule:
     field_types: Mapping[str, str]
     provenance: tuple[str, ...] = ()
     fallback: bool = False  # yields a finding only for a line that no non-fallback rule matched
+    device: DeviceField | None = None  # which field names the device (None: the rule's findings name none)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.bounds import bounded_reason
+from agent.core.devices import DeviceRef
 from agent.core.patterns import PatternMatch
 from agent.core.types import Finding, RuleType, Status
-from agent.detectors.model import CompiledRule, FieldFilter, RuleSet
+from agent.detectors.model import CompiledRule, DeviceField, FieldFilter, RuleSet
 from agent.detectors.prefilter import Prefilter
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 _KV_KEY_RE = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_THRESHOLD_KEYS = 4096
 MAX_CONVERSIONS = 4096  # remembered group conversions (bounded: group texts come from the log)
+_UNSEEN = object()
 
 
 class _FindingSlots:
@@ -72,6 +74,7 @@ class FindingBuilder:
         # rule name -> the filters decidable on the groups, each with its field's type ("" = text)
         self._early: dict[str, tuple[tuple[FieldFilter, str], ...]] = {}
         self._conversions: dict[tuple[str, str], str | None] = {}  # (group text, type) -> as compared
+        self._devices: dict[tuple[DeviceField, tuple], DeviceRef | None] = {}  # (rule's field, values) -> device
 
     def admits(self, rule: CompiledRule, groups: Mapping[str, str | None]) -> bool:
         """Whether the ``where`` filters that the pattern's groups decide alone let the match through.
@@ -129,8 +132,19 @@ class FindingBuilder:
         finding.fields = fields
         finding.line = line
         finding.status = Status.TRUE
+        finding.device = None if rule.device is None else self._device(rule.device, fields)
         finding.__class__ = Finding
         return finding
+
+    def _device(self, spec: DeviceField, fields: Mapping[str, Any]) -> DeviceRef | None:
+        """The device the fields name, remembered (a storm names the same few devices again and again)."""
+        key = (spec, tuple(fields.get(name) for name in spec.fields))
+        found = self._devices.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            if len(self._devices) >= MAX_CONVERSIONS:
+                self._devices.clear()
+            found = self._devices[key] = spec.device(fields)
+        return found  # type: ignore[return-value]
 
     def _as_compared(self, value: str, kind: str) -> str | None:
         """A group's text as ``build`` compares it after ``fieldTypes`` (None where the conversion fails),

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.configdoc import LOG_MONITOR_RULE_KEYS, LOG_MONITOR_TOP_KEYS, Problems
+from agent.core.devices import DeviceKind
 from agent.core.durations import parse_duration
 from agent.core.types import ConditionSpec, RuleType, Severity, reserved_condition
-from agent.detectors.model import Threshold
+from agent.detectors.model import DeviceField, Threshold
 
 DEFAULT_BUFFER_SIZE = 10
 MAX_BUFFER_SIZE = 1000
@@ -68,6 +69,7 @@ class RuleSpec:
     field_types: Mapping[str, str]
     provenance: tuple[str, ...] = ()  # where the message is printed: "repo:path: format string"
     fallback: bool = False  # fires only for lines no other rule matched (a fault family's catch-all)
+    device: DeviceField | None = None  # which field names the device a finding is about
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -299,6 +301,7 @@ def _enabled_rule(
     fallback = _rule_fallback(rule, col=col, path=path)
     where = _check_where(rule["where"], col=col, path=(*path, "where")) if "where" in rule else ()
     threshold = _check_threshold(rule["threshold"], col=col, path=(*path, "threshold")) if "threshold" in rule else None
+    device = check_device(rule["device"], col=col, path=(*path, "device")) if "device" in rule else None
     return RuleSpec(
         name=name,
         explicit_name=explicit,
@@ -322,6 +325,7 @@ def _enabled_rule(
         field_types=field_types,
         provenance=provenance,
         fallback=fallback,
+        device=device,
     )
 
 
@@ -449,6 +453,29 @@ def _disabled(*, name: str, explicit: bool, file: str, path: tuple, ok: bool) ->
         key_values=(),
         field_types={},
     )
+
+
+DEVICE_FORMAT = "{kind: gpu|neuron|rdma, field: <field name> or [<field names>]}"
+
+
+def check_device(raw: Any, *, col: Problems, path: tuple) -> DeviceField | None:
+    """A rule's ``device``: ``{kind, field}``, the kind of device and the field(s) that name it."""
+    if not isinstance(raw, dict):
+        col.add(path, f"must be a mapping {DEVICE_FORMAT}")
+        return None
+    _unknown_keys(raw, known=frozenset({"kind", "field"}), path=path, col=col)
+    kinds = ", ".join(k.value for k in DeviceKind)
+    try:
+        kind: DeviceKind | None = DeviceKind(str(raw.get("kind")))
+    except ValueError:
+        col.add((*path, "kind"), f"required: one of {kinds}, got {raw.get('kind')!r}")
+        kind = None
+    names = raw.get("field")
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        col.add((*path, "field"), "required: the field (or a list of fields, first present wins) naming the device")
+        return None
+    return DeviceField(kind=kind, fields=tuple(names)) if kind is not None else None
 
 
 def _check_reason(reason: Any, *, col: Problems, path: tuple) -> tuple[str | None, tuple[str, ...]]:

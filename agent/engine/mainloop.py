@@ -14,6 +14,7 @@ than what was reported is ever restored.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -32,10 +33,11 @@ from agent.core.bus import (
     iter_inputs,
 )
 from agent.core.columns import RecordColumns
+from agent.core.deviceresolver import DeviceResolver
 from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ConditionStore, StateDirHealth
-from agent.core.types import Event, Snapshot
+from agent.core.types import Event, Finding, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.engine.inputs import Reconfigure
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
@@ -81,6 +83,7 @@ class MainLoop:
         judge: CheckJudge | None = None,
         monitors: Mapping[str, DetectionPipeline] | None = None,
         kernel_log: LineRing | None = None,  # keeps the kernel log lines read (the diagnostics bundle's copy)
+        devices: DeviceResolver | None = None,  # what the node knows of a device a finding names (None: nothing)
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         tick: float | None = None,
@@ -101,6 +104,7 @@ class MainLoop:
         self.judge = judge or CheckJudge()
         self.monitors = dict(monitors or {})  # log monitor name -> its own rules
         self._kernel_log = kernel_log
+        self._devices = devices
         self._clock = clock
         self._monotonic = monotonic
         self._tick = tick
@@ -209,7 +213,7 @@ class MainLoop:
                     log.error("records of unknown log monitor %r dropped", item.monitor)
                     return 0, None
                 for finding in pipeline.process(Batch(records=records)):
-                    events.extend(self.state.apply(finding))
+                    events.extend(self._apply(finding))
                 self.records_processed += len(records)
                 return len(records), None  # not kernel log records: no kmsg cursor
             columns = RecordColumns.of(records)  # the kernel log reader's are: no record is built here
@@ -217,12 +221,12 @@ class MainLoop:
                 self._kernel_log.extend(columns)
             for run, replayed in self._replay.split(columns, now=self._clock()):
                 for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
-                    events.extend(self.state.apply(finding))
+                    events.extend(self._apply(finding))
             self.records_processed += len(columns)
             return len(columns), columns.seqs[-1]
         if isinstance(item, CheckReport):
             for finding in self.judge.judge(item):
-                events.extend(self.state.apply(finding))
+                events.extend(self._apply(finding))
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
         elif isinstance(item, Notice):
@@ -235,6 +239,12 @@ class MainLoop:
         else:  # a producer bug must not kill the one writer
             log.error("ignoring an unknown inbox item %r", type(item).__name__)
         return 0, None
+
+    def _apply(self, finding: Finding) -> list[Event]:
+        """Fold one finding; a device it names is first joined to what the node knows of it (index, UUID)."""
+        if finding.device is not None and self._devices is not None:
+            finding = dataclasses.replace(finding, device=self._devices.resolve(finding.device))
+        return self.state.apply(finding)
 
     def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
         snapshot = self.state.snapshot()

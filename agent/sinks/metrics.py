@@ -14,6 +14,12 @@ reasons are counted under ``reason="Other"`` and in
 ``node_health_agent_problems_overflowed_total{owner}``, so a storm of distinct values cannot grow
 the number of series.
 
+Per device: ``node_health_agent_device_problem{device,condition,reason}``, the open problems of each device a
+finding named (``gpu:0000:3b:00.0``, ``neuron:neuron3``, ``rdma:efa_0``). A device this node does not show (a
+line may name any address) is counted under ``device="Other"``, and so is any beyond
+:data:`MAX_DEVICE_LABELS`: the series are bounded by the node's devices plus one. The existing series keep
+their labels.
+
 The agent's own health: ``node_health_agent_*`` (records read/lost, reader restarts, rule
 matches, last record time, config generation, component health, condition status).
 """
@@ -37,6 +43,7 @@ from agent.core.types import Condition, Snapshot, Status
 
 NPD_COUNTER_HELP = "Number of times a specific type of problem have occurred."
 NPD_GAUGE_HELP = "Whether a specific type of problem is affecting the node or not."
+MAX_DEVICE_LABELS = 64  # distinct device label values (a node has at most a few dozen devices)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +82,7 @@ class AgentCollector:
         # The same families (objects) while their figures stand: the renderer reuses their text.
         self._counts = _CountFamilies()
         self._conditions: Memo[_Conditions, tuple[Metric, ...]] = Memo(_condition_families)
+        self._devices: Memo[_Conditions, tuple[Metric, ...]] = Memo(_device_families)
         self._overflowed: Memo[Mapping[str, int], tuple[Metric, ...]] = Memo(_overflow_families)
         self._own = _OwnFamilies()
 
@@ -82,6 +90,7 @@ class AgentCollector:
         snap = self._snapshot()
         yield from self._counts.families(snap.problem_counts)
         yield from self._conditions((snap.problem_pairs, snap.conditions))
+        yield from self._devices((snap.problem_pairs, snap.conditions))
         yield from self._overflowed(snap.reasons_overflowed)
         yield from self._own.families(self._stats())
 
@@ -153,6 +162,35 @@ def _condition_families(conditions: _Conditions) -> tuple[Metric, ...]:
     for cond in conds:
         status.add_metric([cond.type, cond.status.value, bounded_reason(cond.reason)], 1.0)
     return (gauge, status)
+
+
+def _device_families(conditions: _Conditions) -> tuple[Metric, ...]:
+    """node_health_agent_device_problem: open problems per (device, condition, reason)."""
+    pairs, conds = set(conditions[0]), conditions[1]
+    family = GaugeMetricFamily(
+        "node_health_agent_device_problem",
+        "Open problems of each device a finding named, by condition and reason (devices this node does not "
+        "show, and any beyond the bound, count as Other).",
+        labels=["device", "condition", "reason"],
+    )
+    named: set[str] = set()
+    values: dict[tuple[str, str, str], int] = {}
+    for cond in conds:
+        if cond.status is not Status.TRUE:
+            continue
+        for problem in cond.devices:
+            key = problem.device.key
+            if problem.device.present and (key in named or len(named) < MAX_DEVICE_LABELS):
+                named.add(key)
+                device = key
+            else:
+                device = OVERFLOW_REASON
+            reason = counted_reason(cond.type, problem.reason, pairs=pairs)
+            reason = reason if (cond.type, reason) in pairs else OVERFLOW_REASON
+            values[(device, cond.type, reason)] = values.get((device, cond.type, reason), 0) + 1
+    for labels, value in sorted(values.items()):
+        family.add_metric(list(labels), float(value))
+    return (family,)
 
 
 def _overflow_families(overflowed: Mapping[str, int]) -> tuple[Metric, ...]:

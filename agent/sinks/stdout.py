@@ -40,7 +40,7 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def condition_json(cond: Condition) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "type": cond.type,
         "status": cond.status.value,
         "reason": bounded_reason(cond.reason),
@@ -49,6 +49,11 @@ def condition_json(cond: Condition) -> dict[str, Any]:
         "severity": cond.severity.value,
         "fields": dict(cond.fields),
     }
+    if cond.devices:  # the devices whose problems hold it (a condition that names none has no key)
+        body["devices"] = [
+            {**d.to_json(), "since": iso(d.since), "lastUpdate": iso(d.last_update)} for d in cond.devices
+        ]
+    return body
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:

@@ -34,7 +34,9 @@ def record(seq: int, message: str, *, ts: float = NOW - 1) -> LogRecord:
 class Loop:
     """A main loop with a fresh inbox, feed and state, driven step by step."""
 
-    def __init__(self, rules, tmp: Path, *, cursor: Cursor | None = None, acks=(), seeded=True, inbox_size=64):
+    def __init__(
+        self, rules, tmp: Path, *, cursor: Cursor | None = None, acks=(), seeded=True, inbox_size=64, devices=None
+    ):
         self.clock = Clock()
         self.mono = Clock(0.0)
         self.inbox_size = inbox_size
@@ -61,6 +63,7 @@ class Loop:
             condition_store=ConditionStore(health=self.health),
             state_dir=self.health,
             acks=acks,
+            devices=devices,
             clock=self.clock,
             monotonic=self.mono,
         )

@@ -9,6 +9,7 @@ from agent.app.settings import Settings
 from agent.app.wiring.sources import Figures
 from agent.app.wiring.state import StartState
 from agent.core.bus import Inbox, SnapshotFeed
+from agent.core.deviceresolver import DeviceResolver
 from agent.core.ring import LineRing
 from agent.core.statedir import StateDirHealth
 from agent.core.supervisor import Supervisor
@@ -45,6 +46,7 @@ def main_loop(
         acks=acks,
         monitors=monitors,
         kernel_log=kernel_log,
+        devices=DeviceResolver(sys_root=settings.sys_root, dev_root=settings.dev_root),
         clock=clock,
     )
 
