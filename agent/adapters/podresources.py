@@ -17,7 +17,8 @@ from __future__ import annotations
 import enum
 import os
 import stat
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agent.adapters import protowire as wire
 from agent.core.holders import ClaimDevice, ContainerDevices, ContainerResources, PodResources
@@ -26,6 +27,7 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TIMEOUT_S = 5.0
 SERVICE = "v1.PodResourcesLister"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's own pod-resources clients allow 16 MiB
+T = TypeVar("T")
 
 
 class Failure(enum.StrEnum):
@@ -152,7 +154,7 @@ class PodResourcesClient:
         """The devices the node offers (``GetAllocatableResources``), per resource."""
         return self._decoded("GetAllocatableResources", b"", decode_allocatable)
 
-    def _decoded(self, method: str, request: bytes, decode: Any) -> Any:
+    def _decoded(self, method: str, request: bytes, decode: Callable[[bytes], T]) -> T:
         answer = self._call(method, request)
         try:
             return decode(answer)

@@ -105,9 +105,20 @@ def failure(call) -> Failure:  # type: ignore[no-untyped-def]
 
 
 def test_a_server_that_never_answers_is_a_deadline(sock):
-    with PodResourcesServer(sock, mode="hang") as server:
+    with PodResourcesServer(sock, mode="hang"):
         assert failure(PodResourcesClient(sock, timeout_s=0.2).list) is Failure.DEADLINE
-        assert server.waiting.is_set()  # the call reached the server, which held it
+
+
+def test_the_kubelets_rate_limit(sock):
+    with PodResourcesServer(sock, mode="rate-limited"):
+        assert failure(PodResourcesClient(sock, timeout_s=10).list) is Failure.RATE_LIMITED
+
+
+def test_a_kubelet_without_get(sock):
+    with PodResourcesServer(sock, nvidia_node()[0], methods=("List", "GetAllocatableResources")):
+        client = PodResourcesClient(sock, timeout_s=10)
+        assert failure(lambda: client.get("ml", "train-3")) is Failure.UNIMPLEMENTED
+        assert len(client.list()) == len(nvidia_node()[0])
 
 
 def test_no_socket(sock):

@@ -182,7 +182,9 @@ def _pod_message(pod: Pod):  # type: ignore[no-untyped-def]
 
 class PodResourcesServer:
     """Serves ``pods`` and ``allocatable`` on ``socket_path``. ``mode``: ``serve``; ``hang`` (never
-    answers until stopped); ``malformed`` (answers bytes that are no message)."""
+    answers until stopped); ``malformed`` (answers bytes that are no message); ``rate-limited`` (says
+    no as the kubelet's limiter does). ``methods``: the methods served (a kubelet before 1.27 has no
+    ``Get``)."""
 
     def __init__(
         self,
@@ -191,13 +193,13 @@ class PodResourcesServer:
         allocatable: dict[str, list[str]] | None = None,
         *,
         mode: str = "serve",
+        methods: Sequence[str] = ("List", "GetAllocatableResources", "Get"),
     ) -> None:
         self.socket_path = socket_path
         self.pods = list(pods)
         self.allocatable = allocatable or {}
         self.mode = mode
         self.calls: list[str] = []
-        self.waiting = threading.Event()  # set when a hanging call has arrived
         self._release = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         handlers = {
@@ -205,6 +207,7 @@ class PodResourcesServer:
             "GetAllocatableResources": self._handler(self._allocatable, "AllocatableResourcesRequest"),
             "Get": self._handler(self._get, "GetPodResourcesRequest"),
         }
+        handlers = {name: handler for name, handler in handlers.items() if name in methods}
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),)
         )
@@ -215,9 +218,10 @@ class PodResourcesServer:
         def serve(request, context):  # type: ignore[no-untyped-def]
             self.calls.append(type(request).__name__)
             if self.mode == "hang":
-                self.waiting.set()
                 self._release.wait()
                 context.abort(grpc.StatusCode.CANCELLED, "server stopped")
+            if self.mode == "rate-limited":
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
             if self.mode == "malformed":
                 return b"\x0a\xff\x01garbage"  # field 1, length 255: runs past the end
             return fn(request, context).SerializeToString()
