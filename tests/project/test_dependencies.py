@@ -16,6 +16,7 @@ MODULE_OF = {
     "pyyaml": "yaml",
     "google-re2": "re2",
     "nvidia-ml-py": "pynvml",
+    "grpcio": "grpc",
 }
 # Pinned for resolution only (kubernetes needs it, and botocore, under boto3, needs it below 3).
 PINS_ONLY = {"python-dateutil"}
