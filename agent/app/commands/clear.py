@@ -10,8 +10,9 @@ own on the Node (kubelet's, the aggregate, or one not there), a condition or a d
 ``--force``). Exit 1 when the agent refused it, or did not acknowledge it in time (no agent on the node, or a
 stopped one): the request stays pending, the agent applies it when it reads the Node, and ``status`` shows it.
 
-RBAC for the operator: nodes get and patch (the Role ``node-health-agent-clear`` in the manifests), pods list
-in the agent's namespace (to say whether an agent runs on the node).
+RBAC for the operator: nodes get and patch (a ClusterRole: Nodes are cluster-scoped; the manifests do not
+ship one yet, see docs/conditions.md), pods list in the agent's namespace (to say whether an agent runs
+on the node).
 """
 
 from __future__ import annotations
