@@ -267,7 +267,7 @@ class MainLoop:
         """What the Node says of clears: its records adopted (a fresh state directory), a pending request applied
         or refused once, with its boundary (this boot, the last kernel record folded), kept at once."""
         changed = self.state.keep_clears(item.records)
-        request, events = item.request, []
+        request, events = item.request, list[Event]()
         if request is not None and all(r.request.id != request.id for r in self.state.clears):
             applied, detail, events = self.state.clear(
                 request.condition, device=request.device, force=request.force, note=request.describe()

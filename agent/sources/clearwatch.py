@@ -13,7 +13,15 @@ import threading
 
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.bus import Inbox
-from agent.core.clears import CLEAR_REQUEST_ANNOTATION, CLEARS_ANNOTATION, BadClear, NodeClears, parse_records
+from agent.core.clears import (
+    CLEAR_REQUEST_ANNOTATION,
+    CLEARS_ANNOTATION,
+    BadClear,
+    ClearRecord,
+    ClearRequest,
+    NodeClears,
+    parse_records,
+)
 from agent.core.clears import parse_request as parse_clear_request
 
 log = logging.getLogger(__name__)
@@ -24,7 +32,9 @@ CLEAR_POLL = 30.0
 def node_clears(node: dict) -> NodeClears:
     """What ``node`` says of clears; an unreadable request or record set is named, never raised."""
     annotations = (node.get("metadata") or {}).get("annotations") or {}
-    request, problem, records = None, None, ()
+    request: ClearRequest | None = None
+    problem: str | None = None
+    records: tuple[ClearRecord, ...] = ()
     raw = annotations.get(CLEAR_REQUEST_ANNOTATION)
     if raw is not None:
         try:
