@@ -37,7 +37,14 @@ from agent.app.wiring.kube import KubeSetup, connect_kubernetes
 from agent.app.wiring.recovery import kernel_log_ring, recovery_collectors, recovery_loop, recovery_policy
 from agent.app.wiring.runtime import Runtime, agent_stats
 from agent.app.wiring.sinks import cloudwatch_collector, cloudwatch_sink, kube_sinks, stdout_sinks
-from agent.app.wiring.sources import kernel_figures, kernel_producer, monitor_figures, monitor_producers, node_seeder
+from agent.app.wiring.sources import (
+    clear_watcher,
+    kernel_figures,
+    kernel_producer,
+    monitor_figures,
+    monitor_producers,
+    node_seeder,
+)
 from agent.app.wiring.state import owned_conditions, severity_lookup, start_state
 from agent.checks.model import CheckContext, ScheduledCheck
 from agent.core.bus import CaughtUp, Inbox, SnapshotFeed
@@ -123,7 +130,8 @@ def build_runtime(
         acks=sinks.acks, monitors=monitor_pipelines, kernel_log=kernel_log, clock=clock,
     )  # fmt: skip
     watcher = config_watcher(settings, watch, scheduler=scheduler, inbox=inbox)
-    parts = [producer, *monitors, scheduler, seeder, engine, *sinks.components, cloudwatch, recovery, watcher]
+    clears = clear_watcher(kube=kube, inbox=inbox, interval=settings.clear_poll)
+    parts = [producer, *monitors, scheduler, seeder, clears, engine, *sinks.components, cloudwatch, recovery, watcher]
     for component in parts:
         if component is not None:
             supervisor.add(component)

@@ -1,5 +1,5 @@
 """Command line: ``run``, ``kmsg-relay``, ``simulate``, ``check``, ``plugins``, ``validate-config``,
-``status``, ``pause`` and ``resume`` (each command lives in :mod:`agent.app.commands`; the flags of
+``status``, ``pause``, ``resume`` and ``clear`` (each command lives in :mod:`agent.app.commands`; the flags of
 ``run`` in the table of :mod:`agent.app.flags`).
 
 Exit codes: 0 success, 2 bad configuration or unusable input (before anything touches the
@@ -108,11 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_relay_parser(sub, common)
     simulate_command.add_parser(sub, parents=[common])
     _add_check_parsers(sub, common)
+    from agent.app.commands.clear import add_parser as add_clear_parser
     from agent.app.commands.pause import add_parsers as add_pause_parsers
     from agent.app.commands.status import add_parser as add_status_parser
 
     add_status_parser(sub, parents=[common])
     add_pause_parsers(sub, parents=[common])
+    add_clear_parser(sub, parents=[common])
     validate_command.add_parser(sub, parents=[common])
     return parser
 
@@ -159,6 +161,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from agent.app.commands.pause import pause
 
             return pause(args)
+        if args.command == "clear":
+            from agent.app.commands.clear import clear
+
+            return clear(args)
         if args.command == "kmsg-relay":
             from agent.sources.relay_server import run_relay
 
@@ -176,9 +182,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def kubectl_plugin() -> int:
-    """``kubectl node-health [status|pause|resume] [flags]`` (a ``kubectl-node_health`` executable on PATH)."""
+    """``kubectl node-health [status|pause|resume|clear] [flags]`` (a ``kubectl-node_health`` executable on PATH)."""
     argv = sys.argv[1:]
-    return main(argv if argv[:1] and argv[0] in ("status", "pause", "resume") else ["status", *argv])
+    return main(argv if argv[:1] and argv[0] in ("status", "pause", "resume", "clear") else ["status", *argv])
 
 
 def entry() -> None:

@@ -365,6 +365,16 @@ KUBERNETES_FLAGS = (
         "fleet-wide change or an outage (at least 10s)",
     ),
     Flag(
+        name="clear-poll",
+        field="clear_poll",
+        parse=v.duration(at_least=1.0, why="must be at least 1s (it bounds API reads)"),
+        env=("NHA_CLEAR_POLL",),
+        default="30s",
+        group=KUBERNETES,
+        help="read the Node for an operator's clear request every CLEAR_POLL (default 30s)",
+        doc="read the agent's own Node for a `clear` request this often (one GET per node per interval)",
+    ),
+    Flag(
         name="api-wait-timeout",
         field="api_wait_timeout",
         parse=v.duration(),

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from agent.core.bounds import ProblemCounts
+from agent.core.clears import ClearRecord, device_matches, merged
 from agent.core.devices import DeviceProblem
 from agent.core.durations import format_duration
 from agent.core.types import (
@@ -99,6 +100,25 @@ class NodeState:
         # problem_counter / problem_gauge figures, at most MAX_REASONS undeclared reasons per owner
         self._problems = ProblemCounts(reasons=reasons, pairs=problem_pairs)
         self._generation = 0
+        self._clears: tuple[ClearRecord, ...] = ()  # the operator's clears handled (the boundaries), newest last
+
+    @property
+    def clears(self) -> tuple[ClearRecord, ...]:
+        return self._clears
+
+    def keep_clears(self, records: tuple[ClearRecord, ...]) -> bool:
+        """Adopt clear records (ours first, then the Node's): whether any was new."""
+        combined = merged(self._clears, records)
+        if combined == self._clears:
+            return False
+        self._clears = combined
+        self._generation += 1
+        return True
+
+    def record_clear(self, record: ClearRecord) -> None:
+        """A clear just handled (applied or refused): kept with the others, the newest last."""
+        self._clears = merged((*self._clears, record), ())
+        self._generation += 1
 
     @property
     def generation(self) -> int:
@@ -318,6 +338,44 @@ class NodeState:
             fields=updated.fields,
         )
 
+    def clear(self, condition: str, *, device: str | None, force: bool, note: str) -> tuple[bool, str, list[Event]]:
+        """An operator's clear of ``condition`` (only ``device``'s problems when given): ``(applied, what
+        happened or why refused, events)``. The condition goes False when no device and no problem that named
+        none is left. A device it does not see failing is refused unless ``force``."""
+        spec = self._specs.get(condition)
+        current = self._conditions.get(condition)
+        if spec is None or current is None:
+            return False, f"{condition} is not a condition this agent owns", []
+        if current.status is not Status.TRUE:
+            return True, f"{condition} was not True; the boundary holds back the records before it", []
+        now = self._clock()
+        if device is not None:
+            left = tuple(d for d in current.devices if not device_matches(d.device, device))
+            if len(left) == len(current.devices):
+                if not force:
+                    return False, f"device {device} is not failing in {condition} (--force clears it anyway)", []
+                return True, f"device {device} was not failing in {condition}; the boundary holds it back", []
+            if left or condition in self._node_scoped:
+                self._set_devices(current, left, last_update=now)
+                self._touched.add(condition)
+                return True, f"device {device} cleared; {condition} stays True (other problems remain)", []
+        events = [
+            self._transition(
+                current,
+                status=Status.FALSE,
+                reason=spec.reason,
+                message=f"{spec.message} (cleared: {note})",
+                now=now,
+                severity=Severity.INFO,
+                source=spec.source,
+                rule=None,
+                fields={},
+            )
+        ]
+        if self._aggregate:
+            events.extend(self._update_aggregate(now))
+        return True, f"{condition} is now False", events
+
     def expire(self) -> list[Event]:
         """Heal conditions whose ``clearAfter`` quiet period has passed."""
         now = self._clock()
@@ -433,6 +491,7 @@ class NodeState:
             seeded=self._seeded,
             node_uid=self._node_uid,
             provenance=self._provenance,
+            clears=self._clears,
         )
 
 

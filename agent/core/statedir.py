@@ -1,6 +1,7 @@
 """The state directory: atomic writes, our conditions kept across restarts, and what went wrong.
 
-What lives there: ``kmsg-cursor.json`` (the replay cursor), ``conditions.json`` (our conditions
+What lives there: ``kmsg-cursor.json`` (the replay cursor), ``clears.json`` (the operator's clears and
+their boundaries), ``conditions.json`` (our conditions
 with status, reason, severity and transition times, so a restart needs no API server to stay
 consistent) and ``events-outbox.json`` (Events not yet delivered). A state directory that cannot
 be written is not a liveness failure (a restart would not fix it): it is reported in ``/healthz``
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from agent.core.bounds import bounded_reason
+from agent.core.clears import MAX_BLOB, BadClear, ClearRecord, parse_records, records_text
 from agent.core.types import Condition, Severity, Status
 
 log = logging.getLogger(__name__)
@@ -191,3 +193,35 @@ class ConditionStore:
             self._health.report("conditions", f"cannot write {self.path}: {exc.strerror or exc}")
         else:
             self._health.report("conditions", None)
+
+
+class ClearStore:
+    """The operator's clears the agent handled (their boundaries) in ``<state_dir>/clears.json``: a restart
+    holds back the records before each boundary though the Node cannot be read. Failures go to
+    :class:`StateDirHealth` (part ``clears``)."""
+
+    FILE_NAME = "clears.json"
+
+    def __init__(self, *, health: StateDirHealth) -> None:
+        self._health = health
+        self.path = health.path / self.FILE_NAME
+
+    def load(self) -> tuple[ClearRecord, ...]:
+        """The kept records; none when there are none or they cannot be read (reported, never raised)."""
+        try:
+            with self.path.open("rb") as f:
+                blob = f.read(MAX_BLOB + 1)
+            return parse_records(blob.decode("utf-8"))
+        except FileNotFoundError:
+            return ()
+        except (OSError, UnicodeDecodeError, BadClear) as exc:
+            self._health.report("clears", f"cannot read {self.path}: {exc}")
+            return ()
+
+    def save(self, records: Iterable[ClearRecord]) -> None:
+        try:
+            atomic_write(self.path, records_text(records).encode())
+        except OSError as exc:
+            self._health.report("clears", f"cannot write {self.path}: {exc.strerror or exc}")
+        else:
+            self._health.report("clears", None)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent.core.clears import ClearRecord
     from agent.core.devices import DeviceProblem, DeviceRef
 
 
@@ -180,6 +181,7 @@ class Snapshot:
     seeded: bool = True  # the Node's (or the state directory's) conditions were adopted: safe to write
     node_uid: str | None = None  # the Node's uid once read (for Events' involvedObject)
     provenance: Mapping[str, Provenance] = field(default_factory=dict)  # condition type -> who owns it
+    clears: tuple[ClearRecord, ...] = ()  # the operator's clears handled, newest last (agent.core.clears)
 
     def condition(self, type_: str) -> Condition | None:
         for c in self.conditions:

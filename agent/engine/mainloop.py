@@ -32,15 +32,16 @@ from agent.core.bus import (
     SnapshotFeed,
     iter_inputs,
 )
+from agent.core.clears import APPLIED, REFUSED, ClearRecord, ClearRequest, NodeClears, device_matches
 from agent.core.columns import RecordColumns
 from agent.core.deviceresolver import DeviceResolver
 from agent.core.ring import LineRing
 from agent.core.state import NodeState
-from agent.core.statedir import ConditionStore, StateDirHealth
+from agent.core.statedir import ClearStore, ConditionStore, StateDirHealth
 from agent.core.types import Event, Finding, Snapshot
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.engine.inputs import Reconfigure
-from agent.sources.replay import Cursor, CursorStore, ReplayPolicy
+from agent.sources.replay import Cursor, CursorStore, ReplayPolicy, held_back
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class MainLoop:
         stall_timeout: float,
         cursor_store: CursorStore | None = None,
         condition_store: ConditionStore | None = None,
+        clear_store: ClearStore | None = None,  # where the operator's clears (their boundaries) are kept
         state_dir: StateDirHealth | None = None,
         acks: Sequence[Callable[[], int]] = (),
         judge: CheckJudge | None = None,
@@ -99,6 +101,7 @@ class MainLoop:
         self._stall_timeout = stall_timeout
         self._cursor_store = cursor_store
         self._condition_store = condition_store
+        self._clear_store = clear_store
         self._state_dir = state_dir
         self._acks = list(acks)
         self.judge = judge or CheckJudge()
@@ -118,6 +121,10 @@ class MainLoop:
         self._published_generation = state.snapshot().generation
         self._acked_seq: int | None = None
         self._saved_seq: int | None = replay.cursor.last_seq if replay.cursor else None
+        # the last kernel record sequence number folded (this boot): the boundary of a clear applied now
+        same_boot = replay.cursor is not None and replay.cursor.boot_id == replay.boot_id
+        self._folded_seq: int | None = replay.cursor.last_seq if same_boot and replay.cursor else None
+        self.held_back = 0  # findings a clear's boundary held back (records before it raise nothing cleared)
         self._unsaved: Snapshot | None = None  # the newest acknowledged conditions, not yet written
         self._last_save = float("-inf")
         # (when it began folding, records it folded) of the recent steps that folded any (see _flooding)
@@ -220,15 +227,21 @@ class MainLoop:
             if self._kernel_log is not None:
                 self._kernel_log.extend(columns)
             for run, replayed in self._replay.split(columns, now=self._clock()):
-                for finding in self.pipeline.process(Batch(records=run, permanent_only=replayed)):
-                    events.extend(self._apply(finding))
+                for part, held in held_back(run, self.state.clears, boot_id=self._replay.boot_id):
+                    for finding in self.pipeline.process(Batch(records=part, permanent_only=replayed)):
+                        events.extend(self._apply(finding, held=held))
             self.records_processed += len(columns)
-            return len(columns), columns.seqs[-1]
+            last = columns.seqs[-1]
+            if last is not None:
+                self._folded_seq = last if self._folded_seq is None else max(self._folded_seq, last)
+            return len(columns), last
         if isinstance(item, CheckReport):
             for finding in self.judge.judge(item):
                 events.extend(self._apply(finding))
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+        elif isinstance(item, NodeClears):
+            events.extend(self._clears(item))
         elif isinstance(item, Notice):
             events.extend(item.events)
         elif isinstance(item, Reconfigure):
@@ -240,11 +253,39 @@ class MainLoop:
             log.error("ignoring an unknown inbox item %r", type(item).__name__)
         return 0, None
 
-    def _apply(self, finding: Finding) -> list[Event]:
-        """Fold one finding; a device it names is first joined to what the node knows of it (index, UUID)."""
+    def _apply(self, finding: Finding, *, held: tuple[ClearRecord, ...] = ()) -> list[Event]:
+        """Fold one finding; a device it names is first joined to what the node knows of it (index, UUID).
+        ``held``: the clears whose boundary is after the finding's record: what they cleared it raises not."""
         if finding.device is not None and self._devices is not None:
             finding = dataclasses.replace(finding, device=self._devices.resolve(finding.device))
+        if held and any(_clears_finding(c.request, finding) for c in held):
+            self.held_back += 1
+            return []
         return self.state.apply(finding)
+
+    def _clears(self, item: NodeClears) -> list[Event]:
+        """What the Node says of clears: its records adopted (a fresh state directory), a pending request applied
+        or refused once, with its boundary (this boot, the last kernel record folded), kept at once."""
+        changed = self.state.keep_clears(item.records)
+        request, events = item.request, list[Event]()
+        if request is not None and all(r.request.id != request.id for r in self.state.clears):
+            applied, detail, events = self.state.clear(
+                request.condition, device=request.device, force=request.force, note=request.describe()
+            )
+            record = ClearRecord(
+                request=request,
+                outcome=APPLIED if applied else REFUSED,
+                detail=detail,
+                applied_at=self._clock(),
+                boot_id=self._replay.boot_id,
+                seq=self._folded_seq,
+            )
+            self.state.record_clear(record)
+            log.warning("clear %s %s: %s (%s)", request.id, record.outcome, detail, request.describe())
+            changed = True
+        if changed and self._clear_store is not None:
+            self._clear_store.save(self.state.clears)
+        return events
 
     def _publish(self, events: list[Event], *, last_seq: int | None) -> None:
         snapshot = self.state.snapshot()
@@ -307,3 +348,10 @@ class MainLoop:
         while self._pending and self._acked() < self._pending[-1][0] and self._monotonic() < deadline:
             time.sleep(0.02)
         self._save_cursor(force=True)
+
+
+def _clears_finding(request: ClearRequest, finding: Finding) -> bool:
+    """Whether ``request`` cleared what ``finding`` raises: its condition (only its device's, when it names one)."""
+    if finding.condition != request.condition:
+        return False
+    return request.device is None or (finding.device is not None and device_matches(finding.device, request.device))

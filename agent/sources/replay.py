@@ -2,7 +2,9 @@
 
 The cursor ``(boot_id, last_seq)`` is saved in the state directory once everything up to
 ``last_seq`` has been handled durably; on restart the kernel replays its ring buffer, and records
-up to the cursor only rebuild permanent conditions (no repeated Events).
+up to the cursor only rebuild permanent conditions (no repeated Events). An operator's clear adds a
+boundary (:mod:`agent.core.clears`): records up to it never raise what was cleared again
+(:func:`held_back`), whether replayed or read live, until a new boot.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from agent.core.clears import ClearRecord
 from agent.core.columns import RecordColumns
 from agent.core.statedir import atomic_write
 from agent.core.types import LogRecord
@@ -118,3 +121,27 @@ class ReplayPolicy:
                 runs.append((records[start:i], flags[start]))
                 start = i
         return runs
+
+
+def held_back(
+    records: Sequence[LogRecord], clears: Sequence[ClearRecord], *, boot_id: str
+) -> list[tuple[Sequence[LogRecord], tuple[ClearRecord, ...]]]:
+    """Runs of consecutive records with the clears whose boundary holds them back (none: a run of new
+    records), in order. Only clears of this boot count: a new boot voids every boundary."""
+    if not records:
+        return []
+    active = [c for c in clears if c.seq is not None and c.holds_back(boot_id=boot_id, seq=c.seq)]
+    if not active:
+        return [(records, ())]
+    seqs = RecordColumns.of(records).seqs
+    newest = max(c.seq for c in active if c.seq is not None)
+    if None not in seqs and min(cast(Sequence[int], seqs)) > newest:  # the usual case: all after every boundary
+        return [(records, ())]
+    held = [tuple(c for c in active if c.holds_back(boot_id=boot_id, seq=seq)) for seq in seqs]
+    runs: list[tuple[Sequence[LogRecord], tuple[ClearRecord, ...]]] = []
+    start = 0
+    for i in range(1, len(records) + 1):
+        if i == len(records) or held[i] != held[start]:
+            runs.append((records[start:i], held[start]))
+            start = i
+    return runs

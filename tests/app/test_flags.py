@@ -78,6 +78,7 @@ THROUGH_THE_ENVIRONMENT = [
     ("NHA_KUBECONFIG", "/kc", "kubeconfig", Path("/kc")),
     ("NHA_EVENT_NAMESPACE", "default", "event_namespace", "default"),
     ("NHA_HEARTBEAT", "1m", "heartbeat", 60.0),
+    ("NHA_CLEAR_POLL", "5s", "clear_poll", 5.0),
     ("NHA_API_WAIT_TIMEOUT", "5s", "api_wait_timeout", 5.0),
     ("NHA_DELETE_CONDITIONS", "OldA,OldB", "delete_conditions", ("OldA", "OldB")),
     ("ENABLE_RECOVERY", "TRUE", "enable_recovery", True),

@@ -32,8 +32,10 @@ import celpy
 import pytest
 import yaml
 
+import agent.core
 import agent.recovery
 from agent.adapters.aws import AwsClients, Ec2Reboot
+from agent.core.clears import CLEAR_REQUEST_ANNOTATION, CLEARS_ANNOTATION
 from agent.recovery import attempt as attempts
 from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.budget import BUDGET_ANNOTATION, BudgetSettings
@@ -965,8 +967,9 @@ def test_a_reboot_rungs_recorded_writes_are_admitted_for_its_own_node_only(
 
 
 # What the agent's recovery modules name an annotation for, and where (a new constant must be placed here).
-ON_THE_NODE = {INCIDENT_ANNOTATION, HISTORY_ANNOTATION, FLAP_ANNOTATION, ATTEMPT_ANNOTATION}  # the agent writes
+ON_THE_NODE = {INCIDENT_ANNOTATION, HISTORY_ANNOTATION, FLAP_ANNOTATION, ATTEMPT_ANNOTATION, CLEARS_ANNOTATION}
 NOT_WRITTEN_ON_THE_NODE = {
+    CLEAR_REQUEST_ANNOTATION: "the operator's, on the Node (node-health-agent clear): the agent only reads it",
     VETO_ANNOTATION: "the operator's, on the Node: the agent only reads it",
     BUDGET_ANNOTATION: "on the budget Lease (the policy's Lease rules)",
     PAUSE_ANNOTATION: "on the pause Lease, which only the CLI writes",
@@ -974,9 +977,13 @@ NOT_WRITTEN_ON_THE_NODE = {
 
 
 def agents_annotation_constants() -> dict[str, str]:
-    """Every ``*_ANNOTATION`` of the agent's own domain in agent.recovery's modules: {value: where defined}."""
+    """Every ``*_ANNOTATION`` of the agent's own domain in agent.recovery's and agent.core's modules: {value:
+    where defined}."""
     found: dict[str, str] = {}
-    for info in pkgutil.iter_modules(agent.recovery.__path__, prefix="agent.recovery."):
+    for info in [
+        *pkgutil.iter_modules(agent.recovery.__path__, prefix="agent.recovery."),
+        *pkgutil.iter_modules(agent.core.__path__, prefix="agent.core."),
+    ]:
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if name.endswith("_ANNOTATION") and isinstance(value, str) and value.startswith(f"{DOMAIN}/"):

@@ -42,6 +42,7 @@ def main_loop(
         stall_timeout=settings.stall_timeout,
         cursor_store=start.cursor_store,
         condition_store=start.condition_store,
+        clear_store=start.clear_store,
         state_dir=start.state_dir,
         acks=acks,
         monitors=monitors,

@@ -40,6 +40,7 @@ def kube_sinks(
 ) -> Sinks:
     """Kubernetes: the Node's conditions and the Events, with the time to detect (``detection``)."""
     from agent.core.latency import Histogram
+    from agent.sinks.clearack import ClearAckSink
     from agent.sinks.conditions import ConditionSink
     from agent.sinks.events import EventSink
 
@@ -63,8 +64,9 @@ def kube_sinks(
         resync=kube.resync,
     )
     state_dir.watch("outbox", lambda: events.last_persist_error)
+    clears = ClearAckSink(client=kube.client, node_name=kube.node_name, feed=feed, resync=kube.resync)
     return Sinks(
-        components=(conditions, events),
+        components=(conditions, events, clears),
         acks=(events.acked,),
         figures=(lambda: {"events_dropped": events.overflowed, "detection": detection.snapshot()},),
     )

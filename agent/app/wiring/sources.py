@@ -1,4 +1,5 @@
-"""The producers: the kernel log (``kmsg_reader``), the filelog/journald monitors, the ``node_seeder``."""
+"""The producers: the kernel log (``kmsg_reader``), the filelog/journald monitors, the ``node_seeder``, the
+``clear_watcher``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from agent.app.config import LogMonitor
 from agent.app.settings import Settings
 from agent.app.wiring.kube import KubeSetup
 from agent.core.bus import Inbox
+from agent.core.supervisor import Component
 from agent.core.types import Severity
 from agent.detectors.pipeline import DetectionPipeline
 from agent.sources.kmsg.stats import KmsgStats
@@ -115,3 +117,12 @@ def node_seeder(
         clock=clock,
         on_node=on_node,
     )
+
+
+def clear_watcher(*, kube: KubeSetup | None, inbox: Inbox, interval: float) -> Component | None:
+    """Producer ``clear_watcher`` in Kubernetes mode: the operator's clear requests on this Node."""
+    if kube is None:
+        return None
+    from agent.sources.clearwatch import ClearWatcher
+
+    return ClearWatcher(client=kube.client, node_name=kube.node_name, inbox=inbox, interval=interval)

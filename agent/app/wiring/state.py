@@ -16,7 +16,7 @@ from agent.app.config import provenance_of
 from agent.app.settings import Settings
 from agent.checks.model import ScheduledCheck
 from agent.core.state import NodeState
-from agent.core.statedir import ConditionStore, StateDirHealth
+from agent.core.statedir import ClearStore, ConditionStore, StateDirHealth
 from agent.core.types import Condition, ConditionSpec, Provenance, Severity, Status
 from agent.detectors.rulepack import RuleSet
 from agent.sources.kmsg.boot import read_boot_id
@@ -97,6 +97,7 @@ class StartState:
     state_dir: StateDirHealth
     cursor_store: CursorStore
     condition_store: ConditionStore
+    clear_store: ClearStore
     state: NodeState
     replay: ReplayPolicy
     declared: tuple[ConditionSpec, ...]  # every condition the agent owns
@@ -116,6 +117,7 @@ def start_state(
     state_dir.check()
     cursor_store = CursorStore(state_dir=settings.state_dir)
     condition_store = ConditionStore(health=state_dir)
+    clear_store = ClearStore(health=state_dir)
     state = NodeState(
         conditions=tuple(conditions.values()),
         clock=clock,
@@ -141,11 +143,23 @@ def start_state(
 
         found = node_conditions(node, types=state.owned_types, severity=severity_lookup(rule_set), now=clock())
         state.seed(this_boot(found), node_uid=node_uid(node))
+    _keep_clears(state, clear_store, node)
     return StartState(
         state_dir=state_dir,
         cursor_store=cursor_store,
         condition_store=condition_store,
+        clear_store=clear_store,
         state=state,
         replay=ReplayPolicy(cursor=cursor, boot_id=boot_id, lookback=settings.lookback),
         declared=tuple(conditions.values()),
     )
+
+
+def _keep_clears(state: NodeState, store: ClearStore, node: dict | None) -> None:
+    """The clears kept (their boundaries) before any record is folded: the state directory's, then the Node's
+    (a fresh state directory still holds back what an operator cleared)."""
+    state.keep_clears(store.load())
+    if node is not None:
+        from agent.sources.clearwatch import node_clears
+
+        state.keep_clears(node_clears(node).records)
