@@ -43,6 +43,7 @@ COMPONENT = DAEMONSET_DIR / "components" / "prometheus-operator"
 
 NAMESPACE = "node-health-agent"
 NAME = "node-health-agent"
+OPERATOR_ROLE = "node-health-agent-operator"  # for the people who run status, pause and clear
 
 RELAY = "kmsg-relay"
 AGENT = "agent"
@@ -308,6 +309,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     return out
 
 
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected exactly one {kind} {name}, got {len(found)}"
+    return found[0]
+
+
 def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"expected exactly one {kind}, got {len(found)}"
@@ -373,7 +380,9 @@ def test_inventory(rendered: dict[str, list[dict[str, Any]]], variant: Variant) 
     docs = rendered[variant.name]
     kinds = sorted(d["kind"] for d in docs)
     expected = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"}
-    assert kinds == sorted(expected | variant.extra_kinds)
+    # Two ClusterRoles: the agent's, and the operators' (status, pause, clear), which binds to no one.
+    assert kinds == sorted([*(expected | variant.extra_kinds), "ClusterRole"])
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole") == [NAME, OPERATOR_ROLE]
     for d in docs:
         if d["kind"] in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
             assert "namespace" not in d["metadata"]
@@ -399,7 +408,7 @@ def test_inventory(rendered: dict[str, list[dict[str, Any]]], variant: Variant) 
 @byvariant
 def test_rbac_is_exactly_what_the_agent_uses(rendered: dict[str, list[dict[str, Any]]], variant: Variant) -> None:
     docs = rendered[variant.name]
-    role = _one(docs, "ClusterRole")
+    role = _named(docs, "ClusterRole", NAME)
     assert "aggregationRule" not in role
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
@@ -420,6 +429,17 @@ def test_rbac_is_exactly_what_the_agent_uses(rendered: dict[str, list[dict[str, 
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
     assert _pod(docs)["serviceAccountName"] == NAME
+
+
+@byvariant
+def test_the_operator_role_grants_what_status_pause_and_clear_need_and_binds_to_no_one(
+    rendered: dict[str, list[dict[str, Any]]], variant: Variant
+) -> None:
+    docs = rendered[variant.name]
+    role = _named(docs, "ClusterRole", OPERATOR_ROLE)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
+    bound = [d for d in docs if d["kind"] in {"ClusterRoleBinding", "RoleBinding"}]
+    assert all(d["roleRef"]["name"] != OPERATOR_ROLE for d in bound)
 
 
 # --------------------------------------------------------------------------- privilege split
