@@ -369,9 +369,9 @@ KUBERNETES_FLAGS = (
         field="clear_poll",
         parse=v.duration(at_least=1.0, why="must be at least 1s (it bounds API reads)"),
         env=("NHA_CLEAR_POLL",),
-        default="30s",
+        default="60s",
         group=KUBERNETES,
-        help="read the Node for an operator's clear request every CLEAR_POLL (default 30s)",
+        help="read the Node for an operator's clear request every CLEAR_POLL (default 60s)",
         doc="read the agent's own Node for a `clear` request this often (one GET per node per interval)",
     ),
     Flag(

@@ -51,7 +51,7 @@ class Settings:
     aggregate_condition: bool = False
     event_namespace: str = "default"
     heartbeat: float = 300.0
-    clear_poll: float = 30.0  # how often the agent reads its Node for an operator's clear request
+    clear_poll: float = 60.0  # how often the agent reads its Node for an operator's clear request
     api_wait_timeout: float = 300.0
     delete_conditions: tuple[str, ...] = ()
     sys_root: Path = Path("/sys")

@@ -61,7 +61,7 @@ def add_parser(sub: Any, *, parents: Sequence[argparse.ArgumentParser]) -> None:
     cmd.add_argument("--reason", default="", help="why (kept with the clear; required)")
     cmd.add_argument("--by", default=None, help="who (default: the local user name)")
     cmd.add_argument("--force", action="store_true", help="clear though the agent does not see it failing")
-    cmd.add_argument("--wait", type=float, default=90.0, metavar="SECONDS", help="wait this long for the agent")
+    cmd.add_argument("--wait", type=float, default=150.0, metavar="SECONDS", help="wait this long for the agent")
 
 
 def clear(
