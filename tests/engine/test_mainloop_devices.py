@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.app.config import load_rule_set
 from agent.core.bus import RecordBatch
 from agent.core.deviceresolver import DeviceResolver
-from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
+from agent.sinks.metrics import AgentCollector, build_registry
 from agent.sinks.stdout import snapshot_json
 
 from helpers.mainloop import Loop, record
+from helpers.sinks import IDLE_STATS
 
 PACK = """
 source: nvidia-monitor
@@ -33,19 +34,7 @@ UUIDS = {
     "0000:3b:00.0": "GPU-5a1c7e2d-9f3b-4c61-8d0e-2b7f4a9c1e30",
     "0000:5d:00.0": "GPU-0b8e11f2-4d7a-4e2c-9a65-c3d1f0e7b812",
 }
-STATS = AgentStats(
-    records_read=0,
-    records_lost=0,
-    reader_restarts=0,
-    read_errors=0,
-    parse_errors=0,
-    last_record_time=None,
-    lines_matched=0,
-    rule_matches={},
-    config_generation=1,
-    rules_loaded=0,
-    components={},
-)
+STATS = IDLE_STATS
 
 
 def node(tmp_path: Path) -> DeviceResolver:

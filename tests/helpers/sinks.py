@@ -12,6 +12,7 @@ from typing import Any
 from agent.adapters.kube import KubeClient
 from agent.core.bus import Publication, SnapshotFeed
 from agent.core.types import Condition, Event, Severity, Snapshot, Status
+from agent.sinks.metrics import AgentStats
 from agent.sinks.worker import SinkWorker
 
 from kubeapi.server import KubeApiServer
@@ -149,3 +150,19 @@ def event(reason: str = "OOMKilling", message: str = "Killed process 4242 (pytho
 
 def publish(feed: SnapshotFeed, snap: Snapshot | None = None, events: list[Event] | tuple = ()) -> Publication:
     return feed.publish(snapshot=snap or feed.latest().snapshot, events=list(events), health={})
+
+
+# The agent's own figures before it has read anything: what a collector test needs beside a snapshot.
+IDLE_STATS = AgentStats(
+    records_read=0,
+    records_lost=0,
+    reader_restarts=0,
+    read_errors=0,
+    parse_errors=0,
+    last_record_time=None,
+    lines_matched=0,
+    rule_matches={},
+    config_generation=1,
+    rules_loaded=0,
+    components={},
+)

@@ -14,19 +14,9 @@ from agent.app.exposition import TextRenderer
 from agent.core.types import Condition, Severity, Snapshot, Status
 from agent.sinks.metrics import AgentCollector, AgentStats, build_registry
 
-BASE = AgentStats(
-    records_read=0,
-    records_lost=0,
-    reader_restarts=0,
-    read_errors=0,
-    parse_errors=0,
-    last_record_time=None,
-    lines_matched=0,
-    rule_matches={},
-    config_generation=1,
-    rules_loaded=0,
-    components={},
-)
+from helpers.sinks import IDLE_STATS
+
+BASE = IDLE_STATS
 
 
 def scrape(stats: AgentStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
