@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.adapters.podresources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from agent.app import flagvalues as v
 from agent.core.errors import ConfigProblem
 from agent.core.paths import builtin_plugins_dir
@@ -513,6 +514,31 @@ RECOVERY_FLAGS = (
         help="the agent's namespace, where the recovery budget Lease lives (env POD_NAMESPACE)",
         doc="the agent's namespace, where the recovery budget Lease lives (the downward API sets it)",
     ),
+    Flag(
+        name="device-holders",
+        field="device_holders",
+        parse=v.boolean,
+        env=("DEVICE_HOLDERS",),
+        default="false",
+        metavar="BOOL",
+        group=RECOVERY,
+        help="find the pods holding a failing device through the kubelet's pod-resources socket and tell each "
+        "in a DeviceFault Event (env DEVICE_HOLDERS; docs/devices.md)",
+        doc="find the pods on this node that hold a failing device (the kubelet's pod-resources API; grpc is "
+        "loaded at the first lookup) and tell each in a `DeviceFault` Event "
+        "([docs/devices.md](devices.md#telling-the-pods))",
+    ),
+    Flag(
+        name="pod-resources-socket",
+        field="pod_resources_socket",
+        parse=v.socket_path,
+        env=("POD_RESOURCES_SOCKET",),
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        group=RECOVERY,
+        help="the kubelet's pod-resources socket, as mounted in the pod (env POD_RESOURCES_SOCKET)",
+        doc="the kubelet's pod-resources socket, as mounted in the pod (read-only); used with `--device-holders`",
+    ),
 )
 
 RUN_FLAGS = (*RULE_FLAGS, *CHECK_FLAGS, *AGENT_FLAGS, *KUBERNETES_FLAGS, *RECOVERY_FLAGS)
@@ -600,7 +626,8 @@ REFERENCE_INTRO = """\
 Every flag of `node-health-agent run` can also be set through its environment variable; the flag
 wins. Most variables are `NHA_<FLAG>` (dashes become underscores). A few keep the names the
 DaemonSet has always used: `ENABLE_RECOVERY`, `CLUSTER_NAME`, `RECOVERY_STARTUP_DELAY` and
-`POD_NAMESPACE`. Where a flag has two variables, the first one set and not empty wins.
+`POD_NAMESPACE`; the device-holder flags read `DEVICE_HOLDERS` and `POD_RESOURCES_SOCKET`. Where a
+flag has two variables, the first one set and not empty wins.
 
 A repeatable flag's variable holds a comma-separated list. For `--config` and `--delete-condition`
 the variable adds to the flags; for `--pack` it applies when no `--pack` is given.

@@ -270,3 +270,11 @@ def namespace(value: str | None) -> str:
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
         raise ValueError(f"{name!r} is not a valid namespace name")
     return name
+
+
+def socket_path(value: str | None) -> str:
+    """A UNIX socket's path: absolute (the kubelet's pod-resources socket, as the pod mounts it)."""
+    text = (value or "").strip()
+    if not text.startswith("/"):
+        raise ValueError(f"{text!r} is not an absolute path")
+    return text

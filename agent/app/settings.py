@@ -68,6 +68,8 @@ class Settings:
     diagnostics_keep: int = 5  # diagnostics bundles kept in the state directory (0 = none written)
     diagnostics_s3: str = ""  # s3://bucket/prefix for diagnostics bundles ("" = state directory only)
     pod_namespace: str = "node-health-agent"  # where the budget Lease lives (POD_NAMESPACE)
+    device_holders: bool = False  # look up and tell the pods holding a failing device (pod-resources API)
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's, as mounted
 
     @property
     def rule_paths(self) -> tuple[Path, ...]:

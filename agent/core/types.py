@@ -153,8 +153,23 @@ class Condition:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PodRef:
+    """A Pod on this node that an Event is about (the Event's involvedObject; the Node is its ``related``)."""
+
+    namespace: str
+    name: str
+    uid: str | None = None  # the Pod's uid where known (the kubelet's pod-resources answer carries none)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
-    """Something to tell the world once: a temporary problem or a condition transition."""
+    """Something to tell the world once: a temporary problem or a condition transition (about this Node),
+    or a device fault told to a Pod that holds the device (``pod``)."""
 
     type: str  # "Warning" | "Normal" (Kubernetes Event types)
     reason: str
@@ -166,6 +181,7 @@ class Event:
     status: Status | None = None  # new status for condition transitions
     rule: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
+    pod: PodRef | None = None  # None: the Event is about this Node (as every Event was before pod Events)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

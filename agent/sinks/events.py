@@ -3,6 +3,12 @@
 ``involvedObject`` is the Node (``apiVersion: v1``, kind, name, uid) so ``kubectl describe node``
 and ``kubectl events --for node/<n>`` show them. Warning for problems, Normal for recoveries.
 
+An Event with a ``pod`` (a device fault told to a Pod that holds the device, agent.recovery.holdertell) is
+about that Pod instead: ``involvedObject`` is the Pod, ``related`` this Node, and it is written into the
+Pod's namespace (``--event-namespace`` is for Node Events only). It is aggregated like a Node Event (its
+series is keyed by the Pod too) and rate-limited by its own bucket, keyed by reason and Pod: one busy Pod
+cannot use up another's Events, nor the Node's.
+
 Storm control: repeats of the same (type, reason, message) within ``aggregate_window`` seconds
 (by the events' own timestamps) update one Event object (``count``, ``lastTimestamp``) instead of
 creating new ones, and each such series is patched at most once per ``min_interval`` (the count
@@ -43,7 +49,7 @@ from agent.core.bounds import bounded_message, bounded_reason
 from agent.core.bus import Publication, SnapshotFeed
 from agent.core.durations import format_duration
 from agent.core.timefmt import iso
-from agent.core.types import Event
+from agent.core.types import Event, PodRef
 from agent.sinks.outbox import MAX_SERIES, OUTBOX_FILE, Outbox, Series
 from agent.sinks.worker import IDLE, MAX_BACKOFF, RESYNC, STALL, Failure, SinkWorker
 
@@ -59,12 +65,21 @@ WRITES_PER_ROUND = 32  # then the loop takes new events and saves before writing
 FINAL_FLUSH = 2.0  # seconds the last flush at shutdown may start writes in
 
 
-def event_name(node: str, *, type_: str, reason: str, message: str, first: float) -> str:
-    """``<node>.<16 hex>``: the same series always gets the same name (a valid DNS subdomain)."""
-    identity = "\0".join((type_, reason, message, str(round(first * 1e9))))
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    prefix = node.lower()[: MAX_NAME - len(digest) - 1].rstrip(".-")
+def event_name(node: str, *, type_: str, reason: str, message: str, first: float, pod: PodRef | None = None) -> str:
+    """``<node>.<16 hex>`` (``<pod>.<16 hex>`` for an Event about a Pod, whose hash also covers the node and
+    the Pod): the same series always gets the same name (a valid DNS subdomain)."""
+    parts = (type_, reason, message, str(round(first * 1e9)))
+    if pod is not None:
+        parts = (*parts, node, pod.namespace, pod.name)
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    owner = node if pod is None else pod.name
+    prefix = owner.lower()[: MAX_NAME - len(digest) - 1].rstrip(".-")
     return f"{prefix}.{digest}" if prefix else digest
+
+
+def bucket_of(reason: str, pod: PodRef | None) -> str:
+    """The rate-limit bucket of an Event: its reason, and for an Event about a Pod, the Pod too."""
+    return reason if pod is None else f"{reason}\0{pod.key}"
 
 
 class ReasonBuckets:
@@ -261,16 +276,17 @@ class EventSink(SinkWorker):
                 f"{owner}: more Events with reasons other than the {self._max_reasons} shown within "
                 f"{format_duration(self._window)}; this Event's count says how many"
             )
-        series = self.outbox.current((event.type, reason, message))
+        pod = event.pod
+        series = self.outbox.current((event.type, reason, message, pod.key if pod else ""))
         if series is not None and event.timestamp - series.last <= self._window:
             series.count += 1
             series.last = max(series.last, event.timestamp)
             self.outbox.touch(series)
             return
-        if not self._buckets.take(reason, now):
+        if not self._buckets.take(bucket_of(reason, pod), now):
             self.throttled += 1
             return
-        name = event_name(self._node, type_=event.type, reason=reason, message=message, first=event.timestamp)
+        name = event_name(self._node, type_=event.type, reason=reason, message=message, first=event.timestamp, pod=pod)
         self.outbox.add(
             Series(
                 name=name,
@@ -279,6 +295,7 @@ class EventSink(SinkWorker):
                 message=message,
                 first=event.timestamp,
                 last=event.timestamp,
+                pod=pod,
             )
         )
 
@@ -335,7 +352,8 @@ class EventSink(SinkWorker):
         try:
             self._send(series, count=count, last=last, now=now)
         except KubeError as exc:
-            what = f"Event {series.reason} for node {self._node} ({self._namespace}/{series.name})"
+            about = f"pod {series.pod.key}" if series.pod else f"node {self._node}"
+            what = f"Event {series.reason} for {about} ({self._namespace_of(series)}/{series.name})"
             if self.failed(exc, what=what, now=now) is Failure.TRANSIENT:
                 return False
         except Exception as exc:  # dropped like a refused write: the series behind it must still go out
@@ -356,29 +374,45 @@ class EventSink(SinkWorker):
             except KubeError as exc:
                 if exc.status != 404:
                     raise
-                self.failed(exc, what=f"patch of Event {self._namespace}/{series.name}", now=now, gone_on_404=True)
+                what = f"patch of Event {self._namespace_of(series)}/{series.name}"
+                self.failed(exc, what=what, now=now, gone_on_404=True)
                 series.created = False
         try:
-            self._client.create_event(self._namespace, self._body(series, count=count, last=last))
+            self._client.create_event(self._namespace_of(series), self._body(series, count=count, last=last))
         except KubeError as exc:
             if not exc.already_exists:
                 raise
             self._patch(series, count=count, last=last)  # an earlier create was stored; its answer was lost
 
+    def _namespace_of(self, series: Series) -> str:
+        """Where the series' Event lives: its Pod's namespace, or --event-namespace for the Node's."""
+        return series.pod.namespace if series.pod else self._namespace
+
     def _patch(self, series: Series, *, count: int, last: float) -> None:
         self._client.patch_event(
-            self._namespace, series.name, {"count": count, "lastTimestamp": iso(last), "message": series.message}
+            self._namespace_of(series),
+            series.name,
+            {"count": count, "lastTimestamp": iso(last), "message": series.message},
         )
 
-    def _body(self, series: Series, *, count: int, last: float) -> dict:
-        involved = {"apiVersion": "v1", "kind": "Node", "name": self._node}
+    def _node_ref(self) -> dict[str, str]:
+        node = {"apiVersion": "v1", "kind": "Node", "name": self._node}
         if self._node_uid:
-            involved["uid"] = self._node_uid
+            node["uid"] = self._node_uid
+        return node
+
+    def _body(self, series: Series, *, count: int, last: float) -> dict:
+        about: dict[str, dict[str, str]] = {"involvedObject": self._node_ref()}
+        if series.pod is not None:
+            pod = {"apiVersion": "v1", "kind": "Pod", "namespace": series.pod.namespace, "name": series.pod.name}
+            if series.pod.uid:
+                pod["uid"] = series.pod.uid
+            about = {"involvedObject": pod, "related": self._node_ref()}
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": series.name, "namespace": self._namespace},
-            "involvedObject": involved,
+            "metadata": {"name": series.name, "namespace": self._namespace_of(series)},
+            **about,
             "reason": series.reason,
             "message": series.message,
             "type": series.type,

@@ -1,7 +1,7 @@
 """The Event outbox: the aggregated Event series the sink owes the API server, kept durably.
 
 One :class:`Series` per Event object (its deterministic name, first/last occurrence, count and
-the count the server has). The table lives in ``<state_dir>/events-outbox.json`` (written
+the count the server has, and the Pod it is about where it is not about the Node). The table lives in ``<state_dir>/events-outbox.json`` (written
 atomically) so that Events not yet delivered when the agent is killed are sent after a restart.
 It is bounded: past ``max_series`` the oldest delivered series is forgotten, else the oldest
 series, which is counted in ``dropped``.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.statedir import atomic_write
+from agent.core.types import PodRef
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ OUTBOX_FILE = "events-outbox.json"
 MAX_SERIES = 4096
 _FORMAT = 1
 
-Key = tuple[str, str, str]  # (type, reason, message)
+Key = tuple[str, str, str, str]  # (type, reason, message, the Pod's namespace/name or "" for the Node)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,17 +42,18 @@ class Series:
     written_count: int = 0
     created: bool = False  # the object exists on the server (as far as we know)
     last_write: float = float("-inf")  # monotonic; not kept across restarts
+    pod: PodRef | None = None  # the Pod the Event is about; None: the Node
 
     @property
     def key(self) -> Key:
-        return (self.type, self.reason, self.message)
+        return (self.type, self.reason, self.message, self.pod.key if self.pod else "")
 
     @property
     def pending(self) -> bool:
         return self.written_count != self.count
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "name": self.name,
             "type": self.type,
             "reason": self.reason,
@@ -62,6 +64,9 @@ class Series:
             "writtenCount": self.written_count,
             "created": self.created,
         }
+        if self.pod is not None:
+            out["pod"] = {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid or ""}
+        return out
 
     @classmethod
     def from_json(cls, raw: object) -> Series:
@@ -78,7 +83,20 @@ class Series:
             count=int(raw["count"]),
             written_count=int(raw["writtenCount"]),
             created=bool(raw["created"]),
+            pod=_pod_from_json(raw.get("pod")),
         )
+
+
+def _pod_from_json(raw: object) -> PodRef | None:
+    """The ``pod`` of a saved series (absent in files written before pod Events: the Node)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError(f"pod is not an object: {raw!r}")
+    namespace, name, uid = raw["namespace"], raw["name"], raw.get("uid", "")
+    if not all(isinstance(v, str) for v in (namespace, name, uid)) or not namespace or not name:
+        raise TypeError("pod namespace and name must be non-empty strings")
+    return PodRef(namespace=namespace, name=name, uid=uid or None)
 
 
 class Outbox:

@@ -91,6 +91,8 @@ THROUGH_THE_ENVIRONMENT = [
     ("NHA_DIAGNOSTICS_KEEP", "7", "diagnostics_keep", 7),
     ("NHA_DIAGNOSTICS_S3", "s3://bundles/p", "diagnostics_s3", "s3://bundles/p"),
     ("POD_NAMESPACE", "ops", "pod_namespace", "ops"),
+    ("DEVICE_HOLDERS", "true", "device_holders", True),
+    ("POD_RESOURCES_SOCKET", "/host/pod-resources/kubelet.sock", "pod_resources_socket", "/host/pod-resources/kubelet.sock"),
 ]
 
 
@@ -179,3 +181,13 @@ def test_a_flag_is_a_frozen_declaration():
     with pytest.raises(dataclasses.FrozenInstanceError):
         flag("listen").default = "0"  # type: ignore[misc]
     assert all(isinstance(f, Flag) for f in RUN_FLAGS)
+
+
+def test_device_holders_are_off_by_default_and_the_socket_is_the_kubelets():
+    got = settings()
+    assert (got.device_holders, got.pod_resources_socket) == (False, "/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+def test_the_pod_resources_socket_must_be_an_absolute_path():
+    with pytest.raises(ConfigError, match="POD_RESOURCES_SOCKET"):
+        settings("--pod-resources-socket", "kubelet.sock")
