@@ -61,7 +61,12 @@ class HolderTeller:
                     timestamp=now,
                     source=SOURCE,
                     severity=Severity.WARNING,
-                    fields={"device": device.key, "condition": condition, "faultReason": reason, "node": self._node_name},
+                    fields={
+                        "device": device.key,
+                        "condition": condition,
+                        "faultReason": reason,
+                        "node": self._node_name,
+                    },
                     pod=PodRef(namespace=namespace, name=name),
                 )
             )

@@ -7,7 +7,8 @@ An Event with a ``pod`` (a device fault told to a Pod that holds the device, age
 about that Pod instead: ``involvedObject`` is the Pod, ``related`` this Node, and it is written into the
 Pod's namespace (``--event-namespace`` is for Node Events only). It is aggregated like a Node Event (its
 series is keyed by the Pod too) and rate-limited by its own bucket, keyed by reason and Pod: one busy Pod
-cannot use up another's Events, nor the Node's.
+cannot use up another's Events, nor the Node's; and its reasons are counted apart from the Node's
+(:func:`owner_of`), so a storm of Node reasons never turns it into a ``TooManyReasons`` summary.
 
 Storm control: repeats of the same (type, reason, message) within ``aggregate_window`` seconds
 (by the events' own timestamps) update one Event object (``count``, ``lastTimestamp``) instead of
@@ -68,7 +69,7 @@ FINAL_FLUSH = 2.0  # seconds the last flush at shutdown may start writes in
 def event_name(node: str, *, type_: str, reason: str, message: str, first: float, pod: PodRef | None = None) -> str:
     """``<node>.<16 hex>`` (``<pod>.<16 hex>`` for an Event about a Pod, whose hash also covers the node and
     the Pod): the same series always gets the same name (a valid DNS subdomain)."""
-    parts = (type_, reason, message, str(round(first * 1e9)))
+    parts: tuple[str, ...] = (type_, reason, message, str(round(first * 1e9)))
     if pod is not None:
         parts = (*parts, node, pod.namespace, pod.name)
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -132,8 +133,10 @@ class ReasonWindow:
 
 
 def owner_of(event: Event) -> str:
-    """Whose reasons an event's reason counts among: its condition's, else its rule's, else its source's."""
-    return event.condition or event.rule or event.source
+    """Whose reasons an event's reason counts among: its condition's, else its rule's, else its source's; an
+    Event about a Pod counts among that owner's pod Events (the Node's many reasons never crowd them out)."""
+    owner = event.condition or event.rule or event.source
+    return owner if event.pod is None else f"{owner} (pods)"
 
 
 class EventSink(SinkWorker):

@@ -1,8 +1,9 @@
 """The Event outbox: the aggregated Event series the sink owes the API server, kept durably.
 
 One :class:`Series` per Event object (its deterministic name, first/last occurrence, count and
-the count the server has, and the Pod it is about where it is not about the Node). The table lives in ``<state_dir>/events-outbox.json`` (written
-atomically) so that Events not yet delivered when the agent is killed are sent after a restart.
+the count the server has, and the Pod it is about where it is not about the Node). The table lives
+in ``<state_dir>/events-outbox.json`` (written atomically) so that Events not yet delivered when the
+agent is killed are sent after a restart.
 It is bounded: past ``max_series`` the oldest delivered series is forgotten, else the oldest
 series, which is counted in ``dropped``.
 """

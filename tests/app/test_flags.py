@@ -92,7 +92,12 @@ THROUGH_THE_ENVIRONMENT = [
     ("NHA_DIAGNOSTICS_S3", "s3://bundles/p", "diagnostics_s3", "s3://bundles/p"),
     ("POD_NAMESPACE", "ops", "pod_namespace", "ops"),
     ("DEVICE_HOLDERS", "true", "device_holders", True),
-    ("POD_RESOURCES_SOCKET", "/host/pod-resources/kubelet.sock", "pod_resources_socket", "/host/pod-resources/kubelet.sock"),
+    (
+        "POD_RESOURCES_SOCKET",
+        "/host/pod-resources/kubelet.sock",
+        "pod_resources_socket",
+        "/host/pod-resources/kubelet.sock",
+    ),
 ]
 
 

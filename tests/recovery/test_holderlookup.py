@@ -145,7 +145,7 @@ def test_allocatable_is_read_once_and_only_for_neuron_devices(sock):
     with PodResourcesServer(sock, *mixed_node()) as server:
         lookup.holders(gpu(0))
         assert server.calls == [LIST]
-        for step in range(3):
+        for _ in range(3):
             clock.now += 5
             assert pods_of(lookup, neuron(4)) == ["ml/small"]
     assert server.calls == [LIST, LIST, ALLOCATABLE, LIST, LIST]

@@ -51,13 +51,27 @@ def test_one_event_per_holder_pod(found, told):
     count = teller.tell(device=GPU3, holders=Holders(found), condition="GpuXid", reason="Xid79", plan=PLAN)
     assert count == len(put) == len(told)
     assert [(e.pod.key, e.message) for e in put if e.pod] == [
-        (key, fault_message(device=GPU3, containers=tuple(c.split(", ")), condition="GpuXid", reason="Xid79", plan=PLAN))
+        (
+            key,
+            fault_message(device=GPU3, containers=tuple(c.split(", ")), condition="GpuXid", reason="Xid79", plan=PLAN),
+        )
         for key, c in told
     ]
     for e in put:
-        assert (e.type, e.reason, e.severity, e.timestamp, e.source) == ("Warning", REASON, Severity.WARNING, NOW, "recovery")
+        assert (e.type, e.reason, e.severity, e.timestamp, e.source) == (
+            "Warning",
+            REASON,
+            Severity.WARNING,
+            NOW,
+            "recovery",
+        )
         assert e.condition is None, "not a condition transition: no sink takes it for one"
-        assert dict(e.fields) == {"device": "gpu:0000:3b:00.0", "condition": "GpuXid", "faultReason": "Xid79", "node": NODE}
+        assert dict(e.fields) == {
+            "device": "gpu:0000:3b:00.0",
+            "condition": "GpuXid",
+            "faultReason": "Xid79",
+            "node": NODE,
+        }
 
 
 MESSAGES = [

@@ -160,6 +160,20 @@ def test_an_event_for_a_pod_whose_namespace_is_gone_is_dropped_alone(setup):
     assert s.sink.dropped == {404: 1} and s.sink.pending() == 0
 
 
+def test_the_nodes_many_reasons_never_crowd_out_a_pod_event(setup):
+    """max_reasons 2: the source's third Node reason is summarized; its pod Event is not."""
+    s = setup(max_reasons=2)
+    node = [
+        Event(type="Warning", reason=r, message=r, timestamp=T0, source="recovery", severity=Severity.WARNING)
+        for r in ("Cordoned", "Draining", "Fenced")
+    ]
+    with running(s.sink, s.sim):
+        publish(s.feed, events=[*node, pod_event(TRAIN, at=T0)])
+        s.sim.run()
+    assert sorted(e["reason"] for e in s.events("default")) == ["Cordoned", "Draining", "TooManyReasons"]
+    assert [e["reason"] for e in s.events("ml")] == ["DeviceFault"]
+
+
 def test_a_pod_series_survives_a_restart_in_the_outbox(setup, tmp_path):
     before = setup(state_dir=tmp_path / "kept")
     before.server.set_outage("refuse")
