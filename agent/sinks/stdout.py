@@ -36,6 +36,8 @@ def event_json(event: Event) -> dict[str, Any]:
         out["rule"] = event.rule
     if event.fields:
         out["fields"] = dict(event.fields)
+    if event.pod is not None:
+        out["pod"] = event.pod.key  # an Event about a Pod (a device fault told to a holder)
     return out
 
 

@@ -5,6 +5,7 @@ outbox; against the test API server with the real client, on simulated time."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,3 +211,11 @@ def test_a_series_round_trips_through_the_outbox_file(tmp_path, pod):
     (series,) = list(again)
     assert series.pod == pod
     assert again.current(("Warning", "DeviceFault", FAULT, pod.key if pod else "")) is series
+
+
+@pytest.mark.parametrize(("pod", "shown"), [(None, None), (TRAIN, "ml/train-3")], ids=["node", "pod"])
+def test_standalone_json_names_the_pod(pod, shown):
+    from agent.sinks.stdout import event_json
+
+    out = event_json(dataclasses.replace(pod_event(TRAIN, at=T0), pod=pod))
+    assert out.get("pod") == shown
