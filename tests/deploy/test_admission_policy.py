@@ -170,6 +170,9 @@ def evaluate_eviction() -> PolicyEvaluator:
 # ---- admission requests ----------------------------------------------------------------------------------------
 
 
+KINDS = {"devicetaintrules": "DeviceTaintRule", "resourceslices": "ResourceSlice"}
+
+
 def request(
     *,
     operation: str,
@@ -187,10 +190,11 @@ def request(
     extra = {"authentication.kubernetes.io/pod-name": ["node-health-agent-neuron-x7k2p"]}
     if node_claim is not None:
         extra[NODE_CLAIM] = [node_claim]
-    version = {"": "v1", "events.k8s.io": "v1", "coordination.k8s.io": "v1"}[group]
+    version = {"": "v1", "events.k8s.io": "v1", "coordination.k8s.io": "v1", "resource.k8s.io": "v1"}[group]
+    kind = KINDS.get(resource, resource.capitalize().rstrip("s"))
     out: dict[str, Any] = {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-        "kind": {"group": group, "version": version, "kind": resource.capitalize().rstrip("s")},
+        "kind": {"group": group, "version": version, "kind": kind},
         "resource": {"group": group, "version": version, "resource": resource},
         "name": name,
         "operation": operation,
@@ -216,6 +220,113 @@ def event(about_kind: str, about_name: str, *, group: str = "", count: int = 1) 
 
 OTHER = "ip-10-0-9-9.us-west-2.compute.internal"
 LEASE = "node-health-agent-recovery-budget"
+
+
+def pod_event(
+    *,
+    group: str = "",
+    pod_namespace: str = "prod",
+    reporter: str | None = NODE,
+    host: str | None = NODE,
+    related: dict[str, Any] | None = None,
+    count: int = 1,
+) -> dict[str, Any]:
+    """An Event about a Pod as the agent writes it (agent/recovery/holdertell.py through the events sink): reported
+    by its node, with its own Node as ``related``, in the Pod's namespace. ``None`` leaves a field out."""
+    about = {"apiVersion": "v1", "kind": "Pod", "name": "trainer-0", "namespace": pod_namespace, "uid": "9f1c"}
+    node_ref = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "3b7e"} if related is None else related
+    meta = {"name": "trainer-0.1876c0ffee", "namespace": pod_namespace}
+    if group == "events.k8s.io":
+        out: dict[str, Any] = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": meta,
+            "regarding": about,
+            "reason": "DeviceFault",
+            "reportingController": "node-health-agent",
+        }
+    else:
+        out = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": meta,
+            "involvedObject": about,
+            "reason": "DeviceFault",
+            "count": count,
+            "reportingComponent": "node-health-agent",
+        }
+        if host is not None:
+            out["source"] = {"component": "node-health-agent", "host": host}
+    if reporter is not None:
+        out["reportingInstance"] = reporter
+    if node_ref:
+        out["related"] = node_ref
+    return out
+
+
+def pod_event_write(
+    operation: str,
+    new: dict[str, Any] | None,
+    old: dict[str, Any] | None = None,
+    *,
+    group: str = "",
+    namespace: str = "prod",
+) -> dict[str, Any]:
+    return request(
+        operation=operation,
+        group=group,
+        resource="events",
+        name="trainer-0.1876c0ffee",
+        namespace=namespace,
+        obj=new,
+        old=old,
+    )
+
+
+def taint_rule(
+    *,
+    node_name: str = NODE,
+    device: str | None = "gpu-3",
+    name: str | None = None,
+    driver: str | None = "gpu.nvidia.com",
+    pool: str | None = None,
+    label: str | None = None,
+    effect: str = "NoSchedule",
+) -> dict[str, Any]:
+    """A DeviceTaintRule as the device fence writes it (agent/recovery/fence.py): named and labelled for its node,
+    selecting one device of the node's own pool. ``None`` leaves a field out; the defaults follow ``node_name``."""
+    selector = {"driver": driver, "pool": node_name if pool is None else pool, "device": device}
+    labels = {"node-health-agent.io/node": node_name if label is None else label, "node-health-agent.io/device": "x"}
+    if label == "":
+        labels.pop("node-health-agent.io/node")
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name or f"node-health-agent-{node_name}-gpu-3", "labels": labels},
+        "spec": {
+            "deviceSelector": {k: v for k, v in selector.items() if v is not None},
+            "taint": {"key": "node-health-agent.io/unhealthy", "value": "GpuXid79", "effect": effect},
+        },
+    }
+
+
+def rule_write(
+    operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None = None, *, node_claim: str | None = NODE
+) -> dict[str, Any]:
+    name = (new or old or {})["metadata"]["name"]
+    return request(
+        operation=operation,
+        group="resource.k8s.io",
+        resource="devicetaintrules",
+        name=name,
+        obj=new,
+        old=old,
+        node_claim=node_claim,
+    )
+
+
+RULE = taint_rule()
+OTHERS_RULE = taint_rule(node_name=OTHER)
 OUR_TAINT = {
     "key": TAINT_KEY,
     "value": "NeuronHasError_DMA",
@@ -594,7 +705,12 @@ CASES = [
         False,
         "Events only about its own Node",
     ),
-    ("event about a pod named like the node", event_write("CREATE", event("Pod", NODE)), False, "Events only"),
+    (
+        "event about a pod named like the node, not reported by it",
+        event_write("CREATE", event("Pod", NODE)),
+        False,
+        "Events about a Pod only as their reportingInstance",
+    ),
     (
         "a pod's event in prod rewritten into one about its own node",
         request(
@@ -607,7 +723,7 @@ CASES = [
             old=event("Pod", "payments-7d9f"),
         ),
         False,
-        "Events only about its own Node",
+        "Events about a Pod only as their reportingInstance",
     ),
     (
         "another node's event rewritten into one about its own node",
@@ -674,6 +790,140 @@ CASES = [
         False,
         "changes no label",
     ),
+    # -- Events about a Pod (the holders of a faulty device): reported by its node, related to its Node
+    ("pod event from its own node", pod_event_write("CREATE", pod_event()), True, ""),
+    (
+        "pod event from its own node (events.k8s.io)",
+        pod_event_write("CREATE", pod_event(group="events.k8s.io"), group="events.k8s.io"),
+        True,
+        "",
+    ),
+    ("patch of its pod event", pod_event_write("UPDATE", pod_event(count=2), pod_event()), True, ""),
+    (
+        "pod event from another node",
+        pod_event_write("CREATE", pod_event(reporter=OTHER, host=OTHER)),
+        False,
+        "Events about a Pod only as their reportingInstance",
+    ),
+    (
+        "pod event from another node (events.k8s.io)",
+        pod_event_write("CREATE", pod_event(group="events.k8s.io", reporter=OTHER), group="events.k8s.io"),
+        False,
+        "Events about a Pod only as their reportingInstance",
+    ),
+    (
+        "pod event with another node as source.host",
+        pod_event_write("CREATE", pod_event(host=OTHER)),
+        False,
+        "(and source.host)",
+    ),
+    (
+        "pod event without reportingInstance",
+        pod_event_write("CREATE", pod_event(reporter=None)),
+        False,
+        "reportingInstance",
+    ),
+    ("pod event without related", pod_event_write("CREATE", pod_event(related={})), False, "as related"),
+    (
+        "pod event without related (events.k8s.io)",
+        pod_event_write("CREATE", pod_event(group="events.k8s.io", related={}), group="events.k8s.io"),
+        False,
+        "as related",
+    ),
+    (
+        "pod event related to another node",
+        pod_event_write("CREATE", pod_event(related={"apiVersion": "v1", "kind": "Node", "name": OTHER})),
+        False,
+        "as related",
+    ),
+    (
+        "pod event related to a pod named like the node",
+        pod_event_write("CREATE", pod_event(related={"apiVersion": "v1", "kind": "Pod", "name": NODE})),
+        False,
+        "as related",
+    ),
+    (
+        "pod event in another namespace than the pod's",
+        pod_event_write("CREATE", pod_event(pod_namespace="prod"), namespace="default"),
+        False,
+        "namespace of that Pod",
+    ),
+    (
+        "another node's pod event taken over",
+        pod_event_write("UPDATE", pod_event(count=2), pod_event(reporter=OTHER, host=OTHER)),
+        False,
+        "reportingInstance",
+    ),
+    (
+        "its pod event rewritten into one about another node",
+        pod_event_write("UPDATE", event("Node", OTHER) | {"metadata": pod_event()["metadata"]}, pod_event()),
+        False,
+        "Events only about its own Node or a Pod",
+    ),
+    (
+        "event about a Service",
+        pod_event_write("CREATE", pod_event() | {"involvedObject": {"kind": "Service", "name": "api"}}),
+        False,
+        "Events only about its own Node or a Pod",
+    ),
+    ("delete of its pod event", pod_event_write("DELETE", None, pod_event()), False, "Events only"),
+    # -- DeviceTaintRules (the device fence): its own name, label, pool, a driver it manages, one device
+    ("fence a GPU", rule_write("CREATE", RULE), True, ""),
+    (
+        "fence a Neuron device",
+        rule_write("CREATE", taint_rule(driver="neuron.aws.com", device="neurondevice2")),
+        True,
+        "",
+    ),
+    ("the dry run first (effect None)", rule_write("CREATE", taint_rule(effect="None")), True, ""),
+    ("None then NoSchedule", rule_write("UPDATE", RULE, taint_rule(effect="None")), True, ""),
+    ("lift its fence", rule_write("DELETE", None, RULE), True, ""),
+    (
+        "wrong prefix: another node's name",
+        rule_write("CREATE", taint_rule(name=f"node-health-agent-{OTHER}-gpu-3")),
+        False,
+        "DeviceTaintRules named",
+    ),
+    (
+        "wrong prefix: not the agent's",
+        rule_write("CREATE", taint_rule(name="gpu-maintenance")),
+        False,
+        "DeviceTaintRules named",
+    ),
+    (
+        "prefix without the dash after the node",
+        rule_write("CREATE", taint_rule(name=f"node-health-agent-{NODE}gpu-3")),
+        False,
+        "DeviceTaintRules named",
+    ),
+    ("wrong pool", rule_write("CREATE", taint_rule(pool=OTHER)), False, "its own pool"),
+    ("no pool (every pool's device of that name)", rule_write("CREATE", taint_rule(pool="")), False, "own pool"),
+    ("foreign driver", rule_write("CREATE", taint_rule(driver="gpu.intel.com")), False, "drivers it manages"),
+    ("no driver (every driver's)", rule_write("CREATE", taint_rule(driver=None)), False, "drivers it manages"),
+    ("no device (the whole pool)", rule_write("CREATE", taint_rule(device=None)), False, "names one device"),
+    ("missing label", rule_write("CREATE", taint_rule(label="")), False, "labelled node-health-agent.io/node"),
+    ("label of another node", rule_write("CREATE", taint_rule(label=OTHER)), False, "labelled"),
+    ("delete of another node's rule", rule_write("DELETE", None, OTHERS_RULE), False, "DeviceTaintRules named"),
+    (
+        "delete of a rule named like its own, on another pool",
+        rule_write("DELETE", None, taint_rule(pool=OTHER)),
+        False,
+        "own pool",
+    ),
+    (
+        "update of another node's rule",
+        rule_write("UPDATE", OTHERS_RULE | {"spec": RULE["spec"]}, OTHERS_RULE),
+        False,
+        "DeviceTaintRules named",
+    ),
+    (
+        "a rule named like its own moved onto its pool",
+        rule_write("UPDATE", RULE, taint_rule(pool=OTHER)),
+        False,
+        "own pool",
+    ),
+    ("its rule moved to another pool", rule_write("UPDATE", taint_rule(pool=OTHER), RULE), False, "own pool"),
+    ("its rule without a node claim", rule_write("CREATE", RULE, node_claim=None), False, "no node claim"),
     # -- tokens and users
     (
         "token without a node claim",
@@ -715,6 +965,15 @@ NOT_MATCHED = [
         ),
     ),
     ("a pod write", request(operation="CREATE", group="", resource="pods", name="p", namespace="default")),
+    (
+        "the NVIDIA DRA driver's own rule",
+        rule_write("CREATE", taint_rule(name="gpu-xid"))
+        | {"userInfo": {"username": "system:serviceaccount:nvidia-dra-driver-gpu:nvidia-dra-driver-gpu"}},
+    ),
+    (
+        "the agent's resourceslices read is no write",
+        request(operation="CREATE", group="resource.k8s.io", resource="resourceslices", name="s"),
+    ),
 ]
 
 

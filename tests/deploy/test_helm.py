@@ -259,6 +259,60 @@ def test_extra_volumes_reach_the_agent_only() -> None:
         assert holders == {"agent"}
 
 
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+
+
+def pod_resources_mounts(ds: Obj) -> dict[str, list[Obj]]:
+    """The pod-resources mounts of each container of ``ds`` (init containers included), by container name."""
+    pod = ds["spec"]["template"]["spec"]
+    return {
+        c["name"]: [m for m in c.get("volumeMounts", []) if m["mountPath"] == POD_RESOURCES]
+        for c in [*pod["initContainers"], *pod["containers"]]
+    }
+
+
+@pytest.mark.parametrize(("sets", "on"), [((), False), (("deviceHolders.enabled=true",), True)], ids=["off", "on"])
+def test_the_pod_resources_socket_is_mounted_only_where_device_holders_are_on(sets: tuple[str, ...], on: bool) -> None:
+    """deviceHolders.enabled (default off) mounts the kubelet's pod-resources folder read-only into the agent
+    container alone (hostPath, type Directory, the same path) and sets DEVICE_HOLDERS=true there."""
+    for ds in (d for d in helm_template(EXAMPLES / "mixed.yaml", sets=sets) if d["kind"] == "DaemonSet"):
+        validate(ds)
+        pod = ds["spec"]["template"]["spec"]
+        mounts = pod_resources_mounts(ds)
+        volumes = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == POD_RESOURCES]
+        (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+        env = {e["name"]: e.get("value") for e in agent["env"]}
+        if not on:
+            assert not volumes and not any(mounts.values()) and "DEVICE_HOLDERS" not in env
+            continue
+        assert volumes == [{"name": "pod-resources", "hostPath": {"path": POD_RESOURCES, "type": "Directory"}}]
+        assert mounts.pop("agent") == [{"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}]
+        assert not any(mounts.values()), "the relay and the init container never see the kubelet's socket"
+        assert env["DEVICE_HOLDERS"] == "true"
+
+
+def test_the_device_holders_component_renders_what_the_chart_renders(tmp_path: Path) -> None:
+    """kustomize's components/device-holders on the mixed overlay and the chart's deviceHolders.enabled on
+    examples/mixed.yaml render the same objects."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(DAEMONSET / "overlays" / "mixed", tmp_path)],
+                "components": [os.path.relpath(DAEMONSET / "components" / "device-holders", tmp_path)],
+            }
+        )
+    )
+    kustomized = [d for d in kustomize(tmp_path) if d["kind"] != "Namespace"]
+    helmed = helm_template(EXAMPLES / "mixed.yaml", sets=("deviceHolders.enabled=true",))
+    assert all(pod_resources_mounts(d)["agent"] for d in kustomized if d["kind"] == "DaemonSet")
+    left, right = by_id(kustomized), by_id(helmed)
+    assert sorted(left) == sorted(right), "the two render different objects"
+    problems = [f"{key}: {d}" for key in left for d in differences(left[key], right[key])]
+    assert not problems, "\n".join(problems)
+
+
 def test_a_configuration_change_rolls_only_the_agents_it_changes() -> None:
     """Each pod template carries its own ConfigMap's checksum (kustomize: the hashed ConfigMap name)."""
 
