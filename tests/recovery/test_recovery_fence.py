@@ -253,8 +253,8 @@ def test_a_dry_run_left_by_an_earlier_attempt_is_read_back_and_finished(make) ->
     seed_p5(server)
     seed_holder(server)
     time = FakeTime(server, controller=False)
+    server.faults.add(method="PATCH", path_regex=r"/devicetaintrules/", status=500)
     with pytest.raises(KubeError):
-        server.faults.add(method="PATCH", path_regex=r"/devicetaintrules/", status=500)
         fencer(client, time).fence(GPU3, reason="Xid79", incident_id="i")
     assert rule_of(server)["spec"]["taint"]["effect"] == "None"  # type: ignore[index]
     server.device_taints.reconcile()
