@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 10.0
 MAX_RETRY_AFTER = 600.0  # a larger Retry-After is clamped to this many seconds
 TRANSIENT_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")  # best first
 
 
 class KubeError(Exception):
@@ -86,6 +88,7 @@ class KubeClient:
         self._api_client = api_client
         self._timeout = timeout
         self.info = info
+        self._dra_versions: dict[str, str | None] = {}  # resource -> version, from discovery
 
     @classmethod
     def load(
@@ -142,15 +145,23 @@ class KubeClient:
         query: Mapping[str, object] | None = None,
         body: dict[str, Any] | None = None,
         patch: bool = False,
+        merge_patch: bool = False,
     ) -> dict[str, Any]:
         """One request: ``path`` with ``{name}``-style parts already filled in (quoted), ``query`` as
-        parameters (None values left out), ``body`` as JSON (a strategic merge patch when ``patch``)."""
+        parameters (None values left out), ``body`` as JSON (a strategic merge patch when ``patch``,
+        an RFC 7386 JSON merge patch when ``merge_patch``)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/strategic-merge-patch+json" if patch else "application/json"
+            headers["Content-Type"] = (
+                "application/merge-patch+json"
+                if merge_patch
+                else "application/strategic-merge-patch+json"
+                if patch
+                else "application/json"
+            )
         params = [(k, v) for k, v in (query or {}).items() if v is not None and v != ""]
         try:
             request = self._api_client.param_serialize(
@@ -261,6 +272,67 @@ class KubeClient:
         another agent wrote it since it was read (read again and redo)."""
         return self._call(f"replace lease {namespace}/{name}", "PUT", _lease_path(namespace, name), body=body)
 
+    # ---- recovery: DRA device fences (resource.k8s.io) ----------------------------------------------
+
+    def resource_api_version(self, resource: str) -> str | None:
+        """The best ``resource.k8s.io`` version serving ``resource`` (``devicetaintrules``,
+        ``resourceslices``), preferring v1 > v1beta2 > v1beta1 > v1alpha3; None when the group or
+        no version of it serves the resource (a 404 is an answer). Cached per client once read."""
+        if resource in self._dra_versions:
+            return self._dra_versions[resource]
+        group = self._discover(f"discover {DRA_GROUP}", f"/apis/{DRA_GROUP}")
+        listed = {v.get("version") for v in (group or {}).get("versions") or []}
+        found = None
+        for version in (v for v in DRA_VERSIONS if v in listed):
+            document = self._discover(f"discover {DRA_GROUP}/{version}", f"/apis/{DRA_GROUP}/{version}")
+            if any(r.get("name") == resource for r in (document or {}).get("resources") or []):
+                found = version
+                break
+        self._dra_versions[resource] = found
+        return found
+
+    def _discover(self, what: str, path: str) -> dict[str, Any] | None:
+        try:
+            return self._call(what, "GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_resource_slices(self, version: str, *, node_name: str) -> list[dict[str, Any]]:
+        """This node's ResourceSlices (``fieldSelector spec.nodeName``, pages followed)."""
+        return self._list_all(
+            f"list resourceslices on {node_name}",
+            f"/apis/{DRA_GROUP}/{_seg(version)}/resourceslices",
+            fieldSelector=f"spec.nodeName={node_name}",
+        )
+
+    def get_device_taint_rule(self, version: str, name: str) -> dict[str, Any]:
+        """The DeviceTaintRule (cluster-scoped); a missing one is ``KubeError`` with status 404."""
+        return self._call(f"get devicetaintrule {name}", "GET", _rule_path(version, name))
+
+    def create_device_taint_rule(self, version: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create; one of that name already there is ``KubeError.already_exists``."""
+        name = (body.get("metadata") or {}).get("name", "")
+        return self._call(f"create devicetaintrule {name}", "POST", _rule_path(version), body=body)
+
+    def patch_device_taint_rule(self, version: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386). The built-in resource.k8s.io kinds accept strategic merge
+        patch too, but our patches change only scalars (``spec.taint``, labels), where both agree,
+        and a merge patch means the same for every kind and version, patch tags or not."""
+        return self._call(
+            f"patch devicetaintrule {name}", "PATCH", _rule_path(version, name), body=body, merge_patch=True
+        )
+
+    def delete_device_taint_rule(self, version: str, name: str) -> dict[str, Any]:
+        """DELETE; a rule already gone is ``KubeError`` with status 404."""
+        return self._call(f"delete devicetaintrule {name}", "DELETE", _rule_path(version, name))
+
+    def list_device_taint_rules(self, version: str, *, label_selector: str = "") -> list[dict[str, Any]]:
+        return self._list_all(
+            f"list devicetaintrules {label_selector!r}", _rule_path(version), labelSelector=label_selector
+        )
+
     def _list_all(self, what: str, path: str, **query: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token = None
@@ -275,6 +347,11 @@ class KubeClient:
 def _seg(value: str) -> str:
     """One path segment: every character that is not unreserved is %-escaped (a name is never a path)."""
     return quote(value, safe="")
+
+
+def _rule_path(version: str, name: str | None = None) -> str:
+    base = f"/apis/{DRA_GROUP}/{_seg(version)}/devicetaintrules"
+    return base if name is None else f"{base}/{_seg(name)}"
 
 
 def _lease_path(namespace: str, name: str | None = None) -> str:

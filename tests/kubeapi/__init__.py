@@ -5,8 +5,9 @@ See :class:`KubeApiServer`.  Modules: ``server`` (lifecycle, outages, seeding, k
 (per-kind strategies), ``validation``, ``codec`` (typed decoding, Time/MicroTime), ``smp``
 (strategic merge patch), ``rfcpatch`` (JSON merge patch / JSON patch), ``schema`` (OpenAPI merge
 keys), ``selectors``, ``disruption`` (PDB status, eviction), ``kubelet`` (confirms graceful pod
-deletions), ``eventconv``, ``faults``, ``requestlog``, ``authz``, ``discovery``, ``errors``,
-``gotime``, ``fixtures``.
+deletions), ``dra`` (resource.k8s.io kinds per version), ``tainteviction`` (DeviceTaintRule status),
+``eventconv``, ``faults``, ``requestlog``, ``authz``, ``discovery``, ``errors``, ``gotime``,
+``fixtures``.
 """
 
 from .authz import PolicyRule

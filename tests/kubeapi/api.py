@@ -134,6 +134,8 @@ class KubeApi:
         # Called (store lock held) with a pod that a DELETE or eviction left terminating, i.e.
         # waiting for its kubelet (metadata.deletionGracePeriodSeconds > 0): see ``kubelet``.
         self.on_pod_terminating: Callable[[Obj], None] | None = None
+        # What ``seed`` may store: the served types plus any the server keeps without serving them.
+        self.seed_resources: list[ResourceType] = resources
 
     # --- routing ---------------------------------------------------------------------------------
 
@@ -155,6 +157,8 @@ class KubeApi:
             return "", parts[1], parts[2:]
         if len(parts) >= 3 and parts[0] == "apis":
             return parts[1], parts[2], parts[3:]
+        if len(parts) == 2 and parts[0] == "apis":
+            return parts[1], "", []  # the group document /apis/<group>
         return None
 
     def target(self, group: str, version: str, parts: list[str]) -> Target:
@@ -844,7 +848,10 @@ class KubeApi:
 
     def seed(self, obj: Obj) -> Obj:
         """Store ``obj`` as given (no validation, no strategy); fills uid/creationTimestamp."""
-        rt = self.resource_for(obj.get("apiVersion") or "", obj.get("kind") or "")
+        rt = next(
+            (r for r in self.seed_resources if (r.api_version, r.kind) == (obj.get("apiVersion"), obj.get("kind"))),
+            None,
+        )
         if rt is None:
             raise ValueError(f"unknown apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')}")
         decoded, _ = decode(obj, self.schema.definition(rt.definition))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .resources import ResourceType
@@ -61,7 +62,19 @@ def resource_list(group_version: str, resources: list[ResourceType]) -> dict[str
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": entries}
 
 
+def version_priority(version: str) -> tuple[int, int, int]:
+    """``version.CompareKubeAwareVersionStrings`` order as a sort key: GA before beta before
+    alpha, higher numbers first (v1 > v1beta2 > v1beta1 > v1alpha3)."""
+    match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if match is None:
+        return (3, 0, 0)
+    major, stage, minor = match.groups()
+    rank = {None: 0, "beta": 1, "alpha": 2}[stage]
+    return (rank, -int(major), -int(minor or 0))
+
+
 def _group(name: str, versions: list[str]) -> dict[str, Any]:
+    versions = sorted(versions, key=version_priority)
     listed = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
     return {"name": name, "versions": listed, "preferredVersion": listed[0]}
 
@@ -75,7 +88,7 @@ def api_group_list(resources: list[ResourceType]) -> dict[str, Any]:
 
 
 def api_group(name: str, resources: list[ResourceType]) -> dict[str, Any] | None:
-    versions = sorted({rt.version for rt in resources if rt.group == name})
+    versions = sorted({rt.version for rt in resources if rt.group == name}, key=version_priority)
     if not versions:
         return None
     return {"kind": "APIGroup", "apiVersion": "v1", **_group(name, versions)}

@@ -22,13 +22,16 @@ from typing import Any, Literal
 
 from .api import KubeApi
 from .authz import Authorizer, PolicyRule
+from .dra import DraApis, dra_resources, resolve, storage_resources
 from .faults import FaultInjector
+from .gotime import format_time
 from .handler import HttpServer
 from .kubelet import Kubelet
 from .requestlog import RequestLog
 from .resources import ResourceType, default_resources
 from .schema import load_schema
 from .store import Store
+from .tainteviction import DeviceTaintController
 
 OutageMode = Literal["refuse", "drop"]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -46,7 +49,11 @@ class KubeApiServer:
     clusters does).  ``clock`` stamps ``creationTimestamp``/``deletionTimestamp`` and drives
     ``kubelet.auto_confirm``.  ``kubelet`` (:class:`~kubeapi.kubelet.Kubelet`) confirms the
     termination of gracefully deleted pods: ``confirm()`` now, ``auto_confirm(delay)`` in the
-    background (off by default).
+    background (off by default).  ``dra`` says which ``resource.k8s.io`` versions serve which
+    kinds: a release from ``kubeapi.dra.DRA_RELEASES`` (``"1.33"``, ``"1.35"``, ``"1.36"``,
+    ``"1.37"``, ``"off"``) or a mapping plural -> versions.  ``device_taints``
+    (:class:`~kubeapi.tainteviction.DeviceTaintController`) writes DeviceTaintRule status as the
+    device-taint eviction controller does: ``reconcile()`` now, ``auto(True)`` in the background.
     """
 
     def __init__(
@@ -60,6 +67,7 @@ class KubeApiServer:
         history_size: int = 1000,
         clock: Callable[[], datetime] = _utc_now,
         default_watch_timeout: float | None = None,
+        dra: str | DraApis = "1.37",
     ) -> None:
         self.token = token
         self.host = host
@@ -71,7 +79,13 @@ class KubeApiServer:
         self.outage_requests = RequestLog()  # requests that arrived during a "drop" outage (never answered)
         self.authorizer = Authorizer()
         self.schema = load_schema(release)
-        self.resources: list[ResourceType] = default_resources()
+
+        def now() -> str:
+            return format_time(clock())
+
+        self.dra_apis = resolve(dra)
+        self.resources: list[ResourceType] = default_resources() + dra_resources(self.dra_apis, now)
+        self._unserved = storage_resources(now)  # for put_object / get_object of DRA kinds, served or not
         self.api = KubeApi(
             self.store,
             self.schema,
@@ -81,8 +95,10 @@ class KubeApiServer:
             server_address=lambda: f"{self.host}:{self.port}",
             default_watch_timeout=default_watch_timeout,
         )
+        self.api.seed_resources = self.resources + self._unserved
         self.outage_mode: OutageMode | None = None
         self.kubelet = Kubelet(self.api, clock=clock, available=lambda: self.outage_mode is None)
+        self.device_taints = DeviceTaintController(self.api, clock=clock, available=lambda: self.outage_mode is None)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -109,6 +125,7 @@ class KubeApiServer:
         self._stopping.clear()
         self._listen()
         self.kubelet.start()
+        self.device_taints.start()
         return self
 
     def _listen(self) -> None:
@@ -132,6 +149,7 @@ class KubeApiServer:
     def stop(self) -> None:
         self._stopping.set()
         self.kubelet.stop()
+        self.device_taints.stop()
         self._close_listener()
         self.store.close_watchers()
         self._drop_connections()
@@ -213,7 +231,7 @@ class KubeApiServer:
         self.store.compact()
 
     def _resource(self, resource: str) -> ResourceType:
-        for rt in self.resources:
+        for rt in self.resources + self._unserved:
             if resource in (rt.plural, str(rt.group_resource), rt.kind, *rt.short_names):
                 return rt
         raise KeyError(f"unknown resource {resource!r}")
