@@ -41,6 +41,7 @@ from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.budget import BUDGET_ANNOTATION, BudgetSettings
 from agent.recovery.drain import DrainResult
 from agent.recovery.ec2 import Ec2Rebooter
+from agent.recovery.fence import REASON_ANNOTATION as FENCE_REASON_ANNOTATION
 from agent.recovery.flaps import FLAP_ANNOTATION, after_uncordon, flap_text
 from agent.recovery.holds import PAUSE_ANNOTATION, VETO_ANNOTATION
 from agent.recovery.ladder import HISTORY_ANNOTATION, Ladder
@@ -326,6 +327,7 @@ def rule_write(
 
 
 RULE = taint_rule()
+LONG_NODE = "ip-10-0-0-1." + "a" * 60 + ".compute.internal"  # a label value holds 63 characters
 OTHERS_RULE = taint_rule(node_name=OTHER)
 OUR_TAINT = {
     "key": TAINT_KEY,
@@ -924,6 +926,18 @@ CASES = [
     ),
     ("its rule moved to another pool", rule_write("UPDATE", taint_rule(pool=OTHER), RULE), False, "own pool"),
     ("its rule without a node claim", rule_write("CREATE", RULE, node_claim=None), False, "no node claim"),
+    (
+        "a node name over 63 characters (no label value can hold it: the fence hashes it)",
+        rule_write("CREATE", taint_rule(node_name=LONG_NODE, label="hashed-" + "a" * 50), node_claim=LONG_NODE),
+        True,
+        "",
+    ),
+    (
+        "a long node name still needs its own pool",
+        rule_write("CREATE", taint_rule(node_name=LONG_NODE, pool=OTHER, label="x"), node_claim=LONG_NODE),
+        False,
+        "own pool",
+    ),
     # -- tokens and users
     (
         "token without a node claim",
@@ -1232,6 +1246,7 @@ NOT_WRITTEN_ON_THE_NODE = {
     VETO_ANNOTATION: "the operator's, on the Node: the agent only reads it",
     BUDGET_ANNOTATION: "on the budget Lease (the policy's Lease rules)",
     PAUSE_ANNOTATION: "on the pause Lease, which only the CLI writes",
+    FENCE_REASON_ANNOTATION: "on the agent's DeviceTaintRules (agent/recovery/fence.py), never on the Node",
 }
 
 
