@@ -23,8 +23,10 @@ How each kind is printed (the forms the built-in rules carry):
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.core.types import Severity
 
@@ -133,3 +135,75 @@ class DeviceProblem:
             "since": self.since,
             "lastUpdate": self.last_update,
         }
+
+
+class BadDevice(ValueError):
+    """A device entry read back (the state directory) that is not one this agent writes: names the field."""
+
+
+_Choice = TypeVar("_Choice", bound=enum.StrEnum)
+MAX_TEXT = 256  # characters of a device's id, printed text, UUID or name read back (ours are far shorter)
+
+
+def device_problem_from_json(raw: object) -> DeviceProblem:
+    """The :class:`DeviceProblem` that :meth:`DeviceProblem.to_json` wrote. Hostile input: raises
+    :class:`BadDevice` (naming the field) for anything else, e.g. an id that is not the canonical name of
+    its kind (``gpu:3B:00`` for ``gpu:0000:3b:00.0``), a time that is not a finite number."""
+    if not isinstance(raw, dict):
+        raise BadDevice(f"not an object: {type(raw).__name__}")
+    kind = _choice(DeviceKind, raw, "kind")
+    ident = _text(raw, "id")
+    canonical = device_from(kind, ident) if ident else None
+    if canonical is None or canonical.id != ident:
+        raise BadDevice(f"id: {ident[:64]!r} is not the name of a {kind.value} device")
+    index = raw.get("index")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1 << 16):
+        raise BadDevice("index: must be a whole number from 0")
+    pci = _optional(raw, "pci")
+    if pci is not None and normalize_pci(pci) != pci:
+        raise BadDevice(f"pci: {pci[:64]!r} is not a PCI address")
+    present = raw.get("present", False)
+    if not isinstance(present, bool):
+        raise BadDevice("present: must be true or false")
+    severity = _choice(Severity, raw, "severity")
+    device = DeviceRef(
+        kind=kind,
+        id=ident,
+        printed=_text(raw, "printed"),
+        pci=pci,
+        index=index,
+        uuid=_optional(raw, "uuid"),
+        name=_optional(raw, "name"),
+        present=present,
+    )
+    reason = _text(raw, "reason")
+    if not reason:
+        raise BadDevice("reason: must be a non-empty string")
+    return DeviceProblem(
+        device=device, reason=reason, severity=severity, since=_time(raw, "since"), last_update=_time(raw, "lastUpdate")
+    )
+
+
+def _choice(kinds: type[_Choice], raw: dict[str, object], key: str) -> _Choice:
+    found = next((k for k in kinds if k.value == raw.get(key)), None)
+    if found is None:
+        raise BadDevice(f"{key}: must be one of {', '.join(k.value for k in kinds)}")
+    return found
+
+
+def _text(raw: dict[str, object], key: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise BadDevice(f"{key}: must be a string of at most {MAX_TEXT} characters")
+    return value
+
+
+def _optional(raw: dict[str, object], key: str) -> str | None:
+    return None if raw.get(key) is None else _text(raw, key)
+
+
+def _time(raw: dict[str, object], key: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise BadDevice(f"{key}: must be a time (seconds since the epoch)")
+    return float(value)

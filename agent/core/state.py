@@ -148,7 +148,8 @@ class NodeState:
         self._provenance = _provenance(self._specs)  # a new mapping: snapshots already published keep theirs
 
     def restore(self, conditions: Iterable[Condition]) -> list[Event]:
-        """Adopt the conditions our own state directory kept (with their severity and transition times).
+        """Adopt the conditions our own state directory kept (with their severity, transition times and
+        devices: a per-device problem comes back per device, its device clearable and healing alone).
 
         They are at least as fresh as the Node's copy, so a later :meth:`seed` leaves them alone, and
         the state counts as seeded: a restart needs no API server to stay consistent.
@@ -165,7 +166,8 @@ class NodeState:
         Keeps their status, reason, message and transition time, so a restart neither resets a
         problem to healthy nor moves ``lastTransitionTime``. Types that already changed since
         start, or were restored from the state directory, keep our fresher state. Returns events
-        only if the aggregate condition changes.
+        only if the aggregate condition changes. The Node's conditions name no devices (Kubernetes has no
+        per-device condition; the message text is not read back): a problem seeded from them is node-scoped.
         """
         if node_uid:
             self._node_uid = node_uid
@@ -180,6 +182,8 @@ class NodeState:
                 self._conditions[cond.type] = cond
                 if cond.status is Status.TRUE and not cond.devices:
                     self._node_scoped.add(cond.type)  # a problem read back names no device: the node's
+                if cond.status is Status.TRUE and cond.devices:  # restored: the message names them already
+                    self._base_message[cond.type] = _unnamed(cond.message, cond.devices)
                 if cond.status is Status.TRUE and cond.type in self._specs:
                     self._problems.pair(cond.type, cond.reason)
                 self._generation += 1
@@ -533,6 +537,12 @@ def _named(message: str, devices: tuple[DeviceProblem, ...]) -> str:
     names = [d.device.describe() for d in devices[:MAX_NAMED]]
     more = f" and {len(devices) - MAX_NAMED} more" if len(devices) > MAX_NAMED else ""
     return f"{message} [devices: {'; '.join(names)}{more}]"
+
+
+def _unnamed(message: str, devices: tuple[DeviceProblem, ...]) -> str:
+    """``message`` without the devices :func:`_named` added (unchanged where it does not end so)."""
+    suffix = _named("", devices)
+    return message[: -len(suffix)] if suffix and message.endswith(suffix) else message
 
 
 def _replace(cond: Condition, **changes: object) -> Condition:

@@ -1,11 +1,11 @@
 """The state directory: atomic writes, our conditions kept across restarts, and what went wrong.
 
 What lives there: ``kmsg-cursor.json`` (the replay cursor), ``clears.json`` (the operator's clears and
-their boundaries), ``conditions.json`` (our conditions
-with status, reason, severity and transition times, so a restart needs no API server to stay
-consistent) and ``events-outbox.json`` (Events not yet delivered). A state directory that cannot
-be written is not a liveness failure (a restart would not fix it): it is reported in ``/healthz``
-details and the ``node_health_agent_state_dir_ok`` metric, and the agent goes on in memory.
+their boundaries), ``conditions.json`` (our conditions with status, reason, severity, transition times
+and the devices whose problems hold them, so a restart needs no API server to stay consistent and a
+per-device problem keeps its device) and ``events-outbox.json`` (Events not yet delivered). A state
+directory that cannot be written is not a liveness failure (a restart would not fix it): it is reported
+in ``/healthz`` details and the ``node_health_agent_state_dir_ok`` metric, and the agent goes on in memory.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 
 from agent.core.bounds import bounded_reason
 from agent.core.clears import MAX_BLOB, BadClear, ClearRecord, parse_records, records_text
+from agent.core.devices import BadDevice, DeviceProblem, device_problem_from_json
+from agent.core.state import MAX_DEVICES
 from agent.core.types import Condition, Severity, Status
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ def condition_to_json(cond: Condition) -> dict[str, object]:
         "lastUpdate": cond.last_update,
         "severity": cond.severity.value,
         "fields": {k: v for k, v in cond.fields.items() if isinstance(v, str | int | float | bool)},
+        "devices": [d.to_json() for d in cond.devices],  # an older agent ignores the key (no new format)
     }
 
 
@@ -143,7 +146,35 @@ def condition_from_json(raw: object) -> Condition:
         last_update=float(raw["lastUpdate"]),
         severity=Severity(raw.get("severity", Severity.ERROR.value)),
         fields=dict(raw.get("fields") or {}),
+        devices=_devices(raw["type"], raw.get("devices")) if raw["status"] == Status.TRUE.value else (),
     )
+
+
+def _devices(condition: str, raw: object) -> tuple[DeviceProblem, ...]:
+    """The devices whose problems hold ``condition`` (a file of an older agent has none: node-scoped, as it
+    was). An entry that is not one we wrote is dropped and logged: the condition itself is kept (held by
+    the devices left, or by the node when none is left), never the whole file lost for one entry."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        log.warning("state directory: condition %s: devices is not a list: restored without its devices", condition)
+        return ()
+    kept: dict[str, DeviceProblem] = {}
+    for i, entry in enumerate(raw[:MAX_DEVICES]):
+        try:
+            problem = device_problem_from_json(entry)
+        except BadDevice as exc:
+            log.warning("state directory: condition %s: device entry %d dropped (%s)", condition, i, exc)
+            continue
+        kept.setdefault(problem.device.key, problem)  # a key twice: the first kept, as the state has it
+    if len(raw) > MAX_DEVICES:
+        log.warning(
+            "state directory: condition %s: %d device entries over %d dropped",
+            condition,
+            len(raw) - MAX_DEVICES,
+            MAX_DEVICES,
+        )
+    return tuple(kept.values())
 
 
 class ConditionStore:

@@ -39,7 +39,8 @@ Pauses (``paused``)
     **Fleet cost.** An agent with an open incident reads the Lease every ``poll`` seconds (5 s,
     jittered ±20 %, backing off up to a minute while the read fails: :meth:`HoldGate.poll`); an idle
     agent every ``idle_poll`` (5 min: it has nothing a pause could stop, and every 5 s on every node
-    would be 400 GETs a second for 2,000 nodes), which keeps ``node_health_agent_recovery_paused``
+    would be 400 GETs a second for 2,000 nodes; a failed read is retried at that interval too, never
+    sooner), which keeps ``node_health_agent_recovery_paused``
     current for dashboards and alerts. Every agent reads it again, fresh, when it is about to act (a
     step whose decision has actions, before it asks the budget; that read counts as the interval's)
     and every ``recheck`` seconds while a drain runs: a pause holds the next action on every agent
@@ -592,8 +593,25 @@ class HoldGate:
             self._read(self._node, incident, cached=True)
         except Exception as exc:  # API trouble: told in the log and counted, retried with backoff
             self.stats.pause_read_failures += 1
-            self._poll_at = self._monotonic() + self._poll.next_delay()
-            log.warning("recovery: cannot read the pause Lease %s (retrying): %s", self._store.where, exc)
+            self._schedule(failed=True)  # stats.paused stays as last read: a pause read before holds
+            log.warning(
+                "recovery: cannot read the pause Lease %s (retrying in %.0f s): %s",
+                self._store.where,
+                self.due_in(),
+                exc,
+            )
+
+    def _schedule(self, *, failed: bool) -> None:
+        """The next polls after a read. With an incident open: ``poll`` seconds after a good read; after a
+        failed one the delay doubles (jittered) up to ``POLL_MAX``, back to ``poll`` on the next good read.
+        Idle: ``idle_poll`` seconds after any read, good or failed: an API outage never makes an idle agent
+        read sooner than it does when all is well (retrying every 5-60 s, 2,000 idle agents would make a
+        failing API server answer 60 times the reads of a healthy one)."""
+        if not failed:
+            self._poll.reset()
+        now = self._monotonic()
+        self._poll_at = now + self._poll.next_delay()
+        self._idle_at = now + self._idle_poll.next_delay()
 
     def halt(
         self, stop: threading.Event, *, publication: Callable[[], Publication], incident: Incident | None
@@ -638,10 +656,7 @@ class HoldGate:
         assert self._store is not None
         self.stats.pause_reads += 1
         pauses = self._store.read(cached=cached)
-        self._poll.reset()
-        now = self._monotonic()
-        self._poll_at = now + self._poll.next_delay()
-        self._idle_at = now + self._idle_poll.next_delay()
+        self._schedule(failed=False)
         if pauses.problem and pauses.problem != self._told:
             log.error("recovery: %s", pauses.problem)
         self._told = pauses.problem

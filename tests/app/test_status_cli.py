@@ -105,7 +105,7 @@ def test_the_table_and_the_budget_holders(api, tmp_path, capsys):
     )
     code, out, _ = run_status(api, tmp_path, capsys, "--cluster-name", "prod")
     assert code == 0
-    assert "2 of 3 nodes with problems or a recovery incident" in out
+    assert "2 of 3 nodes with problems, a recovery incident or a recent clear" in out
     assert "done: cordon, mark-unhealthy" in out
     assert "would: cordon, drain, reboot" in out
     assert "places held: 1" in out and "a: a since" in out

@@ -3,7 +3,10 @@
 For every Node with one of our problem conditions True, or with a recovery incident recorded on it:
 the condition and reason, since when, and what recovery did (the incident annotation: actions done,
 whether we cordoned it) or, where no incident is recorded, what it would do under the policy (the same
-pure decision the agents take, in report-only form). Then the cluster budget: the Lease, the places
+pure decision the agents take, in report-only form); under it, the per-device recovery work (the
+incident's ``fences``: fence, rule, holder pods, pods evicted) and the operator's clears the node's agent
+handled (who, why, when, which device, applied or refused; a healthy node cleared in the last day gets a
+row too): :mod:`agent.app.commands.devicestatus`. Then the cluster budget: the Lease, the places
 held and by whom, the limit and the disruptive steps in the current window.
 
 Every pause in force, from every pause Lease an agent reads (the agent pods in the namespace say
@@ -27,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.app.commands.devicestatus import device_lines, device_view
 from agent.app.commands.terminal import printable
 from agent.app.exitcodes import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK
 
@@ -124,7 +128,9 @@ def node_row(node: Mapping[str, Any], *, policy: Any, now: float) -> dict[str, A
     incident = read_incident(node)
     conditions = _conditions(node, types=types, now=now)
     problems = [c for c in conditions if c.status is Status.TRUE]
-    if not problems and incident is None:
+    devices = device_view(node, now=now)
+    show = devices.pop("show")
+    if not problems and incident is None and not show:
         return None
     row: dict[str, Any] = {
         "node": view.name,
@@ -138,6 +144,7 @@ def node_row(node: Mapping[str, Any], *, policy: Any, now: float) -> dict[str, A
             }
             for c in problems
         ],
+        **devices,
     }
     if incident is not None:
         row["recovery"] = {
@@ -359,7 +366,7 @@ def _ago(seconds: float | None, now: float) -> str:
 def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None) -> None:
     now = time.time() if now is None else now
     rows = view["nodes"]
-    _say(out, f"{len(rows)} of {view['nodesListed']} nodes with problems or a recovery incident")
+    _say(out, f"{len(rows)} of {view['nodesListed']} nodes with problems, a recovery incident or a recent clear")
     if rows:
         table: list[tuple[str, ...]] = [("NODE", "CONDITION", "REASON", "SINCE", "RECOVERY")]
         for row in rows:
@@ -369,8 +376,13 @@ def print_view(view: Mapping[str, Any], *, out: TextIO, now: float | None = None
             for i, problem in enumerate(problems):
                 cells = (row["node"], problem["condition"], problem["reason"], _ago(problem["since"], now))
                 table.append((*(printable(c) for c in cells), printable(what) if i == 0 else ""))
-        widths = [max(len(r[i]) for r in table) for i in range(4)]
+            # Under the node's rows: its devices' recovery work and the operator's clears.
+            table.extend(("  " + printable(line),) for line in device_lines(row, ago=lambda t: _ago(t, now)))
+        widths = [max(len(r[i]) for r in table if len(r) > 1) for i in range(4)]
         for r in table:
+            if len(r) == 1:
+                print(r[0], file=out)
+                continue
             print(("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]).rstrip(), file=out)
     _print_pauses(view.get("pauses"), out=out, now=now)
     budget = view["budget"]

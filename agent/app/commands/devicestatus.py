@@ -1,0 +1,167 @@
+"""What ``status`` shows of a node's devices and clears: the operator's clears its agent handled and the
+per-device recovery work of its incident.
+
+- Clears: the Node annotation :data:`~agent.core.clears.CLEARS_ANNOTATION` (written by
+  :mod:`agent.sinks.clearack`): who cleared which condition (of which device), why, when, and whether the
+  agent applied or refused it. The newest :data:`SHOWN_CLEARS` are shown; a node with nothing else to
+  show gets a row for a clear of the last :data:`RECENT_CLEAR` seconds (the operator checking their clear).
+- Device work: the incident annotation's ``"fences"`` key, a list of ``{"device": "<kind:id>", "fence":
+  "<fence outcome or ''>", "rule": "<DeviceTaintRule>", "holders": ["ns/name"], "evicted": ["ns/name"]}``
+  (absent: none).
+
+Both annotations are hostile input: one that cannot be read is shown as unreadable (with why) and the
+rest of the node still shown; an entry that cannot be read is shown as such, the others kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+SHOWN_CLEARS = 3  # the newest clears a node's row lists
+RECENT_CLEAR = 86400.0  # seconds: a clear this recent gives a healthy node a row of its own
+MAX_FENCES = 64  # device entries shown (a node has at most a few dozen devices)
+MAX_PODS = 8  # pods named per list (the rest: "and N more")
+MAX_TEXT = 256  # characters of a text field read from a fence entry
+MAX_ANNOTATION = 256 * 1024  # characters of an annotation read (the API server's limit for all of them)
+
+
+def device_view(node: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The node's ``clears`` (newest last) and device ``fences``, each with a ``...Unreadable`` reason where
+    the annotation cannot be read; ``show``: whether this alone gives the node a row (a recent clear, an
+    unreadable annotation)."""
+    annotations = _annotations(node)
+    view: dict[str, Any] = {}
+    clears, problem = read_clears(annotations)
+    if problem:
+        view["clearsUnreadable"] = problem
+    if clears:
+        view["clears"] = clears[-SHOWN_CLEARS:]
+    fences, problem = read_fences(annotations)
+    if problem:
+        view["fencesUnreadable"] = problem
+    if fences:
+        view["fences"] = fences
+    unreadable = "clearsUnreadable" in view or "fencesUnreadable" in view
+    view["show"] = unreadable or any(now - c["at"] < RECENT_CLEAR for c in clears)
+    return view
+
+
+def read_clears(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The clear records on the Node as plain data, and why they cannot be read ("" when they can)."""
+    from agent.core.clears import CLEARS_ANNOTATION, BadClear, parse_records
+
+    text = annotations.get(CLEARS_ANNOTATION)
+    if text is None:
+        return [], ""
+    try:
+        records = parse_records(text)
+    except BadClear as exc:
+        return [], str(exc)[:200]
+    return [
+        {
+            "condition": r.request.condition,
+            "device": r.request.device,
+            "by": r.request.by,
+            "reason": r.request.reason,
+            "at": r.applied_at,
+            "outcome": r.outcome,
+            "detail": r.detail,
+        }
+        for r in records
+    ], ""
+
+
+def read_fences(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The incident's device entries (``"fences"``; an entry that cannot be read is ``{"unreadable": why}``),
+    and why the incident annotation cannot be read at all ("" when it can, or is absent)."""
+    from agent.recovery.model import INCIDENT_ANNOTATION
+
+    text = annotations.get(INCIDENT_ANNOTATION)
+    if text is None:
+        return [], ""
+    if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
+        return [], "the incident annotation is not JSON text of a sane size"
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return [], f"the incident annotation is not JSON: {str(exc)[:80]}"
+    if not isinstance(data, dict):
+        return [], "the incident annotation is not a JSON object"
+    raw = data.get("fences")
+    if raw is None:
+        return [], ""
+    if not isinstance(raw, list):
+        return [], "fences: must be a list"
+    return [_fence(i, entry) for i, entry in enumerate(raw[:MAX_FENCES])], ""
+
+
+def _fence(i: int, entry: object) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        return {"unreadable": f"fences[{i}]: must be an object"}
+    try:
+        return {
+            "device": _text(entry, "device", required=True),
+            "fence": _text(entry, "fence"),
+            "rule": _text(entry, "rule"),
+            "holders": _pods(entry, "holders"),
+            "evicted": _pods(entry, "evicted"),
+        }
+    except ValueError as exc:
+        return {"unreadable": f"fences[{i}].{exc}"}
+
+
+def _text(entry: Mapping[str, Any], key: str, *, required: bool = False) -> str:
+    value = entry.get(key, None if required else "")
+    if not isinstance(value, str) or len(value) > MAX_TEXT or (required and not value):
+        raise ValueError(f"{key}: must be a{' non-empty' if required else ''} string of at most {MAX_TEXT} characters")
+    return value
+
+
+def _pods(entry: Mapping[str, Any], key: str) -> list[str]:
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(p, str) and len(p) <= MAX_TEXT for p in value):
+        raise ValueError(f"{key}: must be a list of pods (namespace/name)")
+    return value
+
+
+def _annotations(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = node.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def device_lines(row: Mapping[str, Any], *, ago: Any) -> list[str]:
+    """The lines under a node's rows in the table: one per device entry, then one per clear shown.
+    ``ago``: seconds since the epoch -> "3h" (the table's own)."""
+    lines = []
+    if row.get("fencesUnreadable"):
+        lines.append(f"devices: unreadable ({row['fencesUnreadable']})")
+    for fence in row.get("fences") or ():
+        lines.append(_fence_line(fence))
+    if row.get("clearsUnreadable"):
+        lines.append(f"clears: unreadable ({row['clearsUnreadable']})")
+    for clear in row.get("clears") or ():
+        what = clear["condition"] + (f" of device {clear['device']}" if clear["device"] else "")
+        detail = f": {clear['detail']}" if clear["detail"] else ""
+        lines.append(
+            f"cleared {what} by {clear['by']} {ago(clear['at'])} ago ({clear['reason']}): {clear['outcome']}{detail}"
+        )
+    return lines
+
+
+def _fence_line(fence: Mapping[str, Any]) -> str:
+    if "unreadable" in fence:
+        return f"device: unreadable ({fence['unreadable']})"
+    parts = [f"fence {fence['fence'] or 'none'}" + (f" (rule {fence['rule']})" if fence["rule"] else "")]
+    parts.append(f"holders {_names(fence['holders'])}")
+    parts.append(f"evicted {_names(fence['evicted'])}")
+    return f"device {fence['device']}: " + "; ".join(parts)
+
+
+def _names(pods: list[str]) -> str:
+    if not pods:
+        return "none"
+    more = f" and {len(pods) - MAX_PODS} more" if len(pods) > MAX_PODS else ""
+    return ", ".join(pods[:MAX_PODS]) + more
