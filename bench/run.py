@@ -1542,7 +1542,25 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "fleet": bench_fleet,
     "npd": bench_npd,
     "scrapes": bench_scrapes,
+    "device": bench_device,
 }
+
+
+def bench_device() -> list[Figure]:
+    """One GPU's fault costs one GPU: bench/device.py (a real agent, the test API server's DRA node and the
+    test pod-resources server)."""
+    from bench.device import measure
+
+    got = measure()
+    targets = {
+        "device.detect_to_holder_event_s": ("<= 2", "s"),
+        "device.detect_to_fence_s": ("<= 2", "s"),
+        "device.other_pod_evictions": ("<= 0", ""),
+        "device.holder_evictions": (">= 1", ""),
+        "device.refire_after_clear": ("<= 0", ""),
+        "device.rss_mib_acting": ("<= 80", "MiB"),
+    }
+    return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
