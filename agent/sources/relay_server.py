@@ -7,6 +7,9 @@ the records over a UNIX socket in a shared emptyDir; the unprivileged agent read
 :class:`agent.sources.relay_client.RelayClient` (``--kmsg-relay SOCKET``).
 
 The wire protocol (hello, record and heartbeat frames) is in :mod:`agent.sources.relay_protocol`.
+The same container can also forward the kubelet's pod-resources socket to the agent
+(``--forward-pod-resources``): :mod:`agent.sources.socketforward`, with the same access rules
+(:mod:`agent.sources.unixsocket`).
 
 Access: the ring buffer may hold what ``dmesg_restrict`` hides from unprivileged users, so only
 the agent may read it. The socket file is mode 0600 owned by ``client_uid`` (0660 with group

@@ -192,7 +192,7 @@ def test_the_target_absent_closes_the_client_at_once_and_says_so_once(sock_dir: 
         client = PodResourcesClient(str(running.path), timeout_s=WAIT)
         for _ in range(3):
             assert failure(client) is Failure.UNAVAILABLE
-        assert running.stats.unreachable >= 3 and running.stats.accepted == 0
+        assert running.stats.unreachable >= 1 and running.stats.accepted == 0  # grpc may fail fast in its backoff
         lines = [r.getMessage() for r in caplog.records if "cannot connect to" in r.getMessage()]
         assert len(lines) == 1, lines  # rate-limited
         assert str(running.target) in lines[0] and "mounted into this container" in lines[0]
@@ -231,8 +231,10 @@ def test_a_client_hanging_up_mid_call_ends_its_connection(forwarding: Running) -
         assert failure(PodResourcesClient(str(forwarding.path), timeout_s=0.5)) is Failure.DEADLINE
         assert server.calls == ["ListPodResourcesRequest"]  # the call reached the kubelet and hung there
         idle(forwarding)  # the client closed its channel: the forwarder let go of both sides
+        accepted = forwarding.stats.accepted
         with raw_connect(forwarding.path) as conn:  # a client gone halfway through the HTTP/2 preface
             conn.sendall(b"PRI * HTTP/2.0\r\n")
+        wait_for(lambda: forwarding.stats.accepted == accepted + 1, what="the connection to be forwarded")
         idle(forwarding)
     assert forward_threads() == []
 
@@ -245,24 +247,31 @@ class Target:
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(os.fspath(path))
         self._server.listen(4)
+        self._server.settimeout(0.02)
+        self._closing = threading.Event()
         self._behaviour = behaviour
         self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._serve, name="test-target", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self._server.accept()
-        self._conns.append(conn)
-        if self._behaviour == "echo_count":
-            total = 0
-            while chunk := conn.recv(65536):
-                total += len(chunk)
-            conn.sendall(b"got %d" % total)
-            conn.close()
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self._conns.append(conn)
+            if self._behaviour == "echo_count":
+                total = 0
+                while chunk := conn.recv(65536):
+                    total += len(chunk)
+                conn.sendall(b"got %d" % total)
+                conn.close()
 
     def close(self) -> None:
-        self._server.close()
+        self._closing.set()
         self._thread.join(timeout=WAIT)
+        self._server.close()
         for conn in self._conns:
             conn.close()
 
@@ -309,13 +318,13 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(sock_dir: Path) -> 
 def test_stop_closes_every_connection_and_leaves_no_thread(sock_dir: Path) -> None:
     running = Running(sock_dir)
     target = Target(running.target, "silent")
-    conns = [raw_connect(running.path) for _ in range(1)]
+    conns = [raw_connect(running.path) for _ in range(2)]
     try:
-        wait_for(lambda: running.forwarder.open_connections() == 1, what="the connection to be forwarded")
-        assert forward_threads() == ["pod-resources-forward-1"]
+        wait_for(lambda: running.forwarder.open_connections() == 2, what="both connections to be forwarded")
+        assert sorted(forward_threads()) == ["pod-resources-forward-1", "pod-resources-forward-2"]
         assert running.stop() == 0
         assert forward_threads() == [] and not running.path.exists()
-        assert [read_all(c) for c in conns] == [b""]
+        assert [read_all(c) for c in conns] == [b"", b""]  # both closed by the forwarder
     finally:
         for conn in conns:
             conn.close()
