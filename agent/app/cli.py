@@ -28,6 +28,7 @@ from agent.app.flags import CHECK_FLAGS, LOG_LEVEL, RULE_FLAGS, add_flag, add_fl
 from agent.app.flagvalues import DEFAULT_KMSG, DEFAULT_STATE_DIR
 from agent.app.settings import Settings
 from agent.core.errors import ConfigError
+from agent.sources.socketforward import DEFAULT_SOCKET as DEFAULT_FORWARD_SOCKET
 
 log = logging.getLogger("agent")
 
@@ -61,6 +62,20 @@ def _add_relay_parser(sub: argparse._SubParsersAction, common: argparse.Argument
         default=None,
         metavar="GID",
         help="also let this group connect: the socket becomes mode 0660 with this group (default: none)",
+    )
+    relay.add_argument(
+        "--forward-pod-resources",
+        default=None,
+        metavar="TARGET",
+        help="also forward the kubelet's pod-resources API: connections to --pod-resources-socket are copied "
+        "byte for byte to the UNIX socket TARGET (e.g. /var/lib/kubelet/pod-resources/kubelet.sock), for the same "
+        "peers as the kmsg socket (default: off)",
+    )
+    relay.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_FORWARD_SOCKET,
+        metavar="PATH",
+        help=f"where --forward-pod-resources listens (default {DEFAULT_FORWARD_SOCKET})",
     )
 
 
@@ -166,19 +181,38 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return clear(args)
         if args.command == "kmsg-relay":
-            from agent.sources.relay_server import run_relay
-
-            return run_relay(
-                socket_path=Path(args.socket),
-                kmsg_path=Path(args.kmsg_path),
-                stop=_stop_on_signals(),
-                client_uid=args.client_uid,
-                client_gid=args.client_gid,
-            )
+            return _kmsg_relay(args)
         return run_command.run(args)
     except ConfigError as exc:
         _print_config_error(exc, sys.stderr)
         return EXIT_CONFIG
+
+
+def _kmsg_relay(args: argparse.Namespace) -> int:
+    """The relay, and beside it (when asked) the pod-resources forwarder, which stops with it and never stops it."""
+    from agent.sources import relay_server, socketforward
+    from agent.sources.unixsocket import AccessPolicy
+
+    stop = _stop_on_signals()
+    forwarder = None
+    if args.forward_pod_resources:
+        policy = AccessPolicy(uid=os.geteuid() if args.client_uid is None else args.client_uid, gid=args.client_gid)
+        forward = socketforward.Forward(
+            socket_path=Path(args.pod_resources_socket), target=Path(args.forward_pod_resources), policy=policy
+        )
+        forwarder = socketforward.start_forwarder(forward, stop=stop)
+    try:
+        return relay_server.run_relay(
+            socket_path=Path(args.socket),
+            kmsg_path=Path(args.kmsg_path),
+            stop=stop,
+            client_uid=args.client_uid,
+            client_gid=args.client_gid,
+        )
+    finally:
+        if forwarder is not None:
+            stop.set()  # the relay ended (stopped, or could not start): the forwarder ends with it
+            forwarder.join()
 
 
 def kubectl_plugin() -> int:

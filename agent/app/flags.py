@@ -536,8 +536,10 @@ RECOVERY_FLAGS = (
         default=DEFAULT_POD_RESOURCES_SOCKET,
         metavar="PATH",
         group=RECOVERY,
-        help="the kubelet's pod-resources socket, as mounted in the pod (env POD_RESOURCES_SOCKET)",
-        doc="the kubelet's pod-resources socket, as mounted in the pod (read-only); used with `--device-holders`",
+        help="the kubelet's pod-resources socket, or the kmsg relay's forward of it (env POD_RESOURCES_SOCKET)",
+        doc="the kubelet's pod-resources socket, or the `kmsg-relay` container's forward of it (the DaemonSet: "
+        "`/run/node-health-agent/pod-resources.sock`, "
+        "[docs/devices.md](devices.md#where-the-agent-reaches-the-socket)); used with `--device-holders`",
     ),
 )
 

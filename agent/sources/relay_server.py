@@ -7,6 +7,9 @@ the records over a UNIX socket in a shared emptyDir; the unprivileged agent read
 :class:`agent.sources.relay_client.RelayClient` (``--kmsg-relay SOCKET``).
 
 The wire protocol (hello, record and heartbeat frames) is in :mod:`agent.sources.relay_protocol`.
+The same container can also forward the kubelet's pod-resources socket to the agent
+(``--forward-pod-resources``): :mod:`agent.sources.socketforward`, with the same access rules
+(:mod:`agent.sources.unixsocket`).
 
 Access: the ring buffer may hold what ``dmesg_restrict`` hides from unprivileged users, so only
 the agent may read it. The socket file is mode 0600 owned by ``client_uid`` (0660 with group
@@ -38,72 +41,33 @@ import os
 import queue
 import select
 import socket
-import stat
-import struct
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.sources.kmsg.reader import KmsgReader
 from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_protocol import HEADER, MAX_FRAME, current_hello, encode_frame
+from agent.sources.unixsocket import (
+    REFUSAL_LOG_INTERVAL,
+    AccessPolicy,
+    PeerCredentials,
+    RefusalLog,
+    SetupError,
+    listen_unix,
+    peer_of,
+    remove_if_ours,
+)
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_POLLS = 2  # default heartbeat interval, in poll intervals
-SOCKET_MODE = 0o600  # client_uid (the owner) only
-GROUP_SOCKET_MODE = 0o660  # client_uid and client_gid
-REFUSAL_LOG_INTERVAL = 60.0  # at most one "refused a connection" warning per this many seconds
 _QUEUE_SIZE = 256  # records between a session's reader thread and its sender
 _SEND_BYTES = 64 * 1024  # one send() carries queued records up to about this many bytes
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 # --------------------------------------------------------------------------------------------------
-# Access control
-
-
-@dataclass(frozen=True, slots=True)
-class PeerCredentials:
-    """Who is at the other end of a UNIX socket connection, as the kernel recorded it at connect()."""
-
-    pid: int
-    uid: int
-    gid: int
-
-    @classmethod
-    def of(cls, conn: socket.socket) -> PeerCredentials:
-        """The peer's ``SO_PEERCRED``; raises ``OSError`` when the kernel does not say."""
-        pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-        return cls(pid=pid, uid=uid, gid=gid)
-
-
-@dataclass(frozen=True, slots=True)
-class AccessPolicy:
-    """Who may read the relay: root, ``uid``, and (when set) processes whose group is ``gid``.
-
-    The socket file's owner, group and mode say the same, so the file permissions and the peer
-    check agree (except that the file check also honours supplementary groups; this one does not).
-    """
-
-    uid: int
-    gid: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.uid < 0 or (self.gid is not None and self.gid < 0):
-            raise ValueError(f"client uid/gid must not be negative: uid {self.uid}, gid {self.gid}")
-
-    @property
-    def mode(self) -> int:
-        return SOCKET_MODE if self.gid is None else GROUP_SOCKET_MODE
-
-    def allows(self, peer: PeerCredentials) -> bool:
-        return peer.uid in (0, self.uid) or (self.gid is not None and peer.gid == self.gid)
-
-    def describe(self) -> str:
-        return f"uid {self.uid}" + (f" or gid {self.gid}" if self.gid is not None else "") + " or root"
+# Access control: agent.sources.unixsocket (shared with the pod-resources forwarder)
 
 
 class RelayStats:
@@ -117,99 +81,12 @@ class RelayStats:
         self.busy = 0  # allowed connections closed at once: another session is live
 
 
-class _RefusalLog:
-    """Log refused peers: the first at once, then at most one line per ``interval`` with a count."""
-
-    def __init__(self, *, policy: AccessPolicy, interval: float, clock: Callable[[], float], because: str = "") -> None:
-        self._policy = policy
-        self._because = because or f"only {policy.describe()} may connect"
-        self._interval = interval
-        self._clock = clock
-        self._next = float("-inf")
-        self._suppressed = 0
-
-    def note(self, peer: PeerCredentials | None, *, why: str = "") -> None:
-        now = self._clock()
-        if now < self._next:
-            self._suppressed += 1
-            return
-        who = f"pid {peer.pid} (uid {peer.uid}, gid {peer.gid})" if peer is not None else f"an unknown peer ({why})"
-        more = f"; {self._suppressed} more refused since the last message" if self._suppressed else ""
-        log.warning("kmsg relay: refused a connection from %s: %s%s", who, self._because, more)
-        self._suppressed = 0
-        self._next = now + self._interval
-
-
 # --------------------------------------------------------------------------------------------------
 # Relay
 
 
-class _SetupError(Exception):
-    pass
-
-
 class _ClientGone(Exception):
     pass
-
-
-def _listen(socket_path: Path, policy: AccessPolicy) -> tuple[socket.socket, int]:
-    """Create the directory, remove a stale socket, bind, set owner and mode, listen; raises _SetupError.
-
-    Nobody can connect before ``listen()``, so the file is never open to others. Returns the
-    listening socket and the inode of its file (to remove only our own file on exit).
-    """
-    try:
-        socket_path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _SetupError(f"cannot create the socket directory {socket_path.parent}: {exc}") from exc
-    try:
-        mode = socket_path.lstat().st_mode
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise _SetupError(f"cannot inspect {socket_path}: {exc}") from exc
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise _SetupError(f"{socket_path} exists and is not a socket; refusing to replace it")
-        try:
-            socket_path.unlink()
-        except OSError as exc:
-            raise _SetupError(f"cannot remove the stale socket {socket_path}: {exc}") from exc
-        log.info("kmsg relay: removed a stale socket %s", socket_path)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = os.fspath(socket_path)
-    try:
-        server.bind(path)
-        inode = os.lstat(path).st_ino
-    except OSError as exc:
-        server.close()
-        raise _SetupError(f"cannot listen on the UNIX socket {socket_path}: {exc}") from exc
-    try:
-        # follow_symlinks=False and the inode check: never chown or chmod something swapped in meanwhile.
-        os.chown(path, policy.uid, -1 if policy.gid is None else policy.gid, follow_symlinks=False)
-        st = os.lstat(path)
-        if st.st_ino != inode or not stat.S_ISSOCK(st.st_mode):
-            raise OSError(errno.EEXIST, "the socket file was replaced during setup")
-        os.chmod(path, policy.mode)
-    except OSError as exc:
-        server.close()
-        _remove_if_ours(socket_path, inode)
-        raise _SetupError(f"cannot hand the socket {socket_path} to {policy.describe()}: {exc}") from exc
-    try:
-        server.listen(16)
-    except OSError as exc:
-        server.close()
-        _remove_if_ours(socket_path, inode)
-        raise _SetupError(f"cannot listen on the UNIX socket {socket_path}: {exc}") from exc
-    return server, inode
-
-
-def _remove_if_ours(socket_path: Path, inode: int) -> None:
-    try:
-        if os.lstat(socket_path).st_ino == inode:
-            socket_path.unlink()
-    except OSError:
-        pass
 
 
 def _check_source(kmsg_path: Path) -> str | None:
@@ -419,7 +296,7 @@ def run_relay(
         )
     finally:
         server.close()
-        _remove_if_ours(socket_path, inode)
+        remove_if_ours(socket_path, inode)
     log.info(
         "kmsg relay: stopped (%d connections served, %d refused, %d refused while a session was live)",
         stats.accepted,
@@ -436,8 +313,8 @@ def _open(kmsg_path: Path, socket_path: Path, policy: AccessPolicy) -> tuple[soc
         log.error("kmsg relay: %s", problem)
         return None
     try:
-        return _listen(socket_path, policy)
-    except _SetupError as exc:
+        return listen_unix(socket_path, policy)
+    except SetupError as exc:
         log.error("kmsg relay: %s", exc)
         return None
 
@@ -498,21 +375,18 @@ class _Gate:
     def __init__(self, *, policy: AccessPolicy, stats: RelayStats) -> None:
         self._policy = policy
         self._stats = stats
-        self._refusals = _RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic)
-        self._busy = _RefusalLog(
+        self._refusals = RefusalLog(policy=policy, interval=REFUSAL_LOG_INTERVAL, clock=time.monotonic, logger=log)
+        self._busy = RefusalLog(
             policy=policy,
             interval=REFUSAL_LOG_INTERVAL,
             clock=time.monotonic,
             because="the agent's session is live and is never taken over",
+            logger=log,
         )
 
     def admit(self, conn: socket.socket, session: _Session | None) -> PeerCredentials | None:
         """The peer of ``conn`` when it may have the session; otherwise counts, closes ``conn``, logs, and None."""
-        try:
-            peer: PeerCredentials | None = PeerCredentials.of(conn)
-            why = ""
-        except OSError as exc:
-            peer, why = None, f"SO_PEERCRED failed: {exc}"
+        peer, why = peer_of(conn)
         if peer is None or not self._policy.allows(peer):
             self._stats.refused += 1  # counted before the close, so whoever sees it closed sees it counted
             conn.close()  # before anything else: the current session goes on undisturbed

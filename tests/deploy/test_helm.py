@@ -260,6 +260,7 @@ def test_extra_volumes_reach_the_agent_only() -> None:
 
 
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+SOCKET_KMSG = "/run/node-health-agent/kmsg.sock"
 
 
 def pod_resources_mounts(ds: Obj) -> dict[str, list[Obj]]:
@@ -271,24 +272,44 @@ def pod_resources_mounts(ds: Obj) -> dict[str, list[Obj]]:
     }
 
 
+FORWARD_ARGS = [
+    "--forward-pod-resources",
+    f"{POD_RESOURCES}/kubelet.sock",
+    "--pod-resources-socket",
+    "/run/node-health-agent/pod-resources.sock",
+]
+
+
+def containers(ds: Obj) -> dict[str, Obj]:
+    return {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+
+
 @pytest.mark.parametrize(("sets", "on"), [((), False), (("deviceHolders.enabled=true",), True)], ids=["off", "on"])
 def test_the_pod_resources_socket_is_mounted_only_where_device_holders_are_on(sets: tuple[str, ...], on: bool) -> None:
-    """deviceHolders.enabled (default off) mounts the kubelet's pod-resources folder read-only into the agent
-    container alone (hostPath, type Directory, the same path) and sets DEVICE_HOLDERS=true there."""
+    """deviceHolders.enabled (default off) mounts the kubelet's pod-resources folder read-only into the kmsg-relay
+    container alone (hostPath, type Directory, the same path), which forwards the socket into the shared emptyDir;
+    the agent gets DEVICE_HOLDERS=true and POD_RESOURCES_SOCKET there."""
     for ds in (d for d in helm_template(EXAMPLES / "mixed.yaml", sets=sets) if d["kind"] == "DaemonSet"):
         validate(ds)
         pod = ds["spec"]["template"]["spec"]
         mounts = pod_resources_mounts(ds)
         volumes = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == POD_RESOURCES]
-        (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+        relay, agent = containers(ds)["kmsg-relay"], containers(ds)["agent"]
         env = {e["name"]: e.get("value") for e in agent["env"]}
+        forwarding = relay["args"][-len(FORWARD_ARGS) :] == FORWARD_ARGS
         if not on:
-            assert not volumes and not any(mounts.values()) and "DEVICE_HOLDERS" not in env
+            assert not volumes and not any(mounts.values()) and not forwarding
+            assert "DEVICE_HOLDERS" not in env and "POD_RESOURCES_SOCKET" not in env
+            assert not any("pod-resources" in arg for arg in relay["args"])
             continue
         assert volumes == [{"name": "pod-resources", "hostPath": {"path": POD_RESOURCES, "type": "Directory"}}]
-        assert mounts.pop("agent") == [{"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}]
-        assert not any(mounts.values()), "the relay and the init container never see the kubelet's socket"
-        assert env["DEVICE_HOLDERS"] == "true"
+        assert mounts.pop("kmsg-relay") == [{"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}]
+        assert not any(mounts.values()), "the agent and the init container never see the kubelet's socket"
+        assert forwarding and relay["args"][: -len(FORWARD_ARGS)][:3] == ["kmsg-relay", "--socket", SOCKET_KMSG]
+        assert (env["DEVICE_HOLDERS"], env["POD_RESOURCES_SOCKET"]) == (
+            "true",
+            "/run/node-health-agent/pod-resources.sock",
+        )
 
 
 def test_the_device_holders_component_renders_what_the_chart_renders(tmp_path: Path) -> None:
@@ -306,7 +327,11 @@ def test_the_device_holders_component_renders_what_the_chart_renders(tmp_path: P
     )
     kustomized = [d for d in kustomize(tmp_path) if d["kind"] != "Namespace"]
     helmed = helm_template(EXAMPLES / "mixed.yaml", sets=("deviceHolders.enabled=true",))
-    assert all(pod_resources_mounts(d)["agent"] for d in kustomized if d["kind"] == "DaemonSet")
+    daemonsets = [d for d in kustomized if d["kind"] == "DaemonSet"]
+    assert daemonsets and all(
+        pod_resources_mounts(d)["kmsg-relay"] and not pod_resources_mounts(d)["agent"] for d in daemonsets
+    )
+    assert all(containers(d)["kmsg-relay"]["args"][-len(FORWARD_ARGS) :] == FORWARD_ARGS for d in daemonsets)
     left, right = by_id(kustomized), by_id(helmed)
     assert sorted(left) == sorted(right), "the two render different objects"
     problems = [f"{key}: {d}" for key in left for d in differences(left[key], right[key])]

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from agent.app.cli import build_parser, main
-from agent.sources.relay_server import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, _RefusalLog, run_relay
+from agent.sources.relay_server import run_relay
+from agent.sources.unixsocket import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, RefusalLog
 
 from helpers.relay import WAIT, Consumer, Relay, client, raw_connect, record, wait_for, write_records
 
@@ -205,7 +206,7 @@ def test_the_access_policy() -> None:
 def test_refusals_are_logged_at_most_once_per_interval_with_a_count(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="agent.sources.relay_server")
     now = [0.0]
-    refusals = _RefusalLog(policy=AccessPolicy(uid=AGENT_UID), interval=REFUSAL_LOG_INTERVAL, clock=lambda: now[0])
+    refusals = RefusalLog(policy=AccessPolicy(uid=AGENT_UID), interval=REFUSAL_LOG_INTERVAL, clock=lambda: now[0])
     nobody = PeerCredentials(pid=42, uid=NOBODY, gid=NOBODY)
     for _ in range(50):
         refusals.note(nobody)
