@@ -197,6 +197,7 @@ def test_acquire_creates_the_lease_and_records_the_writer(api, agents):
         granted=True,
         window=600.0,
         frees_at=T0 + 600.0,
+        max_device_actions=20,
         skew=CLOCK_SKEW,
     )
     lease = api.get_object("leases", LEASE, NS)
