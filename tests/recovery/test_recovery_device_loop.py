@@ -22,7 +22,7 @@ from agent.recovery.drain import Drainer
 from agent.recovery.model import DEFAULT_LEASE, Action, BudgetSettings, DrainSettings, PolicyRule, Scope
 from agent.recovery.policyfile import DEFAULT_POLICY
 
-from helpers.recovery import NODE, NS, T0, LoopHarness, kube_fixture, node_object, prepare
+from helpers.recovery import NODE, NS, T0, LoopHarness, kube_fixture, prepare
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]

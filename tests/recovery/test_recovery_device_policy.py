@@ -109,8 +109,8 @@ def test_neuron_opts_into_the_device_scope_and_the_budget_sets_its_device_rate(t
         (
             "rules:\n  - {condition: GpuXid, reasons: [GpuXid31], scope: device, actions: [fence-device, fence]}\n",
             [
-                "policy.yaml:2: rules[0].actions[1]: unknown action 'fence' (known: fence-device, drain-device, cordon, "
-                "taint, drain, mark-unhealthy)"
+                "policy.yaml:2: rules[0].actions[1]: unknown action 'fence' (known: fence-device, drain-device, "
+                "cordon, taint, drain, mark-unhealthy)"
             ],
         ),
         (
