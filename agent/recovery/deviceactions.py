@@ -194,7 +194,7 @@ class DeviceActor:
         for key in unfence_targets(incident, self.listed(incident)):
             fence = incident.fence_of(key)
             assert fence is not None
-            if fence.fence in devicescope.OURS and self.fencer is not None:
+            if self.fencer is not None:
                 self.fencer.unfence(self.device(incident, key))
             incident = self._store(incident, dataclasses.replace(fence, steps=(*fence.steps, Action.UNFENCE_DEVICE)))
             self.tell(incident, events.device_unfenced(incident, key))
@@ -209,9 +209,5 @@ def _drains(fence: DeviceFence) -> bool:
 
 
 def unfence_targets(incident: Incident, listed: Collection[str]) -> tuple[str, ...]:
-    """The devices to unfence: fenced, not unfenced yet, no longer listed by the condition."""
-    return tuple(
-        f.device
-        for f in incident.fences
-        if Action.FENCE_DEVICE in f.steps and Action.UNFENCE_DEVICE not in f.steps and f.device not in listed
-    )
+    """The devices to unfence: our fence in place, no longer listed by the condition."""
+    return tuple(f.device for f in incident.fences if devicescope.to_unfence(f) and f.device not in listed)

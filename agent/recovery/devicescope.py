@@ -15,7 +15,8 @@ Two plan stages (:mod:`agent.recovery.plan`):
     and listed again in this one;
   - fencing a device is not possible (:func:`fence_possible`): the cluster serves no DeviceTaintRule,
     or a device-plugin node whose plugin keeps scheduling onto the bad device;
-  - the incident climbed already (a node action is done: it stays at the node).
+  - the incident climbed already (a node action is done: it stays at the node), or the node's ladder
+    did (the problem came back after a reboot: the ladder's rung is above the first).
 
 * :func:`unfence` (after the gates): a healed incident (closed, or kept with ``healthy_since``) first
   unfences the devices it fenced. Giving a device back is never held, like closing an incident.
@@ -79,11 +80,15 @@ def fence_possible(fence: DeviceFence, reason: str) -> tuple[bool, str]:
     return True, ""
 
 
-def scope(assessed: Decision | Proposal | None, *, opened: Sequence[Opened], now: float) -> Decision | Proposal | None:
-    """A device-scope rule's proposal as device actions, or at the node (see the module docstring)."""
+def scope(
+    assessed: Decision | Proposal | None, *, opened: Sequence[Opened], now: float, rung: int = 0
+) -> Decision | Proposal | None:
+    """A device-scope rule's proposal as device actions, or at the node (see the module docstring). ``rung``:
+    the ladder's rung for the incident (above 0: the node's ladder climbed already, it stays at the node)."""
     if not isinstance(assessed, Proposal) or assessed.primary.rule.scope is not Scope.DEVICE:
         return assessed
-    why = at_node(assessed, opened=opened, now=now)
+    why = "the node's ladder climbed (the problem came back after a remedy)" if rung > 0 else ""
+    why = why or at_node(assessed, opened=opened, now=now)
     if why:
         return _at_node(assessed, why)
     return _on_devices(assessed)
@@ -134,7 +139,7 @@ def _on_devices(p: Proposal) -> Decision | Proposal:
     incident = dataclasses.replace(incident, fences=fences)
     wanted = rule.device_actions
     actions = [a for a in wanted if any(a not in f.steps for f in fences if f.device in listed)]
-    if any(_to_unfence(f) for f in fences if f.device not in listed):
+    if any(to_unfence(f) for f in fences if f.device not in listed):
         actions.append(Action.UNFENCE_DEVICE)
     names = ", ".join(listed)
     if not actions:
@@ -147,8 +152,9 @@ def _on_devices(p: Proposal) -> Decision | Proposal:
     return dataclasses.replace(p, actions=tuple(actions), incident=incident, scope=Scope.DEVICE, note=note)
 
 
-def _to_unfence(fence: DeviceFence) -> bool:
-    return Action.FENCE_DEVICE in fence.steps and Action.UNFENCE_DEVICE not in fence.steps
+def to_unfence(fence: DeviceFence) -> bool:
+    """Our fence is in place (a vendor's taint, a plugin's own health and no fence at all are not ours)."""
+    return Action.FENCE_DEVICE in fence.steps and Action.UNFENCE_DEVICE not in fence.steps and fence.fence in OURS
 
 
 def unfence(decision: Decision, *, stored: Incident | None) -> Decision:
@@ -159,7 +165,7 @@ def unfence(decision: Decision, *, stored: Incident | None) -> Decision:
     if not healed or decision.actions not in ((), (Action.UNCORDON,)):
         return decision
     source = decision.incident or stored
-    if not any(_to_unfence(f) for f in source.fences):
+    if not any(to_unfence(f) for f in source.fences):
         return decision
     return dataclasses.replace(
         decision,

@@ -107,7 +107,10 @@ def assess_stage(p: Planning) -> Planning:
 
 def scope_stage(p: Planning) -> Planning:
     """A device-scope rule's actions on the devices its finding names, or at the node (devicescope)."""
-    return dataclasses.replace(p, assessed=devicescope.scope(p.assessed, opened=p.opened, now=p.now))
+    pending = p.assessed.incident if p.assessed is not None else None
+    plan_ = p.plans.get(pending.id) if pending is not None else None
+    rung = plan_.step if plan_ is not None else 0
+    return dataclasses.replace(p, assessed=devicescope.scope(p.assessed, opened=p.opened, now=p.now, rung=rung))
 
 
 def admit_stage(p: Planning) -> Planning:

@@ -161,6 +161,11 @@ def test_a_node_rule_passes_unchanged():
     assert devicescope.scope(p, opened=(), now=NOW) is p
 
 
+def test_a_climbed_node_ladder_keeps_the_incident_at_the_node():
+    out = devicescope.scope(proposal(0), opened=(), now=NOW, rung=1)
+    assert isinstance(out, Proposal) and out.scope is Scope.NODE and "ladder climbed" in out.note
+
+
 def test_decisions_pass_unchanged():
     decision = Decision(blocked=Blocked.PERSIST)
     assert devicescope.scope(decision, opened=(), now=NOW) is decision
@@ -192,6 +197,7 @@ HEALED = dataclasses.replace(STORED, healthy_since=NOW)
         (Decision(blocked=Blocked.DISABLED, incident=STORED), STORED, ()),  # report only on a real incident
         (Decision(incident=None), dataclasses.replace(STORED, fences=()), ()),  # nothing fenced
         (Decision(incident=None), dataclasses.replace(STORED, fences=(fenced(0, "fenced", UNFENCE),)), ()),
+        (Decision(incident=None), dataclasses.replace(STORED, fences=(fenced(0, "vendor", DRAIN_DEVICE),)), ()),
     ],
 )
 def test_unfence_after_healing(decision, stored, actions):
