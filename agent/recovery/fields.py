@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from agent.core.timefmt import MAX_TIME, iso
-from agent.recovery.model import Action, DeviceFence
 
 MAX_RECORD = 256 * 1024  # characters of one record (the API server's limit on an object's annotations)
 MAX_TEXT = 4096  # characters of one string field, unless the field says less
@@ -242,21 +241,34 @@ MAX_FENCES = 64  # devices of one incident (a node has at most a few dozen)
 MAX_POD_KEY = 317  # "namespace/name": 63 + 1 + 253
 FENCE_KEYS = ("device", "fence", "rule", "holders", "evicted", "steps")
 FENCE_OUTCOMES = ("", "fenced", "vendor", "no-api", "not-dra")  # agent.recovery.fence.FenceOutcome values
+DEVICE_STEPS = ("fence-device", "drain-device", "unfence-device")  # the device actions (model.Action values)
 
 
-def read_fences(fields: Fields) -> tuple[DeviceFence, ...]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FenceFields:
+    """One entry of an incident's ``fences``, checked (agent.recovery.node makes it a DeviceFence)."""
+
+    device: str
+    fence: str
+    rule: str
+    holders: tuple[str, ...]
+    evicted: tuple[str, ...]
+    steps: tuple[str, ...]
+
+
+def read_fences(fields: Fields) -> tuple[FenceFields, ...]:
     """The incident's ``fences`` (absent: none): each entry checked, at most :data:`MAX_FENCES`, one per
-    device. Raises ``fields.error`` naming the field."""
-    found: list[DeviceFence] = []
+    device, only known fields. Raises ``fields.error`` naming the field."""
+    found: list[FenceFields] = []
     for entry in fields.objects("fences", default=[]):
         entry.only(FENCE_KEYS)
-        fence = DeviceFence(
+        fence = FenceFields(
             device=entry.text("device", limit=300, nonempty=True),
             fence=entry.choice("fence", FENCE_OUTCOMES, default=""),
             rule=entry.text("rule", default="", limit=253),
             holders=entry.texts("holders", default=[], limit=MAX_POD_KEY),
             evicted=entry.texts("evicted", default=[], limit=MAX_POD_KEY),
-            steps=tuple(Action(step) for step in _steps(entry)),
+            steps=_steps(entry),
         )
         if any(f.device == fence.device for f in found):
             entry.fail("device", f"names {fence.device} a second time")
@@ -266,13 +278,10 @@ def read_fences(fields: Fields) -> tuple[DeviceFence, ...]:
     return tuple(found)
 
 
-_DEVICE_STEPS = tuple(a.value for a in Action if a.on_device)
-
-
 def _steps(entry: Fields) -> tuple[str, ...]:
     steps = entry.texts("steps", default=[])
     view = Fields(record=entry.record, data={}, path=entry.name("steps"), error=entry.error)
     for index, step in enumerate(steps):
-        if step not in _DEVICE_STEPS:
-            view.fail(f"[{index}]", f"must be one of {', '.join(_DEVICE_STEPS)}, got {show(step)}")
+        if step not in DEVICE_STEPS:
+            view.fail(f"[{index}]", f"must be one of {', '.join(DEVICE_STEPS)}, got {show(step)}")
     return tuple(dict.fromkeys(steps))

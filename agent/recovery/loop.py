@@ -327,6 +327,7 @@ class RecoveryLoop:
         elif decision.actions and decision.incident is None and Action.UNCORDON not in decision.actions:
             # healed and closed after its devices were unfenced: nothing else of ours in effect
             node_actions.store_incident(self._store, node_name=self._node_name, incident=None)
+            self.stats.incident = None
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
         if stored is not None and decision.incident is None and not stored.dry_run:

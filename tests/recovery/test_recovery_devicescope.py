@@ -4,13 +4,26 @@ proposal becomes (device actions, or the node's), and how a healed incident give
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from agent.core.devices import DeviceKind, DeviceProblem, DeviceRef
 from agent.core.types import Condition, Severity, Status
 from agent.recovery import devicescope
-from agent.recovery.model import Action, Blocked, Decision, DeviceFence, Incident, PolicyRule, Remedy, Scope
+from agent.recovery.fields import DEVICE_STEPS
+from agent.recovery.model import (
+    INCIDENT_ANNOTATION,
+    Action,
+    Blocked,
+    Decision,
+    DeviceFence,
+    Incident,
+    PolicyRule,
+    Remedy,
+    Scope,
+)
+from agent.recovery.node import incident_text, parse_incident
 from agent.recovery.policy import Match, Proposal
 from agent.recovery.rungs import Opened, rung_actions
 
@@ -223,3 +236,39 @@ def test_device_ref_of_a_recorded_key():
     ref = devicescope.device_ref(key(0))
     assert (ref.kind, ref.id, ref.key) == (DeviceKind.GPU, GPU[0], key(0))
     assert devicescope.device_ref("neuron:neuron3").index is None
+
+
+# ---- the incident's "fences", read back (agent.recovery.fields.read_fences) -----------------------------------
+
+
+def annotated(incident_json: dict) -> dict:
+    return {"metadata": {"annotations": {INCIDENT_ANNOTATION: json.dumps(incident_json)}}}
+
+
+def test_fences_read_back_as_written():
+    incident = dataclasses.replace(STORED, fences=(fenced(0, "fenced", DRAIN_DEVICE), DeviceFence(device=key(1))))
+    text = incident_text(incident)
+    assert text.index('"done"') < text.index('"fences"')  # the admission policy's cordon regex is unaffected
+    assert parse_incident(annotated(json.loads(text))) == (incident, "")
+
+
+@pytest.mark.parametrize(
+    ("fences", "field"),
+    [
+        ([{"device": ""}], "fences[0].device"),
+        ([{"device": "gpu:x", "fence": "tainted"}], "fences[0].fence"),
+        ([{"device": "gpu:x", "steps": ["reboot"]}], "fences[0].steps[0]"),
+        ([{"device": "gpu:x", "holders": "team/a"}], "fences[0].holders"),
+        ([{"device": "gpu:x", "colour": "red"}], "fences[0].colour"),
+        ([{"device": "gpu:x"}, {"device": "gpu:x"}], "fences[1].device"),
+        ("gpu:x", "fences"),
+    ],
+)
+def test_a_corrupt_fence_is_refused_naming_its_field(fences, field):
+    body = json.loads(incident_text(STORED)) | {"fences": fences}
+    incident, problem = parse_incident(annotated(body))
+    assert incident is None and problem.startswith(f"incident: {field}: "), problem
+
+
+def test_the_codec_knows_every_device_action():
+    assert set(DEVICE_STEPS) == {a.value for a in Action if a.on_device}
