@@ -19,6 +19,7 @@ from agent.core.holders import Holder, Holders
 from agent.core.types import Condition, Severity, Status
 from agent.recovery.budget import BUDGET_ANNOTATION, decode_state
 from agent.recovery.drain import Drainer
+from agent.recovery.ladder import HISTORY_ANNOTATION
 from agent.recovery.model import DEFAULT_LEASE, Action, BudgetSettings, DrainSettings, PolicyRule, Scope
 from agent.recovery.policyfile import DEFAULT_POLICY
 
@@ -274,3 +275,22 @@ def test_report_only_plans_the_device_actions_and_writes_nothing(api, setup):
     h.step()  # said once per incident, and not planned again
     assert h.loop.stats.would["fence-device"] == 1
     assert json.dumps(h.node()).count("fences") == 0
+
+
+def test_the_same_gpu_failing_again_climbs_to_the_node(api, setup):
+    h, d = setup()
+    h.publish(xid(GPU0))
+    h.step()
+    history = json.loads(h.node()["metadata"]["annotations"][HISTORY_ANNOTATION])
+    assert history["opened"][-1]["devices"] == [f"gpu:{GPU0}"]  # kept beyond the incident
+    h.clock.now += 60
+    h.publish(healed())
+    h.step()
+    assert h.incident() is None and not h.cordoned()
+
+    h.clock.now += 3600  # an hour later, within the day a rule without repeat counts
+    again = dataclasses.replace(xid(GPU0), last_transition=h.clock.now - 5, last_update=h.clock.now - 5)
+    h.publish(again)
+    h.step()
+    assert h.cordoned() and d.fencer.fenced == [f"gpu:{GPU0}"]
+    assert any("failed again" in e.message for e in h.events("DeviceScopeClimbed"))
