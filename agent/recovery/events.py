@@ -258,8 +258,10 @@ def correlated(incident: Incident, budget: BudgetView) -> Told:
     )
 
 
-def blocked(incident: Incident, budget: BudgetView | None) -> Told:
-    why = f" ({budget.why_blocked})" if budget and budget.why_blocked else ""
+def blocked(incident: Incident, budget: BudgetView | None, *, devices: bool = False) -> Told:
+    """The budget refused the step (``devices``: a device step, refused by the device rate)."""
+    reason = (budget.why_device_blocked if devices else budget.why_blocked) if budget else ""
+    why = f" ({reason})" if reason else ""
     return Told(
         type=WARNING,
         reason="RecoveryBlocked",

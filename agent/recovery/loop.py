@@ -238,7 +238,7 @@ class RecoveryLoop:
         self._note_climb(decision, planning)
         self._note_scope(decision, planning)
         self.stats.incident = decision.incident
-        self._note_blocked(decision)
+        self._note_blocked(decision, devices=planning.on_devices)
         if self._enabled:
             self._act(decision, planning.view, stored=planning.stored)
         else:
@@ -412,7 +412,7 @@ class RecoveryLoop:
             why = assessed.note.removeprefix("at the node: ")
             self._herald.tell(decision.incident, events.device_scope_at_node(decision.incident, why))
 
-    def _note_blocked(self, decision: Decision) -> None:
+    def _note_blocked(self, decision: Decision, *, devices: bool = False) -> None:
         from agent.recovery.model import Blocked
 
         if decision.blocked is None or decision.blocked is Blocked.NOTHING_LEFT:
@@ -422,7 +422,7 @@ class RecoveryLoop:
         if decision.blocked is Blocked.CORRELATED and incident is not None and self.stats.budget is not None:
             self._herald.tell(incident, events.correlated(incident, self.stats.budget))
         if decision.blocked is Blocked.BUDGET and incident is not None:
-            self._herald.tell(incident, events.blocked(incident, self.stats.budget))
+            self._herald.tell(incident, events.blocked(incident, self.stats.budget, devices=devices))
 
 
 def _fences_grew(stored: Incident, incident: Incident) -> bool:

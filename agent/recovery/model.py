@@ -387,6 +387,18 @@ class BudgetView:
         return "; ".join(causes)
 
     @property
+    def why_device_blocked(self) -> str:
+        """What keeps a new device step from starting, in words ("" when nothing does): its own rate."""
+        if self.problem or self.correlated:
+            return self.problem or self.correlated
+        if self.max_device_actions and self.device_actions_in_window >= self.max_device_actions:
+            return (
+                f"{self.device_actions_in_window} of {self.max_device_actions} device steps in the last "
+                f"{format_duration(self.window)} used"
+            )
+        return ""
+
+    @property
     def can_start(self) -> bool:
         """A new disruptive step is allowed (holding a place already counts as allowed for the place).
 

@@ -294,3 +294,20 @@ def test_the_same_gpu_failing_again_climbs_to_the_node(api, setup):
     h.step()
     assert h.cordoned() and d.fencer.fenced == [f"gpu:{GPU0}"]
     assert any("failed again" in e.message for e in h.events("DeviceScopeClimbed"))
+
+
+def test_device_steps_wait_for_the_budgets_device_rate(api, kube):
+    policy = dataclasses.replace(POLICY, budget=BudgetSettings(max_actions=100, max_device_actions=1))
+    client = kube()
+    d = Devices(api, client)
+    h = LoopHarness(api, client, policy=policy, devices=d.parts())
+    for name in ("train-0", "other-0"):
+        api.put_object(pod(name))
+    h.publish(xid(GPU0))
+    h.step()
+    h.publish(xid(GPU0, GPU1))
+    h.step()
+    assert d.fencer.fenced == [f"gpu:{GPU0}"]  # the second GPU waits
+    blocked = h.events("RecoveryBlocked")
+    assert blocked and "1 of 1 device steps in the last 10m used" in blocked[0].message
+    assert on_node(api) == ["other-0"]
