@@ -30,7 +30,8 @@ Opening and continuing an incident
     (``healthy_since`` set) and a matching condition other than its own is True. A new episode is a
     new incident (new id, ``opened = now``) that keeps what is still in effect from the old one:
     CORDON when we cordoned and the node is still unschedulable (``cordoned_by_us`` stays True), TAINT
-    when our taint is still there, and the budget place (``budget_held``). Drain and mark-unhealthy
+    when our taint is still there, the budget place (``budget_held``) and the devices still fenced
+    (``fences``: agent.recovery.devicescope). Drain and mark-unhealthy
     are done again for the new episode.
 
 Gates, in order (the first that applies decides)
@@ -104,6 +105,7 @@ from agent.recovery.model import (
     Blocked,
     BudgetView,
     Decision,
+    DeviceFence,
     Incident,
     NodeView,
     PolicyRule,
@@ -458,6 +460,7 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
     done: list[Action] = []
     cordoned_by_us = not node.unschedulable
     budget_held = False
+    fences: tuple[DeviceFence, ...] = ()  # fenced devices stay fenced (and are unfenced when they heal)
     if previous is not None:  # same mode as now (a real incident never reaches here in report only)
         if _cordon_in_effect(previous, node):
             done.append(Action.CORDON)
@@ -465,6 +468,7 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
         if _taint_in_effect(previous, node):
             done.append(Action.TAINT)
         budget_held = previous.budget_held
+        fences = tuple(f for f in previous.fences if _fence_in_effect(f))
     condition = trigger.condition
     return Incident(
         id=incident_id(condition=condition.type, reason=condition.reason, node=node, since=condition.last_transition),
@@ -476,7 +480,12 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
         cordoned_by_us=cordoned_by_us,
         budget_held=budget_held,
         dry_run=not enabled,
+        fences=fences,
     )
+
+
+def _fence_in_effect(fence: DeviceFence) -> bool:
+    return Action.FENCE_DEVICE in fence.steps and Action.UNFENCE_DEVICE not in fence.steps
 
 
 def _remaining(found: tuple[Match, ...], incident: Incident, *, now: float) -> tuple[Action, ...]:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agent.core.devices import DeviceKind, DeviceProblem, DeviceRef
-from agent.core.types import Condition, Severity, Status
+from agent.core.types import Condition, Severity, Snapshot, Status
 from agent.recovery import devicescope
 from agent.recovery.fields import DEVICE_STEPS
 from agent.recovery.model import (
@@ -19,12 +19,14 @@ from agent.recovery.model import (
     Decision,
     DeviceFence,
     Incident,
+    NodeView,
     PolicyRule,
+    RecoveryPolicy,
     Remedy,
     Scope,
 )
 from agent.recovery.node import incident_text, parse_incident
-from agent.recovery.policy import Match, Proposal
+from agent.recovery.policy import Match, Proposal, assess
 from agent.recovery.rungs import Opened, rung_actions
 
 FENCE, DRAIN_DEVICE, UNFENCE = Action.FENCE_DEVICE, Action.DRAIN_DEVICE, Action.UNFENCE_DEVICE
@@ -272,3 +274,22 @@ def test_a_corrupt_fence_is_refused_naming_its_field(fences, field):
 
 def test_the_codec_knows_every_device_action():
     assert set(DEVICE_STEPS) == {a.value for a in Action if a.on_device}
+
+
+def test_a_new_episode_keeps_the_devices_still_fenced():
+    p = proposal(0)
+    condition = dataclasses.replace(p.primary.condition, last_transition=NOW - 5)  # healed unseen, back again
+    stored = dataclasses.replace(
+        p.incident, done=(FENCE, DRAIN_DEVICE), fences=(fenced(0, "fenced", DRAIN_DEVICE), fenced(1, "fenced", UNFENCE))
+    )
+    assessed = assess(
+        snapshot=Snapshot(conditions=(condition,), generated_at=NOW, seeded=True),
+        node=NodeView(name="n", unschedulable=False),
+        incident=stored,
+        policy=RecoveryPolicy(rules=(RUNG,), startup_delay=0.0),
+        now=NOW,
+        started_at=0.0,
+        enabled=True,
+    )
+    assert isinstance(assessed, Proposal) and assessed.incident.id != stored.id
+    assert assessed.incident.fences == (fenced(0, "fenced", DRAIN_DEVICE),)  # the unfenced one is history
