@@ -25,6 +25,7 @@ from agent.recovery.model import INCIDENT_ANNOTATION, Action, Incident, NodeView
 from agent.recovery.policy import with_done
 
 if TYPE_CHECKING:
+    from agent.recovery.deviceactions import DeviceActor, DeviceDrainer, DeviceFencing, HolderFinding, HolderTelling
     from agent.recovery.drain import DrainResult
     from agent.recovery.ladder import Ladder
 
@@ -78,6 +79,12 @@ class Actor:
     drainer: Drainer | None = None
     bundle: Callable[[Action, Incident], Incident] | None = None
     ladder: Ladder | None = None
+    # the device scope (agent.recovery.deviceactions): the fence, who holds a device, telling them, their drain
+    fencer: DeviceFencing | None = None
+    holders: HolderFinding | None = None
+    holder_teller: HolderTelling | None = None
+    device_drainer: DeviceDrainer | None = None
+    fences: Callable[[str], None] = lambda outcome: None  # a fence's outcome (counted)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     flap_record: flaps.FlapRecord | None = None  # as read at this step (the uncordon leaves the next one)
     draining_until: float = float("-inf")  # while a drain runs: alive until its timeout (+ grace)
@@ -104,6 +111,9 @@ class Actor:
             Action.REBOOT: self.reboot,
             Action.MARK_UNHEALTHY: self.mark,
             Action.UNCORDON: self.uncordon,
+            Action.FENCE_DEVICE: self.fence_device,
+            Action.DRAIN_DEVICE: self.drain_device,
+            Action.UNFENCE_DEVICE: self.unfence_device,
         }[action]
         return handler(incident, view, now)
 
@@ -171,6 +181,61 @@ class Actor:
             self.drain_ended = self.monotonic()
         self.drains(result.outcome)
         return result.outcome
+
+    # ---- the device actions (agent.recovery.deviceactions) -------------------------------------------
+
+    @property
+    def devices(self) -> DeviceActor:
+        from agent.recovery.deviceactions import DeviceActor
+
+        return DeviceActor(
+            client=self.client,
+            node_name=self.node_name,
+            latest=self.latest,
+            tell=self.tell,
+            count=self.fences,
+            drains=self.drains,
+            run_drain=self._device_drain,
+            fencer=self.fencer,
+            holders=self.holders,
+            holder_teller=self.holder_teller,
+            drainer=self.device_drainer,
+        )
+
+    def fence_device(self, incident: Incident, view: NodeView, now: float) -> tuple[Incident, Outcome]:
+        """A fence not possible ends the step: the next step's plan climbs to the node's ladder."""
+        incident, possible = self.devices.fence(incident)
+        node_actions.store_incident(self.client, node_name=self.node_name, incident=incident)
+        return incident, Outcome.DONE if possible else Outcome.UNFINISHED
+
+    def drain_device(self, incident: Incident, view: NodeView, now: float) -> tuple[Incident, Outcome]:
+        """Only the holder pods; one that did not finish is tried again at the next step (not cordoned)."""
+        incident, finished = self.devices.drain(incident)
+        if not finished:
+            return incident, Outcome.UNFINISHED
+        node_actions.store_incident(self.client, node_name=self.node_name, incident=incident)
+        return incident, Outcome.DONE
+
+    def unfence_device(self, incident: Incident, view: NodeView, now: float) -> tuple[Incident, Outcome]:
+        return self.devices.unfence(incident), Outcome.DONE
+
+    def _device_drain(self, incident: Incident, keys: frozenset[str], drainer: DeviceDrainer) -> DrainResult:
+        """A drain of ``keys`` under the holds and the liveness grace of a node drain."""
+        self.draining_until = self.monotonic() + self.policy.drain.timeout + DRAIN_GRACE
+
+        def report(kind: str, message: str) -> None:
+            self.tell(incident, events.drain_progress(kind, message))
+
+        halt = self.holds.halt(self.stop, publication=self.latest, incident=incident)
+        try:
+            result = drainer(halt, report, keys)
+            if halt.hold is not None:
+                self.held(halt.hold, incident)
+                self.tell(incident, events.drain_held(halt.hold.message))
+        finally:
+            self.draining_until = float("-inf")
+            self.drain_ended = self.monotonic()
+        return result
 
     def reboot(self, incident: Incident, view: NodeView, now: float) -> tuple[Incident, Outcome]:
         notes = self._reboot(incident, view, now=now)

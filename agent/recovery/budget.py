@@ -9,7 +9,8 @@ Where
 
         {"version": 1,
          "holders": {"<failure domain>": {"nodes": ["ip-10-0-0-1..."], "incident": "<id>", "since": 1767225600.0}},
-         "actions": [1767225600.0, ...]}
+         "actions": [1767225600.0, ...],
+         "deviceActions": [1767225600.0, ...]}
 
     ``holders`` are the failure domains disrupted by recovery now; ``actions`` the times of the
     disruptive steps taken within the last ``window`` seconds. ``spec.holderIdentity`` names the last
@@ -28,6 +29,9 @@ The limit
     ``max_unhealthy_cap``; at least 1 when there is at least one such node (a 2-node cluster with
     one failing node is repaired), 0 when there is none. :func:`resolve_limit` is the table.
     Separately at most ``max_actions`` disruptive steps per ``window`` (one per :meth:`ClusterBudget.acquire`).
+    A device step (fence a device, drain its pods: :mod:`agent.recovery.devicescope`) takes no place:
+    at most ``max_device_actions`` of them per ``window`` (``deviceActions``, one per
+    :meth:`ClusterBudget.acquire_device`); a corrupt Lease and a correlated failure refuse them too.
 
 Nodes outside ``node_selector``
     The selector says which nodes the limit counts, not which may act: a node it does not list still
@@ -181,6 +185,7 @@ class Holder:
 class BudgetState:
     holders: Mapping[str, Holder] = field(default_factory=dict)
     actions: tuple[float, ...] = ()
+    device_actions: tuple[float, ...] = ()  # device steps in the window (their own rate)
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a later version, kept as they are
     clamped: int = 0  # step times that lay too far in the future when read (never written)
 
@@ -200,8 +205,9 @@ def decode_state(text: str | None) -> BudgetState:
         for domain, entry in fields.entries("holders", default={}, limit=MAX_NAME)
     }
     actions = fields.times("actions", default=[])
-    extra = {k: v for k, v in fields.data.items() if k not in ("version", "holders", "actions")}
-    return BudgetState(holders=holders, actions=actions, extra=extra)
+    device_actions = fields.times("deviceActions", default=[])
+    extra = {k: v for k, v in fields.data.items() if k not in ("version", "holders", "actions", "deviceActions")}
+    return BudgetState(holders=holders, actions=actions, device_actions=device_actions, extra=extra)
 
 
 def encode_state(state: BudgetState) -> str:
@@ -212,6 +218,8 @@ def encode_state(state: BudgetState) -> str:
         for domain, h in sorted(state.holders.items())
     }
     data["actions"] = list(state.actions)
+    if state.device_actions:
+        data["deviceActions"] = list(state.device_actions)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -325,6 +333,20 @@ class ClusterBudget:
             since = holder.since if holder else now
             holders = {**state.holders, own: Holder(nodes=nodes, incident=incident_id, since=since)}
             return replace(state, holders=holders, actions=(*state.actions, now) if counts else state.actions)
+
+        view, wrote = self._transact(take, cluster, own, problem=problem)
+        return replace(view, granted=True) if wrote else view
+
+    def acquire_device(self, *, incident_id: str, problem: str = "") -> BudgetView:
+        """Count one device step (no place taken) when the device rate allows it; ``granted`` as :meth:`acquire`."""
+        cluster = self._cluster()
+        own = self._own_domain(cluster)
+
+        def take(state: BudgetState, now: float) -> BudgetState | None:
+            view = self._view(state, cluster, own, problem)
+            if view.problem or view.correlated or view.device_actions_in_window >= view.max_device_actions:
+                return None
+            return replace(state, device_actions=(*state.device_actions, now))
 
         view, wrote = self._transact(take, cluster, own, problem=problem)
         return replace(view, granted=True) if wrote else view
@@ -489,10 +511,13 @@ class ClusterBudget:
         # it counts as made at most CLOCK_SKEW from now, and is written back so.
         ceiling = now + CLOCK_SKEW
         actions = tuple(min(t, ceiling) for t in state.actions if t > horizon)
+        device_actions = tuple(min(t, ceiling) for t in state.device_actions if t > horizon)
         clamped = sum(1 for t in state.actions if t > ceiling)
         if clamped and not state.clamped:
             self._report_future(clamped)
-        return replace(state, holders=holders, actions=actions, clamped=state.clamped or clamped)
+        return replace(
+            state, holders=holders, actions=actions, device_actions=device_actions, clamped=state.clamped or clamped
+        )
 
     def _report_future(self, count: int) -> None:
         """Log once per Lease version that step times lay in the future."""
@@ -517,6 +542,8 @@ class ClusterBudget:
             holders=tuple(sorted(state.holders)),
             limit=resolve_limit(self._settings, domains=len(cluster.domains)),
             actions_in_window=len(state.actions),
+            device_actions_in_window=len(state.device_actions),
+            max_device_actions=self._settings.max_device_actions,
             max_actions=self._settings.max_actions,
             this_node_holds=own in state.holders,
             window=window,

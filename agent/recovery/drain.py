@@ -147,6 +147,9 @@ class Drainer:
     sleep: Callable[[float], object] | None = None
     poll: float = POLL
     rng: Callable[[], float] = random.random
+    # a device drain (agent.recovery.deviceactions): only these pods ("namespace/name") move; others are
+    # never touched nor reported; the node is not cordoned for it
+    only: frozenset[str] | None = None
 
     def run(self, stop: threading.Event) -> DrainResult:
         return _Run(self, stop).run()
@@ -228,6 +231,8 @@ class _Run:
         self.skipped = {}
         for pod in listed:
             key, meta = pod_key(pod), pod.get("metadata") or {}
+            if self.drainer.only is not None and key not in self.drainer.only:
+                continue  # another device's pod, or one on no device: never touched
             why = skip_reason(pod)
             if why is not None:
                 self.skipped[key] = why
@@ -251,9 +256,10 @@ class _Run:
             del self.pods[uid]  # gone (or ended, or now skipped): nothing left to do for it
         if not self.started:
             self.started = True
+            what = "node" if self.drainer.only is None else f"{len(self.drainer.only)} device holder pods of node"
             self.say(
                 DrainReport.STARTED,
-                f"draining node {self.drainer.node_name}: {len(self.pods)} pods to move, {len(self.skipped)} left "
+                f"draining {what} {self.drainer.node_name}: {len(self.pods)} pods to move, {len(self.skipped)} left "
                 "in place (DaemonSet, mirror or finished pods)",
             )
 

@@ -169,6 +169,64 @@ def dry_run(incident: Incident, action: Action) -> Told:
     )
 
 
+# ---- devices (agent.recovery.devicescope) -----------------------------------------------------------
+
+
+def device_fenced(incident: Incident, device: str, outcome: str, message: str) -> Told:
+    """The fence is in place: ours (fenced), the vendor driver's (vendor), or the plugin's own (not-dra)."""
+    return Told(
+        type=WARNING,
+        reason="DeviceFenced",
+        message=f"{what(incident)}: device {device} fenced ({outcome}): {message}",
+        once=f"fenced-{device}",
+    )
+
+
+def device_fence_not_possible(incident: Incident, device: str, why: str) -> Told:
+    """Fencing the device is not possible: the rule's node ladder follows (told once per device)."""
+    return Told(
+        type=WARNING,
+        reason="DeviceFenceNotPossible",
+        message=f"{what(incident)}: device {device} cannot be fenced ({why}): recovery climbs to the node's ladder",
+        once=f"not-possible-{device}",
+    )
+
+
+def device_drained(incident: Incident, device: str, evicted: tuple[str, ...], outcome: str) -> Told:
+    moved = ", ".join(evicted) or "no pod"
+    return Told(
+        type=WARNING if outcome not in ("done", "skipped") else NORMAL,
+        reason="DeviceDrained",
+        message=f"{what(incident)}: the pods holding device {device} drained ({outcome}; moved: {moved}); "
+        "the node stays schedulable",
+        once=f"drained-{device}-{outcome}",
+    )
+
+
+def device_holders_unknown(incident: Incident, device: str, why: str) -> Told:
+    return Told(
+        type=WARNING,
+        reason="DeviceHoldersUnknown",
+        message=f"{what(incident)}: the pods holding device {device} are not known ({why}): none is moved",
+        once=f"holders-{device}",
+    )
+
+
+def device_unfenced(incident: Incident, device: str) -> Told:
+    return Told(
+        type=NORMAL,
+        reason="DeviceUnfenced",
+        message=f"{what(incident)}: device {device} healthy again (or cleared): its fence is lifted",
+        once=f"unfenced-{device}",
+    )
+
+
+def device_scope_at_node(incident: Incident, why: str) -> Told:
+    """A device-scope rule acts at the node (more devices than maxDevices, a repeat, a fence not possible)."""
+    message = f"{what(incident)}: acting on the node: {why}"
+    return Told(type=WARNING, reason="DeviceScopeClimbed", message=message, once="at-node")
+
+
 # ---- why a step waits ------------------------------------------------------------------------------
 
 
@@ -200,8 +258,10 @@ def correlated(incident: Incident, budget: BudgetView) -> Told:
     )
 
 
-def blocked(incident: Incident, budget: BudgetView | None) -> Told:
-    why = f" ({budget.why_blocked})" if budget and budget.why_blocked else ""
+def blocked(incident: Incident, budget: BudgetView | None, *, devices: bool = False) -> Told:
+    """The budget refused the step (``devices``: a device step, refused by the device rate)."""
+    reason = (budget.why_device_blocked if devices else budget.why_blocked) if budget else ""
+    why = f" ({reason})" if reason else ""
     return Told(
         type=WARNING,
         reason="RecoveryBlocked",

@@ -235,3 +235,53 @@ def check_time(value: Any, fields: Fields, key: str, *, now: float | None = None
     if now is not None and moment > now + ahead:
         fields.fail(key, f"is {iso(moment)}, more than {ahead:g}s after now ({iso(now)})")
     return moment
+
+
+MAX_FENCES = 64  # devices of one incident (a node has at most a few dozen)
+MAX_POD_KEY = 317  # "namespace/name": 63 + 1 + 253
+FENCE_KEYS = ("device", "fence", "rule", "holders", "evicted", "steps")
+FENCE_OUTCOMES = ("", "fenced", "vendor", "no-api", "not-dra")  # agent.recovery.fence.FenceOutcome values
+DEVICE_STEPS = ("fence-device", "drain-device", "unfence-device")  # the device actions (model.Action values)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FenceFields:
+    """One entry of an incident's ``fences``, checked (agent.recovery.node makes it a DeviceFence)."""
+
+    device: str
+    fence: str
+    rule: str
+    holders: tuple[str, ...]
+    evicted: tuple[str, ...]
+    steps: tuple[str, ...]
+
+
+def read_fences(fields: Fields) -> tuple[FenceFields, ...]:
+    """The incident's ``fences`` (absent: none): each entry checked, at most :data:`MAX_FENCES`, one per
+    device, only known fields. Raises ``fields.error`` naming the field."""
+    found: list[FenceFields] = []
+    for entry in fields.objects("fences", default=[]):
+        entry.only(FENCE_KEYS)
+        fence = FenceFields(
+            device=entry.text("device", limit=300, nonempty=True),
+            fence=entry.choice("fence", FENCE_OUTCOMES, default=""),
+            rule=entry.text("rule", default="", limit=253),
+            holders=entry.texts("holders", default=[], limit=MAX_POD_KEY),
+            evicted=entry.texts("evicted", default=[], limit=MAX_POD_KEY),
+            steps=_steps(entry),
+        )
+        if any(f.device == fence.device for f in found):
+            entry.fail("device", f"names {fence.device} a second time")
+        found.append(fence)
+    if len(found) > MAX_FENCES:
+        fields.fail("fences", f"lists {len(found)} devices, more than {MAX_FENCES}")
+    return tuple(found)
+
+
+def _steps(entry: Fields) -> tuple[str, ...]:
+    steps = entry.texts("steps", default=[])
+    view = Fields(record=entry.record, data={}, path=entry.name("steps"), error=entry.error)
+    for index, step in enumerate(steps):
+        if step not in DEVICE_STEPS:
+            view.fail(f"[{index}]", f"must be one of {', '.join(DEVICE_STEPS)}, got {show(step)}")
+    return tuple(dict.fromkeys(steps))

@@ -66,9 +66,12 @@ class Gates:
         pending = p.pending
         assert pending is not None and self._budget is not None  # enabled: required by the loop
         try:
-            answer = self._budget.acquire(
-                incident_id=pending.id, counts=not flaps.is_flap(p.flaps, pending), problem=pending.condition
-            )
+            if p.on_devices:  # a device step: its own rate, no node place (agent.recovery.devicescope)
+                answer = self._budget.acquire_device(incident_id=pending.id, problem=pending.condition)
+            else:
+                answer = self._budget.acquire(
+                    incident_id=pending.id, counts=not flaps.is_flap(p.flaps, pending), problem=pending.condition
+                )
         except KubeError as exc:  # every round lost to other askers: back off as refused, not 5 s and again
             if exc.status == 409:
                 self._retry_at = p.now + self._backoff.next_delay()
@@ -76,12 +79,12 @@ class Gates:
         self._stats.budget = answer
         if not answer.granted:  # refused (or held for a correlated failure): not asking again on every step
             self._retry_at = p.now + self._backoff.next_delay()
-            return answer if answer.correlated else None
+            return answer if answer.correlated or p.on_devices else None  # a device refusal says why
         self._backoff.reset()
         self._retry_at = float("-inf")
         # Asking takes seconds at fleet scale (a LIST, Lease conflicts): a pause written meanwhile holds
         # this step too, and a place this step took is given back (bench/fleetsim.py pause_mid_wave).
         hold = self._holds.check(publication=publication, node=node, incident=pending)
-        if hold is not None and not (p.stored is not None and p.stored.budget_held):
+        if hold is not None and not p.on_devices and not (p.stored is not None and p.stored.budget_held):
             self._stats.budget = self._budget.release()
         return hold or answer

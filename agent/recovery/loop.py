@@ -48,6 +48,7 @@ from agent.recovery.tell import Herald
 if TYPE_CHECKING:  # annotations only: the loop imports its helpers in the functions that use them
     from agent.adapters.kube import KubeClient
     from agent.recovery.budget import ClusterBudget
+    from agent.recovery.deviceactions import DeviceDrainer, DeviceFencing, HolderFinding, HolderTelling
     from agent.recovery.ladder import Ladder
 
 __all__ = ["BUDGET_RETRY", "BUDGET_RETRY_JITTER", "INTERVAL", "REMEDIES", "UNTRUSTED", "RecoveryLoop", "RecoveryStats"]
@@ -84,6 +85,12 @@ class RecoveryLoop:
         stall_timeout: float = 600.0,
         holds: HoldGate | None = None,  # pauses, vetoes, agent health (None: health and vetoes only)
         budget_retry: float = BUDGET_RETRY,  # first wait of a refused node before it asks again (grows x20)
+        # the device scope (agent.recovery.deviceactions): DeviceFencer, HolderLookup, HolderTeller, and a
+        # drain of only some pods ((stop, report, pod keys) -> DrainResult); None each where not wired
+        fencer: DeviceFencing | None = None,
+        holders: HolderFinding | None = None,
+        holder_teller: HolderTelling | None = None,
+        device_drainer: DeviceDrainer | None = None,
     ) -> None:
         if enabled and budget is None:
             raise ValueError("recovery that acts needs the cluster budget")
@@ -126,6 +133,11 @@ class RecoveryLoop:
             drainer=drainer,
             bundle=bundle,
             ladder=ladder,
+            fencer=fencer,
+            holders=holders,
+            holder_teller=holder_teller,
+            device_drainer=device_drainer,
+            fences=lambda outcome: self.stats.fences.update([outcome]),
         )
 
     @property
@@ -143,6 +155,11 @@ class RecoveryLoop:
         may be longer) is running: a liveness restart must not cut a drain short."""
         beat = max(self._beat, self._actor.drain_ended)
         return now - beat < self._stall_timeout or now < self._actor.draining_until
+
+    @property
+    def stopping(self) -> threading.Event:
+        """The stop event of :meth:`run` (a holder Event waiting for room in the inbox ends with it)."""
+        return self._stop
 
     @property
     def last_error(self) -> str | None:
@@ -219,8 +236,9 @@ class RecoveryLoop:
             return self._holding(gated, planning)
         decision = conclude(planning, gated)
         self._note_climb(decision, planning)
+        self._note_scope(decision, planning)
         self.stats.incident = decision.incident
-        self._note_blocked(decision)
+        self._note_blocked(decision, devices=planning.on_devices)
         if self._enabled:
             self._act(decision, planning.view, stored=planning.stored)
         else:
@@ -256,6 +274,7 @@ class RecoveryLoop:
             policy=self._policy,
             flaps=self._actor.flap_record,
             rungs=self._ladder.rungs if self._ladder is not None else None,
+            opened=record.history.opened,
         )
 
     def _holding(self, hold: Hold, p: Planning) -> Decision:
@@ -274,7 +293,7 @@ class RecoveryLoop:
 
         # An uncordon decision carries no incident (there is none after it): act on the stored one.
         incident = decision.incident or stored
-        if decision.incident is not None and (stored is None or stored.id != decision.incident.id):
+        if decision.incident is not None and (stored is None or _fences_grew(stored, decision.incident)):
             self._note_opened(decision.incident)  # written with the incident, in the same PATCH
         if decision.actions and decision.incident is not None and decision.incident != stored:
             node_actions.store_incident(
@@ -305,6 +324,10 @@ class RecoveryLoop:
             node_actions.store_incident(
                 self._store, node_name=self._node_name, incident=decision.incident, expect=stored, now=self._clock()
             )
+        elif decision.actions and decision.incident is None and Action.UNCORDON not in decision.actions:
+            # healed and closed after its devices were unfenced: nothing else of ours in effect
+            node_actions.store_incident(self._store, node_name=self._node_name, incident=None)
+            self.stats.incident = None
         if decision.release_budget and self._budget is not None:
             self.stats.budget = self._budget.release()
         if stored is not None and decision.incident is None and not stored.dry_run:
@@ -343,6 +366,7 @@ class RecoveryLoop:
 
     def _pretend(self, decision: Decision) -> None:
         """Report only: count and tell what would be done, and keep the incident in memory."""
+        from agent.recovery.deviceactions import unfence_targets
         from agent.recovery.policy import with_done
 
         # An uncordon decision carries no incident (there is none after it): it acts on the kept one. A
@@ -352,8 +376,12 @@ class RecoveryLoop:
             assert incident is not None
             self.stats.would[action.value] += 1
             self._herald.tell(incident, events.dry_run(incident, action))
-            incident = with_done(incident, action) if action is not Action.UNCORDON else None
-        self._dry = incident
+            if action is Action.UNFENCE_DEVICE:  # only the devices no longer listed (all, when it healed)
+                listed = self._actor.devices.listed(incident)
+                incident = with_done(incident, action, devices=unfence_targets(incident, listed))
+            else:
+                incident = with_done(incident, action) if action is not Action.UNCORDON else None
+        self._dry = incident if decision.incident is not None or not decision.actions else None
 
     # ---- telling -----------------------------------------------------------------------------------
 
@@ -374,7 +402,17 @@ class RecoveryLoop:
             )
             self._herald.tell(incident, told)
 
-    def _note_blocked(self, decision: Decision) -> None:
+    def _note_scope(self, decision: Decision, p: Planning) -> None:
+        """A device-scope rule acting at the node says why (once per incident)."""
+        from agent.recovery.policy import Proposal
+
+        assessed = p.assessed
+        if isinstance(assessed, Proposal) and assessed.note.startswith("at the node: ") and decision.actions:
+            assert decision.incident is not None
+            why = assessed.note.removeprefix("at the node: ")
+            self._herald.tell(decision.incident, events.device_scope_at_node(decision.incident, why))
+
+    def _note_blocked(self, decision: Decision, *, devices: bool = False) -> None:
         from agent.recovery.model import Blocked
 
         if decision.blocked is None or decision.blocked is Blocked.NOTHING_LEFT:
@@ -384,7 +422,12 @@ class RecoveryLoop:
         if decision.blocked is Blocked.CORRELATED and incident is not None and self.stats.budget is not None:
             self._herald.tell(incident, events.correlated(incident, self.stats.budget))
         if decision.blocked is Blocked.BUDGET and incident is not None:
-            self._herald.tell(incident, events.blocked(incident, self.stats.budget))
+            self._herald.tell(incident, events.blocked(incident, self.stats.budget, devices=devices))
+
+
+def _fences_grew(stored: Incident, incident: Incident) -> bool:
+    """A new incident, or one that fences a device more (the history keeps the devices it fenced)."""
+    return stored.id != incident.id or len(incident.fences) > len(stored.fences)
 
 
 def _expected(exc: Exception) -> bool:

@@ -7,6 +7,8 @@
 - ``node_health_agent_recovery_blocked_total{why}``: decisions that could not act now, by why
   (``RecoveryBlocked`` = the cluster budget is spent; ``StartupDelay``; ``WaitingForPersistence``; ...).
 - ``node_health_agent_recovery_drains_total{outcome}``: drains by outcome.
+- ``node_health_agent_recovery_device_fences_total{outcome}``: device fences by outcome (fenced, vendor,
+  no-api, not-dra).
 - ``node_health_agent_recovery_errors_total``: steps that failed (API or AWS trouble; retried).
 - ``node_health_agent_recovery_incident_open``: 1 while this node has an open incident.
 - ``node_health_agent_recovery_budget_holders`` / ``..._budget_limit``: the cluster budget as last read
@@ -41,6 +43,8 @@ from agent.recovery.holds import HoldKind
 from agent.recovery.ladder import FAILURE_KINDS, rung_actions
 from agent.recovery.model import Action, Blocked, RecoveryPolicy
 from agent.recovery.stats import UNTRUSTED, RecoveryStats
+
+FENCE_OUTCOMES = ("fenced", "vendor", "no-api", "not-dra")  # agent.recovery.fence.FenceOutcome values
 
 PREFIX = "node_health_agent_recovery_"
 PHASE_KEYS = {
@@ -107,6 +111,12 @@ class RecoveryCollector:
         for outcome in sorted({*(o.value for o in DrainOutcome), *(str(o) for o in s.drains)}):
             drains.add_metric([outcome], s.drains.get(outcome, 0))
         yield drains
+        fences = CounterMetricFamily(
+            PREFIX + "device_fences", "Device fences by outcome (scope: device rules).", labels=["outcome"]
+        )
+        for outcome in sorted({*FENCE_OUTCOMES, *(str(o) for o in s.fences)}):
+            fences.add_metric([outcome], s.fences.get(outcome, 0))
+        yield fences
         yield CounterMetricFamily(PREFIX + "errors", "Recovery steps that failed (retried).", value=s.errors)
         yield GaugeMetricFamily(
             PREFIX + "incident_open", "1 while this node has an open incident.", value=int(s.incident is not None)

@@ -62,22 +62,51 @@ DEFAULT_LEAD_TIME = 3600.0  # cordon and drain this long before an EC2 scheduled
 
 class Action(enum.StrEnum):
     """What recovery may do to a node. ``cordon``, ``taint``, ``drain`` and ``mark-unhealthy`` are
-    disruptive (they take budget); ``uncordon`` gives a recovered node back and never needs budget."""
+    disruptive (they take budget); ``uncordon`` gives a recovered node back and never needs budget.
+    The device actions (a rule with ``scope: device``, :mod:`agent.recovery.devicescope`) act on one
+    device: ``fence-device`` and ``drain-device`` are disruptive (the budget's device rate),
+    ``unfence-device`` gives a healed device back (never needs budget)."""
 
+    FENCE_DEVICE = "fence-device"  # a DeviceTaintRule NoSchedule on the device (agent.recovery.fence)
+    DRAIN_DEVICE = "drain-device"  # evict only the pods holding the device; the node stays schedulable
     CORDON = "cordon"  # spec.unschedulable=true + the incident annotation
     TAINT = "taint"  # NoSchedule taint TAINT_KEY
     DRAIN = "drain"  # evict the node's pods through the Eviction API
     REBOOT = "reboot"  # EC2 RebootInstances (a ladder's reboot remedy: agent.recovery.ladder)
     MARK_UNHEALTHY = "mark-unhealthy"  # Auto Scaling SetInstanceHealth(Unhealthy)
     UNCORDON = "uncordon"  # only a node we cordoned, after the problem healed for uncordon_after
+    UNFENCE_DEVICE = "unfence-device"  # a fenced device whose problem healed or was cleared
 
     @property
     def disruptive(self) -> bool:
-        return self is not Action.UNCORDON
+        return self not in (Action.UNCORDON, Action.UNFENCE_DEVICE)
+
+    @property
+    def on_device(self) -> bool:
+        return self in (Action.FENCE_DEVICE, Action.DRAIN_DEVICE, Action.UNFENCE_DEVICE)
 
 
-# Order in which a rule's actions run (whatever order the policy file lists them in).
-ACTION_ORDER = (Action.CORDON, Action.TAINT, Action.DRAIN, Action.REBOOT, Action.MARK_UNHEALTHY)
+# Order in which a rule's actions run (whatever order the policy file lists them in): a device first.
+ACTION_ORDER = (
+    Action.FENCE_DEVICE,
+    Action.DRAIN_DEVICE,
+    Action.CORDON,
+    Action.TAINT,
+    Action.DRAIN,
+    Action.REBOOT,
+    Action.MARK_UNHEALTHY,
+)
+DEVICE_ACTIONS = (Action.FENCE_DEVICE, Action.DRAIN_DEVICE)  # a device rung's actions, in order
+
+
+class Scope(enum.StrEnum):
+    """Where a rule acts first: the node (every rule before devices), or the device its finding names."""
+
+    NODE = "node"
+    DEVICE = "device"
+
+
+DEFAULT_MAX_DEVICES = 2  # more devices failing at once than this: the node's ladder
 
 
 class Remedy(enum.StrEnum):
@@ -115,6 +144,26 @@ class PolicyRule:
     window: float = DEFAULT_WINDOW  # observation after a reboot: healthy through it = uncordoned; again = climb
     repeat_count: int = 0  # this many incidents of one reason within repeat_period climb too (0 = off)
     repeat_period: float = 0.0
+    # scope device: act on the devices the finding names first (agent.recovery.devicescope), climbing to
+    # the node's actions and ladder when more than max_devices fail at once, a device fails again within
+    # repeat_period (DEVICE_REPEAT_PERIOD when 0), or fencing is not possible
+    scope: Scope = Scope.NODE
+    max_devices: int = DEFAULT_MAX_DEVICES
+
+    @property
+    def node_actions(self) -> tuple[Action, ...]:
+        """The rule's actions on the node (a device rule's climb: cordon when it names none)."""
+        own = tuple(a for a in self.actions if not a.on_device)
+        return own or (Action.CORDON,)
+
+    @property
+    def device_actions(self) -> tuple[Action, ...]:
+        """A device rule's actions on the device (both when it names none)."""
+        own = tuple(a for a in DEVICE_ACTIONS if a in self.actions)
+        return own or DEVICE_ACTIONS
+
+
+DEVICE_REPEAT_PERIOD = 86_400.0  # a device failing again this soon climbs to the node (a rule without repeat)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,6 +220,7 @@ class BudgetSettings:
     max_unhealthy_cap: int | None = 10
     max_actions: int = 10
     window: float = 600.0
+    max_device_actions: int = 20  # device steps (fence, drain a device's pods) per window, cluster-wide
     node_selector: str = ""
     groups: tuple[GroupBudget, ...] = ()  # limits per zone / pool, besides the cluster's
     correlation: CorrelationSettings | None = field(default_factory=CorrelationSettings)  # None = never hold
@@ -207,6 +257,33 @@ class NodeView:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceFence:
+    """What recovery did to one device of an incident (JSON key ``fences`` of the incident record).
+
+    ``device`` is the device's key (``kind:id``, :attr:`agent.core.devices.DeviceRef.key`); ``fence`` the
+    fence's outcome (:class:`agent.recovery.fence.FenceOutcome` value; "" before it was tried); ``rule``
+    the DeviceTaintRule's name; ``holders`` the pods holding it when looked up, ``evicted`` those the
+    device drain moved; ``steps`` the device actions done for it (never repeated)."""
+
+    device: str
+    fence: str = ""
+    rule: str = ""
+    holders: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    steps: tuple[Action, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "fence": self.fence,
+            "rule": self.rule,
+            "holders": list(self.holders),
+            "evicted": list(self.evicted),
+            "steps": [a.value for a in self.steps],
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Incident:
     """One problem episode and what recovery did about it, stored on the Node (INCIDENT_ANNOTATION).
 
@@ -232,11 +309,17 @@ class Incident:
     claim: str = ""
     claimed_at: float | None = None
     evidence: tuple[str, ...] = ()  # where the diagnostics bundles taken before a remedy are (agent.recovery.bundle)
+    fences: tuple[DeviceFence, ...] = ()  # a device-scope incident's devices (agent.recovery.devicescope)
+
+    def fence_of(self, device: str) -> DeviceFence | None:
+        return next((f for f in self.fences if f.device == device), None)
 
     def to_json(self) -> dict:
         """The annotation body (a JSON object; ``agent.recovery.incident`` reads and writes it)."""
         claim = {"claim": self.claim, "claimedAt": self.claimed_at} if self.claim else {}
-        extra = {"evidence": list(self.evidence)} if self.evidence else {}
+        extra: dict[str, object] = {"evidence": list(self.evidence)} if self.evidence else {}
+        if self.fences:  # "fences" sorts after "done": the admission policy's cordon regex is unaffected
+            extra["fences"] = [f.to_json() for f in self.fences]
         return (
             claim
             | extra
@@ -271,6 +354,8 @@ class BudgetView:
     granted: bool = False  # returned by an acquire that took this step for this node (it wrote the Lease)
     window: float = 0.0  # the action window (seconds), for messages
     frees_at: float | None = None  # when the oldest step in the window leaves it (None: no step in it)
+    device_actions_in_window: int = 0  # device steps in the window (their own rate: max_device_actions)
+    max_device_actions: int = 0
     future_actions: int = 0  # step times found later than now + the allowed clock skew (counted as that)
     skew: float = 0.0  # the allowed clock skew they were clamped to
 
@@ -300,6 +385,18 @@ class BudgetView:
                 f"{format_duration(self.skew)} from now"
             )
         return "; ".join(causes)
+
+    @property
+    def why_device_blocked(self) -> str:
+        """What keeps a new device step from starting, in words ("" when nothing does): its own rate."""
+        if self.problem or self.correlated:
+            return self.problem or self.correlated
+        if self.max_device_actions and self.device_actions_in_window >= self.max_device_actions:
+            return (
+                f"{self.device_actions_in_window} of {self.max_device_actions} device steps in the last "
+                f"{format_duration(self.window)} used"
+            )
+        return ""
 
     @property
     def can_start(self) -> bool:

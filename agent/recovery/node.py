@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 from agent.adapters.kube import KubeError
 from agent.core.timefmt import iso
-from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load
-from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, Incident, NodeView
+from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load, read_fences
+from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, DeviceFence, Incident, NodeView
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,17 @@ def _incident(fields: Fields, *, now: float | None) -> Incident:
         claim=fields.text("claim", default=""),
         claimed_at=optional("claimedAt"),
         evidence=tuple(v[:MAX_EVIDENCE] for v in fields.texts("evidence", default=[]))[-8:],
+        fences=tuple(
+            DeviceFence(
+                device=f.device,
+                fence=f.fence,
+                rule=f.rule,
+                holders=f.holders,
+                evicted=f.evicted,
+                steps=tuple(Action(step) for step in f.steps),
+            )
+            for f in read_fences(fields)
+        ),
     )
 
 

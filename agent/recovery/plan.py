@@ -4,13 +4,16 @@ A :class:`Planning` carries what a step read (the snapshot, the Node, the record
 stages so far made of it. Each stage is a plain function ``Planning -> Planning``:
 
 * :data:`BEFORE_GATES` — ``damp`` (a flapping node is held cordoned longer), ``climb`` (the ladder's
-  rung for each rule), ``assess`` (the decision's gates 1 to 5, :func:`agent.recovery.policy.assess`);
+  rung for each rule), ``assess`` (the decision's gates 1 to 5, :func:`agent.recovery.policy.assess`),
+  ``scope`` (a ``scope: device`` rule acts on the devices its finding names, or climbs to the node:
+  :func:`agent.recovery.devicescope.scope`);
 * the loop's gates come between: the holds (pauses, vetoes, the agent's health) and the cluster budget
   are read there, as only a step about to act reads them;
-* :data:`AFTER_GATES` — ``admit`` (gate 6: the budget's answer), ``refine`` (a rebooted node is watched
-  through its window before it is uncordoned).
+* :data:`AFTER_GATES` — ``admit`` (gate 6: the budget's answer; a device step takes no node's place),
+  ``refine`` (a rebooted node is watched through its window before it is uncordoned), ``unfence`` (a
+  healed incident gives its fenced devices back: :func:`agent.recovery.devicescope.unfence`).
 
-A new concern (a per-device scope, say) is one more stage in one of the tuples.
+A new concern is one more stage in one of the tuples.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agent.core.types import Snapshot
-from agent.recovery import flaps
+from agent.recovery import devicescope, flaps
 from agent.recovery import rungs as ladder  # the ladder's pure parts
-from agent.recovery.model import BudgetView, Decision, Incident, NodeView, RecoveryPolicy
+from agent.recovery.model import BudgetView, Decision, Incident, NodeView, RecoveryPolicy, Scope
 from agent.recovery.policy import Proposal, admit, assess, with_budget_held
 
 
@@ -39,6 +42,7 @@ class Planning:
     policy: RecoveryPolicy  # as the stages so far adjusted it
     flaps: flaps.FlapRecord | None = None
     rungs: tuple[ladder.Rung, ...] | None = None  # the ladder's history (None: no ladder)
+    opened: tuple[ladder.Opened, ...] = ()  # the incidents opened on this node (with the devices they fenced)
     plans: Mapping[str, ladder.Plan] = field(default_factory=dict)  # the ladder's rung per incident id
     flap_hold: float | None = None  # damped: how long the flapping node must stay healthy before it is uncordoned
     assessed: Decision | Proposal | None = None
@@ -56,6 +60,11 @@ class Planning:
     def needs_budget(self) -> bool:
         """The assessment's actions wait for the cluster budget (gate 6)."""
         return isinstance(self.assessed, Proposal) and self.enabled
+
+    @property
+    def on_devices(self) -> bool:
+        """The assessment's actions are device actions (the budget's device rate, no node place)."""
+        return isinstance(self.assessed, Proposal) and self.assessed.scope is Scope.DEVICE
 
     @property
     def pending(self) -> Incident | None:
@@ -96,11 +105,20 @@ def assess_stage(p: Planning) -> Planning:
     return dataclasses.replace(p, assessed=assessed)
 
 
+def scope_stage(p: Planning) -> Planning:
+    """A device-scope rule's actions on the devices its finding names, or at the node (devicescope)."""
+    pending = p.assessed.incident if p.assessed is not None else None
+    plan_ = p.plans.get(pending.id) if pending is not None else None
+    rung = plan_.step if plan_ is not None else 0
+    return dataclasses.replace(p, assessed=devicescope.scope(p.assessed, opened=p.opened, now=p.now, rung=rung))
+
+
 def admit_stage(p: Planning) -> Planning:
-    """Gate 6 with the budget's answer; a place granted for this step is held by the incident."""
+    """Gate 6 with the budget's answer; a place granted for this step is held by the incident (a device
+    step takes none)."""
     assert p.assessed is not None
     decision = admit(p.assessed, budget=p.budget, enabled=p.enabled, now=p.now)
-    if p.budget is not None and p.budget.granted and decision.incident is not None:
+    if p.budget is not None and p.budget.granted and decision.incident is not None and not p.on_devices:
         decision = dataclasses.replace(decision, incident=with_budget_held(decision.incident))
     return dataclasses.replace(p, decision=decision)
 
@@ -112,8 +130,15 @@ def refine(p: Planning) -> Planning:
     return dataclasses.replace(p, decision=ladder.refine(p.decision, stored=p.stored, rungs=p.rungs, now=p.now))
 
 
-BEFORE_GATES: tuple[Stage, ...] = (damp, climb, assess_stage)
-AFTER_GATES: tuple[Stage, ...] = (admit_stage, refine)
+def unfence_stage(p: Planning) -> Planning:
+    """A healed incident gives its fenced devices back first (devicescope)."""
+    if p.decision is None:
+        return p
+    return dataclasses.replace(p, decision=devicescope.unfence(p.decision, stored=p.stored))
+
+
+BEFORE_GATES: tuple[Stage, ...] = (damp, climb, assess_stage, scope_stage)
+AFTER_GATES: tuple[Stage, ...] = (admit_stage, refine, unfence_stage)
 
 
 def run(p: Planning, stages: tuple[Stage, ...]) -> Planning:

@@ -30,7 +30,8 @@ Opening and continuing an incident
     (``healthy_since`` set) and a matching condition other than its own is True. A new episode is a
     new incident (new id, ``opened = now``) that keeps what is still in effect from the old one:
     CORDON when we cordoned and the node is still unschedulable (``cordoned_by_us`` stays True), TAINT
-    when our taint is still there, and the budget place (``budget_held``). Drain and mark-unhealthy
+    when our taint is still there, the budget place (``budget_held``) and the devices still fenced
+    (``fences``: agent.recovery.devicescope). Drain and mark-unhealthy
     are done again for the new episode.
 
 Gates, in order (the first that applies decides)
@@ -90,6 +91,7 @@ Healing (no matching condition is True)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -103,10 +105,12 @@ from agent.recovery.model import (
     Blocked,
     BudgetView,
     Decision,
+    DeviceFence,
     Incident,
     NodeView,
     PolicyRule,
     RecoveryPolicy,
+    Scope,
 )
 
 __all__ = [
@@ -204,10 +208,21 @@ def incident_id(*, condition: str, reason: str, node: NodeView, since: float) ->
     return f"{condition}/{reason}/{node.uid or node.name}/{int(since)}"
 
 
-def with_done(incident: Incident, action: Action) -> Incident:
-    """The record after ``action`` succeeded (or, report only, would have): ``done`` in ACTION_ORDER."""
+def with_done(incident: Incident, action: Action, devices: Collection[str] | None = None) -> Incident:
+    """The record after ``action`` succeeded (or, report only, would have): ``done`` in ACTION_ORDER. A
+    device action is a step of each of ``devices`` (None: every device of the incident)."""
     if action is Action.UNCORDON:
         raise ValueError("uncordon closes the incident: store None instead")
+    if action.on_device:
+        fences = tuple(
+            dataclasses.replace(f, steps=(*f.steps, action))
+            if (devices is None or f.device in devices) and action not in f.steps
+            else f
+            for f in incident.fences
+        )
+        incident = dataclasses.replace(incident, fences=fences)
+        if action is Action.UNFENCE_DEVICE:
+            return incident
     done = set(incident.done) | {action}
     return dataclasses.replace(incident, done=tuple(a for a in ACTION_ORDER if a in done))
 
@@ -227,6 +242,8 @@ class Proposal:
     actions: tuple[Action, ...]
     incident: Incident
     primary: Match  # the persisted matching rule True longest
+    scope: Scope = Scope.NODE  # DEVICE: device actions (agent.recovery.devicescope), the budget's device rate
+    note: str = ""  # what the device scope made of it (devicescope: "devices ...", "at the node: why")
 
 
 def decide(
@@ -318,7 +335,9 @@ def admit(assessed: Decision | Proposal, *, budget: BudgetView | None, enabled: 
     if isinstance(assessed, Decision):
         return assessed
     primary, remaining, current = assessed.primary, assessed.actions, assessed.incident
-    if enabled and (budget is None or not budget.can_start):
+    # a device step only with a grant for it (a refused device step's view may still show node places)
+    allowed = budget is not None and (budget.granted if assessed.scope is Scope.DEVICE else budget.can_start)
+    if enabled and not allowed:
         return Decision(
             blocked=Blocked.CORRELATED if budget is not None and budget.correlated else Blocked.BUDGET,
             incident=current,
@@ -326,11 +345,13 @@ def admit(assessed: Decision | Proposal, *, budget: BudgetView | None, enabled: 
             message=f"{_describe(primary)}: {_names(remaining)} blocked: {_budget_reason(budget)}",
         )
     verb = "" if enabled else "would "
+    note = f" ({assessed.note})" if assessed.note else ""
+    true_for = format_duration(now - primary.since)
     return Decision(
         actions=remaining,
         incident=current,
         rule=primary.rule,
-        message=f"{_describe(primary)} True for {format_duration(now - primary.since)}: {verb}{_names(remaining)}",
+        message=f"{_describe(primary)} True for {true_for}: {verb}{_names(remaining)}{note}",
     )
 
 
@@ -439,6 +460,7 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
     done: list[Action] = []
     cordoned_by_us = not node.unschedulable
     budget_held = False
+    fences: tuple[DeviceFence, ...] = ()  # fenced devices stay fenced (and are unfenced when they heal)
     if previous is not None:  # same mode as now (a real incident never reaches here in report only)
         if _cordon_in_effect(previous, node):
             done.append(Action.CORDON)
@@ -446,6 +468,7 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
         if _taint_in_effect(previous, node):
             done.append(Action.TAINT)
         budget_held = previous.budget_held
+        fences = tuple(f for f in previous.fences if _fence_in_effect(f))
     condition = trigger.condition
     return Incident(
         id=incident_id(condition=condition.type, reason=condition.reason, node=node, since=condition.last_transition),
@@ -457,7 +480,12 @@ def _open(trigger: Match, *, node: NodeView, now: float, enabled: bool, previous
         cordoned_by_us=cordoned_by_us,
         budget_held=budget_held,
         dry_run=not enabled,
+        fences=fences,
     )
+
+
+def _fence_in_effect(fence: DeviceFence) -> bool:
+    return Action.FENCE_DEVICE in fence.steps and Action.UNFENCE_DEVICE not in fence.steps
 
 
 def _remaining(found: tuple[Match, ...], incident: Incident, *, now: float) -> tuple[Action, ...]:
@@ -485,6 +513,10 @@ def _budget_reason(budget: BudgetView | None) -> str:
         reasons.append(f"{len(budget.holders)} of {budget.limit} budget places are taken{held}")
     if budget.actions_in_window >= budget.max_actions:
         reasons.append(f"{budget.actions_in_window} of {budget.max_actions} disruptive actions in the window are used")
+    if budget.max_device_actions and budget.device_actions_in_window >= budget.max_device_actions:
+        reasons.append(
+            f"{budget.device_actions_in_window} of {budget.max_device_actions} device actions in the window are used"
+        )
     return "; ".join(reasons) or "the cluster budget is spent"
 
 

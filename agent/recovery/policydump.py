@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.core.durations import format_duration
-from agent.recovery.model import SCHEDULED_CONDITION, BudgetSettings, PolicyRule, RecoveryPolicy, Remedy
+from agent.recovery.model import SCHEDULED_CONDITION, BudgetSettings, PolicyRule, RecoveryPolicy, Remedy, Scope
 
 __all__ = ["policy_document", "policy_yaml"]
 
@@ -36,6 +36,8 @@ def _rule(rule: PolicyRule) -> dict[str, Any]:
             out["window"] = _duration(rule.window)
         if rule.repeat_count:
             out["repeat"] = {"count": rule.repeat_count, "within": _duration(rule.repeat_period)}
+    if rule.scope is Scope.DEVICE:
+        out |= {"scope": rule.scope.value, "maxDevices": rule.max_devices}
     return out
 
 
@@ -47,7 +49,8 @@ def _budget(b: BudgetSettings) -> dict[str, Any]:
     out: dict[str, Any] = {"maxUnhealthy": b.max_unhealthy}
     if not isinstance(b.max_unhealthy, int):
         out["maxUnhealthyCap"] = b.max_unhealthy_cap
-    out |= {"maxActions": b.max_actions, "window": _duration(b.window), "nodeSelector": b.node_selector}
+    out |= {"maxActions": b.max_actions, "maxDeviceActions": b.max_device_actions}
+    out |= {"window": _duration(b.window), "nodeSelector": b.node_selector}
     groups = []
     for g in b.groups:
         group: dict[str, Any] = {"label": g.label, "maxUnhealthy": g.max_unhealthy}

@@ -10,7 +10,8 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
     rules:                     # omitted = the built-in rules; base: none and [] = no rule (never acts)
       - condition: NeuronHealth          # a condition type that is True while the problem is present
         reasons: ["NeuronHasError_*"]    # shell globs over the condition's reason; omitted / [] = any reason
-        actions: [cordon, mark-unhealthy]   # of cordon, taint, drain, mark-unhealthy (run in that order)
+        actions: [cordon, mark-unhealthy]   # of fence-device, drain-device (scope: device only), cordon,
+                                         # taint, drain, mark-unhealthy (run in that order)
         persist: 0s                      # act only once the condition has been True this long
         sources: [kernel-log, builtin-check]  # whose problems it acts on: the condition's owner, of
                                          # kernel-log, log-monitor, builtin-check, check, custom-plugin;
@@ -19,6 +20,13 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
         actions: [cordon, drain]
         leadTime: 1h                     # act this long before the event's NotBefore, not as soon as it is
                                          # scheduled (this condition only; default 1h)
+      - condition: GpuXid                # act on the device the finding names first (agent.recovery.devicescope)
+        reasons: [GpuXid119]
+        scope: device                    # node (the default) | device
+        actions: [fence-device, drain-device]  # the device's rung (both when none is listed)
+        maxDevices: 2                    # more devices failing at once: the node's ladder (default 2)
+        ladder: [reboot, replace]        # the climb: a device again within repeat.within (1 day without
+                                         # repeat), more than maxDevices, or no fence possible
     drain:                     # how a rule's ``drain`` action drains
       podDeadline: 5m          # how long one pod may take to leave (evictions retried meanwhile)
       onDeadline: report       # report (leave it, stay cordoned) | delete (bypasses its PodDisruptionBudget)
@@ -29,6 +37,7 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
       maxUnhealthy: 10%        # failure domains disrupted at once: a count (3) or a percentage, rounded up
       maxUnhealthyCap: 10      # caps a percentage; null = no cap (not allowed with a count)
       maxActions: 10           # disruptive steps per window, cluster-wide
+      maxDeviceActions: 20     # device steps (scope: device) per window, cluster-wide; they take no place
       window: 10m
       nodeSelector: ""         # label selector of the nodes the percentage counts; "" = every node
       groups:                  # limits per zone or pool too (default: none), each like the cluster's
@@ -49,7 +58,9 @@ cordoning (the scheduler would put pods back onto the node being drained), a rul
 own (``Ready``, ``AcceleratedHardwareReady``, ...: True means healthy there), unknown ``sources``, a rule that
 can never match because an earlier rule takes all its reasons (the first matching rule governs a
 condition; in the merged order, the built-in rules included), a ``podDeadline`` longer than the
-drain ``timeout``, a ``maxUnhealthyCap`` with a count, and a ``nodeSelector`` that is not a label selector.
+drain ``timeout``, a ``maxUnhealthyCap`` with a count, a ``nodeSelector`` that is not a label selector, a
+``scope`` other than node or device, device actions or ``maxDevices`` without ``scope: device``, and a
+``maxDevices`` below 1.
 """
 
 from __future__ import annotations
@@ -70,7 +81,9 @@ from agent.recovery.model import (
     ACTION_ORDER,
     BUILTIN_CONDITIONS,
     DEFAULT_LEAD_TIME,
+    DEFAULT_MAX_DEVICES,
     DEFAULT_WINDOW,
+    DEVICE_ACTIONS,
     SCHEDULED_CONDITION,
     TRUSTED_FOR_BUILTIN,
     Action,
@@ -82,6 +95,7 @@ from agent.recovery.model import (
     PolicyRule,
     RecoveryPolicy,
     Remedy,
+    Scope,
 )
 from agent.recovery.policy import rule_for
 from agent.recovery.policymerge import covers, describe_rule, merge_rules
@@ -94,9 +108,12 @@ _REBOOT_FIRST = (Remedy.REBOOT, Remedy.REPLACE)
 _LEMON = (3, 7 * 86400.0)  # the third incident of one reason on one instance within 7 days climbs
 
 
-def _builtin(condition: str, reasons: tuple[str, ...], actions: tuple[Action, ...], ladder: tuple = ()) -> PolicyRule:
+def _builtin(
+    condition: str, reasons: tuple[str, ...], actions: tuple[Action, ...], ladder: tuple = (), scope: Scope = Scope.NODE
+) -> PolicyRule:
     count, period = _LEMON if ladder else (0, 0.0)
     return PolicyRule(
+        scope=scope,
         condition=condition,
         reasons=reasons,
         actions=actions,
@@ -109,10 +126,12 @@ def _builtin(condition: str, reasons: tuple[str, ...], actions: tuple[Action, ..
     )
 
 
-# NVIDIA: the Xid catalog's immediate action decides (agent.recovery.xid); Neuron keeps the seed's replace.
+# NVIDIA: the Xid catalog's immediate action decides (agent.recovery.xid): a GPU reset's at the device first
+# (then the reboot ladder), the rest at the node; Neuron keeps the seed's replace (a file opts into scope: device).
 DEFAULT_RULES = (
     _builtin("NeuronHealth", ("NeuronHasError_*",), _DEFAULT_ACTIONS),
     _builtin("GpuXid", xid.reasons(xid.REPLACE), _DEFAULT_ACTIONS),
+    _builtin("GpuXid", xid.reasons(xid.DEVICE_FIRST), (*DEVICE_ACTIONS, *_REPORT), _REBOOT_FIRST, Scope.DEVICE),
     _builtin("GpuXid", xid.reasons(xid.REBOOT_FIRST), _REPORT, _REBOOT_FIRST),
     _builtin("GpuXid", (), _REPORT),
     _builtin("GpuDriverError", ("GpuFallenOffBus", "GpuInitFailed", "GpuProbeFailed"), _REPORT, _REBOOT_FIRST),
@@ -136,12 +155,34 @@ DEFAULT_POLICY = RecoveryPolicy(
 BASE_BUILTIN, BASE_NONE = "builtin", "none"
 BASES = (BASE_BUILTIN, BASE_NONE)
 TOP_KEYS = ("base", "startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
-RULE_KEYS = ("condition", "reasons", "actions", "persist", "sources", "leadTime", "ladder", "window", "repeat")
+RULE_KEYS = (
+    "condition",
+    "reasons",
+    "actions",
+    "persist",
+    "sources",
+    "leadTime",
+    "ladder",
+    "window",
+    "repeat",
+    "scope",
+    "maxDevices",
+)
+SCOPE_NAMES = tuple(s.value for s in Scope)
 REPEAT_KEYS = ("count", "within")
 REMEDY_NAMES = tuple(r.value for r in Remedy)
 SOURCE_NAMES = tuple(p.value for p in Provenance)
 DRAIN_KEYS = ("podDeadline", "onDeadline", "evictionsPerSecond", "timeout", "waitForDeletion")
-BUDGET_KEYS = ("maxUnhealthy", "maxUnhealthyCap", "maxActions", "window", "nodeSelector", "groups", "correlation")
+BUDGET_KEYS = (
+    "maxUnhealthy",
+    "maxUnhealthyCap",
+    "maxActions",
+    "maxDeviceActions",
+    "window",
+    "nodeSelector",
+    "groups",
+    "correlation",
+)
 GROUP_KEYS = ("label", "maxUnhealthy", "maxUnhealthyCap")
 CORRELATION_KEYS = ("labels", "share", "minNodes", "newNodeWindow", "newNodeRepeats")
 _PERCENT_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -336,10 +377,14 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
                     col.add((*path, "reasons", j), f"must be a non-empty reason or glob, got {glob!r}")
             reasons = tuple(g for g in raw_reasons if isinstance(g, str) and g.strip())
     ladder = _check_ladder(item, col=col, path=path)
-    if ladder and "actions" not in item:
-        actions: tuple[Action, ...] = (Action.CORDON,)  # the rungs bring their own actions
+    scope, max_devices = _check_scope(item, col=col, path=path)
+    if "actions" not in item and (ladder or scope is Scope.DEVICE):
+        # the rungs bring their own actions; a device rule's are the device's, then cordon
+        actions: tuple[Action, ...] = (*DEVICE_ACTIONS, Action.CORDON) if scope is Scope.DEVICE else (Action.CORDON,)
     else:
         actions = _check_actions(item.get("actions"), col=col, path=(*path, "actions"))
+    if scope is not Scope.DEVICE and any(a.on_device for a in actions):
+        col.add((*path, "actions"), "fence-device and drain-device act on a device: they need scope: device")
     if ladder and Action.MARK_UNHEALTHY in actions:
         col.add((*path, "actions"), "mark-unhealthy is the ladder's replace: leave it out of actions")
     persist = _duration(item, "persist", 0.0, col=col, path=path)
@@ -373,7 +418,22 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
         window=window,
         repeat_count=count,
         repeat_period=period,
+        scope=scope,
+        max_devices=max_devices,
     )
+
+
+def _check_scope(item: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[Scope, int]:
+    """``scope: node | device`` and, with device, ``maxDevices`` (at least 1)."""
+    raw = item.get("scope", Scope.NODE.value)
+    if not isinstance(raw, str) or raw not in SCOPE_NAMES:
+        col.add((*path, "scope"), f"must be one of {', '.join(SCOPE_NAMES)}, got {raw!r:.100}")
+        raw = Scope.NODE.value
+    scope = Scope(raw)
+    if "maxDevices" in item and scope is not Scope.DEVICE:
+        col.add((*path, "maxDevices"), "counts the devices failing at once of a device rule: it needs scope: device")
+        return scope, DEFAULT_MAX_DEVICES
+    return scope, _integer(item, "maxDevices", DEFAULT_MAX_DEVICES, col=col, path=path)
 
 
 def _check_ladder(item: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[Remedy, ...]:
@@ -522,6 +582,7 @@ def _check_budget(data: Mapping[str, Any], *, col: Problems) -> BudgetSettings:
         max_unhealthy=max_unhealthy,
         max_unhealthy_cap=cap,
         max_actions=_integer(data, "maxActions", default.max_actions, col=col, path=path),
+        max_device_actions=_integer(data, "maxDeviceActions", default.max_device_actions, col=col, path=path),
         window=_duration(data, "window", default.window, col=col, path=path, positive=True),
         node_selector=selector.strip(),
         groups=_check_groups(data.get("groups"), col=col),
@@ -694,6 +755,8 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
             wait += f", {format_duration(rule.lead_time)} before the scheduled time"
         trusted = f", raised by {' or '.join(p.value for p in rule.sources)}" if rule.sources else ""
         what = ", ".join(a.value for a in rule.actions)
+        if rule.scope is Scope.DEVICE:
+            what = f"scope device (at most {rule.max_devices} at once): {what}"
         if rule.ladder:
             what += "; ladder " + " -> ".join(r.value for r in rule.ladder)
             if Remedy.REBOOT in rule.ladder:
@@ -737,7 +800,7 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
     scope = f"nodes matching {b.node_selector!r}" if b.node_selector else "all nodes"
     lines.append(
         f"budget: {places} of {scope} disrupted at once; {b.max_actions} disruptive actions per "
-        f"{format_duration(b.window)}"
+        f"{format_duration(b.window)}; {b.max_device_actions} device actions per {format_duration(b.window)}"
     )
     for group in b.groups:
         cap = f", at most {group.max_unhealthy_cap}" if group.max_unhealthy_cap is not None else ""

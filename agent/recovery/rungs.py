@@ -39,6 +39,7 @@ MAX_STEP = len(Remedy) - 1  # a rung's step: an index into a ladder, which names
 MAX_BOOT = 256  # characters of a boot id (36 in Linux's format)
 MAX_RUNGS = 20  # history kept on the Node (the oldest are dropped)
 MAX_OPENED = 20  # incident opens kept on the Node (the oldest are dropped)
+MAX_DEVICES = 64  # devices kept per incident open
 REBOOT_GRACE = 3600.0  # a requested reboot not seen finished this long no longer counts as "within the window"
 RETRY_INITIAL = 30.0  # seconds before a failed RebootInstances is tried again (doubling)
 RETRY_MAX = 600.0
@@ -118,9 +119,13 @@ class Opened:
     incident: str
     condition: str
     at: float
+    devices: tuple[str, ...] = ()  # the devices it fenced (keys): one failing again climbs (devicescope)
 
     def to_json(self) -> dict[str, Any]:
-        return {"incident": self.incident, "condition": self.condition, "at": self.at}
+        out: dict[str, Any] = {"incident": self.incident, "condition": self.condition, "at": self.at}
+        if self.devices:
+            out["devices"] = list(self.devices)
+        return out
 
     @staticmethod
     def from_json(data: Any, *, now: float | None = None) -> Opened:
@@ -130,6 +135,7 @@ class Opened:
             incident=fields.text("incident"),
             condition=fields.text("condition"),
             at=fields.time("at", now=now, ahead=FUTURE_SLACK),
+            devices=fields.texts("devices", default=[], limit=300)[:MAX_DEVICES],
         )
 
 
@@ -186,10 +192,17 @@ def history_text(rungs: tuple[Rung, ...], opened: tuple[Opened, ...] = ()) -> st
 
 def with_opened(opened: tuple[Opened, ...], incident: Incident) -> tuple[tuple[Opened, ...], float | None]:
     """``opened`` with ``incident`` added (bounded), and the seconds since the previous incident opened
-    (from its problem's time to this one's; None: no previous one, or this one is on record already)."""
-    if any(o.incident == incident.id for o in opened):
-        return opened, None
-    entry = Opened(incident=incident.id, condition=incident.condition, at=incident.since)
+    (from its problem's time to this one's; None: no previous one, or this one is on record already).
+    The devices the incident fences are kept with it (an entry on record gains those it lacks)."""
+    devices = tuple(f.device for f in incident.fences)[:MAX_DEVICES]
+    known = next((o for o in opened if o.incident == incident.id), None)
+    if known is not None:
+        more = tuple(d for d in devices if d not in known.devices)
+        if not more:
+            return opened, None
+        grown = dataclasses.replace(known, devices=(*known.devices, *more)[:MAX_DEVICES])
+        return tuple(grown if o is known else o for o in opened), None
+    entry = Opened(incident=incident.id, condition=incident.condition, at=incident.since, devices=devices)
     between = max(0.0, incident.since - opened[-1].at) if opened else None
     return (*opened, entry)[-MAX_OPENED:], between
 

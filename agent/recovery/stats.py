@@ -26,6 +26,7 @@ class RecoveryStats:
     would: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # action
     blocked: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # Blocked value
     drains: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # outcome
+    fences: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # a device fence's outcome
     errors: int = 0
     steps: int = 0
     last_error: str | None = None

@@ -13,7 +13,16 @@ than restarting the application. The catalog's action decides the first rung:
 * Anything else the pack raises (78 ``UPDATE_SWFW``, 159 ``CHECK_UVM``, the ``...Repeated`` reasons of
   application-level codes): cordon and report only.
 
-``tests/test_recovery_xid.py`` checks these lists against the catalog kept in shared/reference.
+The device first (``scope: device``, :mod:`agent.recovery.devicescope`): the ``RESET_GPU`` codes that are
+one GPU's fault, and the *contained* memory error 94 (``CONTAINED_ERROR``: the catalog says RESTART_APP;
+the pack raises no condition for it today), are fenced and their pods drained first, the reboot ladder
+following on a repeat. Memory that is uncorrectable stays at the node as before: 95
+(``UNCONTAINED_ERROR``, RESET_GPU), 140 (``UNRECOVERABLE_ECC_ERROR_ESCAPE``, RESET_GPU), 48 (``GPU_ECC_DBE``,
+its own workflow) and 64 (the row-remap failure, replace); so do 79 (fallen off the bus, RESTART_BM: the
+GPU is gone from the bus, nothing on the node can use it again before a reboot), 151 (RESTART_VM) and the
+NVLink workflows (74, 144-150: a link has two ends).
+
+``tests/recovery/test_recovery_xid.py`` checks these lists against the catalog kept in shared/reference.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ RESET_WORKFLOWS = (48, 74, 144, 145, 146, 147, 148, 149, 150, 154)
 REBOOT_FIRST = tuple(sorted(RESET_GPU + RESTART_BM + RESTART_VM + RESET_WORKFLOWS))
 ROW_REMAP_FAILURE = 64
 REPLACE = (54, ROW_REMAP_FAILURE, 142)  # CHECK_MECHANICALS, the row-remap failure, CONTACT_SUPPORT
+UNCORRECTABLE_MEMORY = (48, ROW_REMAP_FAILURE, 95, 140)  # at the node: the GPU's memory cannot be trusted
+CONTAINED = (94,)  # CONTAINED_ERROR: the error stayed in the faulting context
+DEVICE_FIRST = tuple(sorted({*RESET_GPU, *CONTAINED} - set(UNCORRECTABLE_MEMORY)))
 
 
 def reasons(codes: tuple[int, ...]) -> tuple[str, ...]:

@@ -187,6 +187,7 @@ class LoopHarness:
         drainer: Callable[[threading.Event, Callable[[str, str], None]], DrainResult] | None = None,
         ladder: Ladder | None = None,
         holds: HoldGate | None = None,
+        devices: Mapping[str, Any] | None = None,  # the device scope's seams: fencer, holders, holder_teller, ...
     ) -> None:
         self.api, self.client = api, client
         self.clock = clock or Clock()
@@ -224,6 +225,7 @@ class LoopHarness:
             clock=self.clock,
             interval=interval,
             holds=holds,
+            **(devices or {}),
         )
         self.loop = RecoveryLoop(**self._loop_args)
 

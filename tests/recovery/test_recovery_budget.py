@@ -4,6 +4,7 @@ Lease, and 15 agents of a 50-node cluster asking at once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -197,6 +198,7 @@ def test_acquire_creates_the_lease_and_records_the_writer(api, agents):
         granted=True,
         window=600.0,
         frees_at=T0 + 600.0,
+        max_device_actions=20,
         skew=CLOCK_SKEW,
     )
     lease = api.get_object("leases", LEASE, NS)
@@ -648,3 +650,21 @@ def test_a_write_answered_500_and_not_applied_fails(api, agents):
     with pytest.raises(KubeError) as info:
         agents()("node-00").acquire(incident_id="i0")
     assert info.value.status == 500 and api.get_object("leases", LEASE, NS) is None
+
+
+# ---- device steps: their own rate, no place ----------------------------------------------------------------
+
+
+def test_device_steps_take_no_place_and_have_their_own_rate(api, agents):
+    add_nodes(api, nodes(2))
+    clock = Clock()
+    b = agents(dataclasses.replace(ROOMY, max_device_actions=2), clock)("node-00")
+    first = b.acquire_device(incident_id="GpuXid/GpuXid119/uid/1", problem="GpuXid")
+    second = b.acquire_device(incident_id="GpuXid/GpuXid119/uid/1", problem="GpuXid")
+    third = b.acquire_device(incident_id="GpuXid/GpuXid119/uid/1", problem="GpuXid")
+    assert (first.granted, second.granted, third.granted) == (True, True, False)
+    assert third.why_device_blocked == "2 of 2 device steps in the last 10m used"
+    assert state(api).holders == {} and state(api).actions == () and state(api).device_actions == (T0, T0)
+    assert b.acquire(incident_id="NeuronHealth/X/uid/2").granted  # node steps are not counted against them
+    clock.now += 601
+    assert b.acquire_device(incident_id="GpuXid/GpuXid119/uid/1", problem="GpuXid").granted  # the window passed

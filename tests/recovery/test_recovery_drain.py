@@ -8,6 +8,7 @@ an outage beginning or ending, a stop).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -536,3 +537,37 @@ def test_kube_error_is_what_the_client_raises(setup) -> None:
     with pytest.raises(KubeError) as caught:
         setup.client.list_pods_on_node(NODE)
     assert caught.value.status is None and caught.value.transient
+
+
+# ---- a device drain: only the pods holding the device ------------------------------------------------------
+
+
+def device_drain(setup: Setup, only: frozenset[str], **settings: Any) -> DrainResult:
+    return dataclasses.replace(setup.drainer(**settings), only=only).run(threading.Event())
+
+
+def test_a_device_drain_moves_only_the_holder_pods(setup) -> None:
+    put(setup.server, pod("holder", namespace="team"), pod("other-gpu", namespace="team"), pod("no-gpu"))
+    setup.kubelet_confirms()
+
+    result = device_drain(setup, frozenset({"team/holder"}))
+
+    assert result.outcome is DrainOutcome.DONE and result.evicted == ("team/holder",)
+    assert setup.on_node() == ["default/no-gpu", "team/other-gpu"]
+    assert setup.evictions() == 1
+    assert "1 device holder pods of node" in setup.reports[0][2]
+
+
+def test_a_device_drain_respects_the_holders_disruption_budget(setup) -> None:
+    put(
+        setup.server,
+        pod("holder", labels={"app": "train"}),
+        pod("other", labels={"app": "train"}, node="node-2"),
+        pdb("train", app="train", min_available=2),
+    )
+    setup.kubelet_confirms()
+
+    result = device_drain(setup, frozenset({"default/holder"}), pod_deadline=60.0, timeout=120.0)
+
+    assert result.outcome is DrainOutcome.DEADLINE and result.remaining == ("default/holder",)
+    assert setup.on_node() == ["default/holder"]  # the budget keeps it; nothing deleted

@@ -25,6 +25,7 @@ from agent.recovery.model import (
     PolicyRule,
     RecoveryPolicy,
     Remedy,
+    Scope,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY, load_policy, policy_summary, published, selector_problem
 
@@ -35,6 +36,7 @@ NO_NODE = (
     else "expected the node content, but found '<stream end>'"
 )
 CORDON, TAINT, DRAIN, MARK = Action.CORDON, Action.TAINT, Action.DRAIN, Action.MARK_UNHEALTHY
+FENCE, DRAIN_DEVICE = Action.FENCE_DEVICE, Action.DRAIN_DEVICE
 REBOOT_IS_A_REMEDY = "reboot is a remedy: put it in the rule's ladder, e.g. ladder: [reboot, replace]"
 
 
@@ -72,6 +74,7 @@ def test_default_policy():
     assert [(r.condition, bool(r.reasons), r.actions, r.ladder) for r in DEFAULT_POLICY.rules] == [
         ("NeuronHealth", True, (CORDON, MARK), ()),
         ("GpuXid", True, (CORDON, MARK), ()),
+        ("GpuXid", True, (FENCE, DRAIN_DEVICE, CORDON), ladder),  # one GPU's reset: the device first
         ("GpuXid", True, (CORDON,), ladder),
         ("GpuXid", False, (CORDON,), ()),
         ("GpuDriverError", True, (CORDON,), ladder),
@@ -84,6 +87,7 @@ def test_default_policy():
         ("NeuronDevices", False, (CORDON, MARK), ()),
     ]
     assert DEFAULT_POLICY.rules[0].reasons == ("NeuronHasError_*",)
+    assert [r.scope for r in DEFAULT_POLICY.rules].count(Scope.DEVICE) == 1  # NeuronHealth keeps replace
     assert all(r.persist == 0.0 for r in DEFAULT_POLICY.rules)
     assert not any(DRAIN in r.actions for r in DEFAULT_POLICY.rules)
 
@@ -202,7 +206,7 @@ def test_partial_sections_keep_their_defaults(tmp_path):
 
 # ---- every problem, with its exact message ----------------------------------------------------------------
 
-KNOWN_ACTIONS = "(known: cordon, taint, drain, mark-unhealthy)"
+KNOWN_ACTIONS = "(known: fence-device, drain-device, cordon, taint, drain, mark-unhealthy)"
 
 
 @pytest.mark.parametrize(
@@ -516,9 +520,12 @@ def test_selector_problem(selector, ok):
 
 def test_policy_summary_of_the_default():
     assert policy_summary(DEFAULT_POLICY) == [
-        "recovery rules: 12",
+        "recovery rules: 13",
         "  NeuronHealth [NeuronHasError_*, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
         "  GpuXid [GpuXid54, GpuXid64, GpuXid142, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "  GpuXid [GpuXid46, GpuXid62, GpuXid94, GpuXid109, GpuXid110, GpuXid119, GpuXid120, GpuXid136, "
+        "GpuXid143, GpuXid155, GpuXid156, GpuXid158, raised by kernel-log or builtin-check]: scope device (at most "
+        "2 at once): fence-device, drain-device, cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
         "  GpuXid [GpuXid46, GpuXid48, GpuXid62, GpuXid74, GpuXid79, GpuXid95, GpuXid109, GpuXid110"
         ", GpuXid119, GpuXid120, GpuXid136, GpuXid140, GpuXid143, GpuXid144, GpuXid145, GpuXid146, "
         "GpuXid147, GpuXid148, GpuXid149, GpuXid150, GpuXid151, GpuXid154, GpuXid155, GpuXid156, Gp"
@@ -542,7 +549,7 @@ def test_policy_summary_of_the_default():
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
         "drain: 5 evictions/s, each pod 5m then report, wait 2m for deletion, whole drain 30m",
         "budget: 10% of the failure domains (rounded up, at least 1, at most 10) of all nodes disrupted at once; "
-        "10 disruptive actions per 10m",
+        "10 disruptive actions per 10m; 20 device actions per 10m",
         "correlated failure: held where more than 30% (at least 3) of a group's nodes, or 2 created within 1h, show "
         "one problem type; groups by topology.kubernetes.io/zone, eks.amazonaws.com/nodegroup, karpenter.sh/nodepool, "
         "cloud.google.com/gke-nodepool, kubernetes.azure.com/agentpool",
@@ -575,7 +582,8 @@ def test_policy_summary_of_a_file(tmp_path):
         "uncordon: a node we cordoned, once healthy for 10m (never one marked unhealthy)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
         "drain: 5 evictions/s, each pod 5m then report, wait 2m for deletion, whole drain 30m",
-        "budget: 2 failure domain(s) of nodes matching 'role=gpu' disrupted at once; 10 disruptive actions per 10m",
+        "budget: 2 failure domain(s) of nodes matching 'role=gpu' disrupted at once; 10 disruptive actions per 10m; "
+        "20 device actions per 10m",
         "  and 50%, at most 2 per topology.kubernetes.io/zone value",
         "correlated failure: never held",
     ]

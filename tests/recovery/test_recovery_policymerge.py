@@ -104,7 +104,7 @@ def test_base_none_without_rules_has_no_rule(tmp_path):
 
 # ---- merged by key --------------------------------------------------------------------------------------
 
-XID_REBOOT_REASONS = DEFAULT_RULES[2].reasons  # the built-in reboot-first Xids
+XID_REBOOT_REASONS = DEFAULT_RULES[3].reasons  # the built-in reboot-first Xids (after the device-first ones)
 
 
 @pytest.mark.parametrize(
@@ -115,15 +115,15 @@ XID_REBOOT_REASONS = DEFAULT_RULES[2].reasons  # the built-in reboot-first Xids
             "- {condition: GpuEcc, reasons: [GpuRetiredPagesPending, GpuEccUncorrectable, GpuRowRemapPending], "
             "ladder: [replace]}",
             {
-                ("GpuEcc", "GpuEccUncorrectable"): ("file", 7, (Remedy.REPLACE,)),
-                ("GpuXid", "GpuXid79"): ("built-in", 2, REBOOT_FIRST),
+                ("GpuEcc", "GpuEccUncorrectable"): ("file", 8, (Remedy.REPLACE,)),
+                ("GpuXid", "GpuXid79"): ("built-in", 3, REBOOT_FIRST),
             },
             ["GpuEcc [GpuEccUncorrectable, GpuRowRemapPending, GpuRetiredPagesPending]: replaced by {file}:1"],
         ),
         # A built-in catch-all replaced: the built-in rules for named reasons still come first.
         (
             "- {condition: GpuXid, actions: [cordon, taint]}",
-            {("GpuXid", "GpuXid13Repeated"): ("file", 3, ()), ("GpuXid", "GpuXid79"): ("built-in", 2, REBOOT_FIRST)},
+            {("GpuXid", "GpuXid13Repeated"): ("file", 4, ()), ("GpuXid", "GpuXid79"): ("built-in", 3, REBOOT_FIRST)},
             ["GpuXid [any reason]: replaced by {file}:1"],
         ),
         # A new, narrower rule goes ahead of the built-in rules: it governs its reason, the others keep theirs.
@@ -131,7 +131,8 @@ XID_REBOOT_REASONS = DEFAULT_RULES[2].reasons  # the built-in reboot-first Xids
             "- {condition: GpuXid, reasons: [GpuXid79], ladder: [replace]}",
             {
                 ("GpuXid", "GpuXid79"): ("file", 0, (Remedy.REPLACE,)),
-                ("GpuXid", "GpuXid46"): ("built-in", 3, REBOOT_FIRST),
+                ("GpuXid", "GpuXid95"): ("built-in", 4, REBOOT_FIRST),
+                ("GpuXid", "GpuXid46"): ("built-in", 3, REBOOT_FIRST),  # the device-first rule's climb
             },
             [],
         ),
@@ -144,7 +145,7 @@ XID_REBOOT_REASONS = DEFAULT_RULES[2].reasons  # the built-in reboot-first Xids
         # A condition of the operator's own: added, every built-in rule kept.
         (
             "- {condition: MyFabric, actions: [cordon]}",
-            {("MyFabric", "LinkDown"): ("file", 0, ()), ("GpuXid", "GpuXid79"): ("built-in", 3, REBOOT_FIRST)},
+            {("MyFabric", "LinkDown"): ("file", 0, ()), ("GpuXid", "GpuXid79"): ("built-in", 4, REBOOT_FIRST)},
             [],
         ),
     ],
@@ -263,7 +264,7 @@ def test_validate_config_names_the_built_in_rules_a_file_leaves_out(tmp_path, ca
     assert main(["validate-config", "--recovery-policy", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"  note: built-in rule GpuCount [any reason]: replaced by {path}:2\n" in out
-    assert "  recovery rules: 12\n" in out
+    assert "  recovery rules: 13\n" in out
     assert "validate-config --print-policy prints the effective policy" in out
 
 

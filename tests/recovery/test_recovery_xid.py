@@ -10,7 +10,7 @@ import yaml
 
 from agent.core.types import Condition, Status
 from agent.recovery import xid
-from agent.recovery.model import Action, Remedy
+from agent.recovery.model import Action, Remedy, Scope
 from agent.recovery.policy import rule_for
 from agent.recovery.policyfile import DEFAULT_POLICY
 
@@ -68,13 +68,18 @@ def first(reason: str, condition: str = "GpuXid") -> tuple[tuple[Action, ...], t
 REPLACE = ((Action.CORDON, Action.MARK_UNHEALTHY), ())
 REBOOT = ((Action.CORDON,), (Remedy.REBOOT, Remedy.REPLACE))
 REPORT = ((Action.CORDON,), ())
+DEVICE = ((Action.FENCE_DEVICE, Action.DRAIN_DEVICE, Action.CORDON), (Remedy.REBOOT, Remedy.REPLACE))
 
 
 @pytest.mark.parametrize(
     ("condition", "reason", "expected"),
     [
         ("GpuXid", "GpuXid79", REBOOT),  # fallen off the bus: RESTART_BM
-        ("GpuXid", "GpuXid119", REBOOT),  # GSP RPC timeout: RESET_GPU
+        ("GpuXid", "GpuXid119", DEVICE),  # GSP RPC timeout: RESET_GPU, one GPU's: the device first
+        ("GpuXid", "GpuXid46", DEVICE),  # GPU timeout: RESET_GPU
+        ("GpuXid", "GpuXid95", REBOOT),  # uncontained memory error: at the node
+        ("GpuXid", "GpuXid140", REBOOT),  # unrecoverable ECC error escape: at the node
+        ("GpuXid", "GpuXid48", REBOOT),  # double-bit ECC: at the node
         ("GpuXid", "GpuXid151", REBOOT),  # RESTART_VM
         ("GpuXid", "GpuXid64", REPLACE),  # row-remap failure
         ("GpuXid", "GpuXid142", REPLACE),  # CONTACT_SUPPORT
@@ -88,3 +93,22 @@ REPORT = ((Action.CORDON,), ())
 )
 def test_the_built_in_first_remedy(condition, reason, expected):
     assert first(reason, condition) == expected
+
+
+def test_the_device_first_codes_are_one_gpus_resets_and_contained_errors():
+    actions = catalog()
+    assert {actions[c] for c in xid.DEVICE_FIRST} <= {"RESET_GPU", "RESTART_APP"}
+    assert {c for c in xid.DEVICE_FIRST if actions[c] == "RESTART_APP"} == set(xid.CONTAINED)
+    # uncorrectable memory and the GPU gone from the bus stay at the node
+    assert not set(xid.DEVICE_FIRST) & {*xid.UNCORRECTABLE_MEMORY, *xid.RESTART_BM, *xid.RESTART_VM}
+
+
+def test_the_device_rule_goes_first_and_falls_back_to_the_reboot_ladder():
+    rule = rule_for(
+        DEFAULT_POLICY,
+        Condition(type="GpuXid", status=Status.TRUE, reason="GpuXid119", message="", last_transition=0, last_update=0),
+        DEFAULT_POLICY.rules[0].sources[0],
+    )
+    assert rule is not None
+    assert rule[1].scope is Scope.DEVICE and rule[1].max_devices == 2
+    assert rule[1].node_actions == (Action.CORDON,) and rule[1].ladder == (Remedy.REBOOT, Remedy.REPLACE)

@@ -7,6 +7,8 @@ drain and the diagnostics bundle only when acting. Which actions a policy can ta
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from agent.recovery.holds import HoldGate
     from agent.recovery.loop import RecoveryLoop
     from agent.recovery.model import Action, RecoveryPolicy
+
+log = logging.getLogger(__name__)
 
 
 def recovery_policy(settings: Settings, policy: RecoveryPolicy | None) -> RecoveryPolicy:
@@ -76,7 +80,12 @@ def recovery_loop(
         settings, kube=kube, feed=feed, policy=policy, aws=aws, clock=clock, conditions=conditions,
         kernel_log=kernel_log, check_stats=check_stats,
     )  # fmt: skip
-    return RecoveryLoop(
+    made: list[RecoveryLoop] = []  # the loop's stop event ends a holder Event waiting for room in the inbox
+    devices = device_parts(
+        settings, kube=kube, policy=policy, inbox=inbox, clock=clock,
+        stopping=lambda: made[0].stopping if made else threading.Event(),
+    )  # fmt: skip
+    loop = RecoveryLoop(
         feed=feed,
         inbox=inbox,
         client=kube.client,
@@ -86,7 +95,73 @@ def recovery_loop(
         clock=clock,
         holds=hold_gate(settings=settings, kube=kube, health=health, stale=stale, policy=policy),
         **acting,
+        **devices,
     )
+    made.append(loop)
+    return loop
+
+
+def device_parts(
+    settings: Settings,
+    *,
+    kube: KubeSetup,
+    policy: RecoveryPolicy,
+    inbox: Inbox,
+    clock: Callable[[], float],
+    stopping: Callable[[], threading.Event],
+) -> dict[str, Any]:
+    """The device scope's parts (agent.recovery.deviceactions): the DRA fence, who holds a device, telling
+    them, and a drain of only their pods. None each unless acting with a ``scope: device`` rule; a build
+    without the fence (agent.recovery.fence) leaves the fencer None: its rules climb to the node's ladder."""
+    from agent.recovery.model import Scope
+
+    parts: dict[str, Any] = dict.fromkeys(("fencer", "holders", "holder_teller", "device_drainer"))
+    if not settings.enable_recovery or not any(rule.scope is Scope.DEVICE for rule in policy.rules):
+        return parts
+    parts["device_drainer"] = device_drain_runner(kube=kube, policy=policy, clock=clock)
+    try:  # by name: agent.recovery.fence (the DRA fence) is its own helper's module
+        fence = importlib.import_module("agent.recovery.fence")
+    except ModuleNotFoundError as exc:  # this build has no DRA fence: fencing is "not possible"
+        log.warning("recovery: no device fence in this build (%s): device rules act on the node", exc)
+    else:
+        parts["fencer"] = fence.DeviceFencer(client=kube.client, node_name=kube.node_name)
+    if getattr(settings, "device_holders", False):
+        teller = holder_parts(settings, kube=kube, inbox=inbox, clock=clock, stopping=stopping)
+        parts["holders"], parts["holder_teller"] = teller
+    return parts
+
+
+def holder_parts(
+    settings: Settings,
+    *,
+    kube: KubeSetup,
+    inbox: Inbox,
+    clock: Callable[[], float],
+    stopping: Callable[[], threading.Event],
+) -> tuple[Any, Any]:
+    """Who holds a device (the kubelet's pod-resources socket) and the Events that tell those pods."""
+    from agent.core.bus import Notice
+
+    lookup = importlib.import_module("agent.recovery.holderlookup")  # --device-holders: its helper's modules
+    tell = importlib.import_module("agent.recovery.holdertell")
+
+    def put(event: Any) -> None:
+        inbox.put(Notice(events=[event]), stop=stopping())
+
+    socket = getattr(settings, "pod_resources_socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
+    return lookup.HolderLookup(socket_path=socket), tell.HolderTeller(put=put, node_name=kube.node_name, clock=clock)
+
+
+def device_drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
+    """``(stop, report, pod keys) -> DrainResult``: a drain of only those pods; the node is not cordoned."""
+    from agent.recovery.drain import Drainer
+
+    def run(stop: threading.Event, report: Callable[[str, str], None], only: frozenset[str]) -> Any:
+        return Drainer(
+            client=kube.client, node_name=kube.node_name, settings=policy.drain, clock=clock, report=report, only=only
+        ).run(stop)
+
+    return run
 
 
 def _acting_parts(
