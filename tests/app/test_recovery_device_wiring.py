@@ -1,14 +1,11 @@
 """The device scope's parts in the wiring (agent.app.wiring.recovery.device_parts): made only when recovery
-acts with a ``scope: device`` rule; the DRA fence, holder lookup and pod Events come from their own modules,
-imported by name (a build without the fence acts on the node, and says so)."""
+acts with a ``scope: device`` rule; the holder lookup (with ``--device-holders``) matches DRA devices by the
+triples the fence reads from this node's ResourceSlices."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any
 
@@ -46,25 +43,30 @@ def test_no_device_parts_unless_acting_with_a_device_rule(enabled, policy):
     assert set(parts(settings(enable_recovery=enabled), policy).values()) == {None}
 
 
-class FakeFencer:
-    def __init__(self, *, client: Any, node_name: str) -> None:
-        self.client, self.node_name = client, node_name
+def test_acting_with_a_device_rule_builds_the_fence_and_the_device_drain():
+    from agent.recovery.fence import DeviceFencer
 
-
-def test_the_fence_is_built_from_its_module_when_there_is_one(monkeypatch):
-    module = types.ModuleType("agent.recovery.fence")
-    module.DeviceFencer = FakeFencer  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "agent.recovery.fence", module)
     made = parts(settings(enable_recovery=True))
     assert DEFAULT_POLICY.rules[2].scope is Scope.DEVICE  # the built-in policy has a device rule
-    assert isinstance(made["fencer"], FakeFencer) and made["fencer"].node_name == "node-1"
+    assert isinstance(made["fencer"], DeviceFencer)
     assert made["device_drainer"] is not None
     assert made["holders"] is None and made["holder_teller"] is None  # --device-holders is off
 
 
-def test_a_build_without_the_fence_says_so_and_fences_nothing(monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "agent.recovery.fence", None)  # import fails: ModuleNotFoundError
-    with caplog.at_level(logging.WARNING):
-        made = parts(settings(enable_recovery=True))
-    assert made["fencer"] is None and made["device_drainer"] is not None
-    assert "no device fence in this build" in caplog.text
+def test_device_holders_build_the_lookup_with_the_fences_dra_triples(tmp_path):
+    from agent.core.devices import DeviceKind, device_from
+    from agent.recovery.fence import DraDevice
+    from agent.recovery.holderlookup import HolderLookup
+    from agent.recovery.holdertell import HolderTeller
+
+    on = dataclasses.replace(
+        settings(enable_recovery=True), device_holders=True, pod_resources_socket=str(tmp_path / "kubelet.sock")
+    )
+    made = parts(on)
+    assert isinstance(made["holders"], HolderLookup) and isinstance(made["holder_teller"], HolderTeller)
+    gpu = device_from(DeviceKind.GPU, "0000:3b:00.0")
+    assert gpu is not None
+    made["fencer"].dra_device = lambda device: DraDevice(driver="gpu.nvidia.com", pool="node-1", device="gpu-3")
+    assert made["holders"]._dra(gpu) == frozenset({("gpu.nvidia.com", "node-1", "gpu-3")})
+    made["fencer"].dra_device = lambda device: None  # a device-plugin node: no triple
+    assert made["holders"]._dra(gpu) == frozenset()

@@ -5,6 +5,7 @@ first lookup: docs/devices.md, "Memory")."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,8 @@ def holder_parts(
     *,
     dra: DraTriples | None = None,
     mig_uuids: MigUuids | None = None,
+    node_name: str | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> tuple[HolderLookup | None, HolderTeller | None]:
     """The lookup on ``--pod-resources-socket`` and the teller putting its Events through ``put`` (the main
     loop's inbox); (None, None) without ``--device-holders``. ``dra`` and ``mig_uuids`` say what else names a
@@ -32,4 +35,5 @@ def holder_parts(
     from agent.recovery.holdertell import HolderTeller
 
     lookup = HolderLookup(socket_path=settings.pod_resources_socket, dra=dra, mig_uuids=mig_uuids)
-    return lookup, HolderTeller(put=put, node_name=settings.node_name or "")
+    teller = HolderTeller(put=put, node_name=node_name or settings.node_name or "", clock=clock)
+    return lookup, teller

@@ -7,7 +7,6 @@ drain and the diagnostics bundle only when acting. Which actions a policy can ta
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -111,45 +110,32 @@ def device_parts(
     stopping: Callable[[], threading.Event],
 ) -> dict[str, Any]:
     """The device scope's parts (agent.recovery.deviceactions): the DRA fence, who holds a device, telling
-    them, and a drain of only their pods. None each unless acting with a ``scope: device`` rule; a build
-    without the fence (agent.recovery.fence) leaves the fencer None: its rules climb to the node's ladder."""
+    them (with ``--device-holders``), and a drain of only their pods. None each unless acting with a
+    ``scope: device`` rule."""
     from agent.recovery.model import Scope
 
     parts: dict[str, Any] = dict.fromkeys(("fencer", "holders", "holder_teller", "device_drainer"))
     if not settings.enable_recovery or not any(rule.scope is Scope.DEVICE for rule in policy.rules):
         return parts
     parts["device_drainer"] = device_drain_runner(kube=kube, policy=policy, clock=clock)
-    try:  # by name: agent.recovery.fence (the DRA fence) is its own helper's module
-        fence = importlib.import_module("agent.recovery.fence")
-    except ModuleNotFoundError as exc:  # this build has no DRA fence: fencing is "not possible"
-        log.warning("recovery: no device fence in this build (%s): device rules act on the node", exc)
-    else:
-        parts["fencer"] = fence.DeviceFencer(client=kube.client, node_name=kube.node_name)
-    if getattr(settings, "device_holders", False):
-        teller = holder_parts(settings, kube=kube, inbox=inbox, clock=clock, stopping=stopping)
-        parts["holders"], parts["holder_teller"] = teller
-    return parts
-
-
-def holder_parts(
-    settings: Settings,
-    *,
-    kube: KubeSetup,
-    inbox: Inbox,
-    clock: Callable[[], float],
-    stopping: Callable[[], threading.Event],
-) -> tuple[Any, Any]:
-    """Who holds a device (the kubelet's pod-resources socket) and the Events that tell those pods."""
+    from agent.app.wiring.devices import holder_parts
     from agent.core.bus import Notice
+    from agent.recovery.fence import DeviceFencer
 
-    lookup = importlib.import_module("agent.recovery.holderlookup")  # --device-holders: its helper's modules
-    tell = importlib.import_module("agent.recovery.holdertell")
+    fencer = DeviceFencer(client=kube.client, node_name=kube.node_name)
+    parts["fencer"] = fencer
+
+    def dra(device: Any) -> frozenset[tuple[str, str, str]]:
+        """The DRA triple of ``device`` from this node's ResourceSlices (none on a device-plugin node)."""
+        found = fencer.dra_device(device)
+        return frozenset() if found is None else frozenset({(found.driver, found.pool, found.device)})
 
     def put(event: Any) -> None:
         inbox.put(Notice(events=[event]), stop=stopping())
 
-    socket = getattr(settings, "pod_resources_socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
-    return lookup.HolderLookup(socket_path=socket), tell.HolderTeller(put=put, node_name=kube.node_name, clock=clock)
+    lookup, teller = holder_parts(settings, put, dra=dra, node_name=kube.node_name, clock=clock)
+    parts["holders"], parts["holder_teller"] = lookup, teller
+    return parts
 
 
 def device_drain_runner(*, kube: KubeSetup, policy: Any, clock: Callable[[], float]) -> Callable[..., Any]:
