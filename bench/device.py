@@ -64,6 +64,32 @@ def _seed(server: Any) -> None:
             "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
         }
     )
+    server.put_object(  # the agent's own pod, as the DaemonSet runs it (the clear command looks for it)
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "node-health-agent-7xk2p",
+                "namespace": "node-health-agent",
+                "labels": {"app.kubernetes.io/name": "node-health-agent", "app.kubernetes.io/component": "agent"},
+            },
+            "spec": {
+                "nodeName": NODE,
+                "containers": [
+                    {
+                        "name": "agent",
+                        "image": "node-health-agent",
+                        "args": ["run"],
+                        "env": [
+                            {"name": "ENABLE_RECOVERY", "value": "true"},
+                            {"name": "CLUSTER_NAME", "value": "bench"},
+                        ],
+                    }
+                ],
+            },
+            "status": {"phase": "Running"},
+        }
+    )
     dra.seed_p5(server, node=NODE)
     for i in range(8):
         server.put_object(dra.allocated_claim(f"gpu-{i}", dra.NVIDIA, [f"gpu-{i}"], namespace="ml", pool=NODE))
@@ -73,10 +99,10 @@ def _seed(server: Any) -> None:
 def _holders() -> list[Any]:
     from helpers.podresources_server import Container, Pod
 
-    return [
-        Pod("ml", f"train-{i}", [Container("main", claims=[("gpu.nvidia.com", NODE, f"gpu-{i}")], claim_name=f"gpu-{i}")])
-        for i in range(8)
-    ]
+    def holder(i: int) -> Any:
+        return Container("main", claims=[("gpu.nvidia.com", NODE, f"gpu-{i}")], claim_name=f"gpu-{i}")
+
+    return [Pod("ml", f"train-{i}", [holder(i)]) for i in range(8)]
 
 
 def _xid119(pci: str) -> str:
@@ -152,12 +178,12 @@ def _evictions(server: Any) -> dict[str, int]:
 
 def measure() -> dict[str, float]:
     sys.path.insert(0, str(ROOT / "tests"))
+    from agent.core.devices import DeviceKind, device_from
+    from agent.recovery.fence import rule_name
+
     from helpers import dra
     from helpers.podresources_server import PodResourcesServer
     from kubeapi.server import KubeApiServer
-
-    from agent.recovery.fence import rule_name
-    from agent.core.devices import DeviceKind, device_from
 
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -192,7 +218,7 @@ def measure() -> dict[str, float]:
 
             agent = _Agent(tmp, env)
             try:
-                _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}/status$") >= 1, 90, "the first PATCH")
+                _wait(lambda: _status_patches(server) >= 1, 90, "the first PATCH")
                 with (tmp / "kmsg").open("a") as f:
                     f.write(f"3,2,{_usec()},-;{_xid119(pci)}\n")
                 t0 = time.monotonic()
@@ -221,16 +247,18 @@ def measure() -> dict[str, float]:
                     timeout=120,
                 )
                 if clear.returncode != 0:
-                    raise SystemExit(f"device benchmark: clear failed ({clear.returncode}): {clear.stderr.strip()}")
+                    said = f"{clear.stdout.strip()} {clear.stderr.strip()}"
+                    raise SystemExit(f"device benchmark: clear failed ({clear.returncode}): {said}")
                 _wait(lambda: _fence_effect(server, rule) is None, 60, "the fence lifted after the clear")
             finally:
                 agent.stop()
 
             before = len(server.requests)
             events_before = len(_events_on(server, holder))
+            patches_before = _status_patches(server)
             agent = _Agent(tmp, env)
             try:
-                _wait(lambda: server.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}/status$") >= 1, 90, "the restart's first PATCH")
+                _wait(lambda: _status_patches(server) > patches_before, 90, "the restart's first PATCH")
                 time.sleep(5.0)  # a settled agent: what it would re-raise from the ring, it has by now
             finally:
                 agent.stop()
@@ -243,6 +271,10 @@ def measure() -> dict[str, float]:
             kubelet.__exit__(None, None, None)
             server.stop()
     return figures
+
+
+def _status_patches(server: Any) -> int:
+    return server.requests.count(method="PATCH", path_regex=rf"/nodes/{NODE}/status$")
 
 
 def _sets_true(body: Any) -> bool:

@@ -1532,20 +1532,6 @@ _FLEET_UNITS = {
 }
 
 
-BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
-    "rules": bench_rules,
-    "kmsg": bench_kmsg,
-    "kubernetes": bench_kubernetes,
-    "checks": bench_checks,
-    "accuracy": bench_accuracy,
-    "recovery": bench_recovery,
-    "fleet": bench_fleet,
-    "npd": bench_npd,
-    "scrapes": bench_scrapes,
-    "device": bench_device,
-}
-
-
 def bench_device() -> list[Figure]:
     """One GPU's fault costs one GPU: bench/device.py (a real agent, the test API server's DRA node and the
     test pod-resources server)."""
@@ -1561,6 +1547,20 @@ def bench_device() -> list[Figure]:
         "device.rss_mib_acting": ("<= 80", "MiB"),
     }
     return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
+
+
+BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
+    "rules": bench_rules,
+    "kmsg": bench_kmsg,
+    "kubernetes": bench_kubernetes,
+    "checks": bench_checks,
+    "accuracy": bench_accuracy,
+    "recovery": bench_recovery,
+    "fleet": bench_fleet,
+    "npd": bench_npd,
+    "scrapes": bench_scrapes,
+    "device": bench_device,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
