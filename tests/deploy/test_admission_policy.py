@@ -1086,7 +1086,12 @@ def test_every_write_the_rbac_grants_is_constrained(evaluate: PolicyEvaluator) -
 
 # ---- the agent's real writes -----------------------------------------------------------------------------------
 
-RESOURCES = {"nodes": ("", "v1"), "events": ("", "v1"), "leases": ("coordination.k8s.io", "v1")}
+RESOURCES = {
+    "nodes": ("", "v1"),
+    "events": ("", "v1"),
+    "leases": ("coordination.k8s.io", "v1"),
+    "devicetaintrules": ("resource.k8s.io", "v1"),
+}
 OPERATIONS = {"ADDED": "CREATE", "MODIFIED": "UPDATE", "DELETED": "DELETE"}
 
 
@@ -1180,6 +1185,46 @@ def test_the_agents_recorded_writes_are_admitted_for_its_own_node_only(
             assert verdict.messages == (
                 f"the agent on {OTHER} may write the budget Lease only as its holderIdentity",
             ), verdict.messages
+
+
+def test_the_device_paths_recorded_writes_are_admitted_for_its_own_node_only(
+    evaluate: PolicyEvaluator, api: KubeApiServer, aws: AwsTestEnv, tmp_path: Path
+) -> None:
+    """A real agent on a DRA node (eight GPUs of gpu.nvidia.com, one pod per GPU, the pod-resources test server):
+    an Xid 119 on one GPU tells its pod (a Pod Event), fences the GPU (a DeviceTaintRule: None, then NoSchedule)
+    and records it on the Node. Every write is admitted; replayed as another node's agent, every one is refused."""
+    from helpers import dra
+    from helpers.podresources_server import Container, Pod, PodResourcesServer
+
+    api.device_taints.auto(True)
+    api.put_object(node(NODE, provider_id=f"aws:///{REGION}a/i-0123456789abcdef0"))
+    dra.seed_p5(api, node=NODE)
+    for i in range(8):
+        api.put_object(dra.allocated_claim(f"gpu-{i}", dra.NVIDIA, [f"gpu-{i}"], namespace="ml", pool=NODE))
+        api.put_object(dra.claim_pod(f"train-{i}", f"gpu-{i}", namespace="ml", node=NODE))
+    pods = [Pod("ml", f"train-{i}", [Container("c", claims=[(dra.NVIDIA, NODE, f"gpu-{i}")])]) for i in range(8)]
+    since = api.store.revision
+    socket = str(tmp_path / "kubelet.sock")
+    with PodResourcesServer(socket, pods):
+        env = {"DEVICE_HOLDERS": "true", "POD_RESOURCES_SOCKET": socket}
+        agent = Agent(tmp_path, api, enable="true", endpoint=aws.endpoint, packs="kernel,nvidia", env=env)
+        try:
+            wait_for(lambda: (c := condition(api, "GpuXid")) and c["status"] == "False", timeout=30)
+            bus = dra.H100_PCI[3].rsplit(".", 1)[0]
+            agent.fault(f"NVRM: Xid (PCI:{bus}): 119, pid=1, name=python3, Timeout after 6s of waiting for RPC")
+            wait_for(lambda: any(e["reason"] == "DeviceFenced" for e in api.list_objects("events", "default")), 60)
+            wait_for(lambda: any(e["reason"] == "DeviceFault" for e in api.list_objects("events", "ml")), 30)
+        finally:
+            agent.stop()
+    writes = list(admission_requests(api, since))
+    kinds = {(r["resource"]["resource"], r.get("namespace", ""), r["operation"]) for r in writes}
+    assert {("devicetaintrules", "", "CREATE"), ("devicetaintrules", "", "UPDATE"), ("events", "ml", "CREATE")} <= kinds
+    for req in writes:
+        verdict = evaluate(req)
+        assert verdict.matched and verdict.allowed, (req["resource"], req["name"], verdict.messages)
+        forged = copy.deepcopy(req)
+        forged["userInfo"]["extra"][NODE_CLAIM] = [OTHER]
+        assert not evaluate(forged).allowed, (req["resource"], req["name"])
 
 
 REBOOT_POLICY = dataclasses.replace(DEFAULT_POLICY, startup_delay=0.0, budget=BudgetSettings(max_actions=100))

@@ -61,11 +61,20 @@ class Agent:
     """``node-health-agent run`` as the DaemonSet runs it (env from the recovery + cloudwatch components)."""
 
     def __init__(
-        self, tmp: Path, api: KubeApiServer, *, enable: str, endpoint: str | None = None, listen: str = "0"
+        self,
+        tmp: Path,
+        api: KubeApiServer,
+        *,
+        enable: str,
+        endpoint: str | None = None,
+        listen: str = "0",
+        packs: str = "kernel,neuron",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.kmsg = tmp / "kmsg"
         if not self.kmsg.exists():
             self.kmsg.write_text(f"6,1,{recent_usec()},-;boot\n")
+        extra = env
         env = dict(os.environ)
         env.update(
             ENABLE_RECOVERY=enable,
@@ -76,10 +85,11 @@ class Agent:
         )
         if endpoint is not None:
             env["AWS_ENDPOINT_URL"] = endpoint
+        env.update(extra or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent", "run", "--kubeconfig", str(api.write_kubeconfig(tmp / "kubeconfig"))]
             + ["--node-name", NODE, "--kmsg-path", str(self.kmsg), "--state-dir", str(tmp / "state")]
-            + ["--listen", listen, "--aggregate-condition", "true", "--pack", "kernel,neuron"],
+            + ["--listen", listen, "--aggregate-condition", "true", "--pack", packs],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
