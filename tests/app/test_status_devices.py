@@ -45,8 +45,9 @@ FENCES = [
         "rule": "node-health-agent-a-gpu-0000-3b-00-0",
         "holders": ["ml/train-0"],
         "evicted": ["ml/train-0"],
+        "steps": ["fence-device", "drain-device"],
     },
-    {"device": "gpu:0000:5d:00.0", "fence": "not-dra", "rule": "", "holders": [], "evicted": []},
+    {"device": "gpu:0000:5d:00.0", "fence": "not-dra", "rule": "", "holders": [], "evicted": [], "steps": []},
 ]
 
 
@@ -94,7 +95,7 @@ def node(name: str, annotations: dict[str, str], *, failing: bool = True) -> dic
             {"fences": FENCES},
             [
                 "device gpu:0000:3b:00.0: fence fenced (rule node-health-agent-a-gpu-0000-3b-00-0); "
-                "holders ml/train-0; evicted ml/train-0",
+                "holders ml/train-0; evicted ml/train-0; done fence-device, drain-device",
                 "device gpu:0000:5d:00.0: fence not-dra; holders none; evicted none",
             ],
             id="two devices' recovery work",
@@ -111,7 +112,7 @@ def node(name: str, annotations: dict[str, str], *, failing: bool = True) -> dic
             },
             [
                 "device gpu:0000:3b:00.0: fence fenced (rule node-health-agent-a-gpu-0000-3b-00-0); "
-                "holders ml/train-0; evicted ml/train-0",
+                "holders ml/train-0; evicted ml/train-0; done fence-device, drain-device",
                 "device: unreadable (fences[1].device: must be a non-empty string of at most 256 characters)",
                 "device: unreadable (fences[2]: must be an object)",
             ],
@@ -252,7 +253,7 @@ def test_status_table_lists_device_work_and_clears_under_each_node(api, tmp_path
     start = lines.index(next(line for line in lines if line.startswith("a ")))
     assert lines[start + 1 : start + 4] == [
         "  device gpu:0000:3b:00.0: fence fenced (rule node-health-agent-a-gpu-0000-3b-00-0); holders ml/train-0; "
-        "evicted ml/train-0",
+        "evicted ml/train-0; done fence-device, drain-device",
         "  device gpu:0000:5d:00.0: fence not-dra; holders none; evicted none",
         "  cleared GpuXid of device gpu:0000:5d:00.0 by bob 2h ago (card swapped): applied: cleared gpu:0000:3b:00.0",
     ]

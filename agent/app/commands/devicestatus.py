@@ -107,6 +107,7 @@ def _fence(i: int, entry: object) -> dict[str, Any]:
             "rule": _text(entry, "rule"),
             "holders": _pods(entry, "holders"),
             "evicted": _pods(entry, "evicted"),
+            "steps": _pods(entry, "steps", what="actions"),  # the device actions done (fence-device, drain-device)
         }
     except ValueError as exc:
         return {"unreadable": f"fences[{i}].{exc}"}
@@ -119,10 +120,10 @@ def _text(entry: Mapping[str, Any], key: str, *, required: bool = False) -> str:
     return value
 
 
-def _pods(entry: Mapping[str, Any], key: str) -> list[str]:
+def _pods(entry: Mapping[str, Any], key: str, *, what: str = "pods (namespace/name)") -> list[str]:
     value = entry.get(key, [])
     if not isinstance(value, list) or not all(isinstance(p, str) and len(p) <= MAX_TEXT for p in value):
-        raise ValueError(f"{key}: must be a list of pods (namespace/name)")
+        raise ValueError(f"{key}: must be a list of {what}")
     return value
 
 
@@ -157,6 +158,8 @@ def _fence_line(fence: Mapping[str, Any]) -> str:
     parts = [f"fence {fence['fence'] or 'none'}" + (f" (rule {fence['rule']})" if fence["rule"] else "")]
     parts.append(f"holders {_names(fence['holders'])}")
     parts.append(f"evicted {_names(fence['evicted'])}")
+    if fence.get("steps"):
+        parts.append(f"done {', '.join(fence['steps'])}")
     return f"device {fence['device']}: " + "; ".join(parts)
 
 
