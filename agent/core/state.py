@@ -31,6 +31,7 @@ from agent.core.types import (
     Snapshot,
     Status,
 )
+from agent.core.validation import ValidationBook
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class NodeState:
         self._problems = ProblemCounts(reasons=reasons, pairs=problem_pairs)
         self._generation = 0
         self._clears: tuple[ClearRecord, ...] = ()  # the operator's clears handled (the boundaries), newest last
+        self.validation = ValidationBook()  # the active checks' records and the open requests
 
     @property
     def clears(self) -> tuple[ClearRecord, ...]:
@@ -217,6 +219,7 @@ class NodeState:
             return []
         current = self._conditions[finding.condition]
         if finding.status is Status.TRUE:
+            self._void_passes(current, finding)
             return self._set_problem(current, finding, now)
         if finding.device is not None and current.status is Status.TRUE and self._device_healed(current, finding):
             return []
@@ -271,6 +274,14 @@ class NodeState:
                 devices=devices,
             )
         ]
+
+    def _void_passes(self, current: Condition, finding: Finding) -> None:
+        """A new fault (the condition turns True, or a device it did not hold yet) voids the passes on its
+        device at once; a fault that names no device voids every pass."""
+        device = finding.device.key if finding.device is not None else None
+        new = current.status is not Status.TRUE or (device is not None and device not in _keys(current.devices))
+        if new:
+            self.validation.void(device=device, cause=f"{current.type}/{finding.reason}")
 
     def _device_healed(self, current: Condition, finding: Finding) -> bool:
         """A healthy finding about one device of a True condition: that device's problem closes. True when
@@ -496,6 +507,8 @@ class NodeState:
             node_uid=self._node_uid,
             provenance=self._provenance,
             clears=self._clears,
+            validations=self.validation.records,
+            validation_requests=self.validation.requests,
         )
 
 
