@@ -143,8 +143,8 @@ class ValidationBook:
         return self._requests.pop(request_id, None) is not None
 
     def void(self, *, device: str | None, cause: str) -> bool:
-        """A new fault: the passes on ``device`` (None: every pass, a node-scoped fault) are voided at once,
-        ``invalidated_by`` saying ``cause``. Whether any was."""
+        """A new fault: the passes on ``device`` and the node-wide passes (they cover every device) are voided
+        at once; ``device`` None (a node-scoped fault) voids every pass. ``invalidated_by`` says ``cause``."""
         changed = False
         for key, record in self._records.items():
             if record.verdict is not Verdict.PASS or record.invalidated_by:
