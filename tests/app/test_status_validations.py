@@ -43,8 +43,10 @@ def node(name: str, annotations: dict[str, str]) -> dict:
             f"validation dcgm-diag of {GPU0}: pass 3h ago, voided by GpuXid/GpuXid79 on {GPU0}",
             True,
         ),
-        ([record(Verdict.FAIL, reason="MemoryTestFailed")], f"validation dcgm-diag of {GPU0}: fail 3h ago, MemoryTestFailed", True),
-        ([record(Verdict.UNKNOWN, devices=(), reason="ToolMissing")], "validation dcgm-diag of the node: unknown 3h ago, ToolMissing", False),
+        ([record(Verdict.FAIL, reason="MemoryTestFailed")], f"validation dcgm-diag of {GPU0}: fail 3h ago, "
+         "MemoryTestFailed", True),
+        ([record(Verdict.UNKNOWN, devices=(), reason="ToolMissing")], "validation dcgm-diag of the node: unknown "
+         "3h ago, ToolMissing", False),
     ],
     ids=["valid-pass", "expired-pass", "voided-pass", "fail", "unknown-node"],
 )  # fmt: skip

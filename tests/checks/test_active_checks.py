@@ -195,7 +195,9 @@ def api(kube_api_server: KubeApiServer) -> KubeApiServer:
         kube_api_server.put_object(
             {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"n{i}", "labels": {ZONE: "z1"}}}
         )
-    kube_api_server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "far", "labels": {ZONE: "z2"}}})
+    kube_api_server.put_object(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "far", "labels": {ZONE: "z2"}}}
+    )
     return kube_api_server
 
 
@@ -361,7 +363,9 @@ def test_a_dormant_check_runs_only_when_requested():
 def test_a_busy_device_skips_as_unknown_and_retries_later_with_the_request_still_open():
     diag = Diag("diag")
     holders: list[str | None] = ["ml/train-0"]
-    s, manual = make(active(diag, on_demand=True), busy=lambda kind: holders[0], requests=lambda: (request("r", "diag"),))
+    s, manual = make(
+        active(diag, on_demand=True), busy=lambda kind: holders[0], requests=lambda: (request("r", "diag"),)
+    )
     s.step(0.0)
     manual.finish_all()
     reports, wake = s.step(1.0)
