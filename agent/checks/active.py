@@ -137,7 +137,8 @@ def records_of(report: CheckReport) -> tuple[ValidationRecord, ...]:
         return ()
     worst: dict[tuple[str, ...], CheckResult] = {}
     for result in report.results:
-        for key in [(d,) for d in result.devices] or [()]:
+        keys: list[tuple[str, ...]] = [(d,) for d in result.devices] or [()]
+        for key in keys:
             old = worst.get(key)
             if old is None or _RANK[_VERDICT[result.status]] > _RANK[_VERDICT[old.status]]:
                 worst[key] = result

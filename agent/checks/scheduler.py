@@ -367,18 +367,7 @@ class CheckScheduler:
         wanted = self._poll_requests(now)
         with self._wake:
             self._take_requests(wanted, now)
-            for slot in self._slots.values():
-                if slot.outcome is not None:
-                    results, error = slot.outcome
-                    started = slot.running_since if slot.running_since is not None else now
-                    slot.outcome = None
-                    abandoned, skipped = slot.abandoned, slot.skipped
-                    slot.running_since, slot.abandoned, slot.skipped = None, False, False
-                    if abandoned:
-                        log.info("check %s returned after its timeout; result dropped", slot.spec.name)
-                        continue
-                    reports.append(self._finish(slot, results, error, duration=now - started, skipped=skipped))
-                    self._after_run(slot, now, skipped=skipped)
+            self._collect(reports, now)
             for slot in self._slots.values():
                 if (
                     slot.running_since is not None
@@ -446,6 +435,22 @@ class CheckScheduler:
         for slot in to_start:
             self._start_thread(self._runner(slot), f"check:{slot.spec.name}")
         return reports, wake_at
+
+    def _collect(self, reports: list[CheckReport], now: float) -> None:
+        """The finished runs' reports (the lock held); a run that returned after its timeout is dropped."""
+        for slot in self._slots.values():
+            if slot.outcome is None:
+                continue
+            results, error = slot.outcome
+            started = slot.running_since if slot.running_since is not None else now
+            slot.outcome = None
+            abandoned, skipped = slot.abandoned, slot.skipped
+            slot.running_since, slot.abandoned, slot.skipped = None, False, False
+            if abandoned:
+                log.info("check %s returned after its timeout; result dropped", slot.spec.name)
+                continue
+            reports.append(self._finish(slot, results, error, duration=now - started, skipped=skipped))
+            self._after_run(slot, now, skipped=skipped)
 
     def _next_wake(self, now: float) -> float:
         times = []

@@ -211,7 +211,7 @@ def _record(item: object, where: str) -> ValidationRecord:
     if not isinstance(devices, list) or not all(isinstance(d, str) and 0 < len(d) <= MAX_TEXT for d in devices):
         raise BadValidation(f"{where}.devices: must be a list of device keys")
     try:
-        verdict = Verdict(item.get("verdict"))
+        verdict = Verdict(str(item.get("verdict")))
     except ValueError:
         raise BadValidation(f"{where}.verdict: must be one of pass, fail, unknown") from None
     at = _time(item, "at", where, required=True)
@@ -234,8 +234,8 @@ def parse_records(text: str) -> tuple[ValidationRecord, ...]:
         raise BadValidation(f"validations: longer than {MAX_BLOB} characters")
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise BadValidation(f"validations: not JSON ({exc.msg})") from None
+    except (ValueError, RecursionError):
+        raise BadValidation("validations: not JSON") from None
     if not isinstance(data, list) or len(data) > MAX_RECORDS:
         raise BadValidation(f"validations: must be a list of at most {MAX_RECORDS} records")
     return tuple(_record(item, f"validations[{i}]") for i, item in enumerate(data))

@@ -36,8 +36,8 @@ def node_devices(kind: str, *, sys_root: Path, dev_root: Path, proc_root: Path =
         found = sorted(p.name for p in gpus.iterdir()) if gpus.is_dir() else []
         return [DeviceRef(kind=DeviceKind.GPU, id=pci, printed=pci) for pci in found]
     if kind == DeviceKind.NEURON:
-        found = sorted(int(m.group(1)) for p in _list(dev_root) if (m := _NEURON_DEV.fullmatch(p)))
-        return [DeviceRef(kind=DeviceKind.NEURON, id=f"neuron{n}", printed=f"neuron{n}") for n in found]
+        numbers = sorted(int(m.group(1)) for p in _list(dev_root) if (m := _NEURON_DEV.fullmatch(p)))
+        return [DeviceRef(kind=DeviceKind.NEURON, id=f"neuron{n}", printed=f"neuron{n}") for n in numbers]
     names = sorted(_list(sys_root / "class/infiniband"))
     return [DeviceRef(kind=DeviceKind.RDMA, id=name, printed=name) for name in names]
 
