@@ -51,3 +51,28 @@ def test_busy_names_the_holder_pods_none_when_idle_and_raises_when_it_cannot_tel
     busy = lookup_busy(Lookup({"gpu:0000:3b:00.0": broken, "gpu:0000:5d:00.0": idle}), gpus)  # type: ignore[arg-type]
     with pytest.raises(LookupError, match="no socket"):
         busy("gpu")
+
+
+def test_an_active_check_that_has_not_run_is_never_stale():
+    from types import SimpleNamespace
+
+    from agent.app.wiring.checks import stale_checks
+    from agent.checks.model import ActiveSpec, ScheduledCheck
+    from agent.checks.scheduler import CheckStats
+    from agent.core.types import ConditionSpec
+
+    class Diag:
+        name = "diag"
+        conditions = (ConditionSpec(type="GpuDiag", reason="GpuDiagOk", message="fine"),)
+
+        def run(self):
+            return []
+
+    now = [1000.0]
+    spec = ScheduledCheck(
+        check=Diag(), interval=60.0, timeout=10.0, kind="python", origin="test", active=ActiveSpec(devices="gpu")
+    )
+    scheduler = SimpleNamespace(checks=(spec,), stats={"diag": CheckStats(kind="python", origin="test")})
+    stale = stale_checks(scheduler, clock=lambda: now[0])
+    now[0] += 86400  # a day of skips (jobs hold the GPUs) or of waiting for a request
+    assert stale() == {}

@@ -447,6 +447,15 @@ def lease(*, holder: str = NODE, budget: str = '{"holders":{},"version":1}', ext
     }
 
 
+SLOT_LEASE = "node-health-agent-active-0123456789ab"
+
+
+def slot_lease(*, holder: str = NODE) -> dict:
+    out = lease(holder=holder)
+    out["metadata"] = out["metadata"] | {"name": SLOT_LEASE, "annotations": {SLOTS_ANNOTATION: '{"holders":{}}'}}
+    return out
+
+
 def lease_write(operation: str, new: dict | None, old: dict | None = None, *, name: str = LEASE) -> dict[str, Any]:
     return request(
         operation=operation,
@@ -795,6 +804,16 @@ CASES = [
         False,
         "changes no label",
     ),
+    # -- the active checks' fleet slot Leases (agent/checks/fleetslots.py) and the validations on the Node
+    ("slot lease created", lease_write("CREATE", slot_lease(), name=SLOT_LEASE), True, ""),
+    ("slot lease updated", lease_write("UPDATE", slot_lease(), slot_lease(holder=OTHER), name=SLOT_LEASE), True, ""),
+    (
+        "slot lease written as another node",
+        lease_write("UPDATE", slot_lease(holder=OTHER), slot_lease(), name=SLOT_LEASE),
+        False,
+        "holderIdentity",
+    ),
+    ("validations on the node", node_write(BASE, changed(BASE, annotations={VALIDATIONS_ANNOTATION: "[]"})), True, ""),
     # -- Events about a Pod (the holders of a faulty device): reported by its node, related to its Node
     ("pod event from its own node", pod_event_write("CREATE", pod_event()), True, ""),
     (

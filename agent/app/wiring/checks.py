@@ -121,7 +121,8 @@ def check_stats(scheduler: CheckScheduler | None) -> Callable[[], Mapping[str, A
 
 def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], dict[str, str]]:
     """``() -> {condition type: check name}`` for the checks that have not completed a run (OK or
-    PROBLEM) within three intervals (with jitter) plus their timeout: what they said may be stale."""
+    PROBLEM) within three intervals (with jitter) plus their timeout: what they said may be stale. Active
+    checks are left out: they run on request, or are skipped for hours while jobs hold the devices."""
     from agent.checks.scheduler import declared_conditions
 
     started = clock()
@@ -130,6 +131,8 @@ def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], 
         now = clock()
         out: dict[str, str] = {}
         for spec in scheduler.checks:
+            if spec.active is not None:
+                continue
             stats = scheduler.stats.get(spec.name)
             last = stats.last_success if stats is not None and stats.last_success is not None else started
             if now - last > 3 * spec.interval * (1 + spec.jitter) + spec.timeout:
