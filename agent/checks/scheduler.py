@@ -488,7 +488,9 @@ class CheckScheduler:
         for request in wanted:
             for name in request.checks:
                 slot = self._slots.get(name)
-                if slot is None or slot.requested is not None or slot.running_since is not None:
+                if slot is None or slot.spec.active is None:  # a passive check leaves no record: not run for it
+                    continue
+                if slot.requested is not None or slot.running_since is not None:
                     continue
                 if (request.id, name) in self._served:
                     continue

@@ -76,3 +76,16 @@ def test_an_active_check_that_has_not_run_is_never_stale():
     stale = stale_checks(scheduler, clock=lambda: now[0])
     now[0] += 86400  # a day of skips (jobs hold the GPUs) or of waiting for a request
     assert stale() == {}
+
+
+@pytest.mark.parametrize(
+    ("given", "share"), [("10%", 0.10), ("25", 0.25), (" 100 % ", 1.0), ("0%", None), ("101%", None), ("nan", None)]
+)
+def test_the_share_flag_takes_a_percentage_from_1_to_100(given, share):
+    from agent.app import flagvalues
+
+    if share is None:
+        with pytest.raises(ValueError, match="percentage from 1% to 100%"):
+            flagvalues.share(given)
+    else:
+        assert flagvalues.share(given) == pytest.approx(share)

@@ -86,7 +86,12 @@ def active_gates(settings: Settings, *, kube: Any | None) -> ActiveGates:
     if kube is not None:
         from agent.checks.fleetslots import FleetSlots
 
-        slots = FleetSlots(client=kube.client, namespace=settings.pod_namespace, node_name=kube.node_name)
+        slots = FleetSlots(
+            client=kube.client,
+            namespace=settings.pod_namespace,
+            node_name=kube.node_name,
+            share=settings.active_check_share,
+        )
     return ActiveGates(busy=busy, slots=slots)
 
 
