@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.checks.active import ActiveGates, Skip, holders_unknown
+from agent.checks.active import FLEET_SLOTS_UNAVAILABLE, ActiveGates, Skip, holders_unknown
 from agent.checks.guard import describe
 from agent.checks.model import (
     CANNOT_RUN_REASONS,
@@ -552,7 +552,7 @@ class CheckScheduler:
             skip = self._gates.admit(check=spec.name, spec=spec.active, timeout=spec.timeout)
         except Exception as exc:  # a gate's bug: not proven safe, so not run
             log.exception("active check %s: the gates failed", spec.name)
-            skip = Skip(reason="FleetSlotsUnavailable", message=f"the gates failed: {describe(exc)}")
+            skip = Skip(reason=FLEET_SLOTS_UNAVAILABLE, message=f"the gates failed: {describe(exc)}")
         if skip is not None:
             log.info("active check %s skipped: %s (%s)", spec.name, skip.reason, skip.message)
             return skip, ((skip.result(),), None)

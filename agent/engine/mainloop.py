@@ -238,7 +238,8 @@ class MainLoop:
                 self._folded_seq = last if self._folded_seq is None else max(self._folded_seq, last)
             return len(columns), last
         if isinstance(item, CheckReport):
-            for finding in self.judge.judge(item):
+            # a gate's skip (busy device, fleet share full) is no verdict: the judge never sees it
+            for finding in () if item.skipped else self.judge.judge(item):
                 events.extend(self._apply(finding))
             self.state.validation.record(records_of(item))  # after its findings: a fail's own fault voids no newer pass
         elif isinstance(item, ValidationRequest):

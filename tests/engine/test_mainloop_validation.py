@@ -89,3 +89,19 @@ def test_a_passive_checks_report_leaves_no_validation_record(tmp_path):
     loop.put(CheckReport(check="gpu-count", results=(), finished_at=loop.clock.now, duration=1.0))
     loop.step()
     assert loop.feed.latest().snapshot.validations == ()
+
+
+def test_a_skip_is_no_verdict_and_no_record(tmp_path):
+    loop = loop_of(tmp_path)
+    t0 = loop.clock.now
+    loop.put(ValidationRequest(id="r", checks=("dcgm-diag",), requested_at=t0))
+    skip = CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason="DeviceBusy", message="held by ml/train-0")
+    loop.put(
+        CheckReport(
+            check="dcgm-diag", results=(skip,), finished_at=t0 + 1, duration=0.0, active=ActiveSpec(devices="gpu"),
+            skipped=True,
+        )
+    )  # fmt: skip
+    loop.step()
+    snapshot = loop.feed.latest().snapshot
+    assert snapshot.validations == () and [q.id for q in snapshot.validation_requests] == ["r"]  # still open
