@@ -31,7 +31,7 @@ from agent.core.types import (
     Snapshot,
     Status,
 )
-from agent.core.validation import ValidationBook
+from agent.core.validation import ValidationBook, ValidationRecord
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,24 @@ class NodeState:
         self._seeded = True
         self._generation += 1  # publish the seeded flag even when nothing else changed
         return self._adopt(fresh)
+
+    def restore_validations(self, records: Iterable[ValidationRecord]) -> None:
+        """Adopt the validation records read back from the Node at startup (ours, when newer, win). A fault may
+        have come while the agent was down, so a restored pass is voided on every device a True condition
+        holds now, and everywhere when one holds the node as a whole (a seeded condition names no device)."""
+        records = tuple(records)
+        if not records:
+            return
+        mine = {r.key for r in self.validation.records}
+        self.validation.record(r for r in records if r.key not in mine)
+        for cond in self._conditions.values():
+            if cond.status is not Status.TRUE or cond.type == AGGREGATE_TYPE:
+                continue
+            cause = f"{cond.type}/{cond.reason} (true when the agent started)"
+            if cond.type in self._node_scoped or not cond.devices:
+                self.validation.void(device=None, cause=cause)
+            for problem in cond.devices:
+                self.validation.void(device=problem.device.key, cause=cause)
 
     def _adopt(self, conditions: Iterable[Condition]) -> list[Event]:
         for cond in conditions:

@@ -250,6 +250,7 @@ class MainLoop:
                 log.info("validation request %s withdrawn", item.id)
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+            self.state.restore_validations(item.validations)
         elif isinstance(item, NodeClears):
             events.extend(self._clears(item))
         elif isinstance(item, Notice):

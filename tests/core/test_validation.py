@@ -142,3 +142,23 @@ def test_the_annotation_is_bounded_compact_and_read_back_strictly():
     ]:
         with pytest.raises(BadValidation, match=field.replace("[", r"\[")):
             parse_records(bad)
+
+
+@pytest.mark.parametrize(
+    ("faults", "still_valid"),
+    [([], {(GPU0,), (GPU1,)}), ([GPU0], {(GPU1,)}), ([None], set())],
+    ids=["healthy", "a device problem", "a node-scoped problem"],
+)
+def test_records_restored_at_start_are_voided_where_a_condition_is_true_now(faults, still_valid):
+    state = NodeState(conditions=SPECS, clock=lambda: 1100.0)
+    for device in faults:
+        state.apply(fault(device))
+    state.restore_validations([rec(), rec(devices=(GPU1,))])
+    assert {r.devices for r in state.snapshot().validations if r.valid(1100.0)} == still_valid
+
+
+def test_a_restored_record_never_replaces_a_newer_one_of_this_run():
+    state = NodeState(conditions=SPECS, clock=lambda: 1100.0)
+    state.validation.record([rec(at=1050.0, verdict=Verdict.FAIL)])
+    state.restore_validations([rec(at=900.0)])
+    assert [r.verdict for r in state.snapshot().validations] == [Verdict.FAIL]

@@ -6,10 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.app.config import load_rule_set
+from agent.checks.active import records_of
 from agent.checks.model import ActiveSpec, CheckReport, CheckResult, CheckStatus
-from agent.core.bus import RecordBatch
-from agent.core.validation import ValidationRequest, ValidationWithdrawn, Verdict
+from agent.core.bus import RecordBatch, SeedConditions
+from agent.core.validation import (
+    VALIDATIONS_ANNOTATION,
+    ValidationRequest,
+    ValidationWithdrawn,
+    Verdict,
+    records_text,
+)
 from agent.sinks.stdout import snapshot_json
+from agent.sources.nodeseed import node_validations
 
 from helpers.mainloop import Loop, record
 
@@ -105,3 +113,13 @@ def test_a_skip_is_no_verdict_and_no_record(tmp_path):
     loop.step()
     snapshot = loop.feed.latest().snapshot
     assert snapshot.validations == () and [q.id for q in snapshot.validation_requests] == ["r"]  # still open
+
+
+def test_the_nodes_records_are_restored_at_start_from_its_annotation(tmp_path):
+    loop = loop_of(tmp_path)
+    text = records_text(records_of(diag_report(loop.clock.now - 3600, GPU0)))
+    node = {"metadata": {"name": "n", "annotations": {VALIDATIONS_ANNOTATION: text}}}
+    loop.put(SeedConditions(conditions=(), node_uid="u", validations=node_validations(node)))
+    loop.step()
+    assert validations(loop) == {(GPU0,): (Verdict.PASS, True)}
+    assert node_validations({"metadata": {"annotations": {VALIDATIONS_ANNOTATION: "{oops"}}}) == ()  # logged
