@@ -104,7 +104,7 @@ def build_runtime(
     supervisor = Supervisor(components=[], on_stop=[feed.close])
     producer = kernel_producer(settings, source=source, inbox=inbox)
     monitors, monitor_pipelines = monitor_producers(settings, log_monitors, inbox=inbox)
-    scheduler = check_scheduler(settings, checks, inbox=inbox, clock=clock, cancel=cancel)
+    scheduler = check_scheduler(settings, checks, inbox=inbox, clock=clock, cancel=cancel, feed=feed, kube=kube)
     seeder = node_seeder(
         kube=kube, inbox=inbox, types=start.state.owned_types, severity=severity_lookup(rule_set), clock=clock,
         on_node=labels.set_from if labels is not None else None,

@@ -181,6 +181,19 @@ CHECK_FLAGS = (
         help="checks running at once at most (default 4; env NHA_CHECK_CONCURRENCY)",
         doc="checks running at once at most (1 to 64)",
     ),
+    Flag(
+        name="active-check-share",
+        field="active_check_share",
+        parse=v.share,
+        env=("NHA_ACTIVE_CHECK_SHARE",),
+        default="10%",
+        metavar="PERCENT",
+        group=CHECKS,
+        help="at most this share of a pool's or zone's nodes run an active check at once (default 10%%, rounded "
+        "up, at least 1; env NHA_ACTIVE_CHECK_SHARE)",
+        doc="at most this share of a pool's or zone's nodes run an active check at once (`1%` to `100%`, rounded "
+        "up, at least 1 node; [docs/checks-active.md](checks-active.md#the-gates))",
+    ),
 )
 
 AGENT_FLAGS = (

@@ -6,6 +6,7 @@ raises ValueError with the message the CLI prints (``--flag / VAR: message``, ex
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -165,6 +166,18 @@ def concurrency(value: object) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise ValueError(f"must be an integer from 1 to 64, got {value!r}")
     return int(text)
+
+
+def share(value: object) -> float:
+    """A share of the fleet: ``10%`` (or ``10``), 1 to 100 percent, as a fraction."""
+    text = str(value).strip().removesuffix("%").strip()
+    try:
+        percent = float(text)
+    except ValueError:
+        percent = math.nan
+    if not 1 <= percent <= 100:  # NaN fails too
+        raise ValueError(f"must be a percentage from 1% to 100%, got {value!r}")
+    return percent / 100
 
 
 def bundles_kept(value: object) -> int:

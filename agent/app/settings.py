@@ -58,6 +58,7 @@ class Settings:
     dev_root: Path = Path("/dev")
     instance_type: str | None = None
     check_concurrency: int = 4
+    active_check_share: float = 0.10  # of a pool's or zone's nodes running an active check at once
     watch_config: bool = True
     enable_recovery: bool = False  # ENABLE_RECOVERY=true: act; otherwise decide and report what would be done
     cluster_name: str = ""  # CloudWatch dimension ClusterName and the scope of the recovery budget

@@ -6,12 +6,15 @@
       - name: gpu-count                   # unique; the metric label and the CLI's NAME
         use: nvidia.checks:GpuCountCheck  # built-in: <module under plugins/>:<factory>
         # entryPoint: my-check            # or: an entry point of group node_health_agent.checks
-        interval: 60s
+        interval: 60s                     # 0: on demand only (an active check run by validation requests)
         timeout: 20s
         failureThreshold: 1
         successThreshold: 3
         enabled: true
         options: {expectedCount: 8}
+        # active: true                    # exclusive, may load its devices: the gates of agent.checks.active
+        # devices: gpu                    # with active: the kind it exercises (gpu | neuron | rdma)
+        # validFor: 24h                   # with active: how long a pass is valid (default 24h)
 
 Declarations apply in order: a later one with the same ``name`` changes only the keys it gives
 (``options`` key by key), so a user's file can retune or disable a built-in check without
@@ -25,12 +28,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent.checks.model import DEVICE_KINDS
 from agent.core.configdoc import Problems
 from agent.core.durations import parse_duration
 
 CHECK_KEYS = frozenset(
-    {"name", "use", "entryPoint", "interval", "timeout", "failureThreshold", "successThreshold", "enabled", "options"}
+    {
+        "name",
+        "use",
+        "entryPoint",
+        "interval",
+        "timeout",
+        "failureThreshold",
+        "successThreshold",
+        "enabled",
+        "options",
+        "active",
+        "devices",
+        "validFor",
+    }
 )
+ACTIVE_ONLY_KEYS = ("devices", "validFor")  # meaningful only with active: true
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*$")
 _USE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 MAX_THRESHOLD = 1000
@@ -54,6 +72,9 @@ class CheckDecl:
     success_threshold: int = 3
     enabled: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    active: bool = False
+    devices: str | None = None  # with active: gpu | neuron | rdma
+    valid_for: float | None = None  # with active: seconds a pass is valid (None: DEFAULT_VALID_FOR)
     origin: str = ""  # "<file>: checks[i]" of the declaration that named the factory
     file: str = ""
     path: tuple = ()  # field path of that declaration
@@ -124,6 +145,9 @@ def _check_one(item: Mapping[str, Any], *, path: tuple, col: Problems) -> dict[s
             except ValueError as exc:
                 col.add((*path, key), str(exc))
                 continue
+            if key == "interval" and seconds == 0:
+                given[key] = 0.0  # on demand only (active checks: validation requests)
+                continue
             if seconds <= 0:
                 col.add((*path, key), f"must be more than 0, got {item[key]!r}")
                 continue
@@ -143,6 +167,7 @@ def _check_one(item: Mapping[str, Any], *, path: tuple, col: Problems) -> dict[s
             col.add((*path, "enabled"), f"must be true or false, got {item['enabled']!r}")
         else:
             given["enabled"] = item["enabled"]
+    _active_keys(item, path=path, col=col, given=given)
     if "options" in item:
         if not isinstance(item["options"], dict):
             col.add((*path, "options"), "must be a mapping of option name to value")
@@ -151,13 +176,40 @@ def _check_one(item: Mapping[str, Any], *, path: tuple, col: Problems) -> dict[s
     return given if len(col) == before else None
 
 
+def _active_keys(item: Mapping[str, Any], *, path: tuple, col: Problems, given: dict[str, Any]) -> None:
+    """``active``, ``devices`` and ``validFor`` (the last two only with ``active: true`` in this declaration,
+    or a later declaration retuning an active check: the merge checks the combination)."""
+    if "active" in item:
+        if not isinstance(item["active"], bool):
+            col.add((*path, "active"), f"must be true or false, got {item['active']!r}")
+        else:
+            given["active"] = item["active"]
+    if "devices" in item:
+        if item["devices"] not in DEVICE_KINDS:
+            col.add((*path, "devices"), f"must be one of {', '.join(DEVICE_KINDS)}, got {item['devices']!r}")
+        else:
+            given["devices"] = item["devices"]
+    if "validFor" in item:
+        try:
+            seconds = parse_duration(item["validFor"])
+        except ValueError as exc:
+            col.add((*path, "validFor"), str(exc))
+        else:
+            if seconds <= 0:
+                col.add((*path, "validFor"), f"must be more than 0, got {item['validFor']!r}")
+            else:
+                given["valid_for"] = seconds
+
+
 def merge(
     declarations: Sequence[tuple[Problems, tuple, dict[str, Any]]], *, base: Sequence[CheckDecl] = ()
 ) -> list[CheckDecl]:
     """Apply declarations in order onto ``base`` (entry points); problems (no factory) go to each file."""
     merged: dict[str, CheckDecl] = {d.name: d for d in base}
+    last: dict[str, tuple[Problems, tuple]] = {}  # name -> the declaration that changed it last
     for col, path, given in declarations:
         name = given["name"]
+        last[name] = (col, path)
         old = merged.get(name)
         changes: dict[str, Any] = {k: v for k, v in given.items() if k != "options"}
         given_sources = {
@@ -182,7 +234,38 @@ def merge(
             options = {**old.options, **given.get("options", {})}
             sources = {**old.option_sources, **given_sources}
             merged[name] = replace(old, options=options, option_sources=sources, **changes)
+    for name, (col, path) in last.items():
+        if name in merged:
+            for key, message in active_problems(merged[name]):
+                col.add((*path, key), message)
     return list(merged.values())
+
+
+def active_problems(decl: CheckDecl) -> list[tuple[str, str]]:
+    """(key, what is wrong) with the merged declaration's active keys: an active check names its device
+    kind; ``devices``, ``validFor`` and ``interval: 0`` belong to active checks only."""
+    if decl.active:
+        return (
+            []
+            if decl.devices is not None
+            else [
+                ("active", f"an active check must say which devices it exercises (devices: {' | '.join(DEVICE_KINDS)})")
+            ]
+        )
+    out = [
+        (key, f"{key!r} applies only to an active check (active: true)")
+        for key, value in (("devices", decl.devices), ("validFor", decl.valid_for))
+        if value is not None
+    ]
+    if decl.interval == 0:
+        out.append(
+            (
+                "interval",
+                "must be more than 0 (0, on demand only, applies only to an active check: active: true); "
+                f"otherwise at least {MIN_INTERVAL:g}s",
+            )
+        )
+    return out
 
 
 def _field(path: tuple) -> str:

@@ -27,8 +27,10 @@ from typing import Any
 from agent.checks.declared import MIN_INTERVAL, MIN_TIMEOUT, CheckDecl
 from agent.checks.guard import Outcome, call_guarded, describe
 from agent.checks.model import (
+    DEFAULT_VALID_FOR,
     ENTRY_POINT_GROUP,
     LOAD_FAILED,
+    ActiveSpec,
     CheckConfigError,
     CheckContext,
     CheckResult,
@@ -305,8 +307,8 @@ def build_checks(
     problems: list[ConfigProblem] = []
     hung: dict[str, str] = {}
     for decl in decls:
-        if not decl.enabled:
-            continue
+        if not decl.enabled and not decl.active:
+            continue  # a disabled active check stays loaded, dormant: a validation request may name it
         kind = "python" if decl.use is not None else "entry-point"
         loaded = _load(decl, context=context, entry_points=by_name, timeout=load_timeout, stop=stop, hung=hung)
         if isinstance(loaded, ConfigProblem):
@@ -334,9 +336,22 @@ def build_checks(
                 origin=decl.origin,
                 failure_threshold=decl.failure_threshold,
                 success_threshold=decl.success_threshold,
+                active=_active(decl),
             )
         )
     return checks, problems
+
+
+def _active(decl: CheckDecl) -> ActiveSpec | None:
+    """What an ``active: true`` declaration adds (None for any other check)."""
+    if not decl.active or decl.devices is None:
+        return None
+    return ActiveSpec(
+        devices=decl.devices,
+        valid_for=decl.valid_for or DEFAULT_VALID_FOR,
+        on_demand=decl.interval == 0,
+        dormant=not decl.enabled,
+    )
 
 
 def _own(check: object, attribute: str, *, default: float, floor: float) -> float:

@@ -71,6 +71,7 @@ class CheckResult:
     severity: Severity = Severity.ERROR
     values: tuple[Value, ...] = ()
     repeat_event: bool = False  # a warning's Event on every PROBLEM run, not only when it starts (NPD temporary)
+    devices: tuple[str, ...] = ()  # the device keys the verdict covers ("gpu:0000:3b:00.0"); () = the node
 
 
 @runtime_checkable
@@ -180,10 +181,27 @@ class ScheduledCheck:
     jitter: float = 0.1  # each wait is interval * (1 ± jitter)
     group: str | None = None
     group_limit: int | None = None
+    active: ActiveSpec | None = None  # an active check (exclusive, may load its devices): the gates apply
 
     @property
     def name(self) -> str:
         return self.check.name
+
+
+DEVICE_KINDS = ("gpu", "neuron", "rdma")
+DEFAULT_VALID_FOR = 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActiveSpec:
+    """What an ``active: true`` declaration adds: the kind of device it exercises (all of that kind on the
+    node), how long a pass is valid, whether it runs only on request (``interval: 0``), and whether it is
+    dormant (``enabled: false``: it runs only when a validation request names it)."""
+
+    devices: str  # gpu | neuron | rdma
+    valid_for: float = DEFAULT_VALID_FOR
+    on_demand: bool = False
+    dormant: bool = False
 
 
 Factory = Callable[..., Check]  # factory(*, name: str, context: CheckContext, options: Mapping[str, Any]) -> Check
@@ -200,3 +218,5 @@ class CheckReport:
     duration: float
     failure_threshold: int = 1
     success_threshold: int = 3
+    active: ActiveSpec | None = None  # the run was an active check's: the main loop keeps validation records
+    skipped: bool = False  # a gate skipped the run (busy device, fleet share full): no validation record

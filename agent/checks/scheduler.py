@@ -15,6 +15,12 @@
   the scheduler reads a check's ``conditions`` once, when it is given the check.
 - Reports go into the inbox; the main loop judges them (:mod:`agent.checks.judge`). The scheduler
   decides nothing about the node. Its figures (:class:`CheckStats`) feed the metrics.
+- Active checks (``active: true``) pass the gates of :mod:`agent.checks.active` in their worker before
+  they start; never two at once; a skip (busy device, fleet share full) is retried after a jittered
+  ``SKIP_RETRY``. An on-demand one (``interval: 0``) or a dormant one (``enabled: false``) runs only
+  when an open validation request names it: ``requests()`` (the feed's latest snapshot) is polled at
+  most every ``REQUEST_POLL`` seconds while any active check is configured; each (request, check) runs
+  once (a skip is retried until it runs).
 - :meth:`replace` swaps the whole set atomically (hot reload): checks that stay keep their
   schedule; results of removed checks still running are dropped.
 """
@@ -32,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from agent.checks.active import FLEET_SLOTS_UNAVAILABLE, ActiveGates, Skip, holders_unknown
 from agent.checks.guard import describe
 from agent.checks.model import (
     CANNOT_RUN_REASONS,
@@ -44,6 +51,7 @@ from agent.checks.model import (
 )
 from agent.core.bus import Inbox
 from agent.core.types import ConditionSpec, Severity
+from agent.core.validation import ValidationRequest
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,8 @@ DETAIL_CHECKS = 10  # checks named in /healthz details
 _METRIC_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 STOP_WAIT = 1.0  # at shutdown, how long running checks get to end (tools are killed at once)
+REQUEST_POLL = 5.0  # seconds between looks at the open validation requests (while active checks are configured)
+SKIP_RETRY = 60.0  # seconds (x 0.5-1.5) before a skipped active check tries its gates again
 
 
 @dataclass(slots=True)
@@ -83,6 +93,14 @@ class _Slot:
     running_since: float | None = None
     abandoned: bool = False  # timed out: reported, slot freed, waiting for the call to return
     outcome: tuple[Sequence[CheckResult] | None, str | None] | None = None  # (results, error) when done
+    skipped: bool = False  # the outcome is a gate's skip (no run)
+    requested: str | None = None  # the validation request this run answers
+
+    @property
+    def requestable(self) -> bool:
+        """Runs only when a validation request names it (an on-demand or dormant active check)."""
+        active = self.spec.active
+        return active is not None and (active.on_demand or active.dormant)
 
 
 def _unknown(declared: Sequence[str], message: str) -> tuple[CheckResult, ...]:
@@ -162,6 +180,9 @@ def _value(v: object, where: str) -> Value:
 def _result(r: CheckResult, where: str) -> CheckResult:
     """A copy of ``r`` made of checked plain values (ValueError naming the bad field)."""
     status, condition, severity, values, repeat = r.status, r.condition, r.severity, r.values, r.repeat_event
+    devices = r.devices
+    if not isinstance(devices, tuple | list) or len(devices) > MAX_VALUES:
+        raise ValueError(f"{where}.devices must be a tuple of device keys")
     if not isinstance(status, CheckStatus):
         raise ValueError(f"{where}.status must be a CheckStatus, not {_show(status)}")
     if not isinstance(severity, Severity):
@@ -179,6 +200,7 @@ def _result(r: CheckResult, where: str) -> CheckResult:
         severity=severity,
         values=tuple(_value(v, f"{where}.values[{i}]") for i, v in enumerate(values)),
         repeat_event=repeat,
+        devices=tuple(_text(d, f"{where}.devices[{i}]", empty=False) for i, d in enumerate(devices)),
     )
 
 
@@ -235,6 +257,8 @@ class CheckScheduler:
         start_thread: Callable[[Callable[[], None], str], None] | None = None,
         cancel: threading.Event | None = None,
         wait: Callable[[threading.Condition, float | None], object] | None = None,
+        gates: ActiveGates | None = None,
+        requests: Callable[[], Sequence[ValidationRequest]] | None = None,
     ) -> None:
         """``cancel`` is set when the scheduler stops: running tools are killed (see ``run_process``).
         ``wait(condition, timeout)`` sleeps between steps, the condition held (default ``condition.wait``)."""
@@ -249,6 +273,11 @@ class CheckScheduler:
         self._wake = threading.Condition()
         self._wait = wait or (lambda condition, timeout: condition.wait(timeout))
         self._slots: dict[str, _Slot] = {}
+        # no gates given: an active check cannot prove its devices idle, so it is skipped (HoldersUnknown)
+        self._gates = gates or ActiveGates(busy=holders_unknown)
+        self._requests = requests
+        self._next_poll = -math.inf
+        self._served: set[tuple[str, str]] = set()  # (request id, check) runs done
         self.stats: dict[str, CheckStats] = {}
         self._beat = monotonic()
         self.replace(checks)
@@ -268,6 +297,9 @@ class CheckScheduler:
                     slots[spec.name] = old
                 else:
                     slots[spec.name] = _Slot(spec=spec, due=now, declared=declared_conditions(spec.check))
+                slot = slots[spec.name]
+                if slot.requestable and slot.requested is None and slot.running_since is None:
+                    slot.due = slot.earliest = math.inf
             self._slots = slots
             self.stats = {s.name: self.stats.get(s.name) or CheckStats(kind=s.kind, origin=s.origin) for s in checks}
             for s in checks:
@@ -332,19 +364,10 @@ class CheckScheduler:
         """Collect finished runs, time out overdue ones, start due ones; (reports, next wake time)."""
         reports: list[CheckReport] = []
         to_start: list[_Slot] = []
+        wanted = self._poll_requests(now)
         with self._wake:
-            for slot in self._slots.values():
-                if slot.outcome is not None:
-                    results, error = slot.outcome
-                    started = slot.running_since if slot.running_since is not None else now
-                    slot.outcome = None
-                    abandoned = slot.abandoned
-                    slot.running_since, slot.abandoned = None, False
-                    if abandoned:
-                        log.info("check %s returned after its timeout; result dropped", slot.spec.name)
-                        continue
-                    reports.append(self._finish(slot, results, error, duration=now - started))
-                    self._schedule(slot, now)
+            self._take_requests(wanted, now)
+            self._collect(reports, now)
             for slot in self._slots.values():
                 if (
                     slot.running_since is not None
@@ -362,13 +385,17 @@ class CheckScheduler:
                             counted=False,
                         )
                     )
-                    self._schedule(slot, now)
+                    self._after_run(slot, now, skipped=False)
             running = [s for s in self._slots.values() if s.running_since is not None and not s.abandoned]
             groups: dict[str, int] = {}
             for s in running:
                 if s.spec.group is not None:
                     groups[s.spec.group] = groups.get(s.spec.group, 0) + 1
             free = self._concurrency - len(running)
+            # one active check at a time: one that timed out may still be loading its devices
+            active_running = any(
+                s.spec.active is not None and s.running_since is not None for s in self._slots.values()
+            )
             # Awake for a due check, it takes along the checks already inside their jitter window: their
             # runs share one wakeup of every thread they pass through (issue 16), and each check's interval
             # stays within interval x (1 +- jitter).
@@ -381,6 +408,10 @@ class CheckScheduler:
                 group, limit = slot.spec.group, slot.spec.group_limit
                 if group is not None and limit is not None and groups.get(group, 0) >= limit:
                     continue
+                if slot.spec.active is not None:
+                    if active_running or (slot.requestable and slot.requested is None):
+                        continue
+                    active_running = True
                 slot.running_since = now
                 to_start.append(slot)
                 free -= 1
@@ -405,6 +436,22 @@ class CheckScheduler:
             self._start_thread(self._runner(slot), f"check:{slot.spec.name}")
         return reports, wake_at
 
+    def _collect(self, reports: list[CheckReport], now: float) -> None:
+        """The finished runs' reports (the lock held); a run that returned after its timeout is dropped."""
+        for slot in self._slots.values():
+            if slot.outcome is None:
+                continue
+            results, error = slot.outcome
+            started = slot.running_since if slot.running_since is not None else now
+            slot.outcome = None
+            abandoned, skipped = slot.abandoned, slot.skipped
+            slot.running_since, slot.abandoned, slot.skipped = None, False, False
+            if abandoned:
+                log.info("check %s returned after its timeout; result dropped", slot.spec.name)
+                continue
+            reports.append(self._finish(slot, results, error, duration=now - started, skipped=skipped))
+            self._after_run(slot, now, skipped=skipped)
+
     def _next_wake(self, now: float) -> float:
         times = []
         for slot in self._slots.values():
@@ -412,10 +459,64 @@ class CheckScheduler:
                 times.append(slot.running_since + slot.spec.timeout)
             else:
                 times.append(slot.due)
+        if self._requests is not None and any(s.spec.active is not None for s in self._slots.values()):
+            times.append(self._next_poll)
         return min(times, default=math.inf)  # no checks: sleep until replace() or wake()
 
+    # ---- validation requests -----------------------------------------------------------------------
+
+    def _poll_requests(self, now: float) -> Sequence[ValidationRequest] | None:
+        """The open requests, at most every REQUEST_POLL seconds while active checks are configured (None:
+        not looked at this step). Called without the lock (it reads the feed)."""
+        if self._requests is None or now < self._next_poll:
+            return None
+        if not any(s.spec.active is not None for s in self._slots.values()):
+            return None
+        self._next_poll = now + REQUEST_POLL
+        try:
+            return tuple(self._requests())
+        except Exception:  # the feed's reader must never take the scheduler down
+            log.exception("cannot read the open validation requests")
+            return None
+
+    def _take_requests(self, wanted: Sequence[ValidationRequest] | None, now: float) -> None:
+        """Make the checks the open requests name due (each (request, check) once; not while it runs: a run
+        that began before the request answers nothing)."""
+        if wanted is None:
+            return
+        self._served = {key for key in self._served if key[0] in {r.id for r in wanted}}
+        for request in wanted:
+            for name in request.checks:
+                slot = self._slots.get(name)
+                if slot is None or slot.spec.active is None:  # a passive check leaves no record: not run for it
+                    continue
+                if slot.requested is not None or slot.running_since is not None:
+                    continue
+                if (request.id, name) in self._served:
+                    continue
+                slot.requested = request.id
+                slot.due = slot.earliest = min(slot.due, now)
+
+    def _after_run(self, slot: _Slot, now: float, *, skipped: bool) -> None:
+        """A skipped run tries again after a jittered SKIP_RETRY (its request stays); a run that happened
+        answers its request and is scheduled as usual."""
+        if skipped:
+            retry = SKIP_RETRY * self._rng.uniform(0.5, 1.5)
+            if not slot.requestable:
+                retry = min(retry, self._interval(slot.spec))
+            slot.due = slot.earliest = now + retry
+            return
+        if slot.requested is not None:
+            self._served.add((slot.requested, slot.spec.name))
+            slot.requested = None
+        self._schedule(slot, now)
+
     def _schedule(self, slot: _Slot, now: float) -> None:
-        """The next run: due after a jittered interval, and allowed from the shortest the jitter gives."""
+        """The next run: due after a jittered interval, and allowed from the shortest the jitter gives (a
+        requestable check: when a request names it)."""
+        if slot.requestable:
+            slot.due = slot.earliest = math.inf
+            return
         slot.due = now + self._interval(slot.spec)
         slot.earliest = now + max(0.0, slot.spec.interval * (1 - slot.spec.jitter))
 
@@ -428,14 +529,37 @@ class CheckScheduler:
 
         def work() -> None:
             outcome: tuple[Sequence[CheckResult] | None, str | None] = (None, "the run ended without an outcome")
+            skip: Skip | None = None
             try:
-                outcome = call_check(spec)
+                if spec.active is None:
+                    outcome = call_check(spec)
+                else:
+                    skip, outcome = self._run_active(spec)
             finally:  # whatever happens, the slot hears of it: a run is never "running" for ever
                 with self._wake:
                     slot.outcome = outcome
+                    slot.skipped = skip is not None
                     self._wake.notify_all()
 
         return work
+
+    def _run_active(
+        self, spec: ScheduledCheck
+    ) -> tuple[Skip | None, tuple[tuple[CheckResult, ...] | None, str | None]]:
+        """The gates (in this worker: the fleet slot is an API call), then the run; the slot given back."""
+        assert spec.active is not None
+        try:
+            skip = self._gates.admit(check=spec.name, spec=spec.active, timeout=spec.timeout)
+        except Exception as exc:  # a gate's bug: not proven safe, so not run
+            log.exception("active check %s: the gates failed", spec.name)
+            skip = Skip(reason=FLEET_SLOTS_UNAVAILABLE, message=f"the gates failed: {describe(exc)}")
+        if skip is not None:
+            log.info("active check %s skipped: %s (%s)", spec.name, skip.reason, skip.message)
+            return skip, ((skip.result(),), None)
+        try:
+            return None, call_check(spec)
+        finally:
+            self._gates.done()
 
     def _finish(
         self,
@@ -445,6 +569,7 @@ class CheckScheduler:
         *,
         duration: float,
         counted: bool = True,
+        skipped: bool = False,
     ) -> CheckReport:
         spec = slot.spec
         stats = self.stats[spec.name]
@@ -478,6 +603,8 @@ class CheckScheduler:
             duration=duration,
             failure_threshold=spec.failure_threshold,
             success_threshold=spec.success_threshold,
+            active=spec.active,
+            skipped=skipped,
         )
 
     @staticmethod
@@ -507,12 +634,14 @@ class CheckScheduler:
 
     def run_once(self, *, names: Iterable[str] | None = None) -> list[CheckReport]:
         """Run the (named) checks once, concurrently within the limits; every report, in check order."""
-        wanted = set(names) if names is not None else None
+        wanted = set(names) if names is not None else {n for n, s in self._slots.items() if not s.requestable}
         with self._wake:
             for name, slot in self._slots.items():
-                slot.due = slot.earliest = self._monotonic() if wanted is None or name in wanted else math.inf
+                slot.due = slot.earliest = self._monotonic() if name in wanted else math.inf
+                if name in wanted and slot.requestable:
+                    slot.requested = "run-once"  # named by hand: it runs (the gates still apply)
         reports: dict[str, CheckReport] = {}
-        pending = {n for n in self._slots if wanted is None or n in wanted}
+        pending = {n for n in self._slots if n in wanted}
         while pending:
             got, wake_at = self.step(self._monotonic())
             for report in got:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from agent.core.types import Condition, Event, LogRecord, Snapshot
+from agent.core.validation import ValidationRecord
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class SeedConditions:
 
     conditions: Sequence[Condition]
     node_uid: str | None = None
+    validations: Sequence[ValidationRecord] = ()  # the Node's validation records (agent.sinks.validations)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

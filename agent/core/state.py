@@ -31,6 +31,7 @@ from agent.core.types import (
     Snapshot,
     Status,
 )
+from agent.core.validation import ValidationBook, ValidationRecord
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class NodeState:
         self._problems = ProblemCounts(reasons=reasons, pairs=problem_pairs)
         self._generation = 0
         self._clears: tuple[ClearRecord, ...] = ()  # the operator's clears handled (the boundaries), newest last
+        self.validation = ValidationBook()  # the active checks' records and the open requests
 
     @property
     def clears(self) -> tuple[ClearRecord, ...]:
@@ -176,6 +178,24 @@ class NodeState:
         self._generation += 1  # publish the seeded flag even when nothing else changed
         return self._adopt(fresh)
 
+    def restore_validations(self, records: Iterable[ValidationRecord]) -> None:
+        """Adopt the validation records read back from the Node at startup (ours, when newer, win). A fault may
+        have come while the agent was down, so a restored pass is voided on every device a True condition
+        holds now, and everywhere when one holds the node as a whole (a seeded condition names no device)."""
+        records = tuple(records)
+        if not records:
+            return
+        mine = {r.key for r in self.validation.records}
+        self.validation.record(r for r in records if r.key not in mine)
+        for cond in self._conditions.values():
+            if cond.status is not Status.TRUE or cond.type == AGGREGATE_TYPE:
+                continue
+            cause = f"{cond.type}/{cond.reason} (true when the agent started)"
+            if cond.type in self._node_scoped or not cond.devices:
+                self.validation.void(device=None, cause=cause)
+            for problem in cond.devices:
+                self.validation.void(device=problem.device.key, cause=cause)
+
     def _adopt(self, conditions: Iterable[Condition]) -> list[Event]:
         for cond in conditions:
             if cond.type in self._conditions and cond.type not in self._touched:
@@ -217,6 +237,7 @@ class NodeState:
             return []
         current = self._conditions[finding.condition]
         if finding.status is Status.TRUE:
+            self._void_passes(current, finding)
             return self._set_problem(current, finding, now)
         if finding.device is not None and current.status is Status.TRUE and self._device_healed(current, finding):
             return []
@@ -271,6 +292,14 @@ class NodeState:
                 devices=devices,
             )
         ]
+
+    def _void_passes(self, current: Condition, finding: Finding) -> None:
+        """A new fault (the condition turns True, or a device it did not hold yet) voids the passes on its
+        device at once; a fault that names no device voids every pass."""
+        device = finding.device.key if finding.device is not None else None
+        new = current.status is not Status.TRUE or (device is not None and device not in _keys(current.devices))
+        if new:
+            self.validation.void(device=device, cause=f"{current.type}/{finding.reason}")
 
     def _device_healed(self, current: Condition, finding: Finding) -> bool:
         """A healthy finding about one device of a True condition: that device's problem closes. True when
@@ -496,6 +525,8 @@ class NodeState:
             node_uid=self._node_uid,
             provenance=self._provenance,
             clears=self._clears,
+            validations=self.validation.records,
+            validation_requests=self.validation.requests,
         )
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from agent.checks.active import records_of
 from agent.checks.judge import CheckJudge
 from agent.checks.model import CheckReport
 from agent.core.bus import (
@@ -39,6 +40,7 @@ from agent.core.ring import LineRing
 from agent.core.state import NodeState
 from agent.core.statedir import ClearStore, ConditionStore, StateDirHealth
 from agent.core.types import Event, Finding, Snapshot
+from agent.core.validation import ValidationRequest, ValidationWithdrawn
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.engine.inputs import Reconfigure
 from agent.sources.replay import Cursor, CursorStore, ReplayPolicy, held_back
@@ -236,10 +238,19 @@ class MainLoop:
                 self._folded_seq = last if self._folded_seq is None else max(self._folded_seq, last)
             return len(columns), last
         if isinstance(item, CheckReport):
-            for finding in self.judge.judge(item):
+            # a gate's skip (busy device, fleet share full) is no verdict: the judge never sees it
+            for finding in () if item.skipped else self.judge.judge(item):
                 events.extend(self._apply(finding))
+            self.state.validation.record(records_of(item))  # after its findings: a fail's own fault voids no newer pass
+        elif isinstance(item, ValidationRequest):
+            if self.state.validation.request(item):
+                log.info("validation request %s: %s (%s)", item.id, ", ".join(item.checks), item.reason or "no reason")
+        elif isinstance(item, ValidationWithdrawn):
+            if self.state.validation.withdraw(item.id):
+                log.info("validation request %s withdrawn", item.id)
         elif isinstance(item, SeedConditions):
             events.extend(self.state.seed(item.conditions, node_uid=item.node_uid))
+            self.state.restore_validations(item.validations)
         elif isinstance(item, NodeClears):
             events.extend(self._clears(item))
         elif isinstance(item, Notice):

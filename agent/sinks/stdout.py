@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from agent.core.bounds import bounded_reason
 from agent.core.bus import SnapshotFeed
 from agent.core.types import Condition, Event, Snapshot
+from agent.core.validation import record_fields
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,24 @@ def condition_json(cond: Condition) -> dict[str, Any]:
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+    """``/conditions``: our conditions, the active checks' validation records (``valid`` as of the
+    snapshot) and the open validation requests."""
+    now = snapshot.generated_at
     return {
         "conditions": [condition_json(c) for c in snapshot.conditions],
         "problemCounts": dict(snapshot.problem_counts),
-        "generatedAt": iso(snapshot.generated_at),
+        "generatedAt": iso(now),
+        "validations": [{**record_fields(r), "valid": r.valid(now)} for r in snapshot.validations],
+        "validationRequests": [
+            {
+                "id": q.id,
+                "checks": list(q.checks),
+                "devices": list(q.devices),
+                "requestedAt": iso(q.requested_at),
+                "reason": q.reason,
+            }
+            for q in snapshot.validation_requests
+        ],
     }
 
 

@@ -19,6 +19,7 @@ from agent.adapters.kube import KubeClient, KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Inbox, SeedConditions
 from agent.core.types import Condition, Severity, Status
+from agent.core.validation import VALIDATIONS_ANNOTATION, BadValidation, ValidationRecord, parse_records
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,18 @@ def node_conditions(
             )
         )
     return found
+
+
+def node_validations(node: dict) -> tuple[ValidationRecord, ...]:
+    """The validation records the agent wrote on the Node before it restarted (none when unreadable: logged)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(VALIDATIONS_ANNOTATION)
+    if not isinstance(text, str):
+        return ()
+    try:
+        return parse_records(text)
+    except BadValidation as exc:
+        log.warning("the Node's validation records cannot be read (%s); starting without them", exc)
+        return ()
 
 
 def node_uid(node: dict) -> str | None:
@@ -119,6 +132,7 @@ class NodeSeeder:
             seed = SeedConditions(
                 conditions=node_conditions(node, types=self._types, severity=self._severity, now=self._clock()),
                 node_uid=node_uid(node),
+                validations=node_validations(node),
             )
             if self._inbox.put(seed, stop=stop):
                 self.done.set()

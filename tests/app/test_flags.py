@@ -92,6 +92,7 @@ THROUGH_THE_ENVIRONMENT = [
     ("NHA_DIAGNOSTICS_S3", "s3://bundles/p", "diagnostics_s3", "s3://bundles/p"),
     ("POD_NAMESPACE", "ops", "pod_namespace", "ops"),
     ("DEVICE_HOLDERS", "true", "device_holders", True),
+    ("NHA_ACTIVE_CHECK_SHARE", "25%", "active_check_share", 0.25),
     (
         "POD_RESOURCES_SOCKET",
         "/host/pod-resources/kubelet.sock",

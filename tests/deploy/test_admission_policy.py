@@ -32,10 +32,13 @@ import celpy
 import pytest
 import yaml
 
+import agent.checks
 import agent.core
 import agent.recovery
 from agent.adapters.aws import AwsClients, Ec2Reboot
+from agent.checks.fleetslots import SLOTS_ANNOTATION
 from agent.core.clears import CLEAR_REQUEST_ANNOTATION, CLEARS_ANNOTATION
+from agent.core.validation import VALIDATIONS_ANNOTATION
 from agent.recovery import attempt as attempts
 from agent.recovery.attempt import ATTEMPT_ANNOTATION
 from agent.recovery.budget import BUDGET_ANNOTATION, BudgetSettings
@@ -444,6 +447,15 @@ def lease(*, holder: str = NODE, budget: str = '{"holders":{},"version":1}', ext
     }
 
 
+SLOT_LEASE = "node-health-agent-active-0123456789ab"
+
+
+def slot_lease(*, holder: str = NODE) -> dict:
+    out = lease(holder=holder)
+    out["metadata"] = out["metadata"] | {"name": SLOT_LEASE, "annotations": {SLOTS_ANNOTATION: '{"holders":{}}'}}
+    return out
+
+
 def lease_write(operation: str, new: dict | None, old: dict | None = None, *, name: str = LEASE) -> dict[str, Any]:
     return request(
         operation=operation,
@@ -792,6 +804,16 @@ CASES = [
         False,
         "changes no label",
     ),
+    # -- the active checks' fleet slot Leases (agent/checks/fleetslots.py) and the validations on the Node
+    ("slot lease created", lease_write("CREATE", slot_lease(), name=SLOT_LEASE), True, ""),
+    ("slot lease updated", lease_write("UPDATE", slot_lease(), slot_lease(holder=OTHER), name=SLOT_LEASE), True, ""),
+    (
+        "slot lease written as another node",
+        lease_write("UPDATE", slot_lease(holder=OTHER), slot_lease(), name=SLOT_LEASE),
+        False,
+        "holderIdentity",
+    ),
+    ("validations on the node", node_write(BASE, changed(BASE, annotations={VALIDATIONS_ANNOTATION: "[]"})), True, ""),
     # -- Events about a Pod (the holders of a faulty device): reported by its node, related to its Node
     ("pod event from its own node", pod_event_write("CREATE", pod_event()), True, ""),
     (
@@ -1285,22 +1307,32 @@ def test_a_reboot_rungs_recorded_writes_are_admitted_for_its_own_node_only(
 
 
 # What the agent's recovery modules name an annotation for, and where (a new constant must be placed here).
-ON_THE_NODE = {INCIDENT_ANNOTATION, HISTORY_ANNOTATION, FLAP_ANNOTATION, ATTEMPT_ANNOTATION, CLEARS_ANNOTATION}
+ON_THE_NODE = {
+    INCIDENT_ANNOTATION,
+    HISTORY_ANNOTATION,
+    FLAP_ANNOTATION,
+    ATTEMPT_ANNOTATION,
+    CLEARS_ANNOTATION,
+    VALIDATIONS_ANNOTATION,
+}
+ON_A_LEASE = {BUDGET_ANNOTATION, SLOTS_ANNOTATION}
 NOT_WRITTEN_ON_THE_NODE = {
     CLEAR_REQUEST_ANNOTATION: "the operator's, on the Node (node-health-agent clear): the agent only reads it",
     VETO_ANNOTATION: "the operator's, on the Node: the agent only reads it",
     BUDGET_ANNOTATION: "on the budget Lease (the policy's Lease rules)",
+    SLOTS_ANNOTATION: "on the active checks' fleet slot Leases (agent/checks/fleetslots.py; the Lease rules)",
     PAUSE_ANNOTATION: "on the pause Lease, which only the CLI writes",
     FENCE_REASON_ANNOTATION: "on the agent's DeviceTaintRules (agent/recovery/fence.py), never on the Node",
 }
 
 
 def agents_annotation_constants() -> dict[str, str]:
-    """Every ``*_ANNOTATION`` of the agent's own domain in agent.recovery's and agent.core's modules: {value:
-    where defined}."""
+    """Every ``*_ANNOTATION`` of the agent's own domain in agent.recovery's, agent.core's and agent.checks'
+    modules: {value: where defined}."""
     found: dict[str, str] = {}
     for info in [
         *pkgutil.iter_modules(agent.recovery.__path__, prefix="agent.recovery."),
+        *pkgutil.iter_modules(agent.checks.__path__, prefix="agent.checks."),
         *pkgutil.iter_modules(agent.core.__path__, prefix="agent.core."),
     ]:
         module = importlib.import_module(info.name)
@@ -1318,7 +1350,7 @@ def test_the_policy_owns_exactly_the_annotations_the_agent_writes_on_its_node() 
     (variable,) = [v for v in load_policy()["spec"]["variables"] if v["name"] == "ownedAnnotations"]
     env = celpy.Environment()
     program = env.program(env.compile(variable["expression"]))
-    for on_node, expected in ((True, ON_THE_NODE), (False, {BUDGET_ANNOTATION})):
+    for on_node, expected in ((True, ON_THE_NODE), (False, ON_A_LEASE)):
         listed = program.evaluate({"variables": celpy.celtypes.MapType({"isNode": celpy.celtypes.BoolType(on_node)})})
         assert sorted(str(k) for k in listed) == sorted(expected)
     (rule,) = [v for v in load_policy()["spec"]["validations"] if "annotations it owns" in v.get("message", "")]

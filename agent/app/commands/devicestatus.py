@@ -5,6 +5,10 @@ per-device recovery work of its incident.
   :mod:`agent.sinks.clearack`): who cleared which condition (of which device), why, when, and whether the
   agent applied or refused it. The newest :data:`SHOWN_CLEARS` are shown; a node with nothing else to
   show gets a row for a clear of the last :data:`RECENT_CLEAR` seconds (the operator checking their clear).
+- Validations: the Node annotation :data:`~agent.core.validation.VALIDATIONS_ANNOTATION` (written by
+  :mod:`agent.sinks.validations`): per active check and device, the newest verdict, when, and whether a
+  pass is still valid (not expired, not voided by a fault). A failed or voided validation of the last
+  :data:`RECENT_CLEAR` seconds gives a node a row of its own.
 - Device work: the incident annotation's ``"fences"`` key, a list of ``{"device": "<kind:id>", "fence":
   "<fence outcome or ''>", "rule": "<DeviceTaintRule>", "holders": ["ns/name"], "evicted": ["ns/name"]}``
   (absent: none).
@@ -43,9 +47,44 @@ def device_view(node: Mapping[str, Any], *, now: float) -> dict[str, Any]:
         view["fencesUnreadable"] = problem
     if fences:
         view["fences"] = fences
-    unreadable = "clearsUnreadable" in view or "fencesUnreadable" in view
-    view["show"] = unreadable or any(now - c["at"] < RECENT_CLEAR for c in clears)
+    validations, problem = read_validations(annotations, now=now)
+    if problem:
+        view["validationsUnreadable"] = problem
+    if validations:
+        view["validations"] = validations
+    unreadable = any(f"{part}Unreadable" in view for part in ("clears", "fences", "validations"))
+    notable = any(now - v["at"] < RECENT_CLEAR and (v["verdict"] == "fail" or v["invalidatedBy"]) for v in validations)
+    view["show"] = unreadable or notable or any(now - c["at"] < RECENT_CLEAR for c in clears)
     return view
+
+
+def read_validations(annotations: Mapping[str, Any], *, now: float) -> tuple[list[dict[str, Any]], str]:
+    """The validation records on the Node as plain data (``valid`` as of ``now``), and why they cannot be
+    read ("" when they can)."""
+    from agent.core.validation import VALIDATIONS_ANNOTATION, BadValidation, parse_records
+
+    text = annotations.get(VALIDATIONS_ANNOTATION)
+    if text is None:
+        return [], ""
+    if not isinstance(text, str):
+        return [], "the validations annotation is not text"
+    try:
+        records = parse_records(text)
+    except BadValidation as exc:
+        return [], str(exc)[:200]
+    return [
+        {
+            "check": r.check,
+            "devices": list(r.devices),
+            "verdict": r.verdict.value,
+            "reason": r.reason,
+            "at": r.at,
+            "validUntil": r.valid_until,
+            "invalidatedBy": r.invalidated_by,
+            "valid": r.valid(now),
+        }
+        for r in records
+    ], ""
 
 
 def read_clears(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -141,6 +180,10 @@ def device_lines(row: Mapping[str, Any], *, ago: Any) -> list[str]:
         lines.append(f"devices: unreadable ({row['fencesUnreadable']})")
     for fence in row.get("fences") or ():
         lines.append(_fence_line(fence))
+    if row.get("validationsUnreadable"):
+        lines.append(f"validations: unreadable ({row['validationsUnreadable']})")
+    for record in row.get("validations") or ():
+        lines.append(_validation_line(record, ago=ago))
     if row.get("clearsUnreadable"):
         lines.append(f"clears: unreadable ({row['clearsUnreadable']})")
     for clear in row.get("clears") or ():
@@ -150,6 +193,20 @@ def device_lines(row: Mapping[str, Any], *, ago: Any) -> list[str]:
             f"cleared {what} by {clear['by']} {ago(clear['at'])} ago ({clear['reason']}): {clear['outcome']}{detail}"
         )
     return lines
+
+
+def _validation_line(record: Mapping[str, Any], *, ago: Any) -> str:
+    """``validation dcgm-diag of gpu:0000:3b:00.0: pass 3h ago, valid`` (or expired, voided by what, the
+    reason of a fail)."""
+    where = ", ".join(record["devices"]) or "the node"
+    said = f"{record['verdict']} {ago(record['at'])} ago"
+    if record["verdict"] != "pass":
+        state = record["reason"] or "no reason"
+    elif record["invalidatedBy"]:
+        state = f"voided by {record['invalidatedBy']}"
+    else:
+        state = "valid" if record["valid"] else "expired"
+    return f"validation {record['check']} of {where}: {said}, {state}"
 
 
 def _fence_line(fence: Mapping[str, Any]) -> str:

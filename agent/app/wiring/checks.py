@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.app.settings import Settings
 from agent.checks.model import CheckContext, ScheduledCheck
-from agent.core.bus import Inbox
+from agent.core.bus import Inbox, SnapshotFeed
 
 if TYPE_CHECKING:
     from agent.checks.scheduler import CheckScheduler
@@ -80,12 +80,19 @@ def check_scheduler(
     inbox: Inbox,
     clock: Callable[[], float],
     cancel: threading.Event | None,
+    feed: SnapshotFeed | None = None,
+    kube: Any | None = None,
 ) -> CheckScheduler | None:
-    """Producer ``check_scheduler`` when checks are configured, else None."""
+    """Producer ``check_scheduler`` when checks are configured, else None. With ``feed`` it reads the open
+    validation requests; active checks get their gates (:mod:`agent.app.wiring.active`)."""
     if not checks:
         return None
+    from agent.app.wiring.active import active_gates, open_requests
     from agent.checks.scheduler import CheckScheduler
 
+    # built whether or not an active check is configured now: a reload may add one (nothing is read until then)
+    gates = active_gates(settings, kube=kube)
+    requests = open_requests(feed) if feed is not None else None
     return CheckScheduler(
         checks=checks,
         inbox=inbox,
@@ -93,6 +100,8 @@ def check_scheduler(
         stall_timeout=settings.stall_timeout,
         clock=clock,
         cancel=cancel,
+        gates=gates,
+        requests=requests,
     )
 
 
@@ -112,7 +121,8 @@ def check_stats(scheduler: CheckScheduler | None) -> Callable[[], Mapping[str, A
 
 def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], dict[str, str]]:
     """``() -> {condition type: check name}`` for the checks that have not completed a run (OK or
-    PROBLEM) within three intervals (with jitter) plus their timeout: what they said may be stale."""
+    PROBLEM) within three intervals (with jitter) plus their timeout: what they said may be stale. Active
+    checks are left out: they run on request, or are skipped for hours while jobs hold the devices."""
     from agent.checks.scheduler import declared_conditions
 
     started = clock()
@@ -121,6 +131,8 @@ def stale_checks(scheduler: Any, *, clock: Callable[[], float]) -> Callable[[], 
         now = clock()
         out: dict[str, str] = {}
         for spec in scheduler.checks:
+            if spec.active is not None:
+                continue
             stats = scheduler.stats.get(spec.name)
             last = stats.last_success if stats is not None and stats.last_success is not None else started
             if now - last > 3 * spec.interval * (1 + spec.jitter) + spec.timeout:

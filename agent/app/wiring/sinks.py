@@ -43,6 +43,7 @@ def kube_sinks(
     from agent.sinks.clearack import ClearAckSink
     from agent.sinks.conditions import ConditionSink
     from agent.sinks.events import EventSink
+    from agent.sinks.validations import ValidationSink
 
     detection = Histogram()
     conditions = ConditionSink(
@@ -65,8 +66,9 @@ def kube_sinks(
     )
     state_dir.watch("outbox", lambda: events.last_persist_error)
     clears = ClearAckSink(client=kube.client, node_name=kube.node_name, feed=feed, resync=kube.resync)
+    validations = ValidationSink(client=kube.client, node_name=kube.node_name, feed=feed, resync=kube.resync)
     return Sinks(
-        components=(conditions, events, clears),
+        components=(conditions, events, clears, validations),
         acks=(events.acked,),
         figures=(lambda: {"events_dropped": events.overflowed, "detection": detection.snapshot()},),
     )
