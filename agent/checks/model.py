@@ -71,6 +71,7 @@ class CheckResult:
     severity: Severity = Severity.ERROR
     values: tuple[Value, ...] = ()
     repeat_event: bool = False  # a warning's Event on every PROBLEM run, not only when it starts (NPD temporary)
+    devices: tuple[str, ...] = ()
 
 
 @runtime_checkable
