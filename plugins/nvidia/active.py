@@ -263,7 +263,17 @@ def judge_report(report: DiagReport, keys: Mapping[int, str], note: str) -> list
         out.append(CheckResult(status=CheckStatus.PROBLEM, condition=None, reason="DcgmDiagFailed", message=text))
     elif not gpus:
         out.append(judge_gpu(-1, "node", node_wide, None))
+    if any(g not in keys for g in gpus):
+        return [merge(out)]  # a verdict naming no device speaks for the node: one, never a pass beside a fail
     return out
+
+
+def merge(results: Sequence[CheckResult]) -> CheckResult:
+    """One node verdict from several: the worst status (PROBLEM, then UNKNOWN, then OK), every message."""
+    order = (CheckStatus.PROBLEM, CheckStatus.UNKNOWN, CheckStatus.OK)
+    worst = min(results, key=lambda r: order.index(r.status))
+    message = "; ".join(r.message for r in results)
+    return CheckResult(status=worst.status, condition=None, reason=worst.reason, message=message[:2000])
 
 
 class DcgmDiagCheck:

@@ -180,10 +180,10 @@ def test_3x_deployment_results_for_all_gpus_count_for_each() -> None:
     assert len(results) == 8 and {r.status for r in results} == {CheckStatus.OK}
 
 
-def test_without_pci_addresses_the_verdicts_say_so_and_name_no_device() -> None:
+def test_without_pci_addresses_one_verdict_speaks_for_the_node() -> None:
     runner = Runner({"dcgmi": ran(recorded("dcgm-diag-4x-stress-fail-constructed.txt"))})
     results = dcgm(runner, readers(access=Access.NO_DRIVER)).run()
-    assert [r.devices for r in results] == [(), ()]
+    assert [(r.devices, r.status, r.reason) for r in results] == [((), CheckStatus.PROBLEM, "DcgmDiagFailed")]
     assert "PCI addresses unknown" in results[0].message
 
 
