@@ -426,10 +426,10 @@ class NcclLoopbackCheck:
         return (floor, f"instance type {kind}") if floor is not None else (None, "")
 
     def run(self) -> list[CheckResult]:
-        keys, _ = gpu_keys(self._readers, self._source)
+        keys, note = gpu_keys(self._readers, self._source)
         count = self._gpus or len(keys)
         if count < 1:
-            return [unknown("NoGpus", "no GPU found to run all_reduce_perf on (NVML and nvidia-smi saw none)")]
+            return [unknown("NoGpus", f"no GPU to run all_reduce_perf on ({note or 'NVML saw none'}; or set gpus)")]
         argv = (self._command, "-b", "8", "-e", "8G", "-f", "2", "-g", str(count))
         result = self._context.run(argv, timeout=self.command_timeout)
         trouble = tool_trouble(result)

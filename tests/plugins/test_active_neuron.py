@@ -15,15 +15,12 @@ from typing import Any
 
 import pytest
 
+from agent.checks.builtin import import_builtin
 from agent.sdk import CheckConfigError, CheckContext, CheckStatus, ProcessResult
-from plugins.neuron.active import (
-    NccomParseError,
-    NccomTestCheck,
-    NobsHealthCheck,
-    NobsParseError,
-    parse_nccom,
-    parse_nobs,
-)
+
+active = import_builtin("neuron.active")
+NccomParseError, NccomTestCheck, parse_nccom = active.NccomParseError, active.NccomTestCheck, active.parse_nccom
+NobsHealthCheck, NobsParseError, parse_nobs = active.NobsHealthCheck, active.NobsParseError, active.parse_nobs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "active"
 

@@ -11,18 +11,24 @@ from typing import Any
 
 import pytest
 
+from agent.checks.builtin import import_builtin
 from agent.sdk import CheckConfigError, CheckContext, CheckResult, CheckStatus, ProcessResult
-from plugins.nvidia.active import (
-    DcgmDiagCheck,
-    DcgmParseError,
-    NcclLoopbackCheck,
-    NcclParseError,
-    parse_all_reduce,
-    parse_dcgm_diag,
-    pci_key,
+
+active = import_builtin("nvidia.active")
+nvml = import_builtin("nvidia.nvml")
+Readers = import_builtin("nvidia.checks").Readers
+Access, GpuInfo, Inventory, Part = nvml.Access, nvml.GpuInfo, nvml.Inventory, nvml.Part
+DcgmDiagCheck, DcgmParseError, parse_dcgm_diag, pci_key = (
+    active.DcgmDiagCheck,
+    active.DcgmParseError,
+    active.parse_dcgm_diag,
+    active.pci_key,
 )
-from plugins.nvidia.checks import Readers
-from plugins.nvidia.nvml import Access, GpuInfo, Inventory, Part
+NcclLoopbackCheck, NcclParseError, parse_all_reduce = (
+    active.NcclLoopbackCheck,
+    active.NcclParseError,
+    active.parse_all_reduce,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "active"
 

@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 
+from agent.checks.builtin import import_builtin
 from agent.sdk import CheckConfigError, CheckContext, CheckStatus, ProcessResult
-from plugins.rdma.active import EfaLoopbackCheck, device_key, efa_domains, pingpong_rows
+
+active = import_builtin("rdma.active")
+EfaLoopbackCheck, device_key, efa_domains, pingpong_rows = (
+    active.EfaLoopbackCheck,
+    active.device_key,
+    active.efa_domains,
+    active.pingpong_rows,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "active"
 
