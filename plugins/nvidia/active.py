@@ -46,6 +46,9 @@ DCGM_TIMEOUTS: Mapping[int, float] = {1: 120.0, 2: 600.0, 3: 1800.0, 4: 7200.0}
 NCCL_TIMEOUT = 600.0
 
 _STATUSES = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "skipped": "skip", "not run": "skip"}
+# dcgmi's message when nv-hostengine is not running (dcgmi/Command.cpp: "Error: unable to establish a connection
+# to the specified host: ...").
+_NO_HOSTENGINE = re.compile(r"unable to establish a connection to the specified host", re.IGNORECASE)
 _PCI = re.compile(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?")
 
 
@@ -305,6 +308,8 @@ class DcgmDiagCheck:
         trouble = tool_trouble(result)
         if trouble is not None:
             return [trouble]
+        if _NO_HOSTENGINE.search(result.stdout + result.stderr):
+            return [unknown("DcgmHostEngineUnreachable", f"dcgmi cannot reach nv-hostengine: {result.describe()}")]
         try:
             report = parse_dcgm_diag(result.stdout)
         except DcgmParseError as exc:

@@ -201,9 +201,11 @@ def test_without_pci_addresses_one_verdict_speaks_for_the_node() -> None:
         (ProcessResult(argv=("dcgmi",), exit_code=-9, timed_out=True, duration=600.0), "Timeout"),
         (ProcessResult(argv=("dcgmi",), exit_code=None, error="cancelled", cancelled=True), "Cancelled"),
         (
+            # dcgmi/Command.cpp's message when nv-hostengine is not running
             ran("Error: unable to establish a connection to the specified host: localhost", exit_code=255),
-            "OutputUnparsable",
+            "DcgmHostEngineUnreachable",
         ),
+        (ran("Error: Unable to run diagnostic on unsupported GPU 0.", exit_code=226), "OutputUnparsable"),
         (
             ran('{"DCGM Diagnostic": {"version": "4.6.0", "runtime_error": "No GPUs found"}}', exit_code=1),
             "DcgmRuntimeError",
