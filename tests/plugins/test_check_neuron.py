@@ -709,6 +709,8 @@ def test_checks_yaml_declares_buildable_checks(tmp_path: Path, defaults: bool) -
         "neuron-devices": [("NeuronDevices", "NeuronDevicesOk", "neuron-devices", True)],
         "neuron-allocation": [],
         "neuron-ultraserver": [("NeuronUltraServer", "NeuronUltraServerOk", "neuron-ultraserver", True)],
+        "nccom-test": [],  # active checks (issue 36): own no condition
+        "nobs-health": [],
     }
 
 

@@ -42,6 +42,7 @@ from helpers.testdata import tool_output
 checks = import_builtin("nvidia.checks")
 nvml = import_builtin("nvidia.nvml")
 smi = import_builtin("nvidia.smi")
+active = import_builtin("nvidia.active")
 
 Access, Fault, Part, GpuInfo, Inventory = nvml.Access, nvml.Fault, nvml.Part, nvml.GpuInfo, nvml.Inventory
 EccCounts, RemappedRows, RetiredPages = nvml.EccCounts, nvml.RemappedRows, nvml.RetiredPages
@@ -65,6 +66,10 @@ CHECKS = {
     "gpu-ecc": checks.GpuEccCheck,
     "gpu-nvlink": checks.GpuNvlinkCheck,
     "gpu-pcie-thermal": checks.GpuPcieThermalCheck,
+}
+ACTIVE = {  # the active checks (issue 36; tests/plugins/test_active_nvidia.py): declared too, own no condition
+    "dcgm-diag": active.DcgmDiagCheck,
+    "nccl-loopback": active.NcclLoopbackCheck,
 }
 
 
@@ -1292,12 +1297,12 @@ def test_bad_options_name_the_option(tmp_path, kind, options, field_name):
 def test_checks_yaml_declares_every_check_with_its_condition():
     declared = yaml.safe_load((ROOT / "plugins" / "nvidia" / "checks.yaml").read_text())["checks"]
     by_name = {d["name"]: d for d in declared}
-    assert set(by_name) == set(CHECKS)
+    assert set(by_name) == set(CHECKS) | set(ACTIVE)
     conditions = {}
     for name, decl in by_name.items():
         module, _, attr = decl["use"].partition(":")
         factory = getattr(import_builtin(module), attr)
-        assert factory is CHECKS[name]
+        assert factory is {**CHECKS, **ACTIVE}[name]
         check = factory(name=name, context=CheckContext(), options=dict(decl.get("options", {})))
         assert check.name == name
         assert all(isinstance(c, ConditionSpec) and c.source == name for c in check.conditions)
@@ -1307,6 +1312,8 @@ def test_checks_yaml_declares_every_check_with_its_condition():
         "gpu-ecc": [("GpuEcc", "GpuEccGood", True)],
         "gpu-nvlink": [("GpuNvlink", "GpuNvlinkGood", True)],
         "gpu-pcie-thermal": [],
+        "dcgm-diag": [],
+        "nccl-loopback": [],
     }
 
 

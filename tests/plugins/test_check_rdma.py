@@ -918,7 +918,8 @@ def test_the_check_satisfies_the_contract(tmp_path: Path) -> None:
 
 def test_the_declaration_builds_the_check(tmp_path: Path) -> None:
     declared = yaml.safe_load((PLUGIN_DIR / "checks.yaml").read_text())
-    (entry,) = declared["checks"]
+    entry, active = declared["checks"]  # ib-ports, then the active efa-loopback (tests/plugins/test_active_rdma.py)
+    assert (active["name"], active["use"], active["enabled"]) == ("efa-loopback", "rdma.active:EfaLoopbackCheck", False)
     module, attribute = entry["use"].split(":")
     factory = getattr(import_builtin(module), attribute)
     check = factory(name=entry["name"], context=CheckContext(sys_root=tmp_path), options=entry["options"])
