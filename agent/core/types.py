@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agent.core.clears import ClearRecord
     from agent.core.devices import DeviceProblem, DeviceRef
+    from agent.core.validation import ValidationRecord, ValidationRequest
 
 
 class RuleType(enum.StrEnum):
@@ -198,6 +199,8 @@ class Snapshot:
     node_uid: str | None = None  # the Node's uid once read (for Events' involvedObject)
     provenance: Mapping[str, Provenance] = field(default_factory=dict)  # condition type -> who owns it
     clears: tuple[ClearRecord, ...] = ()  # the operator's clears handled, newest last (agent.core.clears)
+    validations: tuple[ValidationRecord, ...] = ()  # newest per (check, device) (agent.core.validation)
+    validation_requests: tuple[ValidationRequest, ...] = ()  # the open ones
 
     def condition(self, type_: str) -> Condition | None:
         for c in self.conditions:

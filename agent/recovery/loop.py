@@ -108,6 +108,7 @@ class RecoveryLoop:
         self._quiet = False
         self._history = History()  # the ladder's history as read at this step (without a ladder)
         self._trouble = ""  # why this step stood back as failed (retried with backoff, like an error)
+        self._requested: set[str] = set()  # validation requests this process put into the inbox (by id)
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
         self._herald = Herald(inbox=inbox, node_name=node_name, clock=lambda: self._clock())  # a test may swap it
@@ -241,6 +242,7 @@ class RecoveryLoop:
         self._note_blocked(decision, devices=planning.on_devices)
         if self._enabled:
             self._act(decision, planning.view, stored=planning.stored)
+            self._validation(decision, stored=planning.stored)
         else:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
@@ -275,6 +277,7 @@ class RecoveryLoop:
             flaps=self._actor.flap_record,
             rungs=self._ladder.rungs if self._ladder is not None else None,
             opened=record.history.opened,
+            requested=frozenset(self._requested),
         )
 
     def _holding(self, hold: Hold, p: Planning) -> Decision:
@@ -382,6 +385,19 @@ class RecoveryLoop:
             else:
                 incident = with_done(incident, action) if action is not Action.UNCORDON else None
         self._dry = incident if decision.incident is not None or not decision.actions else None
+
+    def _validation(self, decision: Decision, *, stored: Incident | None) -> None:
+        """The validation gate's request into the inbox, once the incident recording it is stored (by
+        :meth:`_act`, which raised otherwise: nothing is put for an attempt not on record); its Event."""
+        note = decision.validation
+        if note is None:
+            return
+        request = note.request
+        if request is not None and request.id not in self._requested:
+            if not self._inbox.put(request, stop=self._stop):
+                return  # stopping: the attempt on record is found lost by the next agent, and asked again
+            self._requested.add(request.id)
+        self._herald.tell(decision.incident or stored, events.validation(note))
 
     # ---- telling -----------------------------------------------------------------------------------
 
