@@ -78,7 +78,8 @@ def test_no_validation_set_is_today_s_behaviour_and_the_summary_says_so(tmp_path
         (
             "validation: {timeout: 5m}\n",
             [
-                "policy.yaml:1: validation.checks: must be a non-empty list of check names, e.g. [dcgm-diag, nccl-loopback]"
+                "policy.yaml:1: validation.checks: must be a non-empty list of check names, e.g. "
+                "[dcgm-diag, nccl-loopback]"
             ],
         ),
         (
@@ -109,9 +110,11 @@ def test_no_validation_set_is_today_s_behaviour_and_the_summary_says_so(tmp_path
             ],
         ),
         (
-            "base: none\nrules:\n  - condition: GpuXid\n    ladder: [reboot]\n    validation:\n      checks: ['bad name']\n",
+            "base: none\nrules:\n  - condition: GpuXid\n    ladder: [reboot]\n"
+            "    validation:\n      checks: ['bad name']\n",
             [
-                "policy.yaml:6: rules[0].validation.checks[0]: must be a check name (letters, digits and _.-), got 'bad name'"
+                "policy.yaml:6: rules[0].validation.checks[0]: must be a check name (letters, digits and _.-), "
+                "got 'bad name'"
             ],
         ),
         (
