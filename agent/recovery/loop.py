@@ -109,6 +109,9 @@ class RecoveryLoop:
         self._history = History()  # the ladder's history as read at this step (without a ladder)
         self._trouble = ""  # why this step stood back as failed (retried with backoff, like an error)
         self._requested: set[str] = set()  # validation requests this process put into the inbox (by id)
+        self._startup_asked: float | None = None  # when this process put the startup validation request
+        self._startup_done = policy.startup_validation is None or not enabled  # nothing (more) for the startup gate
+        self._startup_told: set[str] = set()
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
         self._herald = Herald(inbox=inbox, node_name=node_name, clock=lambda: self._clock())  # a test may swap it
@@ -216,7 +219,7 @@ class RecoveryLoop:
             return None  # our conditions are not adopted yet: nothing to judge
         if told := self._herald.untrusted(snapshot, self._policy):
             self.stats.blocked[UNTRUSTED] += told
-        if self._quiet and not matching(snapshot, self._policy):
+        if self._quiet and self._startup_done and not matching(snapshot, self._policy):
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
         try:
@@ -246,6 +249,8 @@ class RecoveryLoop:
         else:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
+        if not self._startup_done:
+            self._startup(snapshot, node)
         return decision
 
     def _read(self, snapshot: Snapshot, node: Mapping[str, Any], now: float) -> Planning:
@@ -398,6 +403,33 @@ class RecoveryLoop:
                 return  # stopping: the attempt on record is found lost by the next agent, and asked again
             self._requested.add(request.id)
         self._herald.tell(decision.incident or stored, events.validation(note))
+
+    def _startup(self, snapshot: Snapshot, node: Mapping[str, Any]) -> None:
+        """The startup gate (agent.recovery.startupgate): ask for the checks; untaint after the first pass."""
+        from agent.recovery import node as node_actions
+        from agent.recovery.startupgate import FAILED, startup
+
+        tainted = node_actions.has_unvalidated(node)
+        step = startup(
+            self._policy.startup_validation, tainted=tainted, snapshot=snapshot, now=self._clock(),
+            asked_at=self._startup_asked,
+        )  # fmt: skip
+        if step is None:
+            self._startup_done = True
+            return
+        if step.request is not None and self._inbox.put(step.request, stop=self._stop):
+            self._startup_asked = step.request.requested_at
+        if step.untaint:
+            node_actions.remove_unvalidated(self._store, node_name=self._node_name)
+            self._startup_done = True
+        if step.reason and step.reason not in self._startup_told:  # each once per process
+            self._startup_told.add(step.reason)
+            told = events.Told(
+                type=events.WARNING if step.reason == FAILED else events.NORMAL,
+                reason=step.reason,
+                message=step.message,
+            )
+            self._herald.tell(None, told)
 
     # ---- telling -----------------------------------------------------------------------------------
 

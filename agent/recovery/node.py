@@ -40,6 +40,7 @@ from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load, rea
 from agent.recovery.model import (
     INCIDENT_ANNOTATION,
     TAINT_KEY,
+    UNVALIDATED_TAINT_KEY,
     VALIDATION_OUTCOMES,
     Action,
     DeviceFence,
@@ -267,6 +268,22 @@ def uncordon(
         taints = [t for t in (node.get("spec") or {}).get("taints") or [] if not _is_ours(t)]
         return _Want(
             unschedulable=False if by_us else None, taints=taints, incident=None, annotations=dict(annotations or {})
+        )
+
+    return _apply(client, node_name, want)
+
+
+def has_unvalidated(node: Mapping[str, Any]) -> bool:
+    """The Node carries the startup validation's taint (startupValidation)."""
+    return any(t.get("key") == UNVALIDATED_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
+
+
+def remove_unvalidated(client: NodeClient, *, node_name: str) -> NodeUpdate:
+    """Remove the startup validation's taint (after the node's first pass); others' taints are kept."""
+
+    def want(node: dict[str, Any]) -> _Want:
+        return _Want(
+            taints=[t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != UNVALIDATED_TAINT_KEY]
         )
 
     return _apply(client, node_name, want)

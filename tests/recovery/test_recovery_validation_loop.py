@@ -25,6 +25,7 @@ from agent.recovery.drain import DrainResult
 from agent.recovery.ladder import Ladder
 from agent.recovery.model import (
     DEFAULT_WINDOW,
+    UNVALIDATED_TAINT_KEY,
     Action,
     BudgetSettings,
     NodeView,
@@ -32,9 +33,13 @@ from agent.recovery.model import (
     PolicyRule,
     Remedy,
     Scope,
+    StartupValidation,
     ValidationSettings,
 )
 from agent.recovery.policyfile import DEFAULT_POLICY
+from agent.recovery.startupgate import FAILED as STARTUP_FAILED
+from agent.recovery.startupgate import PASSED as STARTUP_PASSED
+from agent.recovery.startupgate import STARTUP_ID
 
 from helpers import recovery
 from helpers.recovery import NODE_PATH, T0, Clock, LoopHarness, kube_fixture, prepare
@@ -368,3 +373,48 @@ def test_the_fence_stays_until_the_device_passed(api, kube):
     h.step()
     assert fencer.unfenced == [f"gpu:{GPU0}"] and h.incident() is None
     assert len(h.requests) == 1 and vg.PASSED in h.reasons()
+
+
+# ---- the startup gate ----------------------------------------------------------------------------------
+
+UNVALIDATED = {"key": UNVALIDATED_TAINT_KEY, "effect": "NoSchedule"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def test_a_new_node_keeps_its_startup_taint_until_the_first_pass(api, kube):
+    node = recovery.node_object(recovery.NODE)
+    node["spec"]["taints"] = [GPU_TAINT, UNVALIDATED]  # as Karpenter's startupTaints put it
+    gated = dataclasses.replace(policy(), startup_validation=StartupValidation(checks=CHECKS))
+    h = LoopHarness(api, kube(), policy=gated, node=node)
+    h.publish()
+    h.step()
+    h.clock.now += 5
+    h.step()
+    (request,) = h.requests
+    assert request.id == STARTUP_ID and request.checks == CHECKS
+    assert UNVALIDATED in h.node()["spec"]["taints"]
+    h.publish(validations=results(Verdict.UNKNOWN, at=h.clock.now + 1))  # a device busy: never a pass
+    h.clock.now += 5
+    h.step()
+    assert UNVALIDATED in h.node()["spec"]["taints"] and len(h.requests) == 1
+    h.publish(validations=results(Verdict.PASS, at=h.clock.now + 1))
+    h.clock.now += 5
+    h.step()
+    assert h.node()["spec"]["taints"] == [GPU_TAINT], "only the startup taint removed"
+    assert [e.reason for e in h.events(STARTUP_PASSED)] == [STARTUP_PASSED]
+    patches = h.patches()
+    h.clock.now += 5
+    h.step()
+    assert h.patches() == patches and len(h.requests) == 1, "done: nothing more"
+
+
+def test_a_failing_new_node_keeps_its_taint_with_one_report(api, kube):
+    node = recovery.node_object(recovery.NODE)
+    node["spec"]["taints"] = [UNVALIDATED]
+    gated = dataclasses.replace(policy(), startup_validation=StartupValidation(checks=CHECKS))
+    h = LoopHarness(api, kube(), policy=gated, node=node)
+    h.publish(validations=results(Verdict.FAIL, at=T0 - 5))
+    for _ in range(3):
+        h.step()
+        h.clock.now += 5
+    assert h.node()["spec"]["taints"] == [UNVALIDATED] and len(h.events(STARTUP_FAILED)) == 1
