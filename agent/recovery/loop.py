@@ -239,6 +239,10 @@ class RecoveryLoop:
         if isinstance(gated, Hold):
             return self._holding(gated, planning)
         decision = conclude(planning, gated)
+        if self._enabled and decision.validation is not None and decision.validation.request is not None:
+            hold = self.holds.check(publication=publication, node=node, incident=decision.incident)
+            if hold is not None:  # a validation request is held like any disruptive step: not even recorded
+                return self._holding(hold, planning)
         self._note_climb(decision, planning)
         self._note_scope(decision, planning)
         self.stats.incident = decision.incident

@@ -22,6 +22,7 @@ from agent.core.types import Condition, Severity, Status
 from agent.core.validation import ValidationRecord, ValidationRequest, Verdict
 from agent.recovery import validationgate as vg
 from agent.recovery.drain import DrainResult
+from agent.recovery.holds import VETO_ANNOTATION
 from agent.recovery.ladder import Ladder
 from agent.recovery.model import (
     DEFAULT_WINDOW,
@@ -418,3 +419,22 @@ def test_a_failing_new_node_keeps_its_taint_with_one_report(api, kube):
         h.step()
         h.clock.now += 5
     assert h.node()["spec"]["taints"] == [UNVALIDATED] and len(h.events(STARTUP_FAILED)) == 1
+
+
+def test_a_veto_holds_the_request_like_any_disruptive_step(world):
+    clock, host, make = world
+    h = make()
+    h.publish(recovery.problem(*XID79, since=T0 - 10))
+    h.step()
+    host.boot = "boot-2"
+    clock.now += 60
+    h.publish(recovery.healthy(XID79[0], since=clock.now))
+    h.step()
+    h.client.patch_node(recovery.NODE, {"metadata": {"annotations": {VETO_ANNOTATION: "operator: hands off"}}})
+    clock.now += DEFAULT_WINDOW + 1
+    h.step()
+    h.step()
+    assert h.requests == [] and validations(h) == [] and h.cordoned(), "held: nothing recorded, nothing put"
+    h.client.patch_node(recovery.NODE, {"metadata": {"annotations": {VETO_ANNOTATION: None}}})
+    h.step()
+    assert len(h.requests) == 1 and len(validations(h)) == 1
