@@ -178,7 +178,7 @@ def _waiting(
     attempts = _attempts(incident, returning)
     last = attempts[-1] if attempts else None
     if last is not None and not last.outcome:
-        why = _stalled(last, settings, returning, snapshot, requested)
+        why = _stalled(last, settings, snapshot, requested)
         if not why:
             return _hold(decision, incident, f"waiting for {', '.join(settings.checks)} (request {last.id})")
         reason, detail = why
@@ -212,7 +212,6 @@ def _waiting(
 def _stalled(
     last: ValidationAttempt,
     settings: ValidationSettings,
-    returning: Returning,
     snapshot: Snapshot,
     requested: Collection[str],
 ) -> tuple[str, str] | None:
