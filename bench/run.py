@@ -1549,6 +1549,16 @@ def bench_device() -> list[Figure]:
     return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
 
 
+def bench_validation() -> list[Figure]:
+    """No rebooted node goes back unproven: bench/validation.py (the recovery loop, the test API server, a fake
+    reboot; the active checks' figures are measured with the checks)."""
+    from bench.validation import measure
+
+    got = measure()
+    targets = {"validation.uncordoned_before_pass": ("<= 0", ""), "validation.pass_to_uncordon_s": ("<= 5", "s")}
+    return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
+
+
 BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
@@ -1560,6 +1570,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "npd": bench_npd,
     "scrapes": bench_scrapes,
     "device": bench_device,
+    "validation": bench_validation,
 }
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from agent.core.durations import format_duration
 from agent.core.types import Condition
-from agent.recovery.model import Action, BudgetView, Incident, PolicyRule
+from agent.recovery.model import Action, BudgetView, Incident, PolicyRule, ValidationNote
 
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -228,6 +228,12 @@ def device_scope_at_node(incident: Incident, why: str) -> Told:
 
 
 # ---- why a step waits ------------------------------------------------------------------------------
+
+
+def validation(note: ValidationNote) -> Told:
+    """The validation gate's word (agent.recovery.validationgate): requested, passed, failed, timed out, or
+    that the node returns on silence (no validation set)."""
+    return Told(type=WARNING if note.warning else NORMAL, reason=note.reason, message=note.message, once=note.once)
 
 
 def held(kind: str, message: str) -> Told:

@@ -108,6 +108,10 @@ class RecoveryLoop:
         self._quiet = False
         self._history = History()  # the ladder's history as read at this step (without a ladder)
         self._trouble = ""  # why this step stood back as failed (retried with backoff, like an error)
+        self._requested: set[str] = set()  # validation requests this process put into the inbox (by id)
+        self._startup_asked: float | None = None  # when this process put the startup validation request
+        self._startup_done = policy.startup_validation is None or not enabled  # nothing (more) for the startup gate
+        self._startup_told: set[str] = set()
         self._stop = threading.Event()
         self.stats = RecoveryStats(enabled=enabled)
         self._herald = Herald(inbox=inbox, node_name=node_name, clock=lambda: self._clock())  # a test may swap it
@@ -215,7 +219,7 @@ class RecoveryLoop:
             return None  # our conditions are not adopted yet: nothing to judge
         if told := self._herald.untrusted(snapshot, self._policy):
             self.stats.blocked[UNTRUSTED] += told
-        if self._quiet and not matching(snapshot, self._policy):
+        if self._quiet and self._startup_done and not matching(snapshot, self._policy):
             return Decision()  # no open incident and no problem the policy covers: nothing to read the Node for
         self.stats.steps += 1
         try:
@@ -235,15 +239,22 @@ class RecoveryLoop:
         if isinstance(gated, Hold):
             return self._holding(gated, planning)
         decision = conclude(planning, gated)
+        if self._enabled and decision.validation is not None and decision.validation.request is not None:
+            hold = self.holds.check(publication=publication, node=node, incident=decision.incident)
+            if hold is not None:  # a validation request is held like any disruptive step: not even recorded
+                return self._holding(hold, planning)
         self._note_climb(decision, planning)
         self._note_scope(decision, planning)
         self.stats.incident = decision.incident
         self._note_blocked(decision, devices=planning.on_devices)
         if self._enabled:
             self._act(decision, planning.view, stored=planning.stored)
+            self._validation(decision, stored=planning.stored)
         else:
             self._pretend(decision)
         self._quiet = (self.stats.incident if self._enabled else self._dry) is None
+        if not self._startup_done:
+            self._startup(snapshot, node)
         return decision
 
     def _read(self, snapshot: Snapshot, node: Mapping[str, Any], now: float) -> Planning:
@@ -275,6 +286,7 @@ class RecoveryLoop:
             flaps=self._actor.flap_record,
             rungs=self._ladder.rungs if self._ladder is not None else None,
             opened=record.history.opened,
+            requested=frozenset(self._requested),
         )
 
     def _holding(self, hold: Hold, p: Planning) -> Decision:
@@ -382,6 +394,46 @@ class RecoveryLoop:
             else:
                 incident = with_done(incident, action) if action is not Action.UNCORDON else None
         self._dry = incident if decision.incident is not None or not decision.actions else None
+
+    def _validation(self, decision: Decision, *, stored: Incident | None) -> None:
+        """The validation gate's request into the inbox, once the incident recording it is stored (by
+        :meth:`_act`, which raised otherwise: nothing is put for an attempt not on record); its Event."""
+        note = decision.validation
+        if note is None:
+            return
+        request = note.request
+        if request is not None and request.id not in self._requested:
+            if not self._inbox.put(request, stop=self._stop):
+                return  # stopping: the attempt on record is found lost by the next agent, and asked again
+            self._requested.add(request.id)
+        self._herald.tell(decision.incident or stored, events.validation(note))
+
+    def _startup(self, snapshot: Snapshot, node: Mapping[str, Any]) -> None:
+        """The startup gate (agent.recovery.startupgate): ask for the checks; untaint after the first pass."""
+        from agent.recovery import node as node_actions
+        from agent.recovery.startupgate import FAILED, startup
+
+        tainted = node_actions.has_unvalidated(node)
+        step = startup(
+            self._policy.startup_validation, tainted=tainted, snapshot=snapshot, now=self._clock(),
+            asked_at=self._startup_asked,
+        )  # fmt: skip
+        if step is None:
+            self._startup_done = True
+            return
+        if step.request is not None and self._inbox.put(step.request, stop=self._stop):
+            self._startup_asked = step.request.requested_at
+        if step.untaint:
+            node_actions.remove_unvalidated(self._store, node_name=self._node_name)
+            self._startup_done = True
+        if step.reason and step.reason not in self._startup_told:  # each once per process
+            self._startup_told.add(step.reason)
+            told = events.Told(
+                type=events.WARNING if step.reason == FAILED else events.NORMAL,
+                reason=step.reason,
+                message=step.message,
+            )
+            self._herald.tell(None, told)
 
     # ---- telling -----------------------------------------------------------------------------------
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from agent.core.durations import format_duration
 from agent.core.timefmt import iso
 from agent.core.types import Provenance
+from agent.core.validation import ValidationRequest
 
 # Names others rely on (annotations, taint, labels, Lease). One prefix for all of them.
 DOMAIN = "node-health-agent.io"
 INCIDENT_ANNOTATION = f"{DOMAIN}/incident"  # JSON of Incident.to_json(); absent = no open incident
 TAINT_KEY = f"{DOMAIN}/unhealthy"  # NoSchedule taint we add on cordon (value = the reason)
+UNVALIDATED_TAINT_KEY = f"{DOMAIN}/unvalidated"  # NoSchedule on a new node until its first pass (startupValidation)
 OPT_OUT_LABEL = f"{DOMAIN}/recovery"  # label value "disabled" (or "false") = never act on this node
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 ULTRASERVER_LABEL = "neuron.amazonaws.com/ultraserver-server-id-4"  # one failure domain per value
@@ -126,6 +128,35 @@ class OnDeadline(enum.StrEnum):
     DELETE = "delete"  # DELETE the pod (bypasses its PodDisruptionBudget)
 
 
+class OnFail(enum.StrEnum):
+    """What a failed or timed-out validation does (agent.recovery.validationgate)."""
+
+    CLIMB = "climb"  # the ladder's next rung (a device: the node's ladder; reboot: replace)
+    HOLD = "hold"  # stay out of service, with a report (an Event), until an operator acts
+
+
+DEFAULT_VALIDATION_TIMEOUT = 1800.0
+DEFAULT_VALIDATION_ATTEMPTS = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationSettings:
+    """The checks that must pass after a remedy before the node or device goes back into service."""
+
+    checks: tuple[str, ...]
+    timeout: float = DEFAULT_VALIDATION_TIMEOUT  # from the remedy's first request to a pass of every check
+    on_fail: OnFail = OnFail.CLIMB
+    max_attempts: int = DEFAULT_VALIDATION_ATTEMPTS  # requests per remedy (an inconclusive one asks again)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartupValidation:
+    """A new node proves itself once before it takes work (taint: the agent removes UNVALIDATED_TAINT_KEY)."""
+
+    checks: tuple[str, ...]
+    taint: bool = True
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PolicyRule:
     """When condition ``condition`` is True with a reason matching one of ``reasons`` (shell globs,
@@ -149,6 +180,7 @@ class PolicyRule:
     # repeat_period (DEVICE_REPEAT_PERIOD when 0), or fencing is not possible
     scope: Scope = Scope.NODE
     max_devices: int = DEFAULT_MAX_DEVICES
+    validation: ValidationSettings | None = None  # None: the policy's default (RecoveryPolicy.validation)
 
     @property
     def node_actions(self) -> tuple[Action, ...]:
@@ -234,6 +266,13 @@ class RecoveryPolicy:
     respect_grace_period: bool = True  # SetInstanceHealth(ShouldRespectGracePeriod=...)
     drain: DrainSettings = field(default_factory=DrainSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    validation: ValidationSettings | None = None  # the rules' default; None: back into service on silence
+    startup_validation: StartupValidation | None = None
+
+    def validation_of(self, rule: PolicyRule | None) -> ValidationSettings | None:
+        """The validation set that applies to ``rule``'s remedies (its own, else the policy's)."""
+        own = rule.validation if rule is not None else None
+        return own if own is not None else self.validation
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -283,6 +322,46 @@ class DeviceFence:
         }
 
 
+VALIDATION_OUTCOMES = ("", "succeeded", "transient", "permanent")  # "" = open
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationAttempt:
+    """One validation request recovery made for an incident (JSON key ``validations`` of the incident).
+
+    ``id`` is the request's (``<incident id>#<number>``); ``remedy`` what it validates (``reboot`` or
+    ``unfence-device``) and ``after`` that remedy's time: only results newer count. ``outcome``: ""
+    while open, ``succeeded`` (every check passed), ``transient`` (inconclusive, or lost with a restart:
+    asked again while attempts are left), ``permanent`` (a fail, or the timeout: never asked again)."""
+
+    number: int
+    id: str
+    remedy: str
+    checks: tuple[str, ...]
+    devices: tuple[str, ...]
+    after: float
+    requested_at: float
+    outcome: str = ""
+    reason: str = ""  # ValidationPassed, ValidationFailed, ValidationTimedOut, ValidationInconclusive, ValidationLost
+    message: str = ""
+    settled_at: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "number": self.number,
+            "id": self.id,
+            "remedy": self.remedy,
+            "checks": list(self.checks),
+            "devices": list(self.devices),
+            "after": self.after,
+            "requestedAt": self.requested_at,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "message": self.message,
+            "settledAt": self.settled_at,
+        }
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Incident:
     """One problem episode and what recovery did about it, stored on the Node (INCIDENT_ANNOTATION).
@@ -310,6 +389,7 @@ class Incident:
     claimed_at: float | None = None
     evidence: tuple[str, ...] = ()  # where the diagnostics bundles taken before a remedy are (agent.recovery.bundle)
     fences: tuple[DeviceFence, ...] = ()  # a device-scope incident's devices (agent.recovery.devicescope)
+    validations: tuple[ValidationAttempt, ...] = ()  # the validation gate's requests (agent.recovery.validationgate)
 
     def fence_of(self, device: str) -> DeviceFence | None:
         return next((f for f in self.fences if f.device == device), None)
@@ -320,6 +400,8 @@ class Incident:
         extra: dict[str, object] = {"evidence": list(self.evidence)} if self.evidence else {}
         if self.fences:  # "fences" sorts after "done": the admission policy's cordon regex is unaffected
             extra["fences"] = [f.to_json() for f in self.fences]
+        if self.validations:  # sorts after "since": the cordon regex is unaffected
+            extra["validations"] = [v.to_json() for v in self.validations]
         return (
             claim
             | extra
@@ -436,3 +518,16 @@ class Decision:
     blocked: Blocked | None = None
     rule: PolicyRule | None = None
     message: str = ""
+    validation: ValidationNote | None = None  # the validation gate's request to put and Event to tell
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationNote:
+    """What the validation gate asks of the loop this step: put ``request`` into the inbox (after the
+    incident that records it is stored), and tell ``reason``/``message`` (once per incident and ``once``)."""
+
+    request: ValidationRequest | None = None
+    reason: str = ""
+    message: str = ""
+    warning: bool = False
+    once: str = ""

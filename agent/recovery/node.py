@@ -37,7 +37,17 @@ from typing import Any, Protocol
 from agent.adapters.kube import KubeError
 from agent.core.timefmt import iso
 from agent.recovery.fields import FUTURE_SLACK, CorruptRecord, Fields, load, read_fences
-from agent.recovery.model import INCIDENT_ANNOTATION, TAINT_KEY, Action, DeviceFence, Incident, NodeView
+from agent.recovery.model import (
+    INCIDENT_ANNOTATION,
+    TAINT_KEY,
+    UNVALIDATED_TAINT_KEY,
+    VALIDATION_OUTCOMES,
+    Action,
+    DeviceFence,
+    Incident,
+    NodeView,
+    ValidationAttempt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +139,47 @@ def _incident(fields: Fields, *, now: float | None) -> Incident:
             )
             for f in read_fences(fields)
         ),
+        validations=_validations(fields, now=now),
     )
+
+
+VALIDATION_KEYS = (
+    "number",
+    "id",
+    "remedy",
+    "checks",
+    "devices",
+    "after",
+    "requestedAt",
+    "outcome",
+    "reason",
+    "message",
+    "settledAt",
+)
+MAX_VALIDATIONS = 16  # attempts kept per incident (maxAttempts per remedy, a few remedies)
+
+
+def _validations(fields: Fields, *, now: float | None) -> tuple[ValidationAttempt, ...]:
+    """The incident's ``validations`` (absent: none), each entry checked like every other field."""
+    found = []
+    for entry in fields.objects("validations", default=[]):
+        entry.only(VALIDATION_KEYS)
+        found.append(
+            ValidationAttempt(
+                number=entry.integer("number", low=1, high=1000),
+                id=entry.text("id", limit=400, nonempty=True),
+                remedy=entry.text("remedy", limit=64),
+                checks=entry.texts("checks", limit=253),
+                devices=entry.texts("devices", default=[], limit=300),
+                after=entry.time("after", now=now, ahead=FUTURE_SLACK),
+                requested_at=entry.time("requestedAt", now=now, ahead=FUTURE_SLACK),
+                outcome=entry.choice("outcome", VALIDATION_OUTCOMES, default=""),
+                reason=entry.text("reason", default="", limit=64),
+                message=entry.text("message", default="", limit=600),
+                settled_at=entry.optional_time("settledAt", now=now, ahead=FUTURE_SLACK),
+            )
+        )
+    return tuple(found[-MAX_VALIDATIONS:])
 
 
 def parse_incident(node: Mapping[str, Any], *, now: float | None = None) -> tuple[Incident | None, str]:
@@ -218,6 +268,22 @@ def uncordon(
         taints = [t for t in (node.get("spec") or {}).get("taints") or [] if not _is_ours(t)]
         return _Want(
             unschedulable=False if by_us else None, taints=taints, incident=None, annotations=dict(annotations or {})
+        )
+
+    return _apply(client, node_name, want)
+
+
+def has_unvalidated(node: Mapping[str, Any]) -> bool:
+    """The Node carries the startup validation's taint (startupValidation)."""
+    return any(t.get("key") == UNVALIDATED_TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
+
+
+def remove_unvalidated(client: NodeClient, *, node_name: str) -> NodeUpdate:
+    """Remove the startup validation's taint (after the node's first pass); others' taints are kept."""
+
+    def want(node: dict[str, Any]) -> _Want:
+        return _Want(
+            taints=[t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != UNVALIDATED_TAINT_KEY]
         )
 
     return _apply(client, node_name, want)

@@ -6,12 +6,15 @@ stages so far made of it. Each stage is a plain function ``Planning -> Planning`
 * :data:`BEFORE_GATES` — ``damp`` (a flapping node is held cordoned longer), ``climb`` (the ladder's
   rung for each rule), ``assess`` (the decision's gates 1 to 5, :func:`agent.recovery.policy.assess`),
   ``scope`` (a ``scope: device`` rule acts on the devices its finding names, or climbs to the node:
-  :func:`agent.recovery.devicescope.scope`);
+  :func:`agent.recovery.devicescope.scope`), ``revalidate`` (a remedy whose validation failed for good
+  under ``onFail: climb`` proposes the ladder's next rung: :func:`agent.recovery.validationgate.climb`);
 * the loop's gates come between: the holds (pauses, vetoes, the agent's health) and the cluster budget
   are read there, as only a step about to act reads them;
 * :data:`AFTER_GATES` — ``admit`` (gate 6: the budget's answer; a device step takes no node's place),
   ``refine`` (a rebooted node is watched through its window before it is uncordoned), ``unfence`` (a
-  healed incident gives its fenced devices back: :func:`agent.recovery.devicescope.unfence`).
+  healed incident gives its fenced devices back: :func:`agent.recovery.devicescope.unfence`), ``validate``
+  (no node or device goes back into service before its validation set passed:
+  :func:`agent.recovery.validationgate.gate`).
 
 A new concern is one more stage in one of the tuples.
 """
@@ -23,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agent.core.types import Snapshot
-from agent.recovery import devicescope, flaps
+from agent.recovery import devicescope, flaps, validationgate
 from agent.recovery import rungs as ladder  # the ladder's pure parts
 from agent.recovery.model import BudgetView, Decision, Incident, NodeView, RecoveryPolicy, Scope
 from agent.recovery.policy import Proposal, admit, assess, with_budget_held
@@ -48,6 +51,7 @@ class Planning:
     assessed: Decision | Proposal | None = None
     budget: BudgetView | None = None  # the budget's answer for admit (None: not read)
     decision: Decision | None = None
+    requested: frozenset[str] = frozenset()  # validation request ids this process put into the inbox
 
     @property
     def acts(self) -> bool:
@@ -137,8 +141,30 @@ def unfence_stage(p: Planning) -> Planning:
     return dataclasses.replace(p, decision=devicescope.unfence(p.decision, stored=p.stored))
 
 
-BEFORE_GATES: tuple[Stage, ...] = (damp, climb, assess_stage, scope_stage)
-AFTER_GATES: tuple[Stage, ...] = (admit_stage, refine, unfence_stage)
+def revalidate(p: Planning) -> Planning:
+    """A remedy whose validation failed for good under ``onFail: climb``: the ladder's next rung (the gates apply)."""
+    assessed = validationgate.climb(p.assessed, stored=p.stored, rungs=p.rungs, policy=p.policy)
+    return dataclasses.replace(p, assessed=assessed)
+
+
+def validate(p: Planning) -> Planning:
+    """An uncordon after a reboot's window, or an unfence, waits for the validation set (validationgate)."""
+    if p.decision is None:
+        return p
+    decision = validationgate.gate(
+        p.decision,
+        stored=p.stored,
+        rungs=p.rungs,
+        policy=p.policy,
+        snapshot=p.snapshot,
+        now=p.now,
+        requested=p.requested,
+    )
+    return dataclasses.replace(p, decision=decision)
+
+
+BEFORE_GATES: tuple[Stage, ...] = (damp, climb, assess_stage, scope_stage, revalidate)
+AFTER_GATES: tuple[Stage, ...] = (admit_stage, refine, unfence_stage, validate)
 
 
 def run(p: Planning, stages: tuple[Stage, ...]) -> Planning:

@@ -11,7 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from agent.core.durations import format_duration
-from agent.recovery.model import SCHEDULED_CONDITION, BudgetSettings, PolicyRule, RecoveryPolicy, Remedy, Scope
+from agent.recovery.model import (
+    SCHEDULED_CONDITION,
+    BudgetSettings,
+    PolicyRule,
+    RecoveryPolicy,
+    Remedy,
+    Scope,
+    ValidationSettings,
+)
 
 __all__ = ["policy_document", "policy_yaml"]
 
@@ -38,7 +46,18 @@ def _rule(rule: PolicyRule) -> dict[str, Any]:
             out["repeat"] = {"count": rule.repeat_count, "within": _duration(rule.repeat_period)}
     if rule.scope is Scope.DEVICE:
         out |= {"scope": rule.scope.value, "maxDevices": rule.max_devices}
+    if rule.validation is not None:
+        out["validation"] = _validation(rule.validation)
     return out
+
+
+def _validation(v: ValidationSettings) -> dict[str, Any]:
+    return {
+        "checks": list(v.checks),
+        "timeout": _duration(v.timeout),
+        "onFail": v.on_fail.value,
+        "maxAttempts": v.max_attempts,
+    }
 
 
 def _percent(share: float) -> str:
@@ -90,7 +109,14 @@ def policy_document(policy: RecoveryPolicy) -> dict[str, Any]:
             "waitForDeletion": _duration(d.wait_for_deletion),
         },
         "budget": _budget(policy.budget),
+        "validation": None if policy.validation is None else _validation(policy.validation),
+        "startupValidation": _startup(policy),
     }
+
+
+def _startup(policy: RecoveryPolicy) -> dict[str, Any] | None:
+    s = policy.startup_validation
+    return None if s is None else {"checks": list(s.checks), "taint": s.taint}
 
 
 def policy_yaml(policy: RecoveryPolicy, *, origin: str = "") -> str:

@@ -27,6 +27,15 @@ Format (every key optional; camelCase like the rule packs; durations like ``30s`
         maxDevices: 2                    # more devices failing at once: the node's ladder (default 2)
         ladder: [reboot, replace]        # the climb: a device again within repeat.within (1 day without
                                          # repeat), more than maxDevices, or no fence possible
+        validation:                      # proven before it goes back (agent.recovery.validationgate): the
+          checks: [dcgm-diag]            # node stays cordoned, the fence stays, until each check passes
+          timeout: 30m                   # after the remedy; no pass of each within this: failed for good
+          onFail: climb                  # climb (the ladder's next rung) | hold (out of service, reported)
+          maxAttempts: 2                 # requests per remedy (an inconclusive one is asked again)
+    validation: null           # the same for every rule without its own; null = back on silence (the window)
+    startupValidation:         # a new node proves itself once: NoSchedule node-health-agent.io/unvalidated
+      checks: [dcgm-diag]      # is removed after the first pass (put it in Karpenter's startupTaints)
+      taint: true
     drain:                     # how a rule's ``drain`` action drains
       podDeadline: 5m          # how long one pod may take to leave (evictions retried meanwhile)
       onDeadline: report       # report (leave it, stay cordoned) | delete (bypasses its PodDisruptionBudget)
@@ -59,8 +68,9 @@ own (``Ready``, ``AcceleratedHardwareReady``, ...: True means healthy there), un
 can never match because an earlier rule takes all its reasons (the first matching rule governs a
 condition; in the merged order, the built-in rules included), a ``podDeadline`` longer than the
 drain ``timeout``, a ``maxUnhealthyCap`` with a count, a ``nodeSelector`` that is not a label selector, a
-``scope`` other than node or device, device actions or ``maxDevices`` without ``scope: device``, and a
-``maxDevices`` below 1.
+``scope`` other than node or device, device actions or ``maxDevices`` without ``scope: device``, a
+``maxDevices`` below 1, and a ``validation`` or ``startupValidation`` without checks, with a check named
+twice, an ``onFail`` other than climb or hold, a ``timeout`` of 0 or a ``maxAttempts`` below 1.
 """
 
 from __future__ import annotations
@@ -82,6 +92,8 @@ from agent.recovery.model import (
     BUILTIN_CONDITIONS,
     DEFAULT_LEAD_TIME,
     DEFAULT_MAX_DEVICES,
+    DEFAULT_VALIDATION_ATTEMPTS,
+    DEFAULT_VALIDATION_TIMEOUT,
     DEFAULT_WINDOW,
     DEVICE_ACTIONS,
     SCHEDULED_CONDITION,
@@ -92,10 +104,13 @@ from agent.recovery.model import (
     DrainSettings,
     GroupBudget,
     OnDeadline,
+    OnFail,
     PolicyRule,
     RecoveryPolicy,
     Remedy,
     Scope,
+    StartupValidation,
+    ValidationSettings,
 )
 from agent.recovery.policy import rule_for
 from agent.recovery.policymerge import covers, describe_rule, merge_rules
@@ -154,7 +169,17 @@ DEFAULT_POLICY = RecoveryPolicy(
 
 BASE_BUILTIN, BASE_NONE = "builtin", "none"
 BASES = (BASE_BUILTIN, BASE_NONE)
-TOP_KEYS = ("base", "startupDelay", "uncordonAfter", "respectGracePeriod", "rules", "drain", "budget")
+TOP_KEYS = (
+    "base",
+    "startupDelay",
+    "uncordonAfter",
+    "respectGracePeriod",
+    "rules",
+    "drain",
+    "budget",
+    "validation",
+    "startupValidation",
+)
 RULE_KEYS = (
     "condition",
     "reasons",
@@ -167,7 +192,12 @@ RULE_KEYS = (
     "repeat",
     "scope",
     "maxDevices",
+    "validation",
 )
+VALIDATION_KEYS = ("checks", "timeout", "onFail", "maxAttempts")
+STARTUP_VALIDATION_KEYS = ("checks", "taint")
+ON_FAIL_NAMES = tuple(o.value for o in OnFail)
+_CHECK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 SCOPE_NAMES = tuple(s.value for s in Scope)
 REPEAT_KEYS = ("count", "within")
 REMEDY_NAMES = tuple(r.value for r in Remedy)
@@ -281,6 +311,8 @@ def _check(col: Problems) -> RecoveryPolicy | None:
         respect_grace_period=respect,
         drain=_check_drain(_mapping(data, "drain", col=col), col=col),
         budget=_check_budget(_mapping(data, "budget", col=col), col=col),
+        validation=check_validation(data, col=col, path=()),
+        startup_validation=_check_startup(data, col=col),
     )
 
 
@@ -403,6 +435,7 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
     if "window" in item and Remedy.REBOOT not in ladder:
         col.add((*path, "window"), "the observation window follows a reboot: it needs ladder with reboot")
     count, period = _check_repeat(item, ladder, col=col, path=path)
+    validation = check_validation(item, col=col, path=path)
     if len(col) != before or not isinstance(condition, str):
         return None
     line = col.doc.line(path)
@@ -420,7 +453,64 @@ def _check_rule(item: Mapping[str, Any], *, col: Problems, path: tuple) -> Polic
         repeat_period=period,
         scope=scope,
         max_devices=max_devices,
+        validation=validation,
     )
+
+
+def _check_names(raw: object, *, col: Problems, path: tuple) -> tuple[str, ...]:
+    """A non-empty list of check names, each once."""
+    if not isinstance(raw, list) or not raw:
+        col.add(path, "must be a non-empty list of check names, e.g. [dcgm-diag, nccl-loopback]")
+        return ()
+    names: list[str] = []
+    for j, name in enumerate(raw):
+        if not isinstance(name, str) or not _CHECK_NAME_RE.match(name):
+            col.add((*path, j), f"must be a check name (letters, digits and _.-), got {name!r:.100}")
+        elif name in names:
+            col.add((*path, j), f"{name} is listed twice")
+        else:
+            names.append(name)
+    return tuple(names)
+
+
+def check_validation(data: Mapping[str, Any], *, col: Problems, path: tuple) -> ValidationSettings | None:
+    """``validation: {checks, timeout, onFail, maxAttempts}`` (absent or null: None)."""
+    raw = data.get("validation")
+    if raw is None:
+        return None
+    where = (*path, "validation")
+    if not isinstance(raw, dict):
+        col.add(where, "must be a mapping: {checks: [...], timeout: 30m, onFail: climb | hold, maxAttempts: 2}")
+        return None
+    _unknown_keys(raw, known=VALIDATION_KEYS, path=where, col=col)
+    checks = _check_names(raw.get("checks"), col=col, path=(*where, "checks"))
+    on_fail = raw.get("onFail", OnFail.CLIMB.value)
+    if not isinstance(on_fail, str) or on_fail not in ON_FAIL_NAMES:
+        col.add((*where, "onFail"), f"must be one of {', '.join(ON_FAIL_NAMES)}, got {on_fail!r:.100}")
+        on_fail = OnFail.CLIMB.value
+    return ValidationSettings(
+        checks=checks,
+        timeout=_duration(raw, "timeout", DEFAULT_VALIDATION_TIMEOUT, col=col, path=where, positive=True),
+        on_fail=OnFail(on_fail),
+        max_attempts=_integer(raw, "maxAttempts", DEFAULT_VALIDATION_ATTEMPTS, col=col, path=where),
+    )
+
+
+def _check_startup(data: Mapping[str, Any], *, col: Problems) -> StartupValidation | None:
+    """``startupValidation: {checks, taint}`` (absent or null: None)."""
+    raw = data.get("startupValidation")
+    if raw is None:
+        return None
+    where = ("startupValidation",)
+    if not isinstance(raw, dict):
+        col.add(where, "must be a mapping: {checks: [...], taint: true}")
+        return None
+    _unknown_keys(raw, known=STARTUP_VALIDATION_KEYS, path=where, col=col)
+    taint = raw.get("taint", True)
+    if not isinstance(taint, bool):
+        col.add((*where, "taint"), f"must be true or false, got {taint!r:.100}")
+        taint = True
+    return StartupValidation(checks=_check_names(raw.get("checks"), col=col, path=(*where, "checks")), taint=taint)
 
 
 def _check_scope(item: Mapping[str, Any], *, col: Problems, path: tuple) -> tuple[Scope, int]:
@@ -767,6 +857,7 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
         elif rule.actions == (Action.CORDON,):
             what += " (no remedy)"
         lines.append(f"  {rule.condition} [{reasons}{trusted}]: {what}{wait}")
+    lines += _validation_lines(policy)
     lines.append(
         f"startup delay: {format_duration(policy.startup_delay)}" if policy.startup_delay else "startup delay: none"
     )
@@ -815,6 +906,29 @@ def policy_summary(policy: RecoveryPolicy) -> list[str]:
             f"groups by {', '.join(c.labels)}"
         )
     return lines
+
+
+def _validation_lines(policy: RecoveryPolicy) -> list[str]:
+    """What goes back into service how: after its validation set passed, or on silence."""
+    own = [r for r in policy.rules if r.validation is not None]
+    v = policy.validation
+    if v is None and not own:
+        lines = ["validation: none (a rebooted node or unfenced device returns after its quiet window alone)"]
+    else:
+        lines = [f"validation: {_validation_text(v)}" if v else "validation: only the rules that set their own"]
+        lines += [f"  {r.condition}: {_validation_text(r.validation)}" for r in own if r.validation is not None]
+    s = policy.startup_validation
+    if s is not None:
+        taint = " (NoSchedule node-health-agent.io/unvalidated until then)" if s.taint else ""
+        lines.append(f"startup validation: {', '.join(s.checks)} pass once on a new node{taint}")
+    return lines
+
+
+def _validation_text(v: ValidationSettings) -> str:
+    return (
+        f"{', '.join(v.checks)} pass within {format_duration(v.timeout)} of the remedy, else {v.on_fail.value} "
+        f"(at most {v.max_attempts} requests)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,15 @@ from agent.recovery.fence import REASON_ANNOTATION as FENCE_REASON_ANNOTATION
 from agent.recovery.flaps import FLAP_ANNOTATION, after_uncordon, flap_text
 from agent.recovery.holds import PAUSE_ANNOTATION, VETO_ANNOTATION
 from agent.recovery.ladder import HISTORY_ANNOTATION, Ladder
-from agent.recovery.model import DOMAIN, INCIDENT_ANNOTATION, OPT_OUT_LABEL, TAINT_KEY, Action, Incident
+from agent.recovery.model import (
+    DOMAIN,
+    INCIDENT_ANNOTATION,
+    OPT_OUT_LABEL,
+    TAINT_KEY,
+    UNVALIDATED_TAINT_KEY,
+    Action,
+    Incident,
+)
 from agent.recovery.node import incident_text, read_incident, uncordon
 from agent.recovery.policyfile import DEFAULT_POLICY
 
@@ -339,6 +347,7 @@ OUR_TAINT = {
     "timeAdded": "2026-01-01T00:00:00Z",
 }
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+UNVALIDATED = {"key": UNVALIDATED_TAINT_KEY, "effect": "NoSchedule"}
 VETO = "node-health-agent.io/veto"
 
 
@@ -643,6 +652,20 @@ CASES = [
     (
         "its own key as NoExecute (evicts everything)",
         node_write(BASE, changed(BASE, spec={"taints": [GPU_TAINT, OUR_TAINT | {"effect": "NoExecute"}]})),
+        False,
+        "only its own taint",
+    ),
+    # -- the startup validation's taint (policy startupValidation): NoSchedule, added and removed by the agent
+    (
+        "remove the startup taint after the first pass",
+        node_write(the_node(taints=(GPU_TAINT, UNVALIDATED)), changed(BASE, spec={"taints": [GPU_TAINT]})),
+        True,
+        "",
+    ),
+    ("add the startup taint", node_write(BASE, changed(BASE, spec={"taints": [GPU_TAINT, UNVALIDATED]})), True, ""),
+    (
+        "the startup taint's key as NoExecute (evicts everything)",
+        node_write(BASE, changed(BASE, spec={"taints": [GPU_TAINT, UNVALIDATED | {"effect": "NoExecute"}]})),
         False,
         "only its own taint",
     ),
@@ -1360,6 +1383,14 @@ def test_the_policy_owns_exactly_the_annotations_the_agent_writes_on_its_node() 
         short = key.removeprefix(DOMAIN)
         assert short in rule["message"], key
         assert f"`{short}`" in row or f"`{key}`" in row, key
+
+
+def test_the_policy_s_own_taints_are_the_agent_s() -> None:
+    """The taint keys the policy lets the agent add and remove: its cordon's and the startup validation's."""
+    (variable,) = [v for v in load_policy()["spec"]["variables"] if v["name"] == "ownTaints"]
+    env = celpy.Environment()
+    listed = env.program(env.compile(variable["expression"])).evaluate({})
+    assert sorted(str(k) for k in listed) == sorted((TAINT_KEY, UNVALIDATED_TAINT_KEY))
 
 
 def test_the_chart_and_the_component_ship_the_same_policy() -> None:

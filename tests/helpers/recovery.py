@@ -23,6 +23,7 @@ import pytest
 from agent.adapters.kube import KubeClient
 from agent.core.bus import Inbox, Notice, SnapshotFeed
 from agent.core.types import Condition, Event, Provenance, Snapshot, Status
+from agent.core.validation import ValidationRecord, ValidationRequest
 from agent.recovery.asg import MarkResult
 from agent.recovery.budget import BUDGET_ANNOTATION, ClusterBudget, decode_state
 from agent.recovery.drain import DrainResult
@@ -197,6 +198,7 @@ class LoopHarness:
         self.feed = SnapshotFeed(initial=Snapshot(conditions=(), generated_at=self.clock(), seeded=False))
         self.inbox = Inbox()
         self.told: list[Event] = []
+        self.requests: list[ValidationRequest] = []  # what the validation gate put into the inbox
         self.budget = (
             ClusterBudget(
                 client=client,
@@ -238,9 +240,19 @@ class LoopHarness:
         *conditions: Condition,
         provenance: Mapping[str, Provenance] = BUILTIN_CONDITIONS,
         health: Mapping[str, bool] | None = None,
+        validations: tuple[ValidationRecord, ...] = (),
+        validation_requests: tuple[ValidationRequest, ...] = (),
     ) -> None:
-        """Publish ``conditions``, owned as in the built-in configuration unless ``provenance`` says."""
-        snapshot = Snapshot(conditions=tuple(conditions), generated_at=self.clock(), seeded=True, provenance=provenance)
+        """Publish ``conditions``, owned as in the built-in configuration unless ``provenance`` says (and the
+        validation records and open requests the main loop would keep)."""
+        snapshot = Snapshot(
+            conditions=tuple(conditions),
+            generated_at=self.clock(),
+            seeded=True,
+            provenance=provenance,
+            validations=validations,
+            validation_requests=validation_requests,
+        )
         self.feed.publish(snapshot=snapshot, events=[], health=dict(health or {}))
 
     def step(self) -> Any:
@@ -250,8 +262,11 @@ class LoopHarness:
             self.drain()
 
     def drain(self) -> list[Event]:
-        """The Events told so far (taken from the inbox)."""
+        """The Events told so far (taken from the inbox; validation requests go to :attr:`requests`)."""
         while (item := self.inbox.get_nowait()) is not None:
+            if isinstance(item, ValidationRequest):
+                self.requests.append(item)
+                continue
             assert isinstance(item, Notice)
             self.told.extend(item.events)
         return self.told

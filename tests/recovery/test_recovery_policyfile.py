@@ -234,7 +234,7 @@ KNOWN_ACTIONS = "(known: fence-device, drain-device, cordon, taint, drain, mark-
             "colour: blue\n",
             [
                 "policy.yaml:1: colour: unknown key 'colour' (known: base, startupDelay, uncordonAfter, "
-                "respectGracePeriod, rules, drain, budget)"
+                "respectGracePeriod, rules, drain, budget, validation, startupValidation)"
             ],
         ),
         (
@@ -544,6 +544,7 @@ def test_policy_summary_of_the_default():
         " cordon; ladder reboot -> replace (window 20m, 3 within 168h climb)",
         "  GpuCount [any reason, raised by kernel-log or builtin-check]: cordon (no remedy)",
         "  NeuronDevices [any reason, raised by kernel-log or builtin-check]: cordon, mark-unhealthy",
+        "validation: none (a rebooted node or unfenced device returns after its quiet window alone)",
         "startup delay: 1m",
         "uncordon: never (a node we cordoned stays cordoned until an operator uncordons it)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
@@ -578,6 +579,7 @@ def test_policy_summary_of_a_file(tmp_path):
     assert policy_summary(policy) == [
         "recovery rules: 1",
         "  GpuXid [any reason, raised by kernel-log or builtin-check]: cordon, drain, after 1m30s True",
+        "validation: none (a rebooted node or unfenced device returns after its quiet window alone)",
         "startup delay: none",
         "uncordon: a node we cordoned, once healthy for 10m (never one marked unhealthy)",
         "mark-unhealthy: SetInstanceHealth respects the Auto Scaling health check grace period",
