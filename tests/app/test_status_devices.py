@@ -51,6 +51,14 @@ FENCES = [
 ]
 
 
+ATTEMPTS = [  # as the validation gate records them (agent.recovery.model.ValidationAttempt.to_json)
+    {"number": 1, "id": "i#1", "remedy": "reboot", "checks": ["dcgm-diag"], "devices": [], "after": 1.0,
+     "requestedAt": 2.0, "outcome": "permanent", "reason": "ValidationFailed", "message": "", "settledAt": 3.0},
+    {"number": 2, "id": "i#2", "remedy": "reboot", "checks": ["dcgm-diag"], "devices": [], "after": 1.0,
+     "requestedAt": 4.0, "outcome": "", "reason": "", "message": "", "settledAt": None},
+]  # fmt: skip
+
+
 def incident(**extra: object) -> str:
     return json.dumps(
         {
@@ -181,6 +189,32 @@ def node(name: str, annotations: dict[str, str], *, failing: bool = True) -> dic
                 "clears: unreadable (clears: not JSON: Expecting value: line 1 column 1 (char 0))",
             ],
             id="clears unreadable, devices still shown",
+        ),
+        pytest.param(
+            {INCIDENT_ANNOTATION: incident(validations=ATTEMPTS)},
+            {
+                "attempts": [
+                    {
+                        "number": 1,
+                        "remedy": "reboot",
+                        "checks": ["dcgm-diag"],
+                        "outcome": "permanent",
+                        "reason": "ValidationFailed",
+                    },
+                    {"number": 2, "remedy": "reboot", "checks": ["dcgm-diag"], "outcome": "", "reason": ""},
+                ]
+            },
+            [
+                "validation attempt #1 after reboot [dcgm-diag]: permanent (ValidationFailed)",
+                "validation attempt #2 after reboot [dcgm-diag]: open",
+            ],
+            id="the validation gate's attempts",
+        ),  # fmt: skip
+        pytest.param(
+            {INCIDENT_ANNOTATION: incident(validations=[{"number": "one"}])},
+            {"attempts": [{"unreadable": "validations[0]: must be an object with a number"}]},
+            ["validation attempt: unreadable (validations[0]: must be an object with a number)"],
+            id="an unreadable attempt",
         ),
     ],
 )

@@ -47,12 +47,17 @@ def device_view(node: Mapping[str, Any], *, now: float) -> dict[str, Any]:
         view["fencesUnreadable"] = problem
     if fences:
         view["fences"] = fences
+    attempts, problem = read_attempts(annotations)
+    if problem and "fencesUnreadable" not in view:  # one incident annotation: said once
+        view["attemptsUnreadable"] = problem
+    if attempts:
+        view["attempts"] = attempts
     validations, problem = read_validations(annotations, now=now)
     if problem:
         view["validationsUnreadable"] = problem
     if validations:
         view["validations"] = validations
-    unreadable = any(f"{part}Unreadable" in view for part in ("clears", "fences", "validations"))
+    unreadable = any(f"{part}Unreadable" in view for part in ("clears", "fences", "attempts", "validations"))
     notable = any(now - v["at"] < RECENT_CLEAR and (v["verdict"] == "fail" or v["invalidatedBy"]) for v in validations)
     view["show"] = unreadable or notable or any(now - c["at"] < RECENT_CLEAR for c in clears)
     return view
@@ -115,6 +120,19 @@ def read_clears(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], s
 def read_fences(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
     """The incident's device entries (``"fences"``; an entry that cannot be read is ``{"unreadable": why}``),
     and why the incident annotation cannot be read at all ("" when it can, or is absent)."""
+    raw, problem = _incident_part(annotations, "fences")
+    return [_fence(i, entry) for i, entry in enumerate(raw[:MAX_FENCES])], problem
+
+
+def read_attempts(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The validation gate's attempts the incident records (``"validations"``: number, remedy, checks,
+    outcome, reason; an entry that cannot be read is ``{"unreadable": why}``), and why they cannot be read."""
+    raw, problem = _incident_part(annotations, "validations")
+    return [_attempt(i, entry) for i, entry in enumerate(raw[:MAX_FENCES])], problem
+
+
+def _incident_part(annotations: Mapping[str, Any], key: str) -> tuple[list[Any], str]:
+    """The list under ``key`` of the incident annotation, and why it cannot be read ("" when it can, or is absent)."""
     from agent.recovery.model import INCIDENT_ANNOTATION
 
     text = annotations.get(INCIDENT_ANNOTATION)
@@ -128,12 +146,27 @@ def read_fences(annotations: Mapping[str, Any]) -> tuple[list[dict[str, Any]], s
         return [], f"the incident annotation is not JSON: {str(exc)[:80]}"
     if not isinstance(data, dict):
         return [], "the incident annotation is not a JSON object"
-    raw = data.get("fences")
+    raw = data.get(key)
     if raw is None:
         return [], ""
     if not isinstance(raw, list):
-        return [], "fences: must be a list"
-    return [_fence(i, entry) for i, entry in enumerate(raw[:MAX_FENCES])], ""
+        return [], f"{key}: must be a list"
+    return raw, ""
+
+
+def _attempt(i: int, entry: object) -> dict[str, Any]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("number"), int):
+        return {"unreadable": f"validations[{i}]: must be an object with a number"}
+    try:
+        return {
+            "number": entry["number"],
+            "remedy": _text(entry, "remedy"),
+            "checks": _pods(entry, "checks", what="check names"),
+            "outcome": _text(entry, "outcome"),
+            "reason": _text(entry, "reason"),
+        }
+    except ValueError as exc:
+        return {"unreadable": f"validations[{i}].{exc}"}
 
 
 def _fence(i: int, entry: object) -> dict[str, Any]:
@@ -180,6 +213,10 @@ def device_lines(row: Mapping[str, Any], *, ago: Any) -> list[str]:
         lines.append(f"devices: unreadable ({row['fencesUnreadable']})")
     for fence in row.get("fences") or ():
         lines.append(_fence_line(fence))
+    if row.get("attemptsUnreadable"):
+        lines.append(f"validation attempts: unreadable ({row['attemptsUnreadable']})")
+    for attempt in row.get("attempts") or ():
+        lines.append(_attempt_line(attempt))
     if row.get("validationsUnreadable"):
         lines.append(f"validations: unreadable ({row['validationsUnreadable']})")
     for record in row.get("validations") or ():
@@ -207,6 +244,15 @@ def _validation_line(record: Mapping[str, Any], *, ago: Any) -> str:
     else:
         state = "valid" if record["valid"] else "expired"
     return f"validation {record['check']} of {where}: {said}, {state}"
+
+
+def _attempt_line(attempt: Mapping[str, Any]) -> str:
+    if "unreadable" in attempt:
+        return f"validation attempt: unreadable ({attempt['unreadable']})"
+    outcome = attempt["outcome"] or "open"
+    reason = f" ({attempt['reason']})" if attempt["reason"] else ""
+    checks = ", ".join(attempt["checks"]) or "none"
+    return f"validation attempt #{attempt['number']} after {attempt['remedy'] or '?'} [{checks}]: {outcome}{reason}"
 
 
 def _fence_line(fence: Mapping[str, Any]) -> str:
