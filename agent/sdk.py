@@ -21,6 +21,7 @@ from agent.checks.model import (
     CheckStatus,
     Value,
 )
+from agent.checks.verdicts import tool_trouble, unknown
 from agent.core.durations import format_duration, parse_duration
 from agent.core.process import ProcessResult
 from agent.core.statedir import atomic_write
@@ -40,4 +41,6 @@ __all__ = [
     "atomic_write",
     "format_duration",
     "parse_duration",
+    "tool_trouble",
+    "unknown",
 ]

@@ -30,31 +30,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sdk import CheckConfigError, CheckContext, CheckResult, CheckStatus, ConditionSpec, ProcessResult, Value
+from agent.sdk import (
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ConditionSpec,
+    ProcessResult,
+    Value,
+    tool_trouble,
+    unknown,
+)
 
 from .devices import DeviceScanError, discover, opt_duration, reject_unknown
 from .neuronls import NeuronLs, ToolState
 
 GRACE = 30.0  # the scheduler's timeout is the command's plus this, so the command's own timeout comes first
-
-
-def unknown(reason: str, message: str, devices: tuple[str, ...] = ()) -> CheckResult:
-    return CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason=reason, message=message, devices=devices)
-
-
-def tool_trouble(result: ProcessResult) -> CheckResult | None:
-    """The UNKNOWN for a run that gave nothing to read (None: it ran to the end)."""
-    name = result.argv[0] if result.argv else "tool"
-    if result.cancelled:
-        return unknown("Cancelled", f"{name} was cancelled (the agent is stopping)")
-    if result.error is not None:
-        missing = result.error.startswith("not found") or result.error == "no such file"
-        return unknown("ToolMissing" if missing else "ToolCannotStart", result.describe())
-    if result.timed_out:
-        return unknown("Timeout", result.describe())
-    if result.exit_code is not None and result.exit_code < 0:
-        return unknown("ToolKilled", result.describe())
-    return None
 
 
 def device_keys(context: CheckContext) -> tuple[str, ...]:

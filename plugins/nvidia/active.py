@@ -32,7 +32,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sdk import CheckConfigError, CheckContext, CheckResult, CheckStatus, ConditionSpec, ProcessResult, Value
+from agent.sdk import (
+    CheckConfigError,
+    CheckContext,
+    CheckResult,
+    CheckStatus,
+    ConditionSpec,
+    ProcessResult,
+    Value,
+    tool_trouble,
+    unknown,
+)
 
 from .checks import SOURCES, Readers, _Options, read_gpus
 from .nvml import Access, NvmlReader, Part
@@ -53,25 +63,6 @@ _PCI = re.compile(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:
 
 
 # --- shared verdicts -------------------------------------------------------------------------------
-
-
-def unknown(reason: str, message: str, devices: tuple[str, ...] = ()) -> CheckResult:
-    return CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason=reason, message=message, devices=devices)
-
-
-def tool_trouble(result: ProcessResult) -> CheckResult | None:
-    """The UNKNOWN for a run that gave nothing to read (None: it ran to the end)."""
-    name = result.argv[0] if result.argv else "tool"
-    if result.cancelled:
-        return unknown("Cancelled", f"{name} was cancelled (the agent is stopping)")
-    if result.error is not None:
-        missing = result.error.startswith("not found") or result.error == "no such file"
-        return unknown("ToolMissing" if missing else "ToolCannotStart", result.describe())
-    if result.timed_out:
-        return unknown("Timeout", result.describe())
-    if result.exit_code is not None and result.exit_code < 0:
-        return unknown("ToolKilled", result.describe())
-    return None
 
 
 def pci_key(bus_id: str | None) -> str | None:

@@ -31,6 +31,8 @@ from agent.sdk import (
     ConditionSpec,
     ProcessResult,
     parse_duration,
+    tool_trouble,
+    unknown,
 )
 
 GRACE = 30.0
@@ -38,25 +40,6 @@ _DOMAIN = re.compile(r"^\s*domain:\s*(\S+)\s*$", re.MULTILINE)
 _ROW = re.compile(
     r"^\s*\d+(?:\.\d+)?[kmg]?\s+\d+(?:\.\d+)?[kmg]?\s+=?\d+(?:\.\d+)?[kmg]?\s+\S+\s+[0-9.]+s\s", re.MULTILINE
 )
-
-
-def unknown(reason: str, message: str, devices: tuple[str, ...] = ()) -> CheckResult:
-    return CheckResult(status=CheckStatus.UNKNOWN, condition=None, reason=reason, message=message, devices=devices)
-
-
-def tool_trouble(result: ProcessResult) -> CheckResult | None:
-    """The UNKNOWN for a run that gave nothing to read (None: it ran to the end)."""
-    name = result.argv[0] if result.argv else "tool"
-    if result.cancelled:
-        return unknown("Cancelled", f"{name} was cancelled (the agent is stopping)")
-    if result.error is not None:
-        missing = result.error.startswith("not found") or result.error == "no such file"
-        return unknown("ToolMissing" if missing else "ToolCannotStart", result.describe())
-    if result.timed_out:
-        return unknown("Timeout", result.describe())
-    if result.exit_code is not None and result.exit_code < 0:
-        return unknown("ToolKilled", result.describe())
-    return None
 
 
 def efa_domains(text: str) -> tuple[str, ...]:
