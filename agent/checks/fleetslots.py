@@ -25,7 +25,6 @@ Concurrency and errors
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -185,26 +184,18 @@ class FleetSlots:
             raise
 
     def _write(self, lease: dict[str, Any] | None, name: str, group: str, holders: dict[str, Any]) -> None:
+        from agent.core.leases import write_lease_annotation
+
         value = json.dumps({"version": FORMAT_VERSION, "group": group, "holders": holders}, sort_keys=True)
-        if lease is None:
-            body: dict[str, Any] = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": name,
-                    "namespace": self._namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "node-health-agent"},
-                    "annotations": {SLOTS_ANNOTATION: value},
-                },
-                "spec": {"holderIdentity": self._node},
-            }
-            self._client.create_lease(self._namespace, body)
-            return
-        body = copy.deepcopy(lease)  # keeps metadata.resourceVersion: the write is conditional
-        metadata = body.setdefault("metadata", {})
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), SLOTS_ANNOTATION: value}
-        body["spec"] = {**(body.get("spec") or {}), "holderIdentity": self._node}
-        self._client.replace_lease(self._namespace, name, body)
+        write_lease_annotation(
+            self._client,
+            lease,
+            namespace=self._namespace,
+            name=name,
+            annotation=SLOTS_ANNOTATION,
+            value=value,
+            spec={"holderIdentity": self._node},
+        )
 
 
 class CorruptSlots(ValueError):

@@ -82,9 +82,9 @@ from fractions import Fraction
 from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
+from agent.core.leases import write_lease_annotation
 from agent.recovery.correlation import correlated_hold, counted, labels_of
 from agent.recovery.fields import CorruptRecord, check_version, load
-from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,

@@ -77,9 +77,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from agent.adapters.kube import KubeError
 from agent.core.backoff import Backoff
 from agent.core.bus import Publication
+from agent.core.leases import write_lease_annotation
 from agent.core.timefmt import iso
 from agent.recovery.fields import CorruptRecord, check_version, load
-from agent.recovery.leases import write_lease_annotation
 from agent.recovery.model import DOMAIN, OPT_OUT_LABEL, ZONE_LABEL, BudgetSettings, Incident
 
 log = logging.getLogger(__name__)

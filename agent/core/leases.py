@@ -1,5 +1,6 @@
-"""One Lease write shared by the budget and the pause store: a JSON annotation put on a Lease that is
-created when missing, or replaced with the resourceVersion read (a conditional write: 409 on a race)."""
+"""One Lease write shared by recovery (the budget, the pause store) and the active checks (their fleet
+slots): a JSON annotation put on a Lease that is created when missing, or replaced with the resourceVersion
+read (a conditional write: 409 on a race)."""
 
 from __future__ import annotations
 
