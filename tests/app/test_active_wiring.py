@@ -116,3 +116,17 @@ def test_a_neuron_device_plugin_pod_is_found_holding_its_device_through_the_real
             said = gates.admit(check="neuron-diag", spec=ActiveSpec(devices="neuron"), timeout=60.0)
             assert (said.reason if said else None) == skip
             assert said is None or "ml/train-1" in said.message
+
+
+def test_the_built_in_dormant_active_checks_are_scheduled_by_the_configuration_loader():
+    """``enabled: false`` on an active check means dormant (run on request), not off: the loader the agent
+    starts and reloads with keeps them, or a validation request naming dcgm-diag would never be answered."""
+    from agent.app.config import load_configuration
+    from agent.checks.model import CheckContext
+    from agent.core.paths import builtin_plugins_dir
+
+    loaded = load_configuration([builtin_plugins_dir() / "nvidia"], context=CheckContext())
+    active = {c.name: c.active for c in loaded.checks if c.active is not None}
+    assert set(active) == {"dcgm-diag", "nccl-loopback"}
+    assert all(spec.dormant and spec.on_demand for spec in active.values())
+    assert "gpu-count" in {c.name for c in loaded.checks}
