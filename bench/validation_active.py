@@ -115,7 +115,8 @@ def started_with_holder(tmp: Path) -> float:
         skips = [reason for t in range(0, 600, 5) for reason in _step(scheduler, pending, float(t))]
         held = check.starts
         if not skips or set(skips) != {DEVICE_BUSY}:
-            raise SystemExit(f"validation benchmark: the held device was skipped as {sorted(set(skips))}, not DeviceBusy")
+            said = sorted(set(skips))
+            raise SystemExit(f"validation benchmark: the held device was skipped as {said}, not DeviceBusy")
         kubelet.pods.clear()  # the pod leaves: the check starts (the lookup's answer is cached 2 s)
         t, deadline = 600.0, time.monotonic() + 30
         while check.starts == 0 and time.monotonic() < deadline:

@@ -20,7 +20,8 @@ def test_the_devices_of_each_kind_are_found_where_the_drivers_show_them(tmp_path
     (tmp_path / "sys/class/infiniband/rdmap0s6").mkdir(parents=True)
     roots = {"sys_root": tmp_path / "sys", "dev_root": tmp_path / "dev", "proc_root": tmp_path / "proc"}
     assert [d.key for d in node_devices("gpu", **roots)] == ["gpu:0000:3b:00.0", "gpu:0000:5d:00.0"]
-    assert [(d.key, d.index) for d in node_devices("neuron", **roots)] == [("neuron:neuron0", 0), ("neuron:neuron12", 12)]
+    neurons = node_devices("neuron", **roots)
+    assert [(d.key, d.index) for d in neurons] == [("neuron:neuron0", 0), ("neuron:neuron12", 12)]
     assert [d.key for d in node_devices("rdma", **roots)] == ["rdma:rdmap0s6"]
 
 

@@ -134,7 +134,8 @@ def test_a_new_node_keeps_its_startup_taint_until_its_active_check_passes(
             if untainted:
                 wait_for(lambda: not tainted(), timeout=60)
                 assert Counted.starts == 1
-                assert [(v.check, v.verdict.value) for v in runtime.feed.latest().snapshot.validations] == [("x", "pass")]
+                records = runtime.feed.latest().snapshot.validations
+                assert [(v.check, v.verdict.value) for v in records] == [("x", "pass")]
             else:
                 wait_for(lambda: skipped(), timeout=60)
                 assert set(skipped()) == {skip}
