@@ -1550,12 +1550,18 @@ def bench_device() -> list[Figure]:
 
 
 def bench_validation() -> list[Figure]:
-    """No rebooted node goes back unproven: bench/validation.py (the recovery loop, the test API server, a fake
-    reboot; the active checks' figures are measured with the checks)."""
+    """No node goes back unproven: bench/validation.py (the recovery loop, the test API server, a fake reboot)
+    and bench/validation_active.py (the active checks' gates, a fault voiding a pass, the fleet share)."""
     from bench.validation import measure
 
     got = measure()
-    targets = {"validation.uncordoned_before_pass": ("<= 0", ""), "validation.pass_to_uncordon_s": ("<= 5", "s")}
+    targets = {
+        "validation.uncordoned_before_pass": ("<= 0", ""),
+        "validation.pass_to_uncordon_s": ("<= 5", "s"),
+        "validation.active_started_with_holder": ("<= 0", ""),
+        "validation.pass_invalidated_by_fault": (">= 1", ""),
+        "validation.fleet_max_concurrent_share": ("<= 0.1", ""),
+    }
     return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
 
 

@@ -3,14 +3,15 @@
 The recovery loop (agent.recovery.loop, with its ladder) on one node of the test API server, the real
 kubernetes client, a fake reboot (the ladder's reboot callable: a new boot id) and an injected clock. An Xid 79
 is cordoned, drained and rebooted; the node stays quiet through its window. Validation records are
-published in the snapshot as the main loop keeps them (the active checks that produce them are issue 36's
-other part: their figures, ``validation.active_started_with_holder``, ``validation.pass_invalidated_by_fault``
-and ``validation.fleet_max_concurrent_share``, are measured where they are built, not here):
+published in the snapshot as the main loop keeps them:
 
 * ``validation.uncordoned_before_pass``: Node writes that made it schedulable before every check passed, over
   two nodes: one whose checks fail (``onFail: hold``, stepped through 6 hours) and one before its pass (0 = none);
 * ``validation.pass_to_uncordon_s``: the loop running (its own thread, woken by publications), from the
   publication of the passing records to the Node read back schedulable.
+
+The active checks' figures (:mod:`bench.validation_active`): ``validation.active_started_with_holder``,
+``validation.pass_invalidated_by_fault`` and ``validation.fleet_max_concurrent_share``.
 """
 
 from __future__ import annotations
@@ -151,4 +152,7 @@ def measure() -> dict[str, float]:
                         figures["validation.pass_to_uncordon_s"] = elapsed
             finally:
                 api.stop()
+        from bench import validation_active
+
+        figures.update(validation_active.measure(Path(tmpdir)))
     return figures

@@ -223,7 +223,9 @@ def load_configuration(
                 kept[decl.name] = running[decl.name]
     fresh = dataclasses.replace(config, check_decls=tuple(d for d in config.check_decls if d.name not in kept))
     built = {c.name: c for c in build_scheduled_checks(fresh, context=context, entry_points=entry_points, stop=stop)}
-    order = [d.name for d in config.check_decls if d.enabled]
+    # an active check declared ``enabled: false`` is dormant, not off: it is scheduled, and runs when a
+    # validation request names it (a disabled passive check is not built)
+    order = [d.name for d in config.check_decls if d.enabled or d.active]
     order += [c.name for plugin in config.custom_plugins for c in plugin.checks]
     checks = tuple(kept.get(name) or built[name] for name in order if name in kept or name in built)
     taken = {c.name for c in checks}

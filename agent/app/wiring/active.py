@@ -37,7 +37,8 @@ def node_devices(kind: str, *, sys_root: Path, dev_root: Path, proc_root: Path =
         return [DeviceRef(kind=DeviceKind.GPU, id=pci, printed=pci) for pci in found]
     if kind == DeviceKind.NEURON:
         numbers = sorted(int(m.group(1)) for p in _list(dev_root) if (m := _NEURON_DEV.fullmatch(p)))
-        return [DeviceRef(kind=DeviceKind.NEURON, id=f"neuron{n}", printed=f"neuron{n}") for n in numbers]
+        # the index is N of /dev/neuron<N>, what a device plugin's ids name (a finding sets it the same way)
+        return [DeviceRef(kind=DeviceKind.NEURON, id=f"neuron{n}", printed=f"neuron{n}", index=n) for n in numbers]
     names = sorted(_list(sys_root / "class/infiniband"))
     return [DeviceRef(kind=DeviceKind.RDMA, id=name, printed=name) for name in names]
 
