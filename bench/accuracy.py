@@ -101,3 +101,45 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteCoverage:
+    subsystem: str
+    sites: int
+    covered: int
+    excluded: int
+    uncovered: tuple[str, ...]  # "path:line text" of each site neither covered nor excluded
+
+
+def print_site_coverage(plugins_dir: Path | None = None) -> list[SiteCoverage]:
+    """Per subsystem: error-level print sites the built-in rules speak for or exclude (plugins/*/generate_*.py)."""
+    import sys
+
+    from agent.app.config import load_rule_set
+    from agent.core.paths import builtin_plugins_dir
+
+    root = plugins_dir or builtin_plugins_dir()
+    sys.path.insert(0, str(root / "kernel"))
+    try:
+        import printsites
+    finally:
+        sys.path.remove(str(root / "kernel"))
+    finds = printsites.rule_finder(load_rule_set([root]))
+    out = []
+    for path in printsites.generators(root):
+        gen = printsites.load_generator(path)
+        sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
+        cov = printsites.coverage(
+            gen.SPEC.name, sites, finds=finds, exclusions=gen.EXCLUSIONS, driver=getattr(gen, "DRIVER", "nvme")
+        )
+        out.append(
+            SiteCoverage(
+                subsystem=cov.subsystem,
+                sites=cov.sites,
+                covered=cov.covered,
+                excluded=cov.excluded,
+                uncovered=tuple(f"{s.where} {s.text}" for s in cov.uncovered),
+            )
+        )
+    return out

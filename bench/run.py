@@ -1338,6 +1338,20 @@ def bench_accuracy() -> list[Figure]:
         print(f"  missed: {text[:150]}")
     for text in acc.false_alarms:
         print(f"  false alarm: {text[:150]}")
+    return figures + _site_coverage_figures()
+
+
+def _site_coverage_figures() -> list[Figure]:
+    """Print-site coverage per subsystem: sites covered by a rule or excluded with a reason / sites found."""
+    from bench.accuracy import print_site_coverage
+
+    figures = []
+    for cov in print_site_coverage():
+        share = 100.0 * (cov.covered + cov.excluded) / max(1, cov.sites)
+        print(f"  {cov.subsystem}: {cov.sites} error-level sites, {cov.covered} covered, {cov.excluded} excluded")
+        for text in cov.uncovered[:5]:
+            print(f"    uncovered: {text[:150]}")
+        figures.append(Figure(name=f"accuracy.sites.{cov.subsystem}", value=share, target=">= 95", unit="%"))
     return figures
 
 

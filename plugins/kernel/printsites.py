@@ -1,0 +1,446 @@
+"""Print sites of kernel subsystems: extract them from the source, render them, and count coverage (issue 38).
+
+A rule pack that follows the lines its authors saw misses the next batch; one that follows the code that
+prints the messages does not. For each subsystem an accelerator host depends on, a generator script
+(``plugins/kernel/generate_<subsystem>.py``) uses this module to:
+
+1. ``extract``: walk the subsystem's source files and list every error-level print site (``pr_err`` and its
+   ``_ratelimited``/``_once`` forms, ``dev_err``, ``netdev_err``, ``pci_err``, ``printk(KERN_ERR ...)``,
+   ``pr_crit``/``pr_alert``/``pr_emerg`` and their device forms, ``WARN``/``WARN_ONCE``, ``panic``, and the
+   subsystem's own wrappers, given per subsystem), with its level, place and format string as written, the
+   file's ``pr_fmt``/``dev_fmt`` prefix applied. The extract is committed as
+   ``plugins/kernel/sites/<subsystem>.tsv`` (format strings and places only: no code).
+2. ``generate``: a pure function of the extract (and the generator's own tables) that writes the pack.
+3. ``coverage``: every site rendered as the kernel prints it (:func:`render`, with the device prefix its
+   print helper adds) must either give a finding from the built-in rules or be in the generator's explicit
+   exclusion list with a reason. ``bench/run.py accuracy`` prints the share per subsystem.
+
+Two commands per subsystem, so the next kernel is one command away::
+
+    python plugins/kernel/generate_<subsystem>.py extract /work/src/linux-source-6.1 \\
+        > plugins/kernel/sites/<subsystem>.tsv
+    python plugins/kernel/generate_<subsystem>.py generate plugins/kernel/sites/<subsystem>.tsv \\
+        > plugins/kernel/<subsystem>-family.yaml
+
+The scanner reads C text, not a parse tree: a print whose format is not a string literal (a variable, a
+macro this module cannot resolve) is listed with the unresolved part as ``{NAME}`` and rendered as ``X``;
+calls inside comments or ``#if 0`` blocks are not skipped (they are few, and listing one too many is safe:
+it must still be covered or excluded).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Prefix macros of include/linux/printk.h / kernel.h and asm/mce.h, resolved in every file.
+COMMON_MACROS = {
+    "FW_BUG": "[Firmware Bug]: ", "FW_WARN": "[Firmware Warn]: ", "FW_INFO": "[Firmware Info]: ",
+    "HW_ERR": "[Hardware Error]: ", "DEPRECATED": "[Deprecated]: ",
+}
+
+# Levels as the kernel numbers them (include/linux/kern_levels.h); error level or worse is <= 3.
+LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4, "notice": 5, "info": 6, "debug": 7}
+KERN_LEVEL = {f"KERN_{name.upper()}": name for name in LEVELS} | {"KERN_WARNING": "warning", "KERN_CONT": "cont"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Call:
+    """A print helper: its level (None: from a KERN_* literal), which argument is the format, its prefix."""
+
+    level: str | None
+    fmt_arg: int
+    prefix: str  # "pr": the file's pr_fmt; "dev": "<driver> <device>: " + dev_fmt; "netdev": "<driver> <device> <if>: "; "none"
+
+
+def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
+    call = Call(level=level, fmt_arg=fmt_arg, prefix=prefix)
+    return {f"{base}{suffix}": call for suffix in ("", "_ratelimited", "_once")}
+
+
+# The generic print helpers of include/linux/printk.h, dev_printk.h, netdevice.h, pci.h.
+GENERIC_CALLS: dict[str, Call] = {
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pr_{lvl}", lvl, 0, "pr").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"dev_{lvl}", lvl, 1, "dev").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"netdev_{lvl}", lvl, 1, "netdev").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pci_{lvl}", lvl, 1, "dev").items()},
+    "dev_err_probe": Call(level="err", fmt_arg=2, prefix="dev"),
+    "printk": Call(level=None, fmt_arg=0, prefix="pr"),
+    "printk_ratelimited": Call(level=None, fmt_arg=0, prefix="pr"),
+    "printk_once": Call(level=None, fmt_arg=0, prefix="pr"),
+    "printk_deferred": Call(level=None, fmt_arg=0, prefix="pr"),
+    "WARN": Call(level="warn", fmt_arg=1, prefix="none"),
+    "WARN_ONCE": Call(level="warn", fmt_arg=1, prefix="none"),
+    "WARN_RATELIMIT": Call(level="warn", fmt_arg=1, prefix="none"),
+    "panic": Call(level="emerg", fmt_arg=0, prefix="none"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Site:
+    """One print site: its level (``err``/``crit``/``alert``/``emerg``/``warn`` for WARN), where, the call,
+    and the text as the kernel prints it before the conversions are filled (prefix applied; C escapes kept)."""
+
+    level: str
+    where: str  # path:line, relative to the source root
+    call: str
+    text: str
+    prefix: str = "none"  # the print helper's prefix kind (see Call)
+
+    @property
+    def key(self) -> str:
+        """What names a site across kernel versions (line numbers move; the text and call rarely do)."""
+        return f"{self.call}\t{self.text}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """What to scan for one subsystem: files (globs under the source root), extra helpers, and file prefixes."""
+
+    name: str
+    paths: Sequence[str]
+    calls: Mapping[str, Call] = field(default_factory=dict)
+    levels: frozenset[str] = frozenset({"emerg", "alert", "crit", "err", "warn"})
+    # Macros used inside format arguments that the scanner cannot find in the file itself (NAME -> literal).
+    macros: Mapping[str, str] = field(default_factory=dict)
+
+    def helpers(self) -> dict[str, Call]:
+        return {**GENERIC_CALLS, **self.calls}
+
+
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:"(?:[^"\\\n]|\\.)*"[ \t]*)+)[ \t]*$', re.M)
+_FMT_DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(pr_fmt|dev_fmt)\(fmt\)[ \t]+(.*?)(?:\\\n.*?)?$', re.M)
+
+
+def _literal(token: str) -> str:
+    return token[1:-1]
+
+
+def _file_macros(text: str, extra: Mapping[str, str]) -> dict[str, str]:
+    macros = {**COMMON_MACROS, **extra}
+    for m in _DEFINE.finditer(text):
+        macros.setdefault(m[1], "".join(_literal(s) for s in _STRING.findall(m[2])))
+    return macros
+
+
+def _prefix_define(text: str, name: str, macros: Mapping[str, str]) -> str:
+    """The literal text a ``#define pr_fmt(fmt) ... fmt`` puts before a format (KBUILD_MODNAME as the module)."""
+    for m in _FMT_DEFINE.finditer(text):
+        if m[1] != name:
+            continue
+        body = m[2].split("fmt")[0] if "fmt" in m[2] else m[2]
+        pieces = re.findall(r'"(?:[^"\\\n]|\\.)*"|\w+', body)
+        out = []
+        for piece in pieces:
+            if piece.startswith('"'):
+                out.append(_literal(piece))
+            elif piece == "KBUILD_MODNAME":
+                out.append("{KBUILD_MODNAME}")
+            elif piece in macros:
+                out.append(macros[piece])
+        return "".join(out)
+    return ""
+
+
+def _arguments(text: str, start: int) -> tuple[list[str], int] | None:
+    """The top-level arguments of a call whose '(' is at ``start``, and the offset after ')'."""
+    depth, i, args, begin = 0, start, [], start + 1
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == '"' or c == "'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "/" and text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+            continue
+        if c == "/" and text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append(text[begin:i].strip())
+                return args, i + 1
+        elif c == "," and depth == 1:
+            args.append(text[begin:i].strip())
+            begin = i + 1
+        i += 1
+    return None
+
+
+def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
+    """(level from a KERN_* piece or None, the format text) of a format argument."""
+    level = None
+    out = []
+    for piece in re.findall(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_]\w*|\S', arg):
+        if piece.startswith('"'):
+            out.append(_literal(piece))
+        elif piece in KERN_LEVEL:
+            level = level or KERN_LEVEL[piece]
+        elif piece in macros:
+            out.append(macros[piece])
+        elif piece.startswith("KERN_SOH"):
+            continue
+        elif re.fullmatch(r"[A-Za-z_]\w*", piece):
+            out.append("{" + piece + "}")
+    return level, "".join(out)
+
+
+def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
+    """The error-level print sites of one C file."""
+    text = path.read_text(errors="replace")
+    helpers = spec.helpers()
+    macros = _file_macros(text, spec.macros)
+    pr_fmt = _prefix_define(text, "pr_fmt", macros)
+    dev_fmt = _prefix_define(text, "dev_fmt", macros)
+    names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
+    for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
+        call = helpers[m[1]]
+        if text[max(0, m.start() - 8):m.start()].rstrip().endswith("define"):
+            continue  # a macro definition, not a site
+        parsed = _arguments(text, m.end() - 1)
+        if parsed is None or len(parsed[0]) <= call.fmt_arg:
+            continue
+        level, fmt = _format(parsed[0][call.fmt_arg], macros)
+        level = call.level or level or "warning"  # printk without a level prints at the default (warning)
+        if level not in spec.levels:
+            continue
+        prefix = pr_fmt if call.prefix == "pr" else dev_fmt if call.prefix in ("dev", "netdev") else ""
+        line = text.count("\n", 0, m.start()) + 1
+        yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=prefix + fmt, prefix=call.prefix)
+
+
+def extract(root: Path, spec: Spec) -> list[Site]:
+    """Every error-level print site of the subsystem, in path and line order."""
+    files = sorted({p for pattern in spec.paths for p in root.glob(pattern) if p.is_file()})
+    sites: list[Site] = []
+    for path in files:
+        sites += scan_file(path, str(path.relative_to(root)), spec)
+    return sites
+
+
+# --- the extract file -----------------------------------------------------------------------------------
+
+HEADER = "# level\tpath:line\tcall\tprefix\tformat string as written in C (file prefix applied)"
+
+
+def write_extract(spec: Spec, source: str, sites: Iterable[Site]) -> str:
+    rows = [f"# {source}: error-level print sites of subsystem {spec.name}", HEADER]
+    rows += [f"{s.level}\t{s.where}\t{s.call}\t{s.prefix}\t{s.text}" for s in sites]
+    return "\n".join(rows) + "\n"
+
+
+def read_extract(text: str) -> list[Site]:
+    sites = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        level, where, call, prefix, fmt = line.split("\t", 4)
+        sites.append(Site(level=level, where=where, call=call, text=fmt, prefix=prefix))
+    return sites
+
+
+# --- rendering: one line a site can print ---------------------------------------------------------------
+
+_CONVERSION = re.compile(
+    r"%(?P<flags>[-#0 +]*)(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+))?(?P<len>hh|h|ll|l|L|z|j|t)?"
+    r"(?:(?P<ptr>p[A-Za-z0-9]*)|(?P<conv>[%cdiouxXs]))"
+)
+# What the %p extensions print (lib/vsprintf.c pointer()), one plausible value each.
+_POINTER = {
+    "pS": "nvme_timeout+0x1c/0x1a0 [nvme]", "ps": "nvme_timeout", "pB": "nvme_timeout+0x1c/0x1a0",
+    "pF": "nvme_timeout+0x1c/0x1a0", "pf": "nvme_timeout", "pSR": "nvme_timeout+0x1c/0x1a0",
+    "pR": "[mem 0xfe000000-0xfe0fffff 64bit]", "pr": "[mem 0xfe000000-0xfe0fffff flags 0x200]",
+    "pa": "0x00000000fe000000", "pad": "0x00000000fe000000", "pap": "0x00000000fe000000",
+    "pM": "00:1a:2b:3c:4d:5e", "pMR": "5e:4d:3c:2b:1a:00", "pm": "001a2b3c4d5e",
+    "pI4": "10.0.0.1", "pi4": "010.000.000.001", "pI6": "fe80::1", "pI6c": "fe80::1", "pi6": "fe800000000000000000000000000001",
+    "pISpc": "10.0.0.1:2049", "pIS": "10.0.0.1", "pISc": "10.0.0.1", "pISp": "10.0.0.1:2049",
+    "pU": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b", "pUb": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "pUl": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "pg": "nvme0n1", "pD": "data.bin", "pd": "data.bin", "pd2": "dir/data.bin", "pD2": "dir/data.bin",
+    "pe": "-EIO", "pV": "request failed", "pOF": "/soc/iommu@0", "pOFf": "/soc/iommu@0", "pfw": "\\_SB.PCI0",
+    "pfwf": "\\_SB.PCI0", "pfwP": "PCI0", "pGp": "locked|uptodate", "pGg": "__GFP_NOWARN", "pGv": "read|write",
+    "pC": "clk0", "pCn": "clk0", "pt": "2026-12-02T10:00:00", "ptR": "2026-12-02T10:00:00",
+    "pNF": "0x0000000000000001", "pcx": "0x1", "pK": "0000000000000000", "px": "ffff8881dead0000",
+    "ph": "00 01 02 03", "phN": "00010203", "phC": "00:01:02:03", "phD": "00-01-02-03", "pb": "0-3", "pbl": "0-3",
+    "pE": "abc", "pEp": "abc", "p4cc": "NV12 little-endian (0x3231564e)",
+}
+
+
+def _conversion(m: re.Match[str]) -> str:
+    flags, width = m["flags"], m["width"]
+    if m["ptr"]:
+        ptr = m["ptr"]
+        value = next((v for k, v in sorted(_POINTER.items(), key=lambda kv: -len(kv[0])) if ptr.startswith(k)), None)
+        text = value if value is not None else "ffff8881dead0000"
+    else:
+        text = {"%": "%", "c": "c", "d": "3", "i": "3", "u": "3", "o": "7", "x": "1f", "X": "1F", "s": "x"}[m["conv"]]
+    head = "0x" if m["conv"] and m["conv"] in "xX" and "#" in flags else ""
+    if width and width != "*":
+        size = int(width) - len(head)
+        if "-" in flags:
+            return (head + text).ljust(int(width))
+        if "0" in flags and not m["ptr"] and m["conv"] != "s":
+            return head + text.rjust(size, "0")
+        return (head + text).rjust(int(width))
+    return head + text
+
+
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)")
+
+
+def _unescape(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        e = m[1]
+        if e[0] == "x":
+            return chr(int(e[1:], 16))
+        if e[0] in "01234567":
+            return chr(int(e, 8))
+        return {"n": "\n", "t": "\t", "r": "\r"}.get(e, e)
+
+    return _ESCAPE.sub(one, text)
+
+
+# The prefix the device print helpers add (dev_printk: "<driver> <device>: ", netdev_printk adds the interface).
+DEV_PREFIX = "{driver} 0000:3b:00.0: "
+NETDEV_PREFIX = "{driver} 0000:3b:00.0 eth0: "
+
+
+def render(site: Site, *, driver: str = "nvme", module: str = "") -> list[str]:
+    """The kernel records one print at this site gives, as read from /dev/kmsg (one per line of the message).
+
+    ``driver`` is the device's driver name for dev_*/netdev_* prefixes; ``module`` fills ``KBUILD_MODNAME``
+    (default: the driver name). Unresolved macros render as ``X``.
+    """
+    text = site.text.replace("{KBUILD_MODNAME}", module or driver)
+    text = re.sub(r"\{[A-Za-z_]\w*\}", "X", text)
+    text = _CONVERSION.sub(_conversion, _unescape(text))
+    if site.prefix == "dev":
+        text = DEV_PREFIX.format(driver=driver) + text
+    elif site.prefix == "netdev":
+        text = NETDEV_PREFIX.format(driver=driver) + text
+    if site.call.startswith("WARN"):
+        # WARN(cond, fmt) prints the message, then "WARNING: CPU: n PID: n at <where>": the header is the finding.
+        text = text + "\nWARNING: CPU: 3 PID: 1234 at " + site.where.split(":")[0] + " nvme_timeout+0x1c/0x1a0"
+    lines = [line for line in text.split("\n") if line.strip()]
+    return lines
+
+
+# --- coverage ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exclusion:
+    """Sites no rule should speak for, and why: a regex searched in the site's text (and ``where``, if given).
+
+    ``benign``: the line is printed at error level on healthy machines (a context line, an informational read
+    reported as an error): a rule that fires on it is a false positive, so :func:`coverage` reports it as
+    ``noisy``. Other exclusions (a path accelerator hosts cannot take, a debug build) are not checked.
+    """
+
+    pattern: str
+    reason: str
+    benign: bool = False
+    where: str = ""  # regex on "path:line" (empty: any)
+
+    def matches(self, site: Site) -> bool:
+        if self.where and re.search(self.where, site.where) is None:
+            return False
+        return re.search(self.pattern, site.text) is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Coverage:
+    subsystem: str
+    sites: int
+    covered: int
+    excluded: int
+    uncovered: tuple[Site, ...]
+    noisy: tuple[Site, ...] = ()  # excluded as benign, yet a rule fires on them
+
+    @property
+    def share(self) -> float:
+        return (self.covered + self.excluded) / self.sites if self.sites else 1.0
+
+
+def coverage(
+    subsystem: str,
+    sites: Sequence[Site],
+    *,
+    finds: Callable[[list[str]], bool],
+    exclusions: Sequence[Exclusion],
+    driver: str = "nvme",
+) -> Coverage:
+    """How many sites the rules speak for (``finds`` of the site's rendered lines is true) or exclude."""
+    covered = excluded = 0
+    uncovered, noisy = [], []
+    for site in sites:
+        rule = next((e for e in exclusions if e.matches(site)), None)
+        found = finds(render(site, driver=driver))
+        if rule is not None and rule.benign:
+            excluded += 1
+            if found:
+                noisy.append(site)
+        elif found:
+            covered += 1
+        elif rule is not None:
+            excluded += 1
+        else:
+            uncovered.append(site)
+    return Coverage(
+        subsystem=subsystem,
+        sites=len(sites),
+        covered=covered,
+        excluded=excluded,
+        uncovered=tuple(uncovered),
+        noisy=tuple(noisy),
+    )
+
+
+def rule_finder(rule_set: object) -> Callable[[list[str]], bool]:
+    """``finds`` for :func:`coverage`: whether the rules give a finding for any of a message's records.
+
+    The records of one message are fed together, as the kernel logs them; time 0, so thresholds count
+    each match (as ``simulate`` does).
+    """
+    from agent.detectors.rules import RuleEngine
+
+    def finds(lines: list[str]) -> bool:
+        engine = RuleEngine(rule_set=rule_set)  # fresh per message: no state carried between sites
+        return any(True for _ in engine.feed(list(lines), times=0.0, line_numbers=list(range(1, len(lines) + 1))))
+
+    return finds
+
+
+def load_generator(path: Path):  # noqa: ANN201 - a generator module (SPEC, EXCLUSIONS, EXTRACT, DRIVER)
+    """Import a ``generate_<subsystem>.py`` script by path (they live beside their packs, not in a package)."""
+    import importlib.util
+    import sys
+
+    name = f"nha_generator_{path.parent.name}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def generators(plugins_dir: Path) -> list[Path]:
+    """The per-subsystem generator scripts: ``plugins/<pack>/generate_*.py`` that define a ``SPEC``."""
+    found = []
+    for path in sorted(plugins_dir.glob("*/generate_*.py")):
+        if "SPEC" in path.read_text():
+            found.append(path)
+    return found

@@ -1,0 +1,112 @@
+"""Print-site coverage per subsystem (issue 38): every generator's pack is what its extract produces, and
+the built-in rules speak for (or explicitly exclude, with a reason) at least 95 % of its error-level sites.
+
+Each ``plugins/<pack>/generate_<subsystem>.py`` defines ``SPEC`` (a printsites.Spec), ``EXCLUSIONS``,
+``EXTRACT`` and ``PACK`` (paths), ``DRIVER`` (the device name its dev_* prefixes render with) and
+``generate(sites) -> str`` (the pack's text). The shared machinery is plugins/kernel/printsites.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.app.config import load_rule_set
+from agent.core.paths import builtin_plugins_dir
+
+PLUGINS = builtin_plugins_dir()
+sys.path.insert(0, str(PLUGINS / "kernel"))
+import printsites  # noqa: E402
+
+sys.path.remove(str(PLUGINS / "kernel"))
+
+GENERATORS = printsites.generators(PLUGINS)
+MODULES = {path.stem.removeprefix("generate_"): printsites.load_generator(path) for path in GENERATORS}
+FINDS = printsites.rule_finder(load_rule_set([PLUGINS]))
+EACH = pytest.mark.parametrize("name", sorted(MODULES))
+
+
+def _coverage(name: str) -> printsites.Coverage:
+    gen = MODULES[name]
+    sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
+    return printsites.coverage(
+        gen.SPEC.name, sites, finds=FINDS, exclusions=gen.EXCLUSIONS, driver=getattr(gen, "DRIVER", "nvme")
+    )
+
+
+@EACH
+def test_the_committed_pack_is_what_the_extract_generates(name: str) -> None:
+    gen = MODULES[name]
+    sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
+    assert Path(gen.PACK).read_text() == gen.generate(sites)
+
+
+@EACH
+def test_the_rules_cover_or_exclude_95_percent_of_the_error_level_sites(name: str) -> None:
+    cov = _coverage(name)
+    assert cov.sites > 0
+    uncovered = [f"{s.where} {s.text}" for s in cov.uncovered]
+    assert cov.share >= 0.95, f"{cov.subsystem}: {cov.share:.1%} covered or excluded; uncovered: {uncovered[:20]}"
+
+
+@EACH
+def test_no_rule_fires_on_a_site_excluded_as_benign(name: str) -> None:
+    assert [f"{s.where} {s.text}" for s in _coverage(name).noisy] == []
+
+
+@EACH
+def test_every_exclusion_names_a_reason_and_excludes_something(name: str) -> None:
+    gen = MODULES[name]
+    sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
+    for exclusion in gen.EXCLUSIONS:
+        assert exclusion.reason.strip(), exclusion
+        assert any(exclusion.matches(s) for s in sites), f"stale exclusion: {exclusion.pattern!r}"
+
+
+TABLE = [
+    ("%d", "3"),
+    ("%#010x", "0x0000001f"),
+    ("%04x:%02x:%02x.%x", "001f:1f:1f.1f"),
+    ("%-5s|", "x    |"),
+    ("%s: %pV", "x: request failed"),
+    ("%pI4", "10.0.0.1"),
+    ("{FW_BUG}", "X"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "line"), TABLE)
+def test_a_site_renders_as_the_kernel_would_print_it(fmt: str, line: str) -> None:
+    site = printsites.Site(level="err", where="a.c:1", call="pr_err", text=fmt, prefix="pr")
+    assert printsites.render(site) == [line]
+
+
+def test_dev_prints_carry_the_driver_and_device() -> None:
+    site = printsites.Site(level="err", where="a.c:1", call="dev_err", text="timeout\\n", prefix="dev")
+    assert printsites.render(site, driver="nvme") == ["nvme 0000:3b:00.0: timeout"]
+
+
+def test_the_scanner_finds_levels_prefixes_and_macros(tmp_path: Path) -> None:
+    (tmp_path / "x.c").write_text(
+        '#define pr_fmt(fmt) "DMAR: " fmt\n'
+        '#define PFX "dmar-x "\n'
+        'static void f(void) {\n'
+        '    pr_err("fault %d\\n", 3);\n'
+        '    printk(KERN_CRIT PFX "gone\\n");\n'
+        '    printk(KERN_INFO "fine\\n");\n'
+        '    dev_err(dev, FW_BUG "bad table %s\\n",\n'
+        '            name);\n'
+        '    pr_info("fine\\n");\n'
+        '}\n'
+    )
+    spec = printsites.Spec(name="t", paths=["*.c"])
+    got = [(s.level, s.where, s.call, s.text) for s in printsites.extract(tmp_path, spec)]
+    assert got == [
+        ("err", "x.c:4", "pr_err", "DMAR: fault %d\\n"),
+        ("crit", "x.c:5", "printk", "DMAR: dmar-x gone\\n"),
+        ("err", "x.c:7", "dev_err", "[Firmware Bug]: bad table %s\\n"),
+    ]
+    assert printsites.read_extract(printsites.write_extract(spec, "test", printsites.extract(tmp_path, spec))) == (
+        printsites.extract(tmp_path, spec)
+    )
