@@ -37,8 +37,11 @@ from pathlib import Path
 
 # Prefix macros of include/linux/printk.h / kernel.h and asm/mce.h, resolved in every file.
 COMMON_MACROS = {
-    "FW_BUG": "[Firmware Bug]: ", "FW_WARN": "[Firmware Warn]: ", "FW_INFO": "[Firmware Info]: ",
-    "HW_ERR": "[Hardware Error]: ", "DEPRECATED": "[Deprecated]: ",
+    "FW_BUG": "[Firmware Bug]: ",
+    "FW_WARN": "[Firmware Warn]: ",
+    "FW_INFO": "[Firmware Info]: ",
+    "HW_ERR": "[Hardware Error]: ",
+    "DEPRECATED": "[Deprecated]: ",
 }
 
 # Levels as the kernel numbers them (include/linux/kern_levels.h); error level or worse is <= 3.
@@ -52,7 +55,8 @@ class Call:
 
     level: str | None
     fmt_arg: int
-    prefix: str  # "pr": the file's pr_fmt; "dev": "<driver> <device>: " + dev_fmt; "netdev": "<driver> <device> <if>: "; "none"
+    # "pr": the file's pr_fmt; "dev": "<driver> <device>: " + dev_fmt; "netdev": "<driver> <device> <if>: "; "none"
+    prefix: str
 
 
 def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
@@ -64,7 +68,9 @@ def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]
 GENERIC_CALLS: dict[str, Call] = {
     **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pr_{lvl}", lvl, 0, "pr").items()},
     **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"dev_{lvl}", lvl, 1, "dev").items()},
-    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"netdev_{lvl}", lvl, 1, "netdev").items()},
+    **{
+        k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"netdev_{lvl}", lvl, 1, "netdev").items()
+    },
     **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pci_{lvl}", lvl, 1, "dev").items()},
     "dev_err_probe": Call(level="err", fmt_arg=2, prefix="dev"),
     "printk": Call(level=None, fmt_arg=0, prefix="pr"),
@@ -112,7 +118,7 @@ class Spec:
 
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 _DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:"(?:[^"\\\n]|\\.)*"[ \t]*)+)[ \t]*$', re.M)
-_FMT_DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(pr_fmt|dev_fmt)\(fmt\)[ \t]+(.*?)(?:\\\n.*?)?$', re.M)
+_FMT_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(pr_fmt|dev_fmt)\(fmt\)[ \t]+(.*?)(?:\\\n.*?)?$", re.M)
 
 
 def _literal(token: str) -> str:
@@ -207,7 +213,7 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
         call = helpers[m[1]]
-        if text[max(0, m.start() - 8):m.start()].rstrip().endswith("define"):
+        if text[max(0, m.start() - 8) : m.start()].rstrip().endswith("define"):
             continue  # a macro definition, not a site
         parsed = _arguments(text, m.end() - 1)
         if parsed is None or len(parsed[0]) <= call.fmt_arg:
@@ -259,22 +265,64 @@ _CONVERSION = re.compile(
 )
 # What the %p extensions print (lib/vsprintf.c pointer()), one plausible value each.
 _POINTER = {
-    "pS": "nvme_timeout+0x1c/0x1a0 [nvme]", "ps": "nvme_timeout", "pB": "nvme_timeout+0x1c/0x1a0",
-    "pF": "nvme_timeout+0x1c/0x1a0", "pf": "nvme_timeout", "pSR": "nvme_timeout+0x1c/0x1a0",
-    "pR": "[mem 0xfe000000-0xfe0fffff 64bit]", "pr": "[mem 0xfe000000-0xfe0fffff flags 0x200]",
-    "pa": "0x00000000fe000000", "pad": "0x00000000fe000000", "pap": "0x00000000fe000000",
-    "pM": "00:1a:2b:3c:4d:5e", "pMR": "5e:4d:3c:2b:1a:00", "pm": "001a2b3c4d5e",
-    "pI4": "10.0.0.1", "pi4": "010.000.000.001", "pI6": "fe80::1", "pI6c": "fe80::1", "pi6": "fe800000000000000000000000000001",
-    "pISpc": "10.0.0.1:2049", "pIS": "10.0.0.1", "pISc": "10.0.0.1", "pISp": "10.0.0.1:2049",
-    "pU": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b", "pUb": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "pS": "nvme_timeout+0x1c/0x1a0 [nvme]",
+    "ps": "nvme_timeout",
+    "pB": "nvme_timeout+0x1c/0x1a0",
+    "pF": "nvme_timeout+0x1c/0x1a0",
+    "pf": "nvme_timeout",
+    "pSR": "nvme_timeout+0x1c/0x1a0",
+    "pR": "[mem 0xfe000000-0xfe0fffff 64bit]",
+    "pr": "[mem 0xfe000000-0xfe0fffff flags 0x200]",
+    "pa": "0x00000000fe000000",
+    "pad": "0x00000000fe000000",
+    "pap": "0x00000000fe000000",
+    "pM": "00:1a:2b:3c:4d:5e",
+    "pMR": "5e:4d:3c:2b:1a:00",
+    "pm": "001a2b3c4d5e",
+    "pI4": "10.0.0.1",
+    "pi4": "010.000.000.001",
+    "pI6": "fe80::1",
+    "pI6c": "fe80::1",
+    "pi6": "fe800000000000000000000000000001",
+    "pISpc": "10.0.0.1:2049",
+    "pIS": "10.0.0.1",
+    "pISc": "10.0.0.1",
+    "pISp": "10.0.0.1:2049",
+    "pU": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
+    "pUb": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
     "pUl": "5f2c1b8e-3a4d-4e5f-8a9b-0c1d2e3f4a5b",
-    "pg": "nvme0n1", "pD": "data.bin", "pd": "data.bin", "pd2": "dir/data.bin", "pD2": "dir/data.bin",
-    "pe": "-EIO", "pV": "request failed", "pOF": "/soc/iommu@0", "pOFf": "/soc/iommu@0", "pfw": "\\_SB.PCI0",
-    "pfwf": "\\_SB.PCI0", "pfwP": "PCI0", "pGp": "locked|uptodate", "pGg": "__GFP_NOWARN", "pGv": "read|write",
-    "pC": "clk0", "pCn": "clk0", "pt": "2026-12-02T10:00:00", "ptR": "2026-12-02T10:00:00",
-    "pNF": "0x0000000000000001", "pcx": "0x1", "pK": "0000000000000000", "px": "ffff8881dead0000",
-    "ph": "00 01 02 03", "phN": "00010203", "phC": "00:01:02:03", "phD": "00-01-02-03", "pb": "0-3", "pbl": "0-3",
-    "pE": "abc", "pEp": "abc", "p4cc": "NV12 little-endian (0x3231564e)",
+    "pg": "nvme0n1",
+    "pD": "data.bin",
+    "pd": "data.bin",
+    "pd2": "dir/data.bin",
+    "pD2": "dir/data.bin",
+    "pe": "-EIO",
+    "pV": "request failed",
+    "pOF": "/soc/iommu@0",
+    "pOFf": "/soc/iommu@0",
+    "pfw": "\\_SB.PCI0",
+    "pfwf": "\\_SB.PCI0",
+    "pfwP": "PCI0",
+    "pGp": "locked|uptodate",
+    "pGg": "__GFP_NOWARN",
+    "pGv": "read|write",
+    "pC": "clk0",
+    "pCn": "clk0",
+    "pt": "2026-12-02T10:00:00",
+    "ptR": "2026-12-02T10:00:00",
+    "pNF": "0x0000000000000001",
+    "pcx": "0x1",
+    "pK": "0000000000000000",
+    "px": "ffff8881dead0000",
+    "ph": "00 01 02 03",
+    "phN": "00010203",
+    "phC": "00:01:02:03",
+    "phD": "00-01-02-03",
+    "pb": "0-3",
+    "pbl": "0-3",
+    "pE": "abc",
+    "pEp": "abc",
+    "p4cc": "NV12 little-endian (0x3231564e)",
 }
 
 
@@ -406,21 +454,6 @@ def coverage(
         uncovered=tuple(uncovered),
         noisy=tuple(noisy),
     )
-
-
-def rule_finder(rule_set: object) -> Callable[[list[str]], bool]:
-    """``finds`` for :func:`coverage`: whether the rules give a finding for any of a message's records.
-
-    The records of one message are fed together, as the kernel logs them; time 0, so thresholds count
-    each match (as ``simulate`` does).
-    """
-    from agent.detectors.rules import RuleEngine
-
-    def finds(lines: list[str]) -> bool:
-        engine = RuleEngine(rule_set=rule_set)  # fresh per message: no state carried between sites
-        return any(True for _ in engine.feed(list(lines), times=0.0, line_numbers=list(range(1, len(lines) + 1))))
-
-    return finds
 
 
 def load_generator(path: Path):  # noqa: ANN201 - a generator module (SPEC, EXCLUSIONS, EXTRACT, DRIVER)

@@ -15,6 +15,7 @@ import pytest
 
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
+from bench.accuracy import rule_finder
 
 PLUGINS = builtin_plugins_dir()
 sys.path.insert(0, str(PLUGINS / "kernel"))
@@ -24,7 +25,7 @@ sys.path.remove(str(PLUGINS / "kernel"))
 
 GENERATORS = printsites.generators(PLUGINS)
 MODULES = {path.stem.removeprefix("generate_"): printsites.load_generator(path) for path in GENERATORS}
-FINDS = printsites.rule_finder(load_rule_set([PLUGINS]))
+FINDS = rule_finder(load_rule_set([PLUGINS]))
 EACH = pytest.mark.parametrize("name", sorted(MODULES))
 
 
@@ -91,14 +92,14 @@ def test_the_scanner_finds_levels_prefixes_and_macros(tmp_path: Path) -> None:
     (tmp_path / "x.c").write_text(
         '#define pr_fmt(fmt) "DMAR: " fmt\n'
         '#define PFX "dmar-x "\n'
-        'static void f(void) {\n'
+        "static void f(void) {\n"
         '    pr_err("fault %d\\n", 3);\n'
         '    printk(KERN_CRIT PFX "gone\\n");\n'
         '    printk(KERN_INFO "fine\\n");\n'
         '    dev_err(dev, FW_BUG "bad table %s\\n",\n'
-        '            name);\n'
+        "            name);\n"
         '    pr_info("fine\\n");\n'
-        '}\n'
+        "}\n"
     )
     spec = printsites.Spec(name="t", paths=["*.c"])
     got = [(s.level, s.where, s.call, s.text) for s in printsites.extract(tmp_path, spec)]
