@@ -1579,6 +1579,28 @@ def bench_validation() -> list[Figure]:
     return [Figure(name=n, value=got[n], target=t, unit=u) for n, (t, u) in targets.items()]
 
 
+def bench_image() -> list[Figure]:
+    """The image built from the Dockerfile for real, and checked from inside: bench/image.py (root, podman and
+    mmdebstrap; where they are absent it says so and measures nothing)."""
+    from bench import image
+
+    why = image.missing()
+    if why:
+        print("image: not measured: " + "; ".join(why), flush=True)
+        return []
+    mb = 1e6
+    built = {b.target: b for b in image.build_and_check()}
+    default, journald = built["default"], built["journald"]
+    return [
+        Figure(name="image.agent_layers_mb", value=default.unpacked_over_base / mb, target="<= 120", unit="MB"),
+        Figure(name="image.agent_layers_compressed_mb", value=default.compressed_over_base / mb, target="", unit="MB"),
+        Figure(name="image.journald_layers_mb", value=journald.unpacked_over_base / mb, target="", unit="MB"),
+        Figure(name="image.default_has_journalctl", value=float(default.checked.has_journalctl), target="<= 0"),
+        Figure(name="image.journald_has_journalctl", value=float(journald.checked.has_journalctl), target=">= 1"),
+        Figure(name="image.build_s", value=default.build_s, target="", unit="s"),
+    ]
+
+
 BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "rules": bench_rules,
     "kmsg": bench_kmsg,
@@ -1591,6 +1613,7 @@ BENCHMARKS: dict[str, Callable[[], list[Figure]]] = {
     "scrapes": bench_scrapes,
     "device": bench_device,
     "validation": bench_validation,
+    "image": bench_image,
 }
 
 

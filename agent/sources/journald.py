@@ -54,6 +54,11 @@ MAX_ENTRY_MESSAGE = 64 * 1024  # characters: a longer message is cut here
 MAX_JSON_LINE = 1 << 20  # bytes: a longer output line (entry) is dropped
 READ_SIZE = 64 * 1024
 STDERR_KEEP = 4096  # bytes of journalctl's stderr kept for the error message
+# The default image has no journalctl (systemd is about 105 MB); the journald variant has it (Dockerfile).
+NO_JOURNALCTL_HINT = (
+    " (the default image has no journalctl: run the journald variant, image tag <version>-journald, which the"
+    " kustomize component daemonset/components/journald selects)"
+)
 EXIT_GRACE = 0.5  # seconds journalctl may take to exit after closing its output
 KERNEL_SOURCE = "kernel"  # the identifier journald gives kernel messages; any user can log under it too
 
@@ -356,7 +361,8 @@ class JournalSource:
     def _start(self) -> Poll:
         binary, why = resolve(self._program, path=self._path)
         if binary is None:
-            return self._failed(f"{self._program} {why}")
+            hint = NO_JOURNALCTL_HINT if self._program == "journalctl" else ""
+            return self._failed(f"{self._program} {why}{hint}")
         if self._since is None:
             self._since = self._clock() - self._config.lookback
         argv = self.command(binary)

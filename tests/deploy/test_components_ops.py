@@ -24,21 +24,21 @@ pytestmark = pytest.mark.slow  # renders with kubectl kustomize
 COMPONENTS = REPO / "daemonset" / "components"
 OVERLAY = REPO / "daemonset" / "overlays" / "nvidia"
 K8S_VERSIONS = ("1.29.0", "1.35.0")
+IMAGE = "ghcr.io/node-health-agent/node-health-agent"
 PLUGIN_DIR = "/etc/node-health-agent/exec-plugins"
 
 
-def render(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
+def render(tmp_path: Path, *components: str, images: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
     kubectl = kube_tools().kubectl
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(OVERLAY, tmp_path)],
-                "components": [os.path.relpath(COMPONENTS / c, tmp_path) for c in components],
-            }
-        )
-    )
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAY, tmp_path)],
+        "components": [os.path.relpath(COMPONENTS / c, tmp_path) for c in components],
+    }
+    if images is not None:
+        kustomization["images"] = images
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     done = subprocess.run([str(kubectl), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -84,6 +84,25 @@ def test_journald_component_mounts_the_host_journal_read_only_into_the_agent_alo
         security = agent["securityContext"]
         assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
         assert security["capabilities"] == {"drop": ["ALL"]}
+
+
+def images(docs: list[dict[str, Any]]) -> set[str]:
+    pods = [ds["spec"]["template"]["spec"] for ds in daemonsets(docs)]
+    return {c["image"] for pod in pods for c in [*pod["containers"], *pod.get("initContainers", [])]}
+
+
+def test_journald_component_selects_the_image_variant_that_has_journalctl(tmp_path):
+    plain, with_journal = tmp_path / "plain", tmp_path / "journald"
+    plain.mkdir(), with_journal.mkdir()
+    assert images(render(plain)) == {"ghcr.io/node-health-agent/node-health-agent:0.1.0"}
+    assert images(render(with_journal, "journald")) == {"ghcr.io/node-health-agent/node-health-agent:0.1.0-journald"}
+
+
+def test_an_overlay_image_of_its_own_wins_over_the_journald_component(tmp_path):
+    docs = render(
+        tmp_path, "journald", images=[{"name": IMAGE, "newName": "registry.example/nha", "newTag": "7-journald"}]
+    )
+    assert images(docs) == {"registry.example/nha:7-journald"}
 
 
 def test_exec_plugin_component_mounts_its_configmap_executable_and_adds_it_to_the_config(tmp_path):

@@ -431,7 +431,8 @@ def test_missing_journalctl_is_an_error_not_a_crash(tmp_path: Path) -> None:
     source = make_source(empty, sleep=sleep, backoff_initial=1.0)
 
     assert list(source.chunks(stop=stop)) == []
-    assert source.stats.last_error == f"journalctl not found in PATH ({empty})"
+    assert source.stats.last_error == f"journalctl not found in PATH ({empty}){journald.NO_JOURNALCTL_HINT}"
+    assert "-journald" in journald.NO_JOURNALCTL_HINT, "names the image variant that has it"
     assert waits == [1.0, 2.0, 4.0]
     assert (source.stats.read_errors, source.stats.last_activity, source.stats.connected) == (3, None, False)
 
