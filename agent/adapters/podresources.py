@@ -177,7 +177,14 @@ class PodResourcesClient:
         self._check_socket()
         import grpc  # here, not at the top: grpc costs memory the idle agent does not spend
 
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
+        # A channel of its own subchannels: grpc's process-wide pool would hand this call a subchannel still in
+        # the reconnect backoff of an earlier failed call (a busy forwarder, a kubelet restart), and the call
+        # would fail fast with that old error instead of trying the socket that works again.
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.enable_retries", 0),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
         with grpc.insecure_channel(f"unix://{self.socket_path}", options=options) as channel:
             call = channel.unary_unary(f"/{SERVICE}/{method}")  # bytes in, bytes out: no serializers
             try:
