@@ -1,43 +1,67 @@
 """The kmsg relay wire protocol, imported by both ends (``relay_server`` and ``relay_client``).
 
-Wire protocol (version 1), relay → client only; the client sends nothing::
+Standard library only, and nothing of the agent: the relay imports this module (see
+:mod:`agent.sources.relay_server`, which must stay small).
+
+Wire protocol (version 2)::
 
     frame   = length payload
     length  = 4-byte unsigned big-endian integer, the size of payload (at most MAX_FRAME)
-    payload = hello | record | heartbeat
+    payload = hello | chunk | sync | heartbeat      (relay -> client)
 
 - **hello** (always the first frame of a connection): UTF-8 JSON object
-  ``{"proto": 1, "boot_time": <float>, "boot_id": "<uuid>" | null}``. ``boot_time`` is the host's
-  wall-clock time of boot (``CLOCK_REALTIME - CLOCK_MONOTONIC`` in the relay, taken at connect
-  time; finite and within ``[0, MAX_BOOT_TIME]``); the client computes a record's time as
-  ``boot_time + usec / 1e6``. ``boot_id`` is ``/proc/sys/kernel/random/boot_id``, or null when
-  unreadable.
-- **record**: exactly the bytes one kmsg record consists of, as the kernel returned them
-  (``prio,seq,usec,flags[,...];message\\n`` plus optional `` KEY=value\\n`` dictionary lines). Not
-  empty. Sequence numbers are the kernel's; the client does the gap/duplicate accounting.
+  ``{"proto": 2, "boot_time": <float>, "boot_id": "<uuid>" | null, "source": "<kind>"}``.
+  ``boot_time`` is the host's wall-clock time of boot (``CLOCK_REALTIME - CLOCK_MONOTONIC`` in the
+  relay, taken at connect time; finite and within ``[0, MAX_BOOT_TIME]``); the client computes a
+  record's time as ``boot_time + usec / 1e6``. ``boot_id`` is ``/proc/sys/kernel/random/boot_id``, or
+  null when unreadable. ``source`` says what the relay reads (one of :data:`SOURCES`):
+  ``kernel-device`` (the kernel's own ``/dev/kmsg``, character device 1:11), ``other-device`` (another
+  character device) or ``file`` (a regular file or FIFO of concatenated records: tests, replays).
+- **chunk**: ``b"C"``, the first and the last record's sequence numbers (two 8-byte unsigned big-endian
+  integers; 0 where the relay could not read one), then the records exactly as read: for a device,
+  its ``read()`` s one after the other (one record each, ``prio,seq,usec,flags;message\\n`` plus
+  `` KEY=value\\n`` dictionary lines), for a file complete records as they stand in it. Many records
+  a frame: a chunk is what the relay read at one wake-up (at most :data:`CHUNK_BYTES` of it).
+- **sync**: a chunk with kind ``b"S"``: what the relay read in answer to a catch-up request, sent
+  even when that is nothing (then both sequence numbers are 0 and no records follow).
 - **heartbeat**: an empty frame (length 0), sent when nothing else was sent for
-  ``heartbeat_interval`` seconds *and* the relay's own kmsg reader has its source open and is
-  polling. A relay that accepts connections but cannot read the kernel log therefore goes silent,
-  and the client's stall detection (and the agent's ``/healthz``) notices.
+  ``heartbeat_interval`` seconds while the relay has the kernel log open and polls it. A relay
+  that accepts connections but cannot read the kernel log therefore goes silent, and the
+  client's stall detection (and the agent's ``/healthz``) notices.
+
+Client -> relay: only catch-up requests, one byte :data:`CATCH_UP` each. The relay answers each
+batch of requests it finds with one sync frame, read from the device at that moment (which it may
+already hold records for that the kernel has not yet woken its readers for: see
+:meth:`agent.sources.kmsg.reader.KmsgReader.catch_up`). Other bytes are ignored.
+
+Version 1 (one record a frame, no source in the hello, no catch-up) is not accepted by either
+end: the relay and the agent run from the same image in the same pod, so they never differ
+in version; a version-1 hello is refused with a message saying so.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import struct
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from agent.sources.kmsg.boot import boot_time_now, read_boot_id
-
-log = logging.getLogger(__name__)
-
-PROTO = 1
+PROTO = 2
 HEADER = struct.Struct(">I")
-# Records from the device are at most ~8 KiB; a file source may hand out up to 64 KiB of unsplit bytes.
+CHUNK = struct.Struct(">cQQ")  # kind, first seq, last seq; the records follow
+KIND_CHUNK = b"C"
+KIND_SYNC = b"S"
+CATCH_UP = b"?"  # client -> relay: read now and answer with a sync frame
+KERNEL_DEVICE, OTHER_DEVICE, FILE = "kernel-device", "other-device", "file"
+SOURCES = (KERNEL_DEVICE, OTHER_DEVICE, FILE)
 MAX_FRAME = 1024 * 1024
+# A chunk's records are at most about this many bytes (a device record is at most ~8 KiB).
+CHUNK_BYTES = 256 * 1024
 # A hello's boot_time must be a finite wall-clock time in [0, MAX_BOOT_TIME] (2**40 s is ~36,800 years).
 MAX_BOOT_TIME = float(2**40)
+_MAX_SEQ = 2**64 - 1
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class ProtocolError(ValueError):
@@ -46,18 +70,20 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """The first frame of a connection: the protocol version and the host's boot identity."""
+    """The first frame of a connection: the protocol version, the host's boot identity, what the relay reads."""
 
     proto: int
     boot_time: float
     boot_id: str | None
+    source: str = KERNEL_DEVICE
 
     def encode(self) -> bytes:
-        return json.dumps({"proto": self.proto, "boot_time": self.boot_time, "boot_id": self.boot_id}).encode()
+        fields = {"proto": self.proto, "boot_time": self.boot_time, "boot_id": self.boot_id, "source": self.source}
+        return json.dumps(fields).encode()
 
     @classmethod
     def decode(cls, payload: bytes) -> Hello:
-        """Parse a hello payload; raises :class:`ProtocolError` for anything but a version-1 hello.
+        """Parse a hello payload; raises :class:`ProtocolError` for anything but a version-2 hello.
 
         ``boot_time`` must be finite and within ``[0, MAX_BOOT_TIME]`` (JSON from Python may hold
         ``NaN`` or ``Infinity``, which would poison every record's timestamp).
@@ -69,15 +95,47 @@ class Hello:
         if not isinstance(data, dict):
             raise ProtocolError(f"hello is not a JSON object: {payload[:80]!r}")
         proto, boot_time, boot_id = data.get("proto"), data.get("boot_time"), data.get("boot_id")
+        source = data.get("source")
         if isinstance(proto, bool) or proto != PROTO:
-            raise ProtocolError(f"unsupported relay protocol {proto!r} (this agent speaks {PROTO})")
+            also = " (run the relay and the agent from the same image)" if proto == 1 else ""
+            raise ProtocolError(f"unsupported relay protocol {proto!r} (this agent speaks {PROTO}){also}")
         if isinstance(boot_time, bool) or not isinstance(boot_time, int | float):
             raise ProtocolError(f"hello has no numeric boot_time: {boot_time!r}")
         if not 0 <= boot_time <= MAX_BOOT_TIME:  # also false for NaN; no float() of a huge int
             raise ProtocolError(f"hello boot_time {boot_time!r:.80} is not a plausible wall-clock time")
         if boot_id is not None and not isinstance(boot_id, str):
             raise ProtocolError(f"hello boot_id is not a string: {boot_id!r}")
-        return cls(proto=proto, boot_time=float(boot_time), boot_id=boot_id or None)
+        if source not in SOURCES:
+            raise ProtocolError(f"hello source {source!r:.80} is not one of {', '.join(SOURCES)}")
+        return cls(proto=proto, boot_time=float(boot_time), boot_id=boot_id or None, source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A chunk or sync frame: records as the relay read them, with the sequence numbers of the first and last."""
+
+    data: bytes
+    first_seq: int = 0
+    last_seq: int = 0
+    sync: bool = False
+
+    def encode(self) -> bytes:
+        """The frame (header included)."""
+        kind = KIND_SYNC if self.sync else KIND_CHUNK
+        size = CHUNK.size + len(self.data)
+        if size > MAX_FRAME:
+            raise ValueError(f"chunk of {len(self.data)} bytes exceeds MAX_FRAME ({MAX_FRAME})")
+        return HEADER.pack(size) + CHUNK.pack(kind, self.first_seq, self.last_seq) + self.data
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Chunk:
+        """A chunk or sync frame's payload (not a heartbeat's); raises :class:`ProtocolError`."""
+        if len(payload) < CHUNK.size:
+            raise ProtocolError(f"frame of {len(payload)} bytes is too short for a chunk: {payload[:40]!r}")
+        kind, first, last = CHUNK.unpack_from(payload)
+        if kind not in (KIND_CHUNK, KIND_SYNC):
+            raise ProtocolError(f"unknown frame kind {kind!r}")
+        return cls(data=payload[CHUNK.size :], first_seq=first, last_seq=last, sync=kind == KIND_SYNC)
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -87,11 +145,24 @@ def encode_frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def current_hello() -> Hello:
-    """The hello for a new connection: this host's boot time now, and its boot id when readable."""
+def record_seq(record: bytes) -> int:
+    """The sequence number in a record's header (``prio,seq,...``); 0 where there is none to read."""
+    parts = record[:64].split(b",", 2)
+    if len(parts) < 3 or not parts[1].isdigit():
+        return 0
+    seq = int(parts[1])
+    return seq if seq <= _MAX_SEQ else 0
+
+
+def boot_time_now() -> float:
+    """Wall-clock time of boot, with sub-second precision: ``CLOCK_REALTIME - CLOCK_MONOTONIC``."""
+    return time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def current_hello(source: str, *, boot_id_path: Path = BOOT_ID) -> Hello:
+    """The hello for a new connection: this host's boot time now, its boot id when readable, the source's kind."""
     try:
-        boot_id: str | None = read_boot_id()
-    except (OSError, ValueError) as exc:
-        log.debug("kmsg relay: no boot id in the hello: %s", exc)
+        boot_id: str | None = boot_id_path.read_text(encoding="ascii", errors="replace").strip() or None
+    except OSError:
         boot_id = None
-    return Hello(proto=PROTO, boot_time=boot_time_now(), boot_id=boot_id)
+    return Hello(proto=PROTO, boot_time=boot_time_now(), boot_id=boot_id, source=source)

@@ -261,22 +261,8 @@ class KmsgReader:
             )
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
-        """The new records of a chunk, in order; call in chunk order, from one thread. A chunk of well-formed
-        records comes as :class:`RecordColumns` (each record built when asked for).
-
-        Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
-        dictionary lines are counted in ``malformed_lines`` and dropped from their record.
-        """
-        decoded = decode(chunk.data, mode=chunk.mode, boot_time=chunk.boot_time)
-        for line_error in decoded.bad_lines:
-            self._stats.malformed_lines += 1
-            self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
-        records = self._new_records(decoded, chunk.tracker)
-        if records:
-            self._stats.records_read += len(records)
-            last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
-            self._stats.last_record_time = last
-        return records
+        """The new records of a chunk, in order; call in chunk order, from one thread: :func:`decode_chunk`."""
+        return decode_chunk(chunk, stats=self._stats, log=self._log, where=self._path)
 
     def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
         """Yield lists of new parsed records (1 to 4096, in order) until ``stop`` is set (see :meth:`decode`)."""
@@ -504,24 +490,8 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _new_records(self, parsed: Decoded, tracker: SequenceTracker) -> Sequence[LogRecord]:
-        """The records not delivered before; each skipped record counts once, as a parse error."""
-        records = parsed.records
-        if not parsed.errors:
-            return tracker.accept_all(records)
-        new: list[LogRecord] = []
-        start = 0
-        for before, error in parsed.errors:
-            new += tracker.accept_all(records[start:before])
-            start = before
-            if tracker.skip(error.seq):
-                self._parse_failed(error)
-        new += tracker.accept_all(records[start:])
-        return new
-
     def _parse_failed(self, exc: KmsgParseError) -> None:
-        self._stats.parse_errors += 1
-        self._log.warning("kmsg: skipping a record from %s: %s", self._path, exc)
+        _parse_failed(exc, stats=self._stats, log=self._log, where=self._path)
 
     def _overrun(self) -> None:
         self._stats.overruns += 1
@@ -539,3 +509,48 @@ class KmsgReader:
         """The open source answered: the reader is live and has no error to report."""
         self._stats.last_activity = self._clock()
         self._stats.last_error = None
+
+
+def decode_chunk(chunk: RawChunk, *, stats: KmsgStats, log: logging.Logger, where: str) -> Sequence[LogRecord]:
+    """The new records of a chunk read from ``where`` (the device, a file, or the relay: agent.sources.relay_client
+    hands its chunks here too), in order; call in chunk order, from one thread. A chunk of well-formed records
+    comes as :class:`RecordColumns` (each record built when asked for).
+
+    Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed dictionary
+    lines are counted in ``malformed_lines`` and dropped from their record.
+    """
+    if not chunk.data:
+        return []
+    decoded = decode(chunk.data, mode=chunk.mode, boot_time=chunk.boot_time)
+    for line_error in decoded.bad_lines:
+        stats.malformed_lines += 1
+        log.warning("kmsg: dropping a dictionary line from %s: %s", where, line_error)
+    records = _new_records(decoded, chunk.tracker, stats=stats, log=log, where=where)
+    if records:
+        stats.records_read += len(records)
+        last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
+        stats.last_record_time = last
+    return records
+
+
+def _new_records(
+    parsed: Decoded, tracker: SequenceTracker, *, stats: KmsgStats, log: logging.Logger, where: str
+) -> Sequence[LogRecord]:
+    """The records not delivered before; each skipped record counts once, as a parse error."""
+    records = parsed.records
+    if not parsed.errors:
+        return tracker.accept_all(records)
+    new: list[LogRecord] = []
+    start = 0
+    for before, error in parsed.errors:
+        new += tracker.accept_all(records[start:before])
+        start = before
+        if tracker.skip(error.seq):
+            _parse_failed(error, stats=stats, log=log, where=where)
+    new += tracker.accept_all(records[start:])
+    return new
+
+
+def _parse_failed(exc: KmsgParseError, *, stats: KmsgStats, log: logging.Logger, where: str) -> None:
+    stats.parse_errors += 1
+    log.warning("kmsg: skipping a record from %s: %s", where, exc)
