@@ -17,11 +17,13 @@ another device's, every line checked (:attr:`Mode.OTHER_DEVICE`), and a warning 
 its peer the same way (only the agent's uid and root may read the kernel log), so no other process reads
 the records either.
 
-Catch-up: :meth:`RelayClient.catch_up` (called when a scrape comes in) sends the relay a request byte; the
-relay reads the device at once and answers with a sync frame, which the client hands on as a chunk of its
-own (empty if nothing was waiting), so the scrape's wait (:class:`agent.core.bus.CaughtUp`) ends once what
-was in the kernel when it came has been folded, as with the device read directly. Chunks received while a
-request is unanswered are held (at most ``HOLD_MAX`` seconds) and handed on with the answer.
+Catch-up: :meth:`RelayClient.catch_up` (called when a scrape comes in) sends the relay a request byte and
+waits for the answer (a round trip, at most ``ANSWER_WAIT``): the relay reads the device at once and sends
+what it found in a sync frame. Chunks received while a request is unanswered are held (at most
+``HOLD_MAX``) and handed on with the answer as one chunk; ``catch_up`` says whether that chunk holds
+records, so the scrape (:class:`agent.core.bus.CaughtUp`) waits for it exactly when there is something to
+wait for, as with the device read directly (``KmsgReader.catch_up``), and an idle scrape costs a round
+trip, no main-loop step.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ _logger = logging.getLogger(__name__)
 _RECV_SIZE = 256 * 1024
 BATCH_MAX = 4096  # records per list from RelayClient.batches()
 HOLD_MAX = 0.05  # seconds a chunk waits for the answer to a catch-up request (a scrape waits 0.02 s at most)
+ANSWER_WAIT = 0.01  # seconds catch_up() waits for the relay's answer
 
 
 class _Closed(Exception):
@@ -162,7 +165,8 @@ class RelayClient:
     When nothing arrives for ``stall_after`` seconds the connection is dropped and reopened.
 
     ``trusted_uid``: the uid whose relay may have its kernel-device chunks taken on the fast path (default
-    root). ``sleep`` replaces the interruptible wait used for backoff (default ``stop.wait``).
+    root). ``answer_wait``: how long :meth:`catch_up` waits for the relay's answer. ``sleep`` replaces the
+    interruptible wait used for backoff (default ``stop.wait``).
     """
 
     def __init__(
@@ -175,6 +179,7 @@ class RelayClient:
         backoff_max: float = 10.0,
         stall_after: float = 30.0,
         trusted_uid: int = 0,
+        answer_wait: float = ANSWER_WAIT,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
         logger: logging.Logger | None = None,
@@ -188,15 +193,19 @@ class RelayClient:
         self._backoff_max = backoff_max
         self._stall_after = stall_after
         self._trusted_uid = trusted_uid
+        self._answer_wait = answer_wait
         self._clock = clock
         self._sleep = sleep
         self._log = logger if logger is not None else _logger
         self._hello: Hello | None = None
         self._mode: Mode | None = None
         self._tracked_boot: str | None = None
-        self._lock = threading.Lock()  # the connection catch_up() writes to, and whether it awaits an answer
+        # catch_up() and the reader thread: the connection it writes to, the requests sent and answered
+        self._answer = threading.Condition()
         self._conn: socket.socket | None = None  # set once the hello is in
-        self._asked = False  # a catch-up request is unanswered
+        self._sent = 0  # catch-up requests sent on this connection
+        self._answered = 0  # of which the relay has answered, by its count
+        self._answered_with_records = 0  # the last answer's count, if it (with what was held) held records
 
     # -- public ------------------------------------------------------------------------------------
 
@@ -216,17 +225,22 @@ class RelayClient:
         return self._mode
 
     def catch_up(self) -> bool:
-        """Ask the relay to read the kernel log now (a scrape came in); True when asked: its answer, a chunk
-        (maybe empty), follows within a round trip. Any thread, any time; False while not connected."""
-        with self._lock:
-            if self._conn is None:
+        """Have the relay read the kernel log now (a scrape came in) and say whether that brought records (they
+        come as the reader's next chunk). Any thread, any time; waits for the relay's answer at most
+        ``answer_wait`` (True past that: records may be on their way); False while not connected."""
+        with self._answer:
+            conn = self._conn
+            if conn is None:
                 return False
             try:
-                self._conn.send(CATCH_UP)
-            except OSError:  # full (the relay is not reading: it answers the requests already sent) or gone
+                conn.send(CATCH_UP)
+            except OSError:  # full (the relay is behind: it answers the requests already sent) or gone
                 return False
-            self._asked = True
-            return True
+            self._sent += 1
+            mine = self._sent
+            if not self._answer.wait_for(lambda: self._answered >= mine or self._conn is not conn, self._answer_wait):
+                return True
+            return self._conn is conn and self._answered_with_records >= mine
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
         """The new records of a chunk, in order; call in chunk order, from one thread (as ``KmsgReader.decode``)."""
@@ -275,8 +289,8 @@ class RelayClient:
                     mode = self._mode = self._mode_for(hello, conn)
                     backoff.reset()
                     tracker = self._tracker_for(hello, tracker)
-                    with self._lock:
-                        self._conn, self._asked = conn, False
+                    with self._answer:
+                        self._conn, self._sent, self._answered, self._answered_with_records = conn, 0, 0, 0
                     yield from self._stream(frames, hello=hello, tracker=tracker, mode=mode)
                     return  # _stream only returns on stop
                 except _Closed as exc:
@@ -284,8 +298,9 @@ class RelayClient:
                 except (_Stalled, ProtocolError, OSError) as exc:
                     self._failed(f"{exc}", backoff.delay, error=True)
                 finally:
-                    with self._lock:
+                    with self._answer:
                         self._conn = None
+                        self._answer.notify_all()
                     self._stats.connected = False
                     conn.close()
             self._wait(backoff.next_delay(), sleep=sleep, stop=stop)
@@ -359,25 +374,31 @@ class RelayClient:
         held: list[bytes] = []
         hold_until: float | None = None
         while (payloads := frames.frames(limit=BATCH_MAX, until=hold_until)) is not None:
-            answered = False
+            answered: int | None = None
             if payloads:
                 self._touch()  # after the hello every frame is a chunk or a heartbeat
                 for payload in payloads:
                     if not payload:
                         continue  # a heartbeat
                     chunk = Chunk.decode(payload)
-                    answered = answered or chunk.sync
+                    if chunk.answered is not None:
+                        answered = chunk.answered
                     if chunk.data and not _seen(chunk, tracker, mode):
                         held.append(chunk.data)
-            with self._lock:
-                if answered:
-                    self._asked = False
-                asked = self._asked
-            now = self._clock()
-            if asked and held and (hold_until is None or now < hold_until):
-                hold_until = hold_until if hold_until is not None else now + HOLD_MAX
-                continue  # the answer to the request is on its way: hand these on with it
-            if held or answered:
+            with self._answer:
+                if answered is not None:
+                    self._answered = answered
+                    if held:
+                        self._answered_with_records = answered
+                    self._answer.notify_all()
+                waiting = self._sent > self._answered
+            if waiting and held:
+                now = self._clock()
+                if hold_until is None:
+                    hold_until = now + HOLD_MAX
+                if now < hold_until:
+                    continue  # the answer to a request is on its way: hand these on with it
+            if held:
                 yield RawChunk(data=b"".join(held), boot_time=hello.boot_time, tracker=tracker, mode=mode)
             held, hold_until = [], None
 

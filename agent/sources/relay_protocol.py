@@ -22,17 +22,19 @@ Wire protocol (version 2)::
   its ``read()`` s one after the other (one record each, ``prio,seq,usec,flags;message\\n`` plus
   `` KEY=value\\n`` dictionary lines), for a file complete records as they stand in it. Many records
   a frame: a chunk is what the relay read at one wake-up (at most :data:`CHUNK_BYTES` of it).
-- **sync**: a chunk with kind ``b"S"``: what the relay read in answer to a catch-up request, sent
-  even when that is nothing (then both sequence numbers are 0 and no records follow).
+- **sync**: kind ``b"S"``, the same two numbers, then the number of catch-up requests the relay has read
+  on this connection so far (an 8-byte unsigned big-endian integer), then the records: what the relay
+  read in answer to them, sent even when that is nothing (then both sequence numbers are 0).
 - **heartbeat**: an empty frame (length 0), sent when nothing else was sent for
   ``heartbeat_interval`` seconds while the relay has the kernel log open and polls it. A relay
   that accepts connections but cannot read the kernel log therefore goes silent, and the
   client's stall detection (and the agent's ``/healthz``) notices.
 
-Client -> relay: only catch-up requests, one byte :data:`CATCH_UP` each. The relay answers each
-batch of requests it finds with one sync frame, read from the device at that moment (which it may
-already hold records for that the kernel has not yet woken its readers for: see
-:meth:`agent.sources.kmsg.reader.KmsgReader.catch_up`). Other bytes are ignored.
+Client -> relay: only catch-up requests, one byte :data:`CATCH_UP` each. The relay answers the
+requests it finds together with one sync frame, read from the device at that moment (which may hold
+records the kernel has not yet woken its readers for: see
+:meth:`agent.sources.kmsg.reader.KmsgReader.catch_up`); its count says which requests it answers.
+Other bytes are ignored.
 
 Version 1 (one record a frame, no source in the hello, no catch-up) is not accepted by either
 end: the relay and the agent run from the same image in the same pod, so they never differ
@@ -49,7 +51,8 @@ from pathlib import Path
 
 PROTO = 2
 HEADER = struct.Struct(">I")
-CHUNK = struct.Struct(">cQQ")  # kind, first seq, last seq; the records follow
+CHUNK = struct.Struct(">cQQ")  # kind, first seq, last seq; the records follow (a sync's after ANSWERED)
+ANSWERED = struct.Struct(">Q")  # in a sync frame: the catch-up requests read so far
 KIND_CHUNK = b"C"
 KIND_SYNC = b"S"
 CATCH_UP = b"?"  # client -> relay: read now and answer with a sync frame
@@ -117,15 +120,21 @@ class Chunk:
     data: bytes
     first_seq: int = 0
     last_seq: int = 0
-    sync: bool = False
+    answered: int | None = None  # a sync frame's: the catch-up requests read so far; None: a chunk frame
+
+    @property
+    def sync(self) -> bool:
+        return self.answered is not None
 
     def encode(self) -> bytes:
         """The frame (header included)."""
-        kind = KIND_SYNC if self.sync else KIND_CHUNK
-        size = CHUNK.size + len(self.data)
+        head = CHUNK.pack(KIND_SYNC if self.sync else KIND_CHUNK, self.first_seq, self.last_seq)
+        if self.answered is not None:
+            head += ANSWERED.pack(self.answered)
+        size = len(head) + len(self.data)
         if size > MAX_FRAME:
             raise ValueError(f"chunk of {len(self.data)} bytes exceeds MAX_FRAME ({MAX_FRAME})")
-        return HEADER.pack(size) + CHUNK.pack(kind, self.first_seq, self.last_seq) + self.data
+        return HEADER.pack(size) + head + self.data
 
     @classmethod
     def decode(cls, payload: bytes) -> Chunk:
@@ -133,9 +142,14 @@ class Chunk:
         if len(payload) < CHUNK.size:
             raise ProtocolError(f"frame of {len(payload)} bytes is too short for a chunk: {payload[:40]!r}")
         kind, first, last = CHUNK.unpack_from(payload)
-        if kind not in (KIND_CHUNK, KIND_SYNC):
+        if kind == KIND_CHUNK:
+            return cls(data=payload[CHUNK.size :], first_seq=first, last_seq=last)
+        if kind != KIND_SYNC:
             raise ProtocolError(f"unknown frame kind {kind!r}")
-        return cls(data=payload[CHUNK.size :], first_seq=first, last_seq=last, sync=kind == KIND_SYNC)
+        if len(payload) < CHUNK.size + ANSWERED.size:
+            raise ProtocolError(f"sync frame of {len(payload)} bytes is too short: {payload[:40]!r}")
+        (answered,) = ANSWERED.unpack_from(payload, CHUNK.size)
+        return cls(data=payload[CHUNK.size + ANSWERED.size :], first_seq=first, last_seq=last, answered=answered)
 
 
 def encode_frame(payload: bytes) -> bytes:

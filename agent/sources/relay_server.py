@@ -210,6 +210,7 @@ class _Session:
         self._sent = 0  # chunks
         self._overruns = 0
         self._pending = b""  # a file's incomplete last record
+        self._asked = 0  # catch-up requests read from the client
         self._thread = threading.Thread(target=self._run, name=f"kmsg-relay-{number}", daemon=True)
 
     def start(self) -> None:
@@ -270,7 +271,7 @@ class _Session:
             chunk, more = self._read(fd, device=device)
             if chunk is not None or asked:
                 chunk = chunk if chunk is not None else Chunk(data=b"")
-                self._send((dataclasses.replace(chunk, sync=True) if asked else chunk).encode())
+                self._send((dataclasses.replace(chunk, answered=self._asked) if asked else chunk).encode())
                 self._sent += 1
                 last_send = self._clock()
             elif self._clock() - last_send >= self._heartbeat_interval:
@@ -304,7 +305,9 @@ class _Session:
             raise _ClientGone("client disconnected") from exc
         if not data:
             raise _ClientGone("client disconnected")
-        return CATCH_UP in data
+        asked = data.count(CATCH_UP)
+        self._asked += asked
+        return asked > 0
 
     def _send(self, data: bytes) -> None:
         """Send all of ``data`` on the non-blocking socket, waiting for room in poll_interval slices."""

@@ -185,11 +185,12 @@ def read_frame(conn: socket.socket, *, timeout: float = WAIT) -> bytes | None:
     return payload
 
 
-def chunk_frame(*records: bytes, sync: bool = False) -> bytes:
-    """One chunk frame of these records, as the relay sends what it read at one wake-up."""
+def chunk_frame(*records: bytes, answered: int | None = None) -> bytes:
+    """One chunk frame of these records, as the relay sends what it read at one wake-up (with ``answered``: a
+    sync frame, the answer to that many catch-up requests)."""
     data = b"".join(records)
     first, last = (record_seq(records[0]), record_seq(records[-1])) if records else (0, 0)
-    return Chunk(data=data, first_seq=first, last_seq=last, sync=sync).encode()
+    return Chunk(data=data, first_seq=first, last_seq=last, answered=answered).encode()
 
 
 def read_chunk(conn: socket.socket, *, timeout: float = WAIT) -> Chunk | None:

@@ -25,6 +25,7 @@ from agent.sources.relay_protocol import CATCH_UP, FILE, KERNEL_DEVICE, OTHER_DE
 
 from helpers.relay import (
     POLL,
+    WAIT,
     Consumer,
     FakeRelay,
     Relay,
@@ -173,28 +174,31 @@ def test_a_chunk_the_client_has_seen_whole_is_dropped_by_its_range(sock_dir: Pat
         fake.close()
 
 
-def test_catch_up_asks_the_relay_and_its_answer_comes_as_a_chunk(sock_dir: Path) -> None:
+def test_catch_up_asks_the_relay_and_says_whether_its_answer_brought_records(sock_dir: Path) -> None:
     """The fake relay sends nothing after the hello until asked; then a chunk it had (sent before the answer)
-    and the answer: the client hands both on together, so the scrape waiting for one input sees both."""
-    asked = threading.Event()
+    and the answer: the client hands both on together, so the scrape waiting for one input sees both. Asked
+    again, it answers with nothing: the scrape need not wait."""
 
     def script(conn: socket.socket, n: int) -> None:
         send_hello(conn)
         conn.settimeout(5)
         assert conn.recv(1) == CATCH_UP
-        asked.set()
         conn.sendall(chunk_frame(record(1, "in flight")))
-        conn.sendall(chunk_frame(record(2, "logged before the scrape"), sync=True))
+        conn.sendall(chunk_frame(record(2, "logged before the scrape"), answered=1))
+        assert conn.recv(1) == CATCH_UP
+        conn.sendall(chunk_frame(answered=2))
 
     fake = FakeRelay(sock_dir / "s", script)
-    c = client(sock_dir / "s", stall_after=600.0)
+    c = client(sock_dir / "s", stall_after=600.0, answer_wait=WAIT)  # no answer is late: what it says counts
     assert not c.catch_up()  # not connected: nothing asked
     consumer = Consumer(c, batches=True)
     try:
-        wait_for(c.catch_up, what="a connected client to ask")
+        wait_for(lambda: c.stats.connected and c.mode is not None, what="a connected client")
+        wait_for(c.catch_up, what="an answer with records")
         assert [r.message for r in consumer.take(2)] == ["in flight", "logged before the scrape"]
         assert [len(batch) for batch in consumer.batches] == [2]
-        assert asked.is_set()
+        assert c.catch_up() is False  # answered with nothing: no chunk either
+        assert consumer.nothing_more(within=0.05)
     finally:
         consumer.finish()
         fake.close()
@@ -210,11 +214,11 @@ def test_the_relay_answers_a_catch_up_request_with_a_sync_chunk(sock_dir: Path) 
             assert read_records(conn, 1) == [record(1, "a")]
             conn.sendall(CATCH_UP)
             answer = read_chunk(conn)
-            assert answer is not None and answer.sync and answer.data == b""  # nothing new: an empty answer
+            assert answer is not None and (answer.answered, answer.data) == (1, b"")  # nothing new: an empty answer
             write_records(source, [record(2, "b")], append=True)
-            conn.sendall(CATCH_UP * 3)  # requests found together: one answer
-            while (answer := read_chunk(conn)) is not None and not answer.sync:
-                pass  # the relay's own read of the file may come first
+            conn.sendall(CATCH_UP * 3)  # requests found together: one answer, counting all
+            while (answer := read_chunk(conn)) is not None and answer.answered != 4:
+                assert answer.answered in (None, 2, 3)  # the relay's own read of the file, or fewer at once
             assert answer is not None
     finally:
         assert relay.stop() == 0

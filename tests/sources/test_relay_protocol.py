@@ -100,21 +100,25 @@ def test_frames() -> None:
     "chunk",
     [
         Chunk(data=b"6,1,10,-;a\n6,2,20,-;b\n", first_seq=1, last_seq=2),
-        Chunk(data=b"6,7,10,-;a\n", first_seq=7, last_seq=7, sync=True),
-        Chunk(data=b"", sync=True),  # an answer to a catch-up request with nothing new
+        Chunk(data=b"6,7,10,-;a\n", first_seq=7, last_seq=7, answered=1),
+        Chunk(data=b"", answered=3),  # an answer to catch-up requests with nothing new
         Chunk(data=b"x", first_seq=2**64 - 1, last_seq=2**64 - 1),
     ],
 )
 def test_a_chunk_frame_round_trips(chunk: Chunk) -> None:
     frame = chunk.encode()
     (length,) = HEADER.unpack_from(frame)
-    assert length == len(frame) - HEADER.size == CHUNK.size + len(chunk.data)
+    assert length == len(frame) - HEADER.size == CHUNK.size + 8 * chunk.sync + len(chunk.data)
     assert Chunk.decode(frame[HEADER.size :]) == chunk
 
 
 @pytest.mark.parametrize(
     ("payload", "complaint"),
-    [(b"C" + b"\0" * 15, "too short"), (b"X" + b"\0" * 16, "unknown frame kind")],
+    [
+        (b"C" + b"\0" * 15, "too short"),
+        (b"S" + b"\0" * 23, "sync frame of 24 bytes is too short"),
+        (b"X" + b"\0" * 16, "unknown frame kind"),
+    ],
 )
 def test_a_malformed_chunk_frame_is_a_protocol_error(payload: bytes, complaint: str) -> None:
     with pytest.raises(ProtocolError, match=complaint):
