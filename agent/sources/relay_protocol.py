@@ -46,8 +46,9 @@ from __future__ import annotations
 import json
 import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from agent.sources.unixsocket import Frozen
 
 PROTO = 2
 HEADER = struct.Struct(">I")
@@ -60,7 +61,7 @@ KERNEL_DEVICE, OTHER_DEVICE, FILE = "kernel-device", "other-device", "file"
 SOURCES = (KERNEL_DEVICE, OTHER_DEVICE, FILE)
 MAX_FRAME = 1024 * 1024
 # A chunk's records are at most about this many bytes (a device record is at most ~8 KiB).
-CHUNK_BYTES = 256 * 1024
+CHUNK_BYTES = 64 * 1024
 # A hello's boot_time must be a finite wall-clock time in [0, MAX_BOOT_TIME] (2**40 s is ~36,800 years).
 MAX_BOOT_TIME = float(2**40)
 _MAX_SEQ = 2**64 - 1
@@ -71,14 +72,17 @@ class ProtocolError(ValueError):
     """Bytes from the relay that do not follow the wire protocol; the message says what is wrong."""
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(Frozen):
     """The first frame of a connection: the protocol version, the host's boot identity, what the relay reads."""
 
+    __slots__ = ("proto", "boot_time", "boot_id", "source")
     proto: int
     boot_time: float
     boot_id: str | None
-    source: str = KERNEL_DEVICE
+    source: str
+
+    def __init__(self, *, proto: int, boot_time: float, boot_id: str | None, source: str = KERNEL_DEVICE) -> None:
+        self._set(proto=proto, boot_time=boot_time, boot_id=boot_id, source=source)
 
     def encode(self) -> bytes:
         fields = {"proto": self.proto, "boot_time": self.boot_time, "boot_id": self.boot_id, "source": self.source}
@@ -113,14 +117,21 @@ class Hello:
         return cls(proto=proto, boot_time=float(boot_time), boot_id=boot_id or None, source=source)
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(Frozen):
     """A chunk or sync frame: records as the relay read them, with the sequence numbers of the first and last."""
 
+    __slots__ = ("data", "first_seq", "last_seq", "answered")
     data: bytes
-    first_seq: int = 0
-    last_seq: int = 0
-    answered: int | None = None  # a sync frame's: the catch-up requests read so far; None: a chunk frame
+    first_seq: int
+    last_seq: int
+    answered: int | None  # a sync frame's: the catch-up requests read so far; None: a chunk frame
+
+    def __init__(self, *, data: bytes, first_seq: int = 0, last_seq: int = 0, answered: int | None = None) -> None:
+        self._set(data=data, first_seq=first_seq, last_seq=last_seq, answered=answered)
+
+    def answering(self, answered: int) -> Chunk:
+        """This chunk as the sync frame answering ``answered`` catch-up requests."""
+        return Chunk(data=self.data, first_seq=self.first_seq, last_seq=self.last_seq, answered=answered)
 
     @property
     def sync(self) -> bool:

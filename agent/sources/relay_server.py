@@ -42,7 +42,6 @@ an idle relay wakes once a poll interval in each.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import itertools
 import logging
@@ -271,7 +270,7 @@ class _Session:
             chunk, more = self._read(fd, device=device)
             if chunk is not None or asked:
                 chunk = chunk if chunk is not None else Chunk(data=b"")
-                self._send((dataclasses.replace(chunk, answered=self._asked) if asked else chunk).encode())
+                self._send((chunk.answering(self._asked) if asked else chunk).encode())
                 self._sent += 1
                 last_send = self._clock()
             elif self._clock() - last_send >= self._heartbeat_interval:

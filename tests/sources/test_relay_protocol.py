@@ -23,6 +23,7 @@ from agent.sources.relay_protocol import (
     record_seq,
 )
 from agent.sources.relay_server import complete_end, device_chunk, file_chunk, read_device, source_kind
+from agent.sources.unixsocket import AccessPolicy, PeerCredentials
 
 
 def hello_bytes(boot_time: str, *, proto: str = "2", boot_id: str = '"boot-a"', source: str = '"file"') -> bytes:
@@ -193,3 +194,27 @@ def test_read_device_reads_what_is_ready_and_counts_overruns() -> None:
     assert read_device(3, read=read) == ([b"6,1,1,-;a\n", b"6,5,2,-;b\n"], 1, False)
     many = iter([b"x" * 100] * 10)
     assert read_device(3, limit=250, read=lambda fd, size: next(many)) == ([b"x" * 100] * 3, 0, True)
+
+
+@pytest.mark.parametrize(
+    ("make", "other"),
+    [
+        (lambda: Hello(proto=2, boot_time=1.0, boot_id="b"), lambda: Hello(proto=2, boot_time=1.0, boot_id="c")),
+        (lambda: Chunk(data=b"x", last_seq=1), lambda: Chunk(data=b"x", last_seq=1, answered=0)),
+        (lambda: PeerCredentials(pid=1, uid=2, gid=3), lambda: PeerCredentials(pid=1, uid=2, gid=4)),
+        (lambda: AccessPolicy(uid=7), lambda: AccessPolicy(uid=7, gid=7)),
+    ],
+    ids=["Hello", "Chunk", "PeerCredentials", "AccessPolicy"],
+)
+def test_the_relays_values_are_frozen_and_compared_by_their_fields(make, other) -> None:
+    """Frozen dataclasses in all but name (the relay does not import dataclasses: see agent/sources/unixsocket.py)."""
+    value = make()
+    assert value == make() and hash(value) == hash(make()) and value != other() and value != object()
+    assert repr(value).startswith(type(value).__name__ + "(")
+    name = type(value).__slots__[0]
+    with pytest.raises(AttributeError, match="frozen"):
+        setattr(value, name, None)
+    with pytest.raises(AttributeError, match="frozen"):
+        delattr(value, name)
+    with pytest.raises(AttributeError):
+        value.not_a_field = 1
