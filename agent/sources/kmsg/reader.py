@@ -6,7 +6,7 @@ the sequence accounting :mod:`agent.sources.kmsg.sequence`, the restart cursor p
 
 The real device returns exactly one record per ``read()``; the reader reads on while more is ready and
 hands up to 4096 records at once to the decoder. It also accepts a regular file or a FIFO holding many
-concatenated records (test fixtures, a relay), read in 64 KiB chunks and decoded a chunk at a time.
+concatenated records (test fixtures), read in 64 KiB chunks and decoded a chunk at a time.
 
 Restart semantics: the reader remembers the last sequence number it delivered. After a reopen the
 kernel replays the ring buffer from its oldest record; records already delivered are skipped, and
@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import logging
 import os
-import re
 import select
 import stat
 import threading
@@ -34,7 +33,7 @@ from agent.core.columns import RecordColumns
 from agent.core.types import LogRecord
 from agent.sources.kmsg.boot import boot_time_now
 from agent.sources.kmsg.decoder import Decoded, Mode, decode
-from agent.sources.kmsg.format import KmsgParseError, parse_header
+from agent.sources.kmsg.format import KmsgParseError
 from agent.sources.kmsg.sequence import SequenceTracker
 from agent.sources.kmsg.stats import KmsgStats
 
@@ -49,7 +48,6 @@ _MAX_PENDING = 64 * 1024
 MAX_BATCH = 4096  # records per list yielded by KmsgReader.batches()
 _WAKE_DRAIN = 4096  # bytes read from the wake pipe at a time (a full pipe, 64 KiB, in 16 reads)
 _BATCH_READS = range(MAX_BATCH)  # reads of /dev/kmsg per chunk at most (an EPIPE takes one too)
-_RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
 
 
 def open_nonblocking(path: str) -> int:
@@ -116,11 +114,6 @@ def _complete_end(buf: bytes) -> int:
             return start
         line_end = start - 1
     return 0
-
-
-def _split_records(chunk: bytes) -> list[bytes]:
-    """Cut a chunk of complete records into one bytes object per record."""
-    return [part for part in _RECORD_START.split(chunk) if part.strip()]
 
 
 def _describe(exc: OSError) -> str:
@@ -275,26 +268,6 @@ class KmsgReader:
         """Yield parsed records one by one until ``stop`` is set (see :meth:`batches`)."""
         for batch in self.batches(stop=stop):
             yield from batch
-
-    def raw_records(self, *, stop: threading.Event) -> Iterator[bytes]:
-        """Yield raw records (bytes as read, one record each) until ``stop`` is set.
-
-        Sequence accounting, duplicate skipping and reconnects happen here; a record whose header
-        cannot be parsed is counted in ``parse_errors`` and skipped.
-        """
-        for chunk, tracker, _source in self._chunks(stop=stop):
-            boot_time = self._boot_time()
-            for raw in _split_records(chunk):
-                try:
-                    header = parse_header(raw.split(b"\n", 1)[0])
-                except KmsgParseError as exc:
-                    if tracker.skip(exc.seq):
-                        self._parse_failed(exc)
-                    continue
-                if tracker.accept(header.seq):
-                    self._stats.records_read += 1
-                    self._stats.last_record_time = boot_time + header.usec / 1e6
-                    yield raw
 
     # -- opening, reopening ------------------------------------------------------------------------
 
