@@ -87,6 +87,7 @@ class _FrameReader:
         self._clock = clock
         self._buffer = bytearray()
         self._last_frame = clock()
+        self._timeout = conn.gettimeout() or 1.0  # poll_interval
 
     def frames(self, *, limit: int, until: float | None = None) -> list[bytes] | None:
         """1 to ``limit`` frame payloads (``b""`` is a heartbeat); ``None`` once ``stop`` is set; ``[]`` once
@@ -100,10 +101,15 @@ class _FrameReader:
             if payloads:
                 self._last_frame = self._clock()
                 return payloads
-            if until is not None and self._clock() >= until:
-                return []
+            if until is not None:
+                left = until - self._clock()
+                if left <= 0:
+                    return []
+                self._conn.settimeout(min(self._timeout, left))
+            elif self._conn.gettimeout() != self._timeout:
+                self._conn.settimeout(self._timeout)
             try:
-                data = self._conn.recv(_RECV_SIZE)  # the socket's timeout is poll_interval
+                data = self._conn.recv(_RECV_SIZE)  # the socket's timeout is poll_interval (or less, until ``until``)
             except TimeoutError:
                 silent = self._clock() - self._last_frame
                 if silent >= self._stall_after:
