@@ -43,7 +43,6 @@ in version; a version-1 hello is refused with a message saying so.
 
 from __future__ import annotations
 
-import json
 import struct
 import time
 from pathlib import Path
@@ -61,7 +60,7 @@ KERNEL_DEVICE, OTHER_DEVICE, FILE = "kernel-device", "other-device", "file"
 SOURCES = (KERNEL_DEVICE, OTHER_DEVICE, FILE)
 MAX_FRAME = 1024 * 1024
 # A chunk's records are at most about this many bytes (a device record is at most ~8 KiB).
-CHUNK_BYTES = 64 * 1024
+CHUNK_BYTES = 32 * 1024
 # A hello's boot_time must be a finite wall-clock time in [0, MAX_BOOT_TIME] (2**40 s is ~36,800 years).
 MAX_BOOT_TIME = float(2**40)
 _MAX_SEQ = 2**64 - 1
@@ -85,8 +84,12 @@ class Hello(Frozen):
         self._set(proto=proto, boot_time=boot_time, boot_id=boot_id, source=source)
 
     def encode(self) -> bytes:
-        fields = {"proto": self.proto, "boot_time": self.boot_time, "boot_id": self.boot_id, "source": self.source}
-        return json.dumps(fields).encode()
+        """JSON written here, not by :mod:`json` (which the relay does not load: a tenth of a megabyte)."""
+        boot_id = "null" if self.boot_id is None else _json_string(self.boot_id)
+        return (
+            f'{{"proto": {int(self.proto)}, "boot_time": {float(self.boot_time)!r}, "boot_id": {boot_id}, '
+            f'"source": {_json_string(self.source)}}}'
+        ).encode()
 
     @classmethod
     def decode(cls, payload: bytes) -> Hello:
@@ -95,6 +98,8 @@ class Hello(Frozen):
         ``boot_time`` must be finite and within ``[0, MAX_BOOT_TIME]`` (JSON from Python may hold
         ``NaN`` or ``Infinity``, which would poison every record's timestamp).
         """
+        import json  # the agent's end only: the relay encodes its hello without it
+
         try:
             data = json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
@@ -139,13 +144,17 @@ class Chunk(Frozen):
 
     def encode(self) -> bytes:
         """The frame (header included)."""
+        return b"".join(self.encode_parts())
+
+    def encode_parts(self) -> tuple[bytes, bytes]:
+        """The frame as its headers and its records, to be sent one after the other (no copy of the records)."""
         head = CHUNK.pack(KIND_SYNC if self.sync else KIND_CHUNK, self.first_seq, self.last_seq)
         if self.answered is not None:
             head += ANSWERED.pack(self.answered)
         size = len(head) + len(self.data)
         if size > MAX_FRAME:
             raise ValueError(f"chunk of {len(self.data)} bytes exceeds MAX_FRAME ({MAX_FRAME})")
-        return HEADER.pack(size) + head + self.data
+        return HEADER.pack(size) + head, self.data
 
     @classmethod
     def decode(cls, payload: bytes) -> Chunk:
@@ -161,6 +170,17 @@ class Chunk(Frozen):
             raise ProtocolError(f"sync frame of {len(payload)} bytes is too short: {payload[:40]!r}")
         (answered,) = ANSWERED.unpack_from(payload, CHUNK.size)
         return cls(data=payload[CHUNK.size + ANSWERED.size :], first_seq=first, last_seq=last, answered=answered)
+
+
+def _json_string(text: str) -> str:
+    """``text`` as a JSON string (``"`` and ``\\`` escaped, and every character below space or above ``~``)."""
+    return '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _json_escape(c) for c in text) + '"'
+
+
+def _json_escape(char: str) -> str:
+    """One character as JSON's ``\\uXXXX`` (a surrogate pair beyond the Basic Multilingual Plane)."""
+    units = char.encode("utf-16-be")
+    return "".join(f"\\u{int.from_bytes(units[i : i + 2], 'big'):04x}" for i in range(0, len(units), 2))
 
 
 def encode_frame(payload: bytes) -> bytes:

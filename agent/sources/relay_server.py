@@ -270,7 +270,8 @@ class _Session:
             chunk, more = self._read(fd, device=device)
             if chunk is not None or asked:
                 chunk = chunk if chunk is not None else Chunk(data=b"")
-                self._send((chunk.answering(self._asked) if asked else chunk).encode())
+                for part in (chunk.answering(self._asked) if asked else chunk).encode_parts():
+                    self._send(part)
                 self._sent += 1
                 last_send = self._clock()
             elif self._clock() - last_send >= self._heartbeat_interval:

@@ -66,7 +66,7 @@ RELAY_MODULES = {
 # Runs without site (-S), so only what the relay itself imports is loaded: `node-health-agent kmsg-relay --help`
 # through the executable's entry, then a relay serving one connection from a file, with the forwarder.
 _RELAY_RUN = r"""
-import contextlib, io, json, os, socket, sys, threading
+import contextlib, io, os, socket, sys, threading
 from pathlib import Path
 repo, tmp = sys.argv[1], Path(sys.argv[2])
 sys.path.insert(0, repo)
@@ -88,7 +88,7 @@ while got.count(b"hello") < 1:
     got += conn.recv(65536)
 stop.set()
 t.join(10)
-print(json.dumps(sorted(sys.modules)))
+print("\n".join(sorted(sys.modules)))
 """
 
 
@@ -100,14 +100,15 @@ def test_the_relay_loads_the_standard_library_and_its_own_modules_only(sock_dir:
         timeout=60,
         check=True,
     ).stdout
-    loaded = set(json.loads(out))
+    loaded = set(out.split())
     ours = {name for name in loaded if name == "agent" or name.startswith("agent.")}
     assert ours <= RELAY_MODULES, f"the relay loaded more of the agent: {sorted(ours - RELAY_MODULES)}"
     assert "agent.sources.relay_server" in ours
     others = {name.split(".")[0] for name in loaded - ours}
     third_party = sorted(name for name in others if name not in sys.stdlib_module_names and name != "__main__")
     assert not third_party, f"the relay loaded modules beyond the standard library: {third_party}"
-    for absent in ("agent.app.cli", "agent.core", "agent.sources.kmsg", "prometheus_client", "kubernetes", "yaml"):
+    never = ("agent.app.cli", "agent.core", "agent.sources.kmsg", "json", "prometheus_client", "yaml")
+    for absent in never:
         assert absent not in loaded
 
 

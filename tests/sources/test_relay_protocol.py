@@ -218,3 +218,10 @@ def test_the_relays_values_are_frozen_and_compared_by_their_fields(make, other) 
         delattr(value, name)
     with pytest.raises(AttributeError):
         value.not_a_field = 1
+
+
+@pytest.mark.parametrize("boot_id", ["4f1c-9a", 'quote" and \\ backslash', "é\n\x00", "\U0001f600", None])
+def test_the_hello_the_relay_writes_without_json_is_json(boot_id: str | None) -> None:
+    hello = Hello(proto=PROTO, boot_time=1_700_000_000.123456, boot_id=boot_id or None, source="other-device")
+    assert json.loads(hello.encode())["boot_id"] == boot_id
+    assert Hello.decode(hello.encode()) == hello
