@@ -1,3 +1,3 @@
-from agent.app.cli import entry
+from agent.app.entry import entry
 
 entry()

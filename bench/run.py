@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -668,7 +669,12 @@ def bench_checks(window: float = 60.0) -> list[Figure]:
 
 
 def _stop(proc: Any) -> None:
-    """Stop a process this benchmark started (SIGTERM: it shuts down as it would on a node)."""
+    """Stop a process this benchmark started (SIGTERM: it shuts down as it would on a node); a :class:`Deployed`
+    pair's agent, then its relay."""
+    if isinstance(proc, Deployed):
+        _stop(proc.agent)
+        _stop(proc.relay)
+        return
     proc.terminate()
     proc.wait(timeout=15)
 
@@ -781,12 +787,14 @@ NPD_REFERENCE = {
 OOM_LINE = "Killed process {n} (npd-bench) total-vm:1kB, anon-rss:1kB, file-rss:1kB, shmem-rss:0kB"
 
 
-def _standalone(tmp: Path, *, kmsg: str, packs: str):
-    """A standalone agent process with these packs reading ``kmsg``; (process, /metrics URL)."""
+def _standalone(tmp: Path, *, kmsg: str, packs: str, relay: Path | None = None):
+    """A standalone agent process with these packs reading ``kmsg`` (or, with ``relay``, the kmsg relay's socket
+    there); (process, /metrics URL)."""
     import subprocess
 
+    source = ["--kmsg-relay", str(relay)] if relay is not None else ["--kmsg-path", kmsg]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--standalone", "--pack", packs, "--kmsg-path", kmsg]
+        [sys.executable, "-m", "agent", "run", "--standalone", "--pack", packs, *source]
         + ["--state-dir", str(tmp / "state"), "--listen", "127.0.0.1:0", "--log-level", "info"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -803,6 +811,59 @@ def _standalone(tmp: Path, *, kmsg: str, packs: str):
             break
     subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)  # keep draining its log
     return proc, f"http://127.0.0.1:{port}/metrics"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployed:
+    """The DaemonSet's pair: the privileged ``kmsg-relay`` reading /dev/kmsg and the agent reading its socket.
+    Its CPU is both processes' (:func:`_cpu_of`); stopped agent first, then the relay (:func:`_stop`)."""
+
+    relay: Any  # subprocess.Popen
+    agent: Any
+
+    @property
+    def pids(self) -> tuple[int, int]:
+        return (self.relay.pid, self.agent.pid)
+
+
+def _deployed(tmp: Path, *, packs: str) -> tuple[Deployed, str]:
+    """``node-health-agent kmsg-relay`` on /dev/kmsg (as the DaemonSet's relay container runs it: the executable's
+    entry, ``python -m agent``) and a standalone agent reading its socket; (the pair, the agent's /metrics URL)."""
+    import subprocess
+
+    sock = tmp / "kmsg.sock"
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "agent", "kmsg-relay", "--socket", str(sock), "--kmsg-path", "/dev/kmsg"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        _wait(lambda: sock.exists() or relay.poll() is not None, 30)
+        if relay.poll() is not None:
+            raise SystemExit(f"the kmsg relay exited with {relay.returncode} before listening")
+        agent, url = _standalone(tmp, kmsg="", packs=packs, relay=sock)
+    except BaseException:
+        _stop(relay)
+        raise
+    return Deployed(relay=relay, agent=agent), url
+
+
+def _pids(proc: Any) -> tuple[int, ...]:
+    return proc.pids if isinstance(proc, Deployed) else (proc.pid,)
+
+
+def _cpu_of(proc: Any) -> float:
+    """CPU seconds so far of a detector: a process, or both of a :class:`Deployed` pair."""
+    return sum(_cpu_seconds(pid) for pid in _pids(proc))
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmHWM for pid {pid}")
 
 
 def _scrape(url: str, name: str) -> float:
@@ -1110,16 +1171,27 @@ def _put_back_left(setting: Path, saved: Path) -> None:
 KMSG_QUIET_S = 15.0  # a count that has not risen for this long after the feed has stopped rising
 
 
+@dataclass(frozen=True, kw_only=True)
+class KmsgFeed:
+    """One detector's feed of the records through /dev/kmsg."""
+
+    cpu: float  # CPU-seconds per 1M records, every process of the detector
+    took: float  # seconds
+    missed: float  # records missed
+    cpu_by_pid: tuple[float, ...]  # per process, per 1M records (the relay's first for a Deployed pair)
+    peak_rss_mib: tuple[float, ...]  # per process, at the end of the feed (VmHWM)
+
+
 def _cpu_per_1m_kmsg(
     start: Callable[[Path], Any], writes: list[bytes], *, counter: str, expected: int, lost: str | None = None
-) -> tuple[float, float, float]:
-    """(CPU-seconds per 1M records, seconds, records missed) a detector spends on ``writes`` fed through the
-    real /dev/kmsg and an OOM line after them, until ``counter`` on its /metrics has risen by ``expected``
-    or has stopped rising (KMSG_QUIET_S without a change once the feed is done): for NPD, its OOMKilling
-    count by the OOM lines fed and the last; for the agent, the records it processed plus those it counts in
-    ``lost`` (overwritten in the kernel's ring before it read them). A reader that falls behind misses
-    records; the run reports how many (ours: its lost count; NPD, which counts none: the OOM lines it never
-    counted) rather than waiting for them."""
+) -> KmsgFeed:
+    """CPU-seconds per 1M records (all of a detector's processes: a :class:`Deployed` pair's relay and agent),
+    seconds, and records missed, that a detector spends on ``writes`` fed through the real /dev/kmsg and an OOM
+    line after them, until ``counter`` on its /metrics has risen by ``expected`` or has stopped rising
+    (KMSG_QUIET_S without a change once the feed is done): for NPD, its OOMKilling count by the OOM lines fed
+    and the last; for the agent, the records it processed plus those it counts in ``lost`` (overwritten in the
+    kernel's ring before it read them). A reader that falls behind misses records; the run reports how many
+    (ours: its lost count; NPD, which counts none: the OOM lines it never counted) rather than waiting for them."""
     import tempfile
 
     def missed() -> float:
@@ -1131,7 +1203,8 @@ def _cpu_per_1m_kmsg(
         try:
             time.sleep(3.0)  # startup and the ring buffer's replay are done
             found, lost_before = _scrape(url, counter), missed()
-            before, begun = _cpu_seconds(proc.pid), time.monotonic()
+            pids = _pids(proc)
+            before, begun = [_cpu_seconds(pid) for pid in pids], time.monotonic()
             _feed_kmsg(writes, marker)
             risen = _settled(
                 lambda: _scrape(url, counter) + missed() - found - lost_before,
@@ -1139,8 +1212,15 @@ def _cpu_per_1m_kmsg(
                 timeout=300.0,
                 quiet=KMSG_QUIET_S,
             )
-            cpu = (_cpu_seconds(proc.pid) - before) * 1_000_000 / len(writes)
-            return cpu, time.monotonic() - begun, missed() - lost_before + max(0.0, expected - risen)
+            spent = [_cpu_seconds(pid) - cpu for pid, cpu in zip(pids, before, strict=True)]
+            by_pid = tuple(cpu * 1_000_000 / len(writes) for cpu in spent)
+            return KmsgFeed(
+                cpu=sum(by_pid),
+                took=time.monotonic() - begun,
+                missed=missed() - lost_before + max(0.0, expected - risen),
+                cpu_by_pid=by_pid,
+                peak_rss_mib=tuple(_peak_rss_mib(pid) for pid in pids),
+            )
         finally:
             _stop(proc)
 
@@ -1178,9 +1258,9 @@ def _idle_cpu(start: Callable[[Path], Any], window: float) -> float:
         proc, _ = start(Path(tmpdir))
         try:
             time.sleep(3.0)
-            before, begun = _cpu_seconds(proc.pid), time.monotonic()
+            before, begun = _cpu_of(proc), time.monotonic()
             time.sleep(window)
-            return 100.0 * (_cpu_seconds(proc.pid) - before) / (time.monotonic() - begun)
+            return 100.0 * (_cpu_of(proc) - before) / (time.monotonic() - begun)
         finally:
             _stop(proc)
 
@@ -1209,18 +1289,30 @@ def _latency_figures(prefix: str, runs: list[Injection], injections: int, lost: 
     )
 
 
-def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float = 60.0) -> list[Figure]:
-    """Side by side with node-problem-detector (issue 16), in one run: CPU per 1M kernel log records fed
-    through the real /dev/kmsg, a /dev/kmsg write to the finding on /metrics, idle CPU. Our side always
-    (every built-in pack and check); NPD's where it can be built here (``bench/npd_side.py``: give its
-    source with --npd-src or NPD_SRC), its earlier figures printed otherwise."""
+KMSG_RECORDS = 1_000_000  # records fed through /dev/kmsg per side and round (the figures are per 1M)
+
+
+def bench_npd(
+    injections: int = 200, spacing: float = 0.55, idle_window: float = 60.0, kmsg_records: int = KMSG_RECORDS
+) -> list[Figure]:
+    """Side by side with node-problem-detector (issues 16, 37), in one run: CPU per 1M kernel log records fed
+    through the real /dev/kmsg, a /dev/kmsg write to the finding on /metrics, idle CPU. The headline is the
+    path the DaemonSet runs (``deployed``: the ``kmsg-relay`` process reading /dev/kmsg and the agent reading
+    its socket, both processes' CPU counted, and the relay's peak RSS); the agent reading /dev/kmsg itself
+    (``direct``) beside it, every side alternated in each step. Our side always (every built-in pack and
+    check); NPD's where it can be built here (``bench/npd_side.py``: give its source with --npd-src or
+    NPD_SRC), its earlier figures printed otherwise. ``kmsg_records`` < 1M (a quick look) still reports
+    per 1M."""
     from agent.app.settings import builtin_packs
     from bench import npd_side
 
     every = ",".join(builtin_packs())
 
-    def ours(tmp: Path) -> Any:
+    def direct(tmp: Path) -> Any:
         return _standalone(tmp, kmsg="/dev/kmsg", packs=every)
+
+    def deployed(tmp: Path) -> Any:
+        return _deployed(tmp, packs=every)
 
     ready = npd_side.prepare(None)
     npd: Callable[[Path], Any] | None = None
@@ -1241,65 +1333,103 @@ def bench_npd(injections: int = 200, spacing: float = 0.55, idle_window: float =
     if problem is not None:
         print(f"  /dev/kmsg: skipped ({problem})", flush=True)
     else:
-        readers = _kmsg_readers(exclude=os.getpid())
-        if readers:
-            print(
-                f"  /dev/kmsg: also read by {', '.join(readers)}: they read every record fed beside both detectors,"
-                " which moves the kernel's share and the CPU figures (an agent left by an interrupted run? stop it)",
-                flush=True,
-            )
-        writes = _kmsg_writes(1_000_000)
-        processed = "node_health_agent_records_processed_total"
-        ooms = 1 + sum(1 for w in writes if NPD_OOM.search(w.decode("utf-8", "replace")))
-        lost_total = "node_health_agent_kmsg_records_lost_total"
-        sides: dict[str, Callable[[], tuple[float, float, float]]] = {
-            "ours": lambda: _cpu_per_1m_kmsg(ours, writes, counter=processed, expected=len(writes) + 1, lost=lost_total)
-        }
-        if npd is not None:
-            sides["NPD"] = lambda: _cpu_per_1m_kmsg(npd, writes, counter=OOM_METRIC, expected=ooms)
-        rounds = _alternating(list(sides), KMSG_ROUNDS, lambda name: sides[name]())
-        for name, results in rounds.items():
-            for i, (cpu, took, missed) in enumerate(results, 1):
-                what = "lost (overwritten in the kernel's ring before they were read, or never counted)"
-                if name == "NPD":
-                    what = f"of its {ooms} OOM lines never counted (NPD counts no lost records: a shortfall is one)"
-                print(
-                    f"  {name}, round {i}: {len(writes):,} records through /dev/kmsg in {took:.0f} s, {cpu:.2f} CPU-s"
-                    f" per 1M, {missed:.0f} {what}",
-                    flush=True,
-                )
-        cpu = statistics.fmean(r[0] for r in rounds["ours"])
-        missed = sum(r[2] for r in rounds["ours"])
-        figures.append(Figure(name="npd.kmsg_records_lost", value=missed, target="", unit="records"))
-        figures.append(Figure(name="npd.cpu_s_per_1m_kmsg", value=cpu, target="", unit="CPU-s"))
-        if npd is not None:
-            npd_cpu = statistics.fmean(r[0] for r in rounds["NPD"])
-            npd_missed = sum(r[2] for r in rounds["NPD"])
-            figures.append(Figure(name="npd.npd_kmsg_oom_lines_missed", value=npd_missed, target="", unit="lines"))
-            if npd_missed or missed:
-                print(
-                    "  (a side skipped records: the CPU ratio below compares unequal work; rerun on a quiet machine)",
-                    flush=True,
-                )
-            figures.append(Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=npd_cpu, target="", unit="CPU-s"))
-            figures.append(Figure(name="npd.cpu_ratio", value=cpu / npd_cpu, target="<= 0.5", unit="x NPD"))
-        timed = _latency_both_orders({"ours": ours} | ({"npd": npd} if npd is not None else {}), injections, spacing)
-        runs, lost = timed["ours"]
-        figures += _latency_figures("npd", runs, injections, lost)
-        if npd is not None:
-            npd_runs, npd_lost = timed["npd"]
-            figures += _latency_figures("npd.npd", npd_runs, injections, npd_lost)
-            if runs and npd_runs:
-                ratio = _percentile([r.total_ms for r in runs], 0.99) / _percentile(
-                    [r.total_ms for r in npd_runs], 0.99
-                )
-                figures.append(Figure(name="npd.kmsg_to_metrics_p99_ratio", value=ratio, target="<= 1", unit="x NPD"))
+        figures += _npd_kmsg_figures(
+            {"deployed": deployed, "direct": direct}, npd, injections=injections, spacing=spacing, records=kmsg_records
+        )
     idle, _ = _idle_cpu_percent(packs=every, window=idle_window)
     figures.append(Figure(name="npd.idle_cpu_percent", value=idle, target="<= 0.05", unit="%core"))
+    idle_deployed = _idle_cpu(deployed, idle_window)  # the relay and the agent
+    figures.append(Figure(name="npd.idle_cpu_percent_deployed", value=idle_deployed, target="<= 0.05", unit="%core"))
     if npd is not None:
         figures.append(
             Figure(name="npd.npd_idle_cpu_percent", value=_idle_cpu(npd, idle_window), target="", unit="%core")
         )
+    return figures
+
+
+def _npd_kmsg_figures(
+    ours: Mapping[str, Callable[[Path], Any]],
+    npd: Callable[[Path], Any] | None,
+    *,
+    injections: int,
+    spacing: float,
+    records: int,
+) -> list[Figure]:
+    """The /dev/kmsg figures of :func:`bench_npd`: ``ours`` is {"deployed": ..., "direct": ...}."""
+    readers = _kmsg_readers(exclude=os.getpid())
+    if readers:
+        print(
+            f"  /dev/kmsg: also read by {', '.join(readers)}: they read every record fed beside both detectors,"
+            " which moves the kernel's share and the CPU figures (an agent left by an interrupted run? stop it)",
+            flush=True,
+        )
+    writes = _kmsg_writes(records)
+    processed = "node_health_agent_records_processed_total"
+    ooms = 1 + sum(1 for w in writes if NPD_OOM.search(w.decode("utf-8", "replace")))
+    lost_total = "node_health_agent_kmsg_records_lost_total"
+    sides: dict[str, Callable[[], KmsgFeed]] = {
+        name: functools.partial(
+            _cpu_per_1m_kmsg, start, writes, counter=processed, expected=len(writes) + 1, lost=lost_total
+        )
+        for name, start in ours.items()
+    }
+    if npd is not None:
+        sides["NPD"] = functools.partial(_cpu_per_1m_kmsg, npd, writes, counter=OOM_METRIC, expected=ooms)
+    rounds = _alternating(list(sides), KMSG_ROUNDS, lambda name: sides[name]())
+    for name, results in rounds.items():
+        for i, feed in enumerate(results, 1):
+            what = "lost (overwritten in the kernel's ring before they were read, or never counted)"
+            if name == "NPD":
+                what = f"of its {ooms} OOM lines never counted (NPD counts no lost records: a shortfall is one)"
+            split = ""
+            if name == "deployed":
+                split = f" (relay {feed.cpu_by_pid[0]:.2f} + agent {feed.cpu_by_pid[1]:.2f})"
+            print(
+                f"  {name}, round {i}: {len(writes):,} records through /dev/kmsg in {feed.took:.0f} s, {feed.cpu:.2f}"
+                f" CPU-s per 1M{split}, {feed.missed:.0f} {what}",
+                flush=True,
+            )
+    figures: list[Figure] = []
+    cpu = {name: statistics.fmean(feed.cpu for feed in results) for name, results in rounds.items()}
+    missed = {name: sum(feed.missed for feed in results) for name, results in rounds.items()}
+    relay_cpu = statistics.fmean(feed.cpu_by_pid[0] for feed in rounds["deployed"])
+    relay_rss = max(feed.peak_rss_mib[0] for feed in rounds["deployed"])
+    figures += [
+        Figure(name="npd.cpu_s_per_1m_kmsg_deployed", value=cpu["deployed"], target="", unit="CPU-s"),
+        Figure(name="npd.relay_cpu_s_per_1m_kmsg", value=relay_cpu, target="", unit="CPU-s"),
+        Figure(name="relay.rss_mib", value=relay_rss, target="<= 15", unit="MiB"),
+        Figure(name="npd.kmsg_records_lost_deployed", value=missed["deployed"], target="", unit="records"),
+        Figure(name="npd.cpu_s_per_1m_kmsg", value=cpu["direct"], target="", unit="CPU-s"),
+        Figure(name="npd.kmsg_records_lost", value=missed["direct"], target="", unit="records"),
+    ]
+    if npd is not None:
+        figures.append(Figure(name="npd.npd_kmsg_oom_lines_missed", value=missed["NPD"], target="", unit="lines"))
+        if any(missed.values()):
+            print(
+                "  (a side skipped records: the CPU ratios below compare unequal work; rerun on a quiet machine)",
+                flush=True,
+            )
+        figures += [
+            Figure(name="npd.npd_cpu_s_per_1m_kmsg", value=cpu["NPD"], target="", unit="CPU-s"),
+            Figure(name="npd.cpu_ratio_deployed", value=cpu["deployed"] / cpu["NPD"], target="<= 0.5", unit="x NPD"),
+            Figure(name="npd.cpu_ratio", value=cpu["direct"] / cpu["NPD"], target="<= 0.5", unit="x NPD"),
+        ]
+    timed = _latency_both_orders(dict(ours) | ({"npd": npd} if npd is not None else {}), injections, spacing)
+    for name, prefix in (("deployed", "npd.deployed"), ("direct", "npd")):
+        runs, lost = timed[name]
+        figures += _latency_figures(prefix, runs, injections, lost)
+    if npd is not None:
+        npd_runs, npd_lost = timed["npd"]
+        figures += _latency_figures("npd.npd", npd_runs, injections, npd_lost)
+        for name, suffix in (("deployed", "_deployed"), ("direct", "")):
+            runs = timed[name][0]
+            if runs and npd_runs:
+                ratio = _percentile([r.total_ms for r in runs], 0.99) / _percentile(
+                    [r.total_ms for r in npd_runs], 0.99
+                )
+                figures.append(
+                    Figure(name=f"npd.kmsg_to_metrics_p99_ratio{suffix}", value=ratio, target="<= 1", unit="x NPD")
+                )
     return figures
 
 

@@ -14,69 +14,27 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TextIO
 
 from agent import __version__
 from agent.app.commands import run as run_command
 from agent.app.commands import simulate as simulate_command
 from agent.app.commands import validate as validate_command
-from agent.app.commands.run import stop_on_signals as _stop_on_signals
 from agent.app.commands.simulate import simulate_lines
 from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.flags import CHECK_FLAGS, LOG_LEVEL, RULE_FLAGS, add_flag, add_flags, flag
-from agent.app.flagvalues import DEFAULT_KMSG, DEFAULT_STATE_DIR
+from agent.app.flagvalues import DEFAULT_STATE_DIR
 from agent.app.settings import Settings
 from agent.core.errors import ConfigError
-from agent.sources.socketforward import DEFAULT_SOCKET as DEFAULT_FORWARD_SOCKET
+from agent.sources import relay_server
 
 log = logging.getLogger("agent")
 
 
-def _numeric_id(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"not a numeric uid/gid: {text!r}")
-    return int(text)
-
-
 def _add_relay_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    relay = sub.add_parser(
-        "kmsg-relay",
-        parents=[common],
-        help="forward raw /dev/kmsg records over a UNIX socket (the DaemonSet's only privileged part)",
-        description="Open the kernel log read-only and stream raw records to one agent over a UNIX socket.",
-    )
-    relay.add_argument("--socket", required=True, metavar="PATH", help="UNIX socket to create")
-    relay.add_argument("--kmsg-path", default=str(DEFAULT_KMSG), help="kernel log device (default /dev/kmsg)")
-    relay.add_argument(
-        "--client-uid",
-        type=_numeric_id,
-        default=None,
-        metavar="UID",
-        help="the uid that may connect (besides root and --client-gid); the socket is mode 0600 owned by it "
-        "(default: the relay's own effective uid)",
-    )
-    relay.add_argument(
-        "--client-gid",
-        type=_numeric_id,
-        default=None,
-        metavar="GID",
-        help="also let this group connect: the socket becomes mode 0660 with this group (default: none)",
-    )
-    relay.add_argument(
-        "--forward-pod-resources",
-        default=None,
-        metavar="TARGET",
-        help="also forward the kubelet's pod-resources API: connections to --pod-resources-socket are copied "
-        "byte for byte to the UNIX socket TARGET (e.g. /var/lib/kubelet/pod-resources/kubelet.sock), for the same "
-        "peers as the kmsg socket (default: off)",
-    )
-    relay.add_argument(
-        "--pod-resources-socket",
-        default=DEFAULT_FORWARD_SOCKET,
-        metavar="PATH",
-        help=f"where --forward-pod-resources listens (default {DEFAULT_FORWARD_SOCKET})",
-    )
+    """``kmsg-relay`` for ``--help``: the executable runs it through agent.app.entry without this module."""
+    relay = sub.add_parser("kmsg-relay", parents=[common], help=relay_server.HELP, description=relay_server.DESCRIPTION)
+    relay_server.add_arguments(relay)
 
 
 def _add_check_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -189,30 +147,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _kmsg_relay(args: argparse.Namespace) -> int:
-    """The relay, and beside it (when asked) the pod-resources forwarder, which stops with it and never stops it."""
-    from agent.sources import relay_server, socketforward
-    from agent.sources.unixsocket import AccessPolicy
-
-    stop = _stop_on_signals()
-    forwarder = None
-    if args.forward_pod_resources:
-        policy = AccessPolicy(uid=os.geteuid() if args.client_uid is None else args.client_uid, gid=args.client_gid)
-        forward = socketforward.Forward(
-            socket_path=Path(args.pod_resources_socket), target=Path(args.forward_pod_resources), policy=policy
-        )
-        forwarder = socketforward.start_forwarder(forward, stop=stop)
-    try:
-        return relay_server.run_relay(
-            socket_path=Path(args.socket),
-            kmsg_path=Path(args.kmsg_path),
-            stop=stop,
-            client_uid=args.client_uid,
-            client_gid=args.client_gid,
-        )
-    finally:
-        if forwarder is not None:
-            stop.set()  # the relay ended (stopped, or could not start): the forwarder ends with it
-            forwarder.join()
+    """``main(["kmsg-relay", ...])`` from tests; the executable reaches the relay through agent.app.entry."""
+    return relay_server.run(args)
 
 
 def kubectl_plugin() -> int:
@@ -222,7 +158,8 @@ def kubectl_plugin() -> int:
 
 
 def entry() -> None:
-    """The ``node-health-agent`` executable and ``python -m agent``: :func:`main`, then exit at once.
+    """Every command but ``kmsg-relay`` of the ``node-health-agent`` executable and ``python -m agent`` (which
+    start in :func:`agent.app.entry.entry`): :func:`main`, then exit at once.
 
     Once ``main`` returns, every component has stopped or passed the shared shutdown deadline; what
     is left are daemon threads (check workers, file watchers, a hung tool's reader). Interpreter

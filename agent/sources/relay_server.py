@@ -1,15 +1,22 @@
-"""The kmsg relay: a minimal privileged process that copies raw ``/dev/kmsg`` records to the agent.
+"""The kmsg relay: a minimal privileged process that forwards ``/dev/kmsg`` to the agent as the kernel hands it out.
 
 Why: on standard container runtimes an unprivileged container cannot open a host-mounted
 ``/dev/kmsg`` (the device cgroup denies it). In the DaemonSet a small privileged relay container
 (same image, no API token, no ports, read-only root fs) opens ``/dev/kmsg`` read-only and serves
-the records over a UNIX socket in a shared emptyDir; the unprivileged agent reads them with
+what it reads over a UNIX socket in a shared emptyDir; the unprivileged agent reads it with
 :class:`agent.sources.relay_client.RelayClient` (``--kmsg-relay SOCKET``).
 
-The wire protocol (hello, record and heartbeat frames) is in :mod:`agent.sources.relay_protocol`.
-The same container can also forward the kubelet's pod-resources socket to the agent
-(``--forward-pod-resources``): :mod:`agent.sources.socketforward`, with the same access rules
-(:mod:`agent.sources.unixsocket`).
+Small on purpose: this module, the wire protocol (:mod:`agent.sources.relay_protocol`), the socket
+rules (:mod:`agent.sources.unixsocket`) and, with ``--forward-pod-resources``, the forwarder
+(:mod:`agent.sources.socketforward`) are the whole relay: standard library only, nothing else of the
+agent. ``node-health-agent kmsg-relay`` reaches :func:`main` through :mod:`agent.app.entry` without
+importing the agent's command line (tests/sources/test_relay_imports.py checks which modules load).
+
+What it sends: the device's reads as they were, many records a frame (a *chunk*: what one wake-up
+found ready, up to ``CHUNK_BYTES``), with the first and last record's sequence numbers. It parses
+nothing beyond those two numbers; the agent decodes a chunk as it decodes its own reads of the device
+(:class:`agent.sources.kmsg.decoder.Mode` from the hello's ``source``). A catch-up request from the
+client (a scrape came in) has the relay read the device at once and answer with a sync frame.
 
 Access: the ring buffer may hold what ``dmesg_restrict`` hides from unprivileged users, so only
 the agent may read it. The socket file is mode 0600 owned by ``client_uid`` (0660 with group
@@ -17,37 +24,49 @@ the agent may read it. The socket file is mode 0600 owned by ``client_uid`` (066
 same: a peer that is not root, not ``client_uid`` and not ``client_gid`` is closed at once,
 counted and logged (rate-limited); it never displaces the current session.
 
-Every connection gets the whole ring buffer, oldest record first: each client gets its own fresh
-:class:`~agent.sources.kmsg.reader.KmsgReader` (which also survives EPIPE overruns and reopens), so an
-agent that reconnects can replay since boot and skip what it has already seen by sequence number.
-One client at a time, and the first keeps it: while a session is live (its client connected), a new
-connection, even an allowed one, is closed at once before the hello, counted (``busy``) and logged
-(rate-limited). Any process of the agent's uid (an exec plugin) passes the peer check; it must not take the
-agent's session away (the agent would reconnect, take it back, and lose seconds each time). When the
-session's client hangs up, the next allowed connection gets it: an agent that restarts, or that
-reconnects after a stall, is back within a poll interval or two (its client retries with backoff). A
-process that holds the session instead of the agent starves the agent: no records and no heartbeats
-reach it, so its ``/healthz`` turns red after the stall timeout and its reconnects are counted. A slow client
-causes back-pressure (a small queue, then the reader waits); the kernel ring buffer overwrites
-meanwhile and the client counts the gap from the sequence numbers. Records queued together go
-out in one ``send()``.
+Every connection gets the whole ring buffer, oldest record first: each session opens the device
+afresh, so an agent that reconnects can replay since boot and skip what it has already seen by
+sequence number. One client at a time, and the first keeps it: while a session is live (its
+client connected), a new connection, even an allowed one, is closed at once before the hello,
+counted (``busy``) and logged (rate-limited). Any process of the agent's uid (an exec plugin) passes
+the peer check; it must not take the agent's session away. When the session's client hangs up, the
+next allowed connection gets it. A session whose device cannot be opened or read is closed (logged);
+the client reconnects with backoff, and sees no heartbeats meanwhile. A slow client causes
+back-pressure (the session waits to send, reading nothing); the kernel ring buffer overwrites
+meanwhile and the client counts the gap from the sequence numbers.
+
+One thread per session (polling the device and the client's socket together) and the accept loop:
+an idle relay wakes once a poll interval in each.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
+import itertools
 import logging
 import os
-import queue
 import select
+import signal
 import socket
+import stat
+import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agent.sources.kmsg.reader import KmsgReader
-from agent.sources.kmsg.stats import KmsgStats
-from agent.sources.relay_protocol import HEADER, MAX_FRAME, current_hello, encode_frame
+from agent.sources.relay_protocol import (
+    CATCH_UP,
+    CHUNK_BYTES,
+    FILE,
+    KERNEL_DEVICE,
+    OTHER_DEVICE,
+    Chunk,
+    current_hello,
+    encode_frame,
+    record_seq,
+)
 from agent.sources.unixsocket import (
     REFUSAL_LOG_INTERVAL,
     AccessPolicy,
@@ -62,12 +81,12 @@ from agent.sources.unixsocket import (
 log = logging.getLogger(__name__)
 
 HEARTBEAT_POLLS = 2  # default heartbeat interval, in poll intervals
-_QUEUE_SIZE = 256  # records between a session's reader thread and its sender
-_SEND_BYTES = 64 * 1024  # one send() carries queued records up to about this many bytes
-
-
-# --------------------------------------------------------------------------------------------------
-# Access control: agent.sources.unixsocket (shared with the pod-resources forwarder)
+DEFAULT_KMSG = "/dev/kmsg"
+DEFAULT_POD_RESOURCES_SOCKET = "/run/node-health-agent/pod-resources.sock"  # socketforward.DEFAULT_SOCKET
+_DEVICE_READ_SIZE = 16 * 1024  # the kernel refuses (EINVAL) a read() too small for the next record (<= ~8 KiB)
+_FILE_READ_SIZE = 64 * 1024
+_KMSG_DEVICE = (1, 11)  # (major, minor) of the kernel's own /dev/kmsg
+_POLLIN = select.POLLIN | select.POLLERR | select.POLLHUP
 
 
 class RelayStats:
@@ -82,11 +101,18 @@ class RelayStats:
 
 
 # --------------------------------------------------------------------------------------------------
-# Relay
+# The source: the kernel's device, another device, or a file of records
 
 
 class _ClientGone(Exception):
     pass
+
+
+def source_kind(st: os.stat_result) -> str:
+    """What ``st`` is, as the hello names it: the kernel's /dev/kmsg, another character device, or a file."""
+    if stat.S_ISCHR(st.st_mode):
+        return KERNEL_DEVICE if (os.major(st.st_rdev), os.minor(st.st_rdev)) == _KMSG_DEVICE else OTHER_DEVICE
+    return FILE
 
 
 def _check_source(kmsg_path: Path) -> str | None:
@@ -99,8 +125,69 @@ def _check_source(kmsg_path: Path) -> str | None:
     return None
 
 
+def complete_end(buf: bytes) -> int:
+    """How much of ``buf`` (records concatenated in a file) is complete records: where the last record that may
+    still grow (by dictionary lines) starts, or the end of its last line when a record has begun after it."""
+    end = buf.rfind(b"\n") + 1
+    if end == 0 or (end < len(buf) and buf[end] != 0x20):
+        return end
+    return last_record_start(buf, end)
+
+
+def last_record_start(buf: bytes, end: int | None = None) -> int:
+    """Where the last record of ``buf[:end]`` (complete lines) starts: its last line not begun by a space."""
+    line_end = (len(buf) if end is None else end) - 1
+    while line_end > 0:
+        start = buf.rfind(b"\n", 0, line_end) + 1
+        if buf[start] != 0x20:
+            return start
+        line_end = start - 1
+    return 0
+
+
+def read_device(
+    fd: int, *, limit: int = CHUNK_BYTES, read: Callable[[int, int], bytes] = os.read
+) -> tuple[list[bytes], int, bool]:
+    """The records ready on a device (one a ``read()``) up to about ``limit`` bytes: (reads, overruns, more).
+
+    ``more``: it stopped at ``limit`` with records left. EPIPE (records overwritten before they were read)
+    counts an overrun and reads on; other errors are raised.
+    """
+    reads: list[bytes] = []
+    append, size, overruns = reads.append, 0, 0
+    while size < limit:
+        try:
+            data = read(fd, _DEVICE_READ_SIZE)
+        except BlockingIOError:
+            return reads, overruns, False
+        except BrokenPipeError:
+            overruns += 1
+            continue
+        if not data:
+            return reads, overruns, False
+        append(data)
+        size += len(data)
+    return reads, overruns, True
+
+
+def device_chunk(reads: Sequence[bytes]) -> Chunk | None:
+    """A chunk of a device's reads (a newline added to one that lacks it, so records stay apart)."""
+    if not reads:
+        return None
+    if not all(map(bytes.endswith, reads, itertools.repeat(b"\n"))):  # the kernel's always do
+        reads = [data if data.endswith(b"\n") else data + b"\n" for data in reads]
+    return Chunk(data=b"".join(reads), first_seq=record_seq(reads[0]), last_seq=record_seq(reads[-1]))
+
+
+def file_chunk(data: bytes) -> Chunk | None:
+    """A chunk of complete records from a file."""
+    if not data:
+        return None
+    return Chunk(data=data, first_seq=record_seq(data), last_seq=record_seq(data[last_record_start(data) :]))
+
+
 class _Session:
-    """One client connection: a reader thread (fresh KmsgReader) feeding a sender thread."""
+    """One client connection, served by one thread: the source read as it becomes ready, catch-up answered."""
 
     def __init__(
         self,
@@ -110,114 +197,117 @@ class _Session:
         kmsg_path: Path,
         poll_interval: float,
         heartbeat_interval: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._conn = conn
         self._name = f"client #{number}"
         self._kmsg_path = kmsg_path
         self._poll = poll_interval
         self._heartbeat_interval = heartbeat_interval
+        self._clock = clock
         self._stop = threading.Event()
-        self._queue: queue.Queue[bytes] = queue.Queue(maxsize=_QUEUE_SIZE)
-        self._reader_stats = KmsgStats()
-        self._sent = 0
-        self._sender = threading.Thread(target=self._send_loop, name=f"kmsg-relay-send-{number}", daemon=True)
-        self._reader = threading.Thread(target=self._read_loop, name=f"kmsg-relay-read-{number}", daemon=True)
+        self._sent = 0  # chunks
+        self._overruns = 0
+        self._pending = b""  # a file's incomplete last record
+        self._asked = 0  # catch-up requests read from the client
+        self._thread = threading.Thread(target=self._run, name=f"kmsg-relay-{number}", daemon=True)
 
     def start(self) -> None:
         self._conn.setblocking(False)
-        self._reader.start()
-        self._sender.start()
+        self._thread.start()
 
     def live(self) -> bool:
-        """The client is still connected: the sender ends as soon as it hangs up (or the relay stops)."""
-        return self._sender.is_alive()
+        """The client is still connected: the session ends as soon as it hangs up (or the relay stops)."""
+        return self._thread.is_alive()
 
     def close(self) -> None:
-        """Stop both threads and close the connection; returns within a few poll intervals."""
+        """Stop the session and close the connection; returns within a few poll intervals."""
         self._stop.set()
-        for thread in (self._sender, self._reader):
-            thread.join(timeout=4 * self._poll + 1)
-            if thread.is_alive():
-                log.warning("kmsg relay: %s did not stop in time", thread.name)
+        self._thread.join(timeout=4 * self._poll + 1)
+        if self._thread.is_alive():
+            log.warning("kmsg relay: %s did not stop in time", self._thread.name)
 
-    # -- reader thread -----------------------------------------------------------------------------
-
-    def _read_loop(self) -> None:
-        reader = KmsgReader(path=self._kmsg_path, stats=self._reader_stats, poll_interval=self._poll, logger=log)
-        try:
-            for raw in reader.raw_records(stop=self._stop):
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(raw, timeout=self._poll)
-                        break
-                    except queue.Full:  # back-pressure from a slow client
-                        continue
-        except Exception:  # never expected; end the session so the client reconnects
-            log.exception("kmsg relay: reading %s failed for %s", self._kmsg_path, self._name)
-        finally:
-            self._stop.set()
-
-    # -- sender thread -----------------------------------------------------------------------------
-
-    def _send_loop(self) -> None:
+    def _run(self) -> None:
         reason = "relay stopping"
+        fd: int | None = None
         try:
-            self._send(encode_frame(current_hello().encode()))
-            last_send = time.monotonic()
-            while not self._stop.is_set():
-                try:
-                    raw = self._queue.get(timeout=self._poll)
-                except queue.Empty:
-                    self._check_client()
-                    if time.monotonic() - last_send >= self._heartbeat_interval and self._reader_live():
-                        self._send(encode_frame(b""))
-                        last_send = time.monotonic()
-                    continue
-                data, count = self._frames(raw)
-                if count:
-                    self._send(data)
-                    self._sent += count
-                    last_send = time.monotonic()
+            fd = os.open(self._kmsg_path, os.O_RDONLY | os.O_NONBLOCK)
+            kind = source_kind(os.fstat(fd))
+            self._send(encode_frame(current_hello(kind).encode()))
+            self._serve(fd, device=kind != FILE)
         except _ClientGone as exc:
             reason = str(exc)
         except OSError as exc:
-            reason = f"connection error: {exc}"
+            reason = f"error: {exc}"
+        except Exception:  # never expected; end the session so the client reconnects
+            log.exception("kmsg relay: %s failed", self._name)
+            reason = "unexpected error"
         finally:
             self._stop.set()
             self._conn.close()
-            s = self._reader_stats
+            if fd is not None:
+                os.close(fd)
             log.info(
-                "kmsg relay: %s done (%s): %d records sent, %d lost to overruns, %d read errors",
+                "kmsg relay: %s done (%s): %d chunks sent, %d overruns",
                 self._name,
                 reason,
                 self._sent,
-                s.records_lost,
-                s.read_errors,
+                self._overruns,
             )
 
-    def _frames(self, first: bytes) -> tuple[bytes, int]:
-        """``first`` and the records queued behind it (about ``_SEND_BYTES`` at most), framed; and their number."""
-        parts: list[bytes] = []
-        size = 0
-        raw: bytes | None = first
-        while raw is not None:
-            if raw and len(raw) <= MAX_FRAME:
-                parts += (HEADER.pack(len(raw)), raw)
-                size += HEADER.size + len(raw)
-            else:
-                log.warning("kmsg relay: dropping a record of %d bytes that cannot be framed", len(raw))
-            if size >= _SEND_BYTES:
-                break
-            try:
-                raw = self._queue.get_nowait()
-            except queue.Empty:
-                raw = None
-        return b"".join(parts), len(parts) // 2
+    def _serve(self, fd: int, *, device: bool) -> None:
+        """Until stop: wait for the source (a device) or the client, read what is ready, send it."""
+        poller = select.poll()
+        poller.register(self._conn, _POLLIN)
+        if device:
+            poller.register(fd, select.POLLIN)
+        conn_fd = self._conn.fileno()
+        last_send = self._clock()
+        more = True  # read at once on start: the ring buffer is waiting
+        while not self._stop.is_set():
+            ready = poller.poll(0 if more else self._poll * 1000)
+            asked = any(ready_fd == conn_fd for ready_fd, _ in ready) and self._requests()
+            chunk, more = self._read(fd, device=device)
+            if chunk is not None or asked:
+                chunk = chunk if chunk is not None else Chunk(data=b"")
+                for part in (chunk.answering(self._asked) if asked else chunk).encode_parts():
+                    self._send(part)
+                self._sent += 1
+                last_send = self._clock()
+            elif self._clock() - last_send >= self._heartbeat_interval:
+                self._send(encode_frame(b""))
+                last_send = self._clock()
 
-    def _reader_live(self) -> bool:
-        """The reader has its source open and polled it recently: only then is a heartbeat honest."""
-        s = self._reader_stats
-        return s.connected and s.last_activity is not None and time.monotonic() - s.last_activity < 3 * self._poll
+    def _read(self, fd: int, *, device: bool) -> tuple[Chunk | None, bool]:
+        if device:
+            reads, overruns, more = read_device(fd)
+            if overruns:
+                self._overruns += overruns
+                log.warning("kmsg relay: ring buffer overrun: records were overwritten before they were read")
+            return device_chunk(reads), more
+        data = b""
+        while len(data) < CHUNK_BYTES and (part := os.read(fd, _FILE_READ_SIZE)):
+            data += part
+        more = len(data) >= CHUNK_BYTES
+        buf = self._pending + data
+        # At the end of what is there, the last record is complete once its last line is.
+        end = complete_end(buf) if more or not buf.endswith(b"\n") else len(buf)
+        self._pending = buf[end:]
+        return file_chunk(buf[:end]), more
+
+    def _requests(self) -> bool:
+        """Whether the client asked to catch up (anything else it sends is ignored); raises when it hung up."""
+        try:
+            data = self._conn.recv(4096)
+        except BlockingIOError:
+            return False
+        except ConnectionResetError as exc:
+            raise _ClientGone("client disconnected") from exc
+        if not data:
+            raise _ClientGone("client disconnected")
+        asked = data.count(CATCH_UP)
+        self._asked += asked
+        return asked > 0
 
     def _send(self, data: bytes) -> None:
         """Send all of ``data`` on the non-blocking socket, waiting for room in poll_interval slices."""
@@ -236,16 +326,9 @@ class _Session:
                 raise _ClientGone("client disconnected") from exc
             view = view[sent:]
 
-    def _check_client(self) -> None:
-        """Notice a client that hung up while nothing is being sent; anything it sends is discarded."""
-        try:
-            data = self._conn.recv(4096)
-        except BlockingIOError:
-            return
-        except ConnectionResetError as exc:
-            raise _ClientGone("client disconnected") from exc
-        if not data:
-            raise _ClientGone("client disconnected")
+
+# --------------------------------------------------------------------------------------------------
+# Serving
 
 
 def run_relay(
@@ -398,3 +481,134 @@ class _Gate:
             self._busy.note(peer)
             return None
         return peer
+
+
+# --------------------------------------------------------------------------------------------------
+# The command: ``node-health-agent kmsg-relay`` (reached through agent.app.entry, not agent.app.cli)
+
+
+def _numeric_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"not a numeric uid/gid: {text!r}")
+    return int(text)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+HELP = "forward /dev/kmsg over a UNIX socket as the kernel hands it out (the DaemonSet's only privileged part)"
+DESCRIPTION = "Open the kernel log read-only and stream what it reads to one agent over a UNIX socket."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The relay's flags (also on ``node-health-agent kmsg-relay`` in agent.app.cli's parser, for its help)."""
+    parser.add_argument("--socket", required=True, metavar="PATH", help="UNIX socket to create")
+    parser.add_argument("--kmsg-path", default=DEFAULT_KMSG, help=f"kernel log device (default {DEFAULT_KMSG})")
+    parser.add_argument(
+        "--client-uid",
+        type=_numeric_id,
+        default=None,
+        metavar="UID",
+        help="the uid that may connect (besides root and --client-gid); the socket is mode 0600 owned by it "
+        "(default: the relay's own effective uid)",
+    )
+    parser.add_argument(
+        "--client-gid",
+        type=_numeric_id,
+        default=None,
+        metavar="GID",
+        help="also let this group connect: the socket becomes mode 0660 with this group (default: none)",
+    )
+    parser.add_argument(
+        "--forward-pod-resources",
+        default=None,
+        metavar="TARGET",
+        help="also forward the kubelet's pod-resources API: connections to --pod-resources-socket are copied "
+        "byte for byte to the UNIX socket TARGET (e.g. /var/lib/kubelet/pod-resources/kubelet.sock), for the same "
+        "peers as the kmsg socket (default: off)",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help=f"where --forward-pod-resources listens (default {DEFAULT_POD_RESOURCES_SOCKET})",
+    )
+
+
+def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """``node-health-agent [--log-level L] kmsg-relay [--log-level L] FLAGS``: the relay's own parser."""
+    env = os.environ if environ is None else environ
+    level = env.get("NHA_LOG_LEVEL", "info")
+    parser = argparse.ArgumentParser(prog="node-health-agent", description=DESCRIPTION)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=level if level in LOG_LEVELS else "info")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    relay = sub.add_parser("kmsg-relay", help=HELP, description=DESCRIPTION)
+    relay.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="diagnostic log level on stderr (env NHA_LOG_LEVEL; default info)",
+    )
+    add_arguments(relay)
+    return parser
+
+
+def is_relay_command(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` (without the program name) runs ``kmsg-relay``: its first word past ``--log-level``."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--log-level":
+            i += 2
+        elif word.startswith("--log-level="):
+            i += 1
+        else:
+            return word == "kmsg-relay"
+    return False
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The relay, and beside it (when asked) the pod-resources forwarder, which stops with it and never stops it."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kmsg-relay`` with parsed flags (from :func:`build_parser` or agent.app.cli's parser)."""
+    stop = _stop_on_signals()
+    forwarder = None
+    if args.forward_pod_resources:
+        from agent.sources import socketforward
+
+        policy = AccessPolicy(uid=os.geteuid() if args.client_uid is None else args.client_uid, gid=args.client_gid)
+        forward = socketforward.Forward(
+            socket_path=Path(args.pod_resources_socket), target=Path(args.forward_pod_resources), policy=policy
+        )
+        forwarder = socketforward.start_forwarder(forward, stop=stop)
+    try:
+        return run_relay(
+            socket_path=Path(args.socket),
+            kmsg_path=Path(args.kmsg_path),
+            stop=stop,
+            client_uid=args.client_uid,
+            client_gid=args.client_gid,
+        )
+    finally:
+        if forwarder is not None:
+            stop.set()  # the relay ended (stopped, or could not start): the forwarder ends with it
+            forwarder.join()

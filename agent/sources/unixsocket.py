@@ -18,7 +18,6 @@ import socket
 import stat
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -29,13 +28,48 @@ REFUSAL_LOG_INTERVAL = 60.0  # at most one "refused a connection" warning per th
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-@dataclass(frozen=True, slots=True)
-class PeerCredentials:
+class Frozen:
+    """A frozen value of typed slots, compared and shown by them: what ``@dataclass(frozen=True, slots=True)``
+    gives, for the relay's modules, which do not import :mod:`dataclasses` (it imports :mod:`inspect`: about a
+    megabyte of the relay's 15 MiB, tests/sources/test_relay_fastpath.py). A subclass names its
+    ``__slots__`` and sets them in ``__init__`` with :meth:`_set`."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of a frozen {type(self).__name__}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r} of a frozen {type(self).__name__}")
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({shown})"
+
+
+class PeerCredentials(Frozen):
     """Who is at the other end of a UNIX socket connection, as the kernel recorded it at connect()."""
 
+    __slots__ = ("pid", "uid", "gid")
     pid: int
     uid: int
     gid: int
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self._set(pid=pid, uid=uid, gid=gid)
 
     @classmethod
     def of(cls, conn: socket.socket) -> PeerCredentials:
@@ -44,20 +78,21 @@ class PeerCredentials:
         return cls(pid=pid, uid=uid, gid=gid)
 
 
-@dataclass(frozen=True, slots=True)
-class AccessPolicy:
+class AccessPolicy(Frozen):
     """Who may connect: root, ``uid``, and (when set) processes whose group is ``gid``.
 
     The socket file's owner, group and mode say the same, so the file permissions and the peer
     check agree (except that the file check also honours supplementary groups; this one does not).
     """
 
+    __slots__ = ("uid", "gid")
     uid: int
-    gid: int | None = None
+    gid: int | None
 
-    def __post_init__(self) -> None:
-        if self.uid < 0 or (self.gid is not None and self.gid < 0):
-            raise ValueError(f"client uid/gid must not be negative: uid {self.uid}, gid {self.gid}")
+    def __init__(self, uid: int, gid: int | None = None) -> None:
+        if uid < 0 or (gid is not None and gid < 0):
+            raise ValueError(f"client uid/gid must not be negative: uid {uid}, gid {gid}")
+        self._set(uid=uid, gid=gid)
 
     @property
     def mode(self) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.core.types import LogRecord
 from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_client import RelayClient
-from agent.sources.relay_protocol import HEADER, PROTO, Hello, encode_frame
+from agent.sources.relay_protocol import HEADER, KERNEL_DEVICE, PROTO, Chunk, Hello, encode_frame, record_seq
 from agent.sources.relay_server import RelayStats, run_relay
 
 POLL = 0.05  # relay and client poll interval in these tests
@@ -155,7 +155,9 @@ class Consumer:
 
 
 def client(path: Path, **kwargs) -> RelayClient:
+    """A client that trusts a relay of this process's uid (the tests' relays), as the agent trusts root's."""
     kwargs.setdefault("poll_interval", POLL)
+    kwargs.setdefault("trusted_uid", os.geteuid())
     kwargs.setdefault("backoff_initial", POLL)
     kwargs.setdefault("backoff_max", 4 * POLL)
     return RelayClient(path=path, stats=KmsgStats(), **kwargs)
@@ -181,6 +183,43 @@ def read_frame(conn: socket.socket, *, timeout: float = WAIT) -> bytes | None:
     payload = exactly(length) if length else b""
     assert payload is not None, "connection closed in the middle of a frame"
     return payload
+
+
+def chunk_frame(*records: bytes, answered: int | None = None) -> bytes:
+    """One chunk frame of these records, as the relay sends what it read at one wake-up (with ``answered``: a
+    sync frame, the answer to that many catch-up requests)."""
+    data = b"".join(records)
+    first, last = (record_seq(records[0]), record_seq(records[-1])) if records else (0, 0)
+    return Chunk(data=data, first_seq=first, last_seq=last, answered=answered).encode()
+
+
+def read_chunk(conn: socket.socket, *, timeout: float = WAIT) -> Chunk | None:
+    """The next chunk or sync frame from a raw connection (heartbeats passed over); None at end of stream."""
+    while (payload := read_frame(conn, timeout=timeout)) is not None:
+        if payload:
+            return Chunk.decode(payload)
+    return None
+
+
+def read_records(conn: socket.socket, count: int, *, timeout: float = WAIT) -> list[bytes]:
+    """The next ``count`` records from a raw connection, however the relay cut them into chunks."""
+    found: list[bytes] = []
+    while len(found) < count:
+        chunk = read_chunk(conn, timeout=timeout)
+        assert chunk is not None, f"the relay closed the connection after {len(found)} of {count} records"
+        found += split_records(chunk.data)
+    return found
+
+
+def split_records(data: bytes) -> list[bytes]:
+    """A chunk's records (each its first line and dictionary lines)."""
+    records: list[bytes] = []
+    for line in data.splitlines(keepends=True):
+        if line.startswith(b" ") and records:
+            records[-1] += line
+        else:
+            records.append(line)
+    return records
 
 
 def raw_connect(path: Path) -> socket.socket:
@@ -231,5 +270,11 @@ class FakeRelay:
             conn.close()
 
 
-def send_hello(conn: socket.socket, *, boot_time: float = 1_700_000_000.0, boot_id: str | None = "boot-a") -> None:
-    conn.sendall(encode_frame(Hello(proto=PROTO, boot_time=boot_time, boot_id=boot_id).encode()))
+def send_hello(
+    conn: socket.socket,
+    *,
+    boot_time: float = 1_700_000_000.0,
+    boot_id: str | None = "boot-a",
+    source: str = KERNEL_DEVICE,
+) -> None:
+    conn.sendall(encode_frame(Hello(proto=PROTO, boot_time=boot_time, boot_id=boot_id, source=source).encode()))

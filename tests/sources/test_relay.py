@@ -30,7 +30,7 @@ from agent.sources.kmsg.boot import boot_time_now, read_boot_id
 from agent.sources.producer import SourceProducer
 from agent.sources.relay_client import BATCH_MAX
 from agent.sources.relay_protocol import HEADER, PROTO, Hello, encode_frame
-from agent.sources.relay_server import _Session, run_relay
+from agent.sources.relay_server import run_relay
 
 from helpers import kmsg_problem
 from helpers.relay import (
@@ -41,10 +41,13 @@ from helpers.relay import (
     FakeClock,
     FakeRelay,
     Relay,
+    chunk_frame,
     client,
     pending,
     raw_connect,
+    read_chunk,
     read_frame,
+    read_records,
     record,
     send_hello,
     wait_for,
@@ -84,13 +87,14 @@ def test_wire_protocol_hello_then_the_exact_kernel_bytes_then_heartbeats(sock_di
         assert st.st_uid == os.geteuid()  # the default client_uid: the relay's own
         with raw_connect(sock_path) as conn:
             hello = json.loads(read_frame(conn) or b"")
-            assert hello["proto"] == 1
+            assert hello["proto"] == 2 and hello["source"] == "file"
             assert abs(hello["boot_time"] - boot_time_now()) < 1.0
             try:
                 assert hello["boot_id"] == read_boot_id()
             except OSError:
                 assert hello["boot_id"] is None
-            assert [read_frame(conn) for _ in records] == records  # verbatim, one record per frame
+            chunk = read_chunk(conn)  # the file's records, verbatim, in one chunk with their sequence range
+            assert chunk is not None and (chunk.data, chunk.first_seq, chunk.last_seq) == (b"".join(records), 1, 3)
             assert read_frame(conn, timeout=1.0) == b""  # idle: a heartbeat (empty frame)
             assert read_frame(conn, timeout=1.0) == b""
     finally:
@@ -106,18 +110,18 @@ def test_a_live_session_is_kept_and_the_next_client_gets_the_whole_buffer_once_i
     try:
         first = raw_connect(sock_dir / "s")
         assert read_frame(first) is not None  # hello
-        assert read_frame(first) == record(1, "a")
+        assert read_records(first, 2) == [record(1, "a"), record(2, "b")]
         with raw_connect(sock_dir / "s") as second:
             assert read_frame(second) is None  # closed before any hello: the live session is not taken over
         assert stats.busy == 1
-        assert read_frame(first) == record(2, "b")  # the first client goes on undisturbed
+        assert read_frame(first) == b""  # the first client goes on undisturbed: a heartbeat
         first.close()
 
         def third_gets_the_buffer() -> bool:
             with raw_connect(sock_dir / "s") as third:
                 if read_frame(third) is None:
                     return False  # the relay has not yet seen the first client hang up
-                return [read_frame(third), read_frame(third)] == [record(1, "a"), record(2, "b")]  # from the oldest
+                return read_records(third, 2) == [record(1, "a"), record(2, "b")]  # from the oldest
 
         wait_for(third_gets_the_buffer, what="a new session once the first client hung up")
     finally:
@@ -279,7 +283,7 @@ def test_a_stalled_relay_is_dropped_and_last_activity_stops_advancing(sock_dir: 
     def script(conn: socket.socket, n: int) -> None:
         send_hello(conn)
         if n == 1:
-            conn.sendall(encode_frame(record(1, "then silence")) + encode_frame(b""))
+            conn.sendall(chunk_frame(record(1, "then silence")) + encode_frame(b""))
         # ... then silent: no records, no heartbeats, connection left open
 
     fake = FakeRelay(sock_dir / "s", script)
@@ -370,10 +374,10 @@ def test_garbage_is_counted_and_the_stream_goes_on(sock_dir: Path) -> None:
             return
         send_hello(conn)
         if n == 2:
-            conn.sendall(encode_frame(b"not a kmsg record") + encode_frame(record(1, "good")))
+            conn.sendall(chunk_frame(b"not a kmsg record\n") + chunk_frame(record(1, "good")))
             conn.sendall(HEADER.pack(2**31))  # an absurd frame length
             return
-        conn.sendall(encode_frame(record(1, "good")) + encode_frame(record(2, "after")))
+        conn.sendall(chunk_frame(record(1, "good")) + chunk_frame(record(2, "after")))
 
     fake = FakeRelay(sock_dir / "s", script)
     c = client(sock_dir / "s")
@@ -393,11 +397,11 @@ def test_a_new_boot_id_starts_sequence_accounting_afresh(sock_dir: Path) -> None
     def script(conn: socket.socket, n: int) -> None:
         if n == 1:
             send_hello(conn, boot_id="boot-a")
-            conn.sendall(encode_frame(record(500, "old boot")))
+            conn.sendall(chunk_frame(record(500, "old boot")))
             conn.close()
         else:
             send_hello(conn, boot_id="boot-b", boot_time=1_800_000_000.0)
-            conn.sendall(encode_frame(record(1, "new boot")))
+            conn.sendall(chunk_frame(record(1, "new boot")))
 
     fake = FakeRelay(sock_dir / "s", script)
     c = client(sock_dir / "s")
@@ -415,11 +419,11 @@ def test_a_new_boot_id_starts_sequence_accounting_afresh(sock_dir: Path) -> None
 def test_a_hello_with_an_impossible_boot_time_is_a_protocol_error(sock_dir: Path) -> None:
     def script(conn: socket.socket, n: int) -> None:
         if n == 1:  # NaN would make every record's timestamp NaN
-            conn.sendall(encode_frame(b'{"proto": 1, "boot_time": NaN, "boot_id": "boot-a"}'))
-            conn.sendall(encode_frame(record(1, "poisoned")))
+            conn.sendall(encode_frame(b'{"proto": 2, "boot_time": NaN, "boot_id": "boot-a"}'))
+            conn.sendall(chunk_frame(record(1, "poisoned")))
             return
         send_hello(conn)
-        conn.sendall(encode_frame(record(1, "good")))
+        conn.sendall(chunk_frame(record(1, "good")))
 
     fake = FakeRelay(sock_dir / "s", script)
     c = client(sock_dir / "s")
@@ -439,12 +443,13 @@ def test_a_hello_with_an_impossible_boot_time_is_a_protocol_error(sock_dir: Path
 
 
 def frames_of(records: list[bytes]) -> bytes:
-    return b"".join(encode_frame(r) for r in records)
+    """A chunk frame per record (an empty one: a heartbeat)."""
+    return b"".join(chunk_frame(r) if r else encode_frame(b"") for r in records)
 
 
 def test_batches_hand_out_all_received_records_at_once_in_order(sock_dir: Path) -> None:
     count = 3000
-    hello = Hello(proto=PROTO, boot_time=1_700_000_000.0, boot_id="boot-a").encode()
+    hello = Hello(proto=PROTO, boot_time=1_700_000_000.0, boot_id="boot-a", source="kernel-device").encode()
 
     def script(conn: socket.socket, n: int) -> None:
         conn.sendall(encode_frame(hello) + frames_of([record(i, f"m{i}") for i in range(1, count + 1)]))
@@ -467,7 +472,7 @@ def test_batches_hand_out_all_received_records_at_once_in_order(sock_dir: Path) 
 
 def test_batches_are_capped_and_never_empty(sock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(relay_source, "BATCH_MAX", 100)
-    noise = [b"", b"not a kmsg record", record(1, "m1"), b""]  # heartbeats, garbage, a duplicate of record 1
+    noise = [b"", b"not a kmsg record\n", record(1, "m1"), b""]  # heartbeats, garbage, a duplicate of record 1
 
     def script(conn: socket.socket, n: int) -> None:
         send_hello(conn)
@@ -487,26 +492,6 @@ def test_batches_are_capped_and_never_empty(sock_dir: Path, monkeypatch: pytest.
     finally:
         consumer.finish()
         fake.close()
-
-
-def test_the_relay_frames_queued_records_into_one_send(sock_dir: Path) -> None:
-    a, b = socket.socketpair()
-    with a, b:
-        session = _Session(conn=a, number=1, kmsg_path=sock_dir / "unused", poll_interval=POLL, heartbeat_interval=1.0)
-        queued = [record(n, f"m{n}") for n in range(2, 11)]
-        for raw in (*queued[:4], b"", *queued[4:]):  # an empty record cannot be framed: dropped
-            session._queue.put(raw)
-        data, count = session._frames(record(1, "m1"))
-        assert (data, count) == (frames_of([record(1, "m1"), *queued]), 10)
-        assert session._queue.empty()
-
-        big = [record(n, "x" * 2000) for n in range(1, 51)]
-        for raw in big[1:]:
-            session._queue.put(raw)
-        data, count = session._frames(big[0])
-        assert 1 < count < 50  # about _SEND_BYTES per send; the rest waits for the next one
-        assert data == frames_of(big[:count])
-        assert session._queue.qsize() == 50 - count
 
 
 # --------------------------------------------------------------------------------------------------

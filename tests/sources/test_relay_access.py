@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agent.app.cli import build_parser, main
+from agent.sources import relay_server, socketforward
 from agent.sources.relay_server import run_relay
 from agent.sources.unixsocket import REFUSAL_LOG_INTERVAL, AccessPolicy, PeerCredentials, RefusalLog
 
@@ -234,18 +235,45 @@ def test_peer_credentials_of_a_connection(sock_dir: Path) -> None:
 # The command line
 
 
-def test_the_relay_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = build_parser().parse_args(["kmsg-relay", "--socket", "/run/s"])
-    assert (args.client_uid, args.client_gid) == (None, None)
-    args = build_parser().parse_args(["kmsg-relay", "--socket", "/run/s", "--client-uid", "65532", "--client-gid", "7"])
+@pytest.mark.parametrize(
+    ("build", "run"),
+    [(build_parser, main), (relay_server.build_parser, relay_server.main)],
+    ids=["agent.app.cli", "relay_server (what the executable runs)"],
+)
+def test_the_relay_command_line(monkeypatch: pytest.MonkeyPatch, build, run) -> None:
+    args = build().parse_args(["kmsg-relay", "--socket", "/run/s"])
+    assert (args.client_uid, args.client_gid, args.kmsg_path) == (None, None, "/dev/kmsg")
+    args = build().parse_args(["kmsg-relay", "--socket", "/run/s", "--client-uid", "65532", "--client-gid", "7"])
     assert (args.client_uid, args.client_gid) == (65532, 7)
+    args = build().parse_args(["--log-level", "debug", "kmsg-relay", "--socket", "/run/s", "--log-level", "error"])
+    assert args.log_level == "error"  # accepted before and after the command, the later one wins
     for bad in ("-1", "abc"):
         with pytest.raises(SystemExit) as exited:
-            build_parser().parse_args(["kmsg-relay", "--socket", "/run/s", "--client-uid", bad])
+            build().parse_args(["kmsg-relay", "--socket", "/run/s", "--client-uid", bad])
         assert exited.value.code == 2
 
     seen: dict = {}
     monkeypatch.setattr("agent.sources.relay_server.run_relay", lambda **kwargs: seen.update(kwargs) or 0)
-    monkeypatch.setattr("agent.app.cli._stop_on_signals", threading.Event)
-    assert main(["kmsg-relay", "--socket", "/run/s", "--client-uid", "65532"]) == 0
+    monkeypatch.setattr("agent.sources.relay_server._stop_on_signals", threading.Event)
+    assert run(["kmsg-relay", "--socket", "/run/s", "--client-uid", "65532"]) == 0
     assert (seen["socket_path"], seen["client_uid"], seen["client_gid"]) == (Path("/run/s"), 65532, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "relay"),
+    [
+        (["kmsg-relay", "--socket", "s"], True),
+        (["--log-level", "debug", "kmsg-relay"], True),
+        (["--log-level=debug", "kmsg-relay", "--help"], True),
+        (["run", "--kmsg-relay", "s"], False),
+        (["--log-level", "kmsg-relay", "run"], False),  # kmsg-relay is the level's value here (argparse refuses it)
+        (["--version"], False),
+        ([], False),
+    ],
+)
+def test_the_executable_sends_kmsg_relay_to_the_relay_alone(argv: list[str], relay: bool) -> None:
+    assert relay_server.is_relay_command(argv) is relay
+
+
+def test_the_relay_forwards_to_the_socket_the_forwarder_defaults_to() -> None:
+    assert relay_server.DEFAULT_POD_RESOURCES_SOCKET == socketforward.DEFAULT_SOCKET

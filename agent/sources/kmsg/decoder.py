@@ -24,7 +24,6 @@ from agent.sources.kmsg.format import (
     _fail,
     _message,
     _record,
-    parse_record,
 )
 
 _SPACE = 0x20
@@ -39,7 +38,7 @@ class Mode(enum.Enum):
     KERNEL_DEVICE = "kernel-device"
     OTHER_DEVICE = "other-device"  # another character device: one record a read, in order; lines not vouched for
     FILE = "file"  # a regular file or FIFO of concatenated records: any order, anything in them
-    RELAY = "relay"  # the kmsg relay's frames: one raw record each
+    # (The kmsg relay's chunks are decoded in the mode of what the relay read: agent.sources.relay_client.)
 
     @property
     def device(self) -> bool:
@@ -58,37 +57,21 @@ class Decoded:
     bad_lines: list[KmsgParseError]
 
 
-def decode(chunk: bytes | Sequence[bytes], *, mode: Mode, boot_time: float, source: str = "kmsg") -> Decoded:
-    """Decode complete records read in ``mode``: bytes, or in :attr:`Mode.RELAY` one frame a record.
+def decode(chunk: bytes, *, mode: Mode, boot_time: float, source: str = "kmsg") -> Decoded:
+    """Decode complete records read in ``mode``.
 
     ``boot_time`` is the wall-clock time of boot; a record's time is ``boot_time + usec / 1e6``. Every line
     that does not start with a space starts a record; blank lines are ignored. A record with a malformed
     header is skipped with its dictionary lines, and so are dictionary lines before the first header; both
     are reported in ``errors``. A malformed dictionary line is dropped from its record and reported in
-    ``bad_lines`` (a frame's is dropped unreported, as :func:`parse_record` drops it).
+    ``bad_lines``.
     """
-    if mode is Mode.RELAY:
-        if isinstance(chunk, bytes):
-            raise TypeError("a relay chunk is its frames, one record each")
-        return _frames(chunk, boot_time=boot_time, source=source)
     if not isinstance(chunk, bytes):
         raise TypeError(f"a {mode.value} chunk is bytes")
     columns = scan(chunk, mode=mode, boot_time=boot_time, source=source)
     if columns is not None:
         return Decoded(records=columns, errors=[], bad_lines=[])
     return _lines(chunk, boot_time=boot_time, source=source)
-
-
-def _frames(frames: Sequence[bytes], *, boot_time: float, source: str) -> Decoded:
-    """One record a frame, each by the reference parser."""
-    records: list[LogRecord] = []
-    errors: list[tuple[int, KmsgParseError]] = []
-    for frame in frames:
-        try:
-            records.append(parse_record(frame, boot_time=boot_time, source=source))
-        except KmsgParseError as exc:
-            errors.append((len(records), exc))
-    return Decoded(records=records, errors=errors, bad_lines=[])
 
 
 def _lines(data: bytes, *, boot_time: float, source: str) -> Decoded:

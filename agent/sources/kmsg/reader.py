@@ -6,7 +6,7 @@ the sequence accounting :mod:`agent.sources.kmsg.sequence`, the restart cursor p
 
 The real device returns exactly one record per ``read()``; the reader reads on while more is ready and
 hands up to 4096 records at once to the decoder. It also accepts a regular file or a FIFO holding many
-concatenated records (test fixtures, a relay), read in 64 KiB chunks and decoded a chunk at a time.
+concatenated records (test fixtures), read in 64 KiB chunks and decoded a chunk at a time.
 
 Restart semantics: the reader remembers the last sequence number it delivered. After a reopen the
 kernel replays the ring buffer from its oldest record; records already delivered are skipped, and
@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import logging
 import os
-import re
 import select
 import stat
 import threading
@@ -34,7 +33,7 @@ from agent.core.columns import RecordColumns
 from agent.core.types import LogRecord
 from agent.sources.kmsg.boot import boot_time_now
 from agent.sources.kmsg.decoder import Decoded, Mode, decode
-from agent.sources.kmsg.format import KmsgParseError, parse_header
+from agent.sources.kmsg.format import KmsgParseError
 from agent.sources.kmsg.sequence import SequenceTracker
 from agent.sources.kmsg.stats import KmsgStats
 
@@ -49,7 +48,6 @@ _MAX_PENDING = 64 * 1024
 MAX_BATCH = 4096  # records per list yielded by KmsgReader.batches()
 _WAKE_DRAIN = 4096  # bytes read from the wake pipe at a time (a full pipe, 64 KiB, in 16 reads)
 _BATCH_READS = range(MAX_BATCH)  # reads of /dev/kmsg per chunk at most (an EPIPE takes one too)
-_RECORD_START = re.compile(rb"(?<=\n)(?=[^ ])")  # a new record starts at a line not beginning with a space
 
 
 def open_nonblocking(path: str) -> int:
@@ -116,11 +114,6 @@ def _complete_end(buf: bytes) -> int:
             return start
         line_end = start - 1
     return 0
-
-
-def _split_records(chunk: bytes) -> list[bytes]:
-    """Cut a chunk of complete records into one bytes object per record."""
-    return [part for part in _RECORD_START.split(chunk) if part.strip()]
 
 
 def _describe(exc: OSError) -> str:
@@ -261,22 +254,8 @@ class KmsgReader:
             )
 
     def decode(self, chunk: RawChunk) -> Sequence[LogRecord]:
-        """The new records of a chunk, in order; call in chunk order, from one thread. A chunk of well-formed
-        records comes as :class:`RecordColumns` (each record built when asked for).
-
-        Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed
-        dictionary lines are counted in ``malformed_lines`` and dropped from their record.
-        """
-        decoded = decode(chunk.data, mode=chunk.mode, boot_time=chunk.boot_time)
-        for line_error in decoded.bad_lines:
-            self._stats.malformed_lines += 1
-            self._log.warning("kmsg: dropping a dictionary line from %s: %s", self._path, line_error)
-        records = self._new_records(decoded, chunk.tracker)
-        if records:
-            self._stats.records_read += len(records)
-            last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
-            self._stats.last_record_time = last
-        return records
+        """The new records of a chunk, in order; call in chunk order, from one thread: :func:`decode_chunk`."""
+        return decode_chunk(chunk, stats=self._stats, log=self._log, where=self._path)
 
     def batches(self, *, stop: threading.Event) -> Iterator[list[LogRecord]]:
         """Yield lists of new parsed records (1 to 4096, in order) until ``stop`` is set (see :meth:`decode`)."""
@@ -289,26 +268,6 @@ class KmsgReader:
         """Yield parsed records one by one until ``stop`` is set (see :meth:`batches`)."""
         for batch in self.batches(stop=stop):
             yield from batch
-
-    def raw_records(self, *, stop: threading.Event) -> Iterator[bytes]:
-        """Yield raw records (bytes as read, one record each) until ``stop`` is set.
-
-        Sequence accounting, duplicate skipping and reconnects happen here; a record whose header
-        cannot be parsed is counted in ``parse_errors`` and skipped.
-        """
-        for chunk, tracker, _source in self._chunks(stop=stop):
-            boot_time = self._boot_time()
-            for raw in _split_records(chunk):
-                try:
-                    header = parse_header(raw.split(b"\n", 1)[0])
-                except KmsgParseError as exc:
-                    if tracker.skip(exc.seq):
-                        self._parse_failed(exc)
-                    continue
-                if tracker.accept(header.seq):
-                    self._stats.records_read += 1
-                    self._stats.last_record_time = boot_time + header.usec / 1e6
-                    yield raw
 
     # -- opening, reopening ------------------------------------------------------------------------
 
@@ -504,24 +463,8 @@ class KmsgReader:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _new_records(self, parsed: Decoded, tracker: SequenceTracker) -> Sequence[LogRecord]:
-        """The records not delivered before; each skipped record counts once, as a parse error."""
-        records = parsed.records
-        if not parsed.errors:
-            return tracker.accept_all(records)
-        new: list[LogRecord] = []
-        start = 0
-        for before, error in parsed.errors:
-            new += tracker.accept_all(records[start:before])
-            start = before
-            if tracker.skip(error.seq):
-                self._parse_failed(error)
-        new += tracker.accept_all(records[start:])
-        return new
-
     def _parse_failed(self, exc: KmsgParseError) -> None:
-        self._stats.parse_errors += 1
-        self._log.warning("kmsg: skipping a record from %s: %s", self._path, exc)
+        _parse_failed(exc, stats=self._stats, log=self._log, where=self._path)
 
     def _overrun(self) -> None:
         self._stats.overruns += 1
@@ -539,3 +482,48 @@ class KmsgReader:
         """The open source answered: the reader is live and has no error to report."""
         self._stats.last_activity = self._clock()
         self._stats.last_error = None
+
+
+def decode_chunk(chunk: RawChunk, *, stats: KmsgStats, log: logging.Logger, where: str) -> Sequence[LogRecord]:
+    """The new records of a chunk read from ``where`` (the device, a file, or the relay: agent.sources.relay_client
+    hands its chunks here too), in order; call in chunk order, from one thread. A chunk of well-formed records
+    comes as :class:`RecordColumns` (each record built when asked for).
+
+    Records whose header cannot be parsed are counted in ``parse_errors`` and skipped; malformed dictionary
+    lines are counted in ``malformed_lines`` and dropped from their record.
+    """
+    if not chunk.data:
+        return []
+    decoded = decode(chunk.data, mode=chunk.mode, boot_time=chunk.boot_time)
+    for line_error in decoded.bad_lines:
+        stats.malformed_lines += 1
+        log.warning("kmsg: dropping a dictionary line from %s: %s", where, line_error)
+    records = _new_records(decoded, chunk.tracker, stats=stats, log=log, where=where)
+    if records:
+        stats.records_read += len(records)
+        last = records.timestamps[-1] if isinstance(records, RecordColumns) else records[-1].timestamp
+        stats.last_record_time = last
+    return records
+
+
+def _new_records(
+    parsed: Decoded, tracker: SequenceTracker, *, stats: KmsgStats, log: logging.Logger, where: str
+) -> Sequence[LogRecord]:
+    """The records not delivered before; each skipped record counts once, as a parse error."""
+    records = parsed.records
+    if not parsed.errors:
+        return tracker.accept_all(records)
+    new: list[LogRecord] = []
+    start = 0
+    for before, error in parsed.errors:
+        new += tracker.accept_all(records[start:before])
+        start = before
+        if tracker.skip(error.seq):
+            _parse_failed(error, stats=stats, log=log, where=where)
+    new += tracker.accept_all(records[start:])
+    return new
+
+
+def _parse_failed(exc: KmsgParseError, *, stats: KmsgStats, log: logging.Logger, where: str) -> None:
+    stats.parse_errors += 1
+    log.warning("kmsg: skipping a record from %s: %s", where, exc)

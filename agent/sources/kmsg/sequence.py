@@ -23,6 +23,11 @@ class SequenceTracker:
         self._stats = stats
         self._log = log
 
+    @property
+    def last(self) -> int | None:
+        """The sequence number of the last record accepted (or the start cursor); None before any."""
+        return self._last
+
     def accept(self, seq: int) -> bool:
         """Whether a record with this seq is new; a jump past the last one counts the records between as lost."""
         last = self._last

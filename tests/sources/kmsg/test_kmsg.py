@@ -302,17 +302,6 @@ def test_reads_concatenated_records_from_a_file() -> None:
     assert stats.last_activity is not None
 
 
-def test_raw_records_are_the_bytes_as_read() -> None:
-    reader = KmsgReader(path=FIXTURES / "basic.kmsg", stats=KmsgStats(), follow=False)
-    raw = list(reader.raw_records(stop=threading.Event()))
-    assert len(raw) == 5
-    assert raw[1] == (
-        b"3,101,5000100,-;NVRM: Xid (PCI:0000:10:1c): 79, pid=0, name=, "
-        b"GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1c.0\n"
-    )
-    assert b"".join(raw) == (FIXTURES / "basic.kmsg").read_bytes()
-
-
 def test_sequence_gaps_are_counted_and_old_records_skipped() -> None:
     records, stats = read_all(FIXTURES / "gaps.kmsg")
     assert seqs(records) == [10, 11, 14, 15, 20]  # the duplicate 14 and the older 12 are skipped

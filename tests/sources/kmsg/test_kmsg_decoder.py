@@ -217,7 +217,8 @@ def reference_positions(raws: list[bytes]) -> list[int]:
 )
 def test_each_mode_decodes_what_the_reference_parses(mode: Mode, records, first, jump, broken) -> None:
     """Every mode of the one decoder, fast path or not, gives the records and errors parse_record gives for
-    each record of a chunk read that way: the device's reads, a file's records, the relay's frames."""
+    each record of a chunk read that way: the device's reads, a file's records (the relay's chunks are
+    decoded in the mode of what the relay read)."""
     raws = []
     seq = first
     for i, (prio, usec, flags, message, fields) in enumerate(records):
@@ -231,8 +232,7 @@ def test_each_mode_decodes_what_the_reference_parses(mode: Mode, records, first,
     if broken is not None:  # the kernel's own device formats every line: a broken one only at an end
         at = broken[0] if mode is not Mode.KERNEL_DEVICE else 0 if broken[0] % 2 else len(raws)
         raws.insert(min(at, len(raws)), broken[1])
-    chunk = [raw + b"\n" for raw in raws] if mode is Mode.RELAY else chunk_of(raws)
-    decoded = decode(chunk, mode=mode, boot_time=BOOT)
+    decoded = decode(chunk_of(raws), mode=mode, boot_time=BOOT)
     expected_records, expected_errors = reference(raws)
     assert list(decoded.records) == expected_records and all(type(r) is LogRecord for r in decoded.records)
     columns = RecordColumns.of(decoded.records)  # what the main loop reads in place of the records

@@ -178,14 +178,6 @@ def test_the_boot_clock_is_read_once_per_chunk_not_per_record(tmp_path: Path) ->
     assert records[-1].timestamp == BOOT + 3000 * 1000 / 1e6
 
 
-def test_raw_records_are_the_device_reads_as_they_were() -> None:
-    reads = [rec(1), b"3,2,0,-;Xid\n SUBSYSTEM=pci\n", rec(2), b"garbage\n", rec(4)]
-    stats = KmsgStats()
-    reader = reader_for("/dev/kmsg", stats, opener=device_opener, read=ScriptedRead(list(reads)))
-    assert list(reader.raw_records(stop=threading.Event())) == [reads[0], reads[1], reads[4]]
-    assert (stats.records_read, stats.parse_errors, stats.records_lost) == (3, 1, 0)
-
-
 # ------------------------------------------------------------------------------------------------
 # Liveness: last_activity only moves while the open source answers
 
