@@ -224,12 +224,51 @@ def bench_kubernetes() -> list[Figure]:
         client.close()
         server.stop()
     figures.append(Figure(name="writes_per_node_hour", value=_steady_state_writes(), target="<= 12"))
-    figures.append(Figure(name="rss_mib", value=_agent_rss_mib(deployed=True), target="<= 72", unit="MiB"))
+    pod = _pod_rss_mib()
+    if pod is None:
+        print("  the pod (relay + agent): skipped, /dev/kmsg is not readable here (the relay reads it)", flush=True)
+        agent_idle = _agent_rss_mib(deployed=True)
+    else:
+        agent_idle, relay_idle = pod
+    figures.append(Figure(name="rss_mib", value=agent_idle, target="<= 60", unit="MiB"))
     figures.append(Figure(name="rss_mib_dev_venv", value=_agent_rss_mib(deployed=False), target="", unit="MiB"))
     acting, note = _acting_rss_mib()
     print(f"  {note}", flush=True)
     figures.append(Figure(name="rss_mib_acting", value=acting, target="<= 80", unit="MiB"))
+    if pod is not None:
+        # The pod's figures, which the chart's requests and limits are set from (daemonset/helm values.yaml).
+        # The relay's RSS does not depend on what the agent does: acting adds the relay's idle figure.
+        figures.append(Figure(name="relay.rss_mib_idle", value=relay_idle, target="<= 15", unit="MiB"))
+        figures.append(Figure(name="pod.rss_mib", value=agent_idle + relay_idle, target="<= 75", unit="MiB"))
+        figures.append(Figure(name="pod.rss_mib_acting", value=acting + relay_idle, target="<= 95", unit="MiB"))
     return figures
+
+
+def _pod_rss_mib() -> tuple[float, float] | None:
+    """The DaemonSet's pair idle in Kubernetes mode: the ``kmsg-relay`` process reading /dev/kmsg and the agent
+    (as deployed) reading its socket, after the agent's first condition PATCH; (agent, relay) RSS in MiB, or
+    None where /dev/kmsg cannot be read (the relay needs it)."""
+    import subprocess
+    import tempfile
+
+    if not os.access("/dev/kmsg", os.R_OK):
+        return None
+    with tempfile.TemporaryDirectory() as tmpdir:
+        sock = Path(tmpdir) / "kmsg.sock"
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "agent", "kmsg-relay", "--socket", str(sock), "--kmsg-path", "/dev/kmsg"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        try:
+            _wait(lambda: sock.exists() or relay.poll() is not None, 30)
+            if relay.poll() is not None:
+                raise SystemExit(f"the kmsg relay exited with {relay.returncode} before listening")
+            with _idle_agent(deployed=True, relay=sock) as agent:
+                return _rss_kib(agent.pid) / 1024, _rss_kib(relay.pid) / 1024
+        finally:
+            _stop(relay)
 
 
 @contextlib.contextmanager
@@ -451,6 +490,14 @@ _AS_DEPLOYED = "import sys; sys.modules['kubernetes_validate'] = None; from agen
 def _agent_rss_mib(*, deployed: bool = True) -> float:
     """RSS of a real agent process in Kubernetes mode after its first condition PATCH (``deployed``: without
     the packages only the test extra installs; otherwise as this venv has it, for comparison)."""
+    with _idle_agent(deployed=deployed, relay=None) as proc:
+        return _rss_kib(proc.pid) / 1024
+
+
+@contextlib.contextmanager
+def _idle_agent(*, deployed: bool, relay: Path | None) -> Iterator[Any]:
+    """A real agent process in Kubernetes mode (tests/kubeapi) reading a file of one record, or with ``relay``
+    the kmsg relay's socket (the DaemonSet's path), once it wrote its first condition PATCH and idled 1 s."""
     import socket
     import subprocess
     import tempfile
@@ -473,8 +520,7 @@ def _agent_rss_mib(*, deployed: bool = True) -> float:
                 str(tmp / "kubeconfig"),
                 "--node-name",
                 "bench-node",
-                "--kmsg-path",
-                str(kmsg),
+                *(["--kmsg-path", str(kmsg)] if relay is None else ["--kmsg-relay", str(relay)]),
                 "--state-dir",
                 str(tmp / "state"),
                 "--listen",
@@ -488,13 +534,11 @@ def _agent_rss_mib(*, deployed: bool = True) -> float:
         try:
             _wait(lambda: server.requests.count(method="PATCH") >= 1, 60)
             time.sleep(1.0)
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-            rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+            yield proc
         finally:
             proc.terminate()
             proc.wait(timeout=10)
             server.stop()
-    return rss_kib / 1024
 
 
 def _rss_kib(pid: int) -> int:
