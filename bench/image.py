@@ -32,6 +32,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -63,7 +65,25 @@ def missing() -> list[str]:
 
 
 def run(argv: Sequence[str], *, timeout: float = STEP_TIMEOUT, input: str | None = None) -> str:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input)
+    """Run one step in a session of its own; past ``timeout`` the whole session is killed (a probe's relay and
+    agent too, never left behind to answer the next check's port) and :class:`ImageError` names the step."""
+    with subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise ImageError(
+                f"{' '.join(argv)[:200]} took over {timeout:.0f} s:\n{(stdout + stderr)[-3000:]}"
+            ) from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         raise ImageError(f"{' '.join(argv)[:200]} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     return done.stdout
@@ -180,7 +200,11 @@ def mounted(image: str) -> Iterator[Path]:
 # point: the agent as the image's user, the relay as root (the DaemonSet's privileged container).
 PROBE = r"""
 set -u
-root=$1 tmp=$2 entry=$3; shift 3
+root=$1 tmp=$2 port=$3 entry=$4; shift 4
+relay= agent=
+# The relay and the agent are the chroot processes themselves ($! of a plain command, which execs), so
+# they can be stopped; whatever way this script ends, they end with it.
+trap 'kill $agent $relay 2>/dev/null; wait 2>/dev/null' EXIT
 mount --bind "$root" "$root" && mount -o remount,bind,ro "$root"
 mount --bind "$tmp" "$root/tmp"
 mount -t proc proc "$root/proc"
@@ -204,22 +228,25 @@ mkdir -p "$tmp/run" "$tmp/state" && chown 65532:65532 "$tmp/run" "$tmp/state"
 chroot "$root" env -i "$@" $entry kmsg-relay --socket /tmp/run/kmsg.sock --kmsg-path /dev/kmsg \
     --client-uid 65532 > "$tmp/relay.out" 2>&1 &
 relay=$!
-u "$@" $entry run --standalone --kmsg-relay /tmp/run/kmsg.sock --state-dir /tmp/state \
-    --listen 127.0.0.1:20299 > "$tmp/agent.out" 2>&1 &
+chroot --userspec=65532:65532 "$root" env -i "$@" $entry run --standalone --kmsg-relay /tmp/run/kmsg.sock \
+    --state-dir /tmp/state --listen "127.0.0.1:$port" > "$tmp/agent.out" 2>&1 &
 agent=$!
 ok=no
 for _ in $(seq 1 120); do
-    if python3 - <<'PY' 2>/dev/null
-import sys, urllib.request as u
-u.urlopen("http://127.0.0.1:20299/healthz", timeout=2)
-text = u.urlopen("http://127.0.0.1:20299/metrics", timeout=5).read().decode()
+    # This agent answers, not another process on the port: it must still be running when it does.
+    kill -0 $agent 2>/dev/null && kill -0 $relay 2>/dev/null || break
+    if PORT=$port python3 - <<'PY' 2>/dev/null
+import os, sys, urllib.request as u
+url = f"http://127.0.0.1:{os.environ['PORT']}"
+u.urlopen(f"{url}/healthz", timeout=2)
+text = u.urlopen(f"{url}/metrics", timeout=5).read().decode()
 read = [float(l.split()[-1]) for l in text.splitlines() if l.startswith("node_health_agent_kmsg_records_read_total ")]
 sys.exit(0 if read and read[0] > 0 else 1)
 PY
-    then ok=yes; break; fi
+    then kill -0 $agent 2>/dev/null && ok=yes; break; fi
     sleep 1
 done
-kill $agent $relay 2>/dev/null; wait $agent $relay 2>/dev/null
+kill $agent $relay 2>/dev/null; wait $agent $relay 2>/dev/null; agent= relay=
 [ $ok = yes ] || { echo relay:; cat "$tmp/relay.out"; echo agent:; cat "$tmp/agent.out"; fail "relay and agent"; }
 if grep -q "Read-only file system" "$tmp/agent.out" "$tmp/relay.out"; then
     cat "$tmp/agent.out" "$tmp/relay.out"; fail "a write outside /tmp and the state dir"
@@ -236,6 +263,12 @@ class Checked:
     has_journalctl: bool
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def check(image: str, *, workdir: Path) -> Checked:
     """The checks of the module docstring, in the image's read-only root; raises :class:`ImageError`."""
     cfg = config(image)
@@ -247,7 +280,17 @@ def check(image: str, *, workdir: Path) -> Checked:
     script = workdir / "probe.sh"
     script.write_text(PROBE)
     with mounted(image) as root:
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), str(root), str(tmp)]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            str(script),
+            str(root),
+            str(tmp),
+            str(_free_port()),
+        ]
         out = run([*argv, " ".join(cfg.entrypoint)], timeout=STEP_TIMEOUT * 2)
     found = dict(line.split("=", 1) for line in out.splitlines() if re.match(r"^[A-Z]+=", line))
     if found.get("RESULT") != "ok":
