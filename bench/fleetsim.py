@@ -643,9 +643,11 @@ def _write_gaps(records: Iterable[Any], sim: SimTime) -> list[float]:
 # ---- scenario 2: a rule misfires on every node ---------------------------------------------------------
 
 
-def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0) -> Measured:
+def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0, window: float = 600.0) -> Measured:
     """At simulated second 120 (past the policy's 60 s startup delay) the DMA error appears on every node at
-    once; the budget's effect is read from the API server's requests for ``settle`` simulated seconds."""
+    once; the budget's effect is read from the API server's requests for ``settle`` simulated seconds. The
+    API load (requests and objects returned per second, all agents and per agent) is measured over the first
+    ``window`` simulated seconds of the wave, whatever the convergence: one span for every fleet size."""
     from agent.recovery.budget import budget_lease_name, resolve_limit
     from agent.recovery.policyfile import DEFAULT_POLICY
 
@@ -663,7 +665,7 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             if len(answered) == agents and converged is None:
                 converged = max(answered.values()) - start
                 break
-        fleet.sim.until(sim.mono() + 60.0)  # a minute more: nothing new may start
+        fleet.sim.until(max(sim.mono() + 60.0, start + window))  # a minute more: nothing new may start
         records = fleet.requests(start, float("inf"))
         end = sim.mono()
     marks = sum(r["marks"] for r in fleet.final.values())
@@ -676,6 +678,12 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
     lists = sum(1 for r in records if r.method == "GET" and r.path == "/api/v1/nodes")
     # Losers of one round reading the Lease again together show as a burst (a pulse) within one simulated second.
     lease_peak = max(window_counts([sim.at(r.at) for r in lease], start=start, end=end, width=1.0))
+    load = [r for r in records if sim.at(r.at) < start + window]
+    objects = sum(r.objects for r in load)
+    kinds = Counter(f"{r.method} {_kind(r.path)}" for r in load)
+    objects_by = Counter()
+    for r in load:
+        objects_by[f"{r.method} {_kind(r.path)}"] += r.objects
     return Measured(
         figures={
             "fleet.actions_over_budget": float(over + max(0, marks - limit)),
@@ -683,6 +691,10 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             "fleet.lease_conflicts_per_grant": conflicts / grants if grants else float("inf"),
             "fleet.converge_blocked_s": converged if converged is not None else float("inf"),
             "fleet.misfire_peak_requests_per_s": max(per10) / 10.0,
+            "fleet.misfire_requests_per_s": len(load) / window,
+            "fleet.misfire_objects_per_s": objects / window,
+            "fleet.misfire_requests_per_s_per_agent": len(load) / window / agents,
+            "fleet.misfire_objects_per_s_per_agent": objects / window / agents,
         },
         notes=[
             f"misfire: {agents} agents at x{scale:g}, limit {limit}: at most {peak} cordoned at once, {marks} marked; "
@@ -690,9 +702,27 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             f"reads); per agent {len(lease) / agents:.1f} budget Lease requests and {conflicts / agents:.1f} "
             f"conflicts, at most {lease_peak} in one simulated second; {lists} node LISTs in "
             f"{end - start:.0f} simulated s; every node blocked or holding after "
-            + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)")
+            + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)"),
+            f"misfire load, {agents} agents, the wave's first {window:.0f} simulated s: {len(load) / window:.1f} "
+            f"requests/s and {objects / window:.1f} objects/s in all, per agent {len(load) / window / agents:.4f} "
+            f"and {objects / window / agents:.4f}; by request (count, objects): "
+            + ", ".join(f"{k} {n} {objects_by[k]}" for k, n in kinds.most_common(8)),
         ],
     )
+
+
+def _kind(path: str) -> str:
+    """A request's resource, names left out: ``nodes``, ``nodes/NAME``, ``leases/NAME``, ``events``..."""
+    parts = path.strip("/").split("/")
+    if "namespaces" in parts:
+        parts = parts[parts.index("namespaces") + 2 :]
+    else:
+        parts = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if not parts:
+        return "?"
+    if len(parts) == 1:
+        return f"{parts[0]} (list)"
+    return parts[0] + ("/" + "/".join(parts[2:]) if len(parts) > 2 else "/NAME")
 
 
 def pause_mid_wave(
