@@ -318,7 +318,7 @@ class ClusterBudget:
         except CorruptBudget as exc:
             return self._refuse(lease, exc, cluster, own)
         now = self._clock()
-        cluster.census = self._usable(state, now) or self._count(now)  # a view counts for itself: no write
+        cluster.census = self._usable(state, now) or self._count(now, state)  # a view counts for itself: no write
         return self._view(self._effective(state, cluster, now=now), cluster, own)
 
     def acquire(self, *, incident_id: str, counts: bool = True, problem: str = "") -> BudgetView:
@@ -467,9 +467,11 @@ class ClusterBudget:
                 return census
         return None
 
-    def _count(self, now: float) -> Census:
-        """Count the fleet: one LIST of the Nodes the selector lists, from the watch cache."""
+    def _count(self, now: float, state: BudgetState | None = None) -> Census:
+        """Count the fleet: one LIST of the Nodes the selector lists, from the watch cache (and the holders of
+        ``state`` found in it)."""
         nodes = self._client.list_nodes(label_selector=self._settings.node_selector, cached=True)
+        holders = {n for holder in state.holders.values() for n in holder.nodes} if state is not None else set()
         self._local = fleet_census.take(
             nodes,
             now=now,
@@ -479,6 +481,7 @@ class ClusterBudget:
             types=self._problem_types,
             new_node_window=self._settings.correlation.new_node_window if self._settings.correlation else 0.0,
             domain_of=self._domain_of,
+            holders=holders,
         )
         return self._local
 
@@ -504,7 +507,7 @@ class ClusterBudget:
             cluster.census = stale
             return lease, False
         if others:  # a fresh census of other settings (a mixed fleet): count for this agent only
-            cluster.census = self._count(now)
+            cluster.census = self._count(now, state)
             return lease, False
         claimer = fleet_census.claim_holder(state.extra.get(CLAIM_KEY), now)
         if claimer and claimer != self._node:  # another agent counts now: go on with what there is
@@ -519,7 +522,7 @@ class ClusterBudget:
                 lease = None if exc.status in (404, 409) else self._applied_lease(exc, replace(state, extra=claim))
                 if lease is None:
                     raise
-        cluster.census = self._count(now)
+        cluster.census = self._count(now, state)
         return lease, True
 
     def _get(self) -> dict[str, Any] | None:
@@ -575,6 +578,10 @@ class ClusterBudget:
         fails for another reason than 404 it counts as present: never drop a place on a guess."""
         if name == self._node and cluster.own is not None:
             return True
+        if name not in seen and cluster.census is not None and name in cluster.census.holders:
+            # found by the census's count: there then, in these groups (gone since: freed at the next count)
+            cluster.holders[name] = {"metadata": {"name": name, "labels": dict(cluster.census.holders[name])}}
+            seen[name] = True
         if name not in seen:
             now = self._clock()
             cached = self._holder_nodes.get(name)

@@ -13,7 +13,9 @@ What is counted (:func:`take`)
     The nodes the budget's ``node_selector`` lists, control-plane nodes left out (as the limit counts them):
     their failure domains, and per ``label=value`` of every group label (``budget.groups`` and the
     correlation's labels): its nodes, its failure domains, and per problem condition type the nodes showing
-    it (the type ``True`` on the Node), and of those the nodes created within ``new_node_window``.
+    it (the type ``True`` on the Node), and of those the nodes created within ``new_node_window``; and the
+    budget's holders it found, with their group labels (``holders``): an asker takes a holder named there
+    as present, in those groups, without reading its Node (one found gone at the next count frees its place).
 
 Freshness
     A census older than ``CENSUS_MAX_AGE`` (by the reader's clock), or counted with other settings
@@ -67,6 +69,8 @@ class Census:
     key: str  # what was counted (census_key): a census of other settings is not this agent's
     domains: int  # failure domains the limit counts
     groups: Mapping[str, GroupCount] = field(default_factory=dict)  # "label=value" -> its counts
+    # The budget's holders found in the count -> their group labels: no asker reads their Nodes again
+    holders: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def group(self, label: str, value: str) -> GroupCount:
         return self.groups.get(f"{label}={value}", GroupCount())
@@ -91,9 +95,13 @@ def take(
     types: Collection[str],
     new_node_window: float,
     domain_of: Callable[[Node], str],
+    holders: Collection[str] = (),
 ) -> Census:
-    """Count ``nodes`` (the Nodes the selector lists)."""
+    """Count ``nodes`` (the Nodes the selector lists); ``holders``: the budget's holders' node names, whose
+    group labels the census keeps when it finds them."""
     labels = tuple(dict.fromkeys(labels))
+    wanted = frozenset(holders)
+    found: dict[str, dict[str, str]] = {}
     domains: set[str] = set()
     members: Counter[str] = Counter()
     group_domains: dict[str, set[str]] = {}
@@ -109,6 +117,8 @@ def take(
         created = created_at(node)
         new = created is not None and now - new_node_window <= created <= now + 300
         node_labels = labels_of(node)
+        if name in wanted:
+            found[name] = {label: str(node_labels[label]) for label in labels if label in node_labels}
         for label in labels:
             value = node_labels.get(label)
             if value is None:
@@ -126,7 +136,7 @@ def take(
         )
         for g, n in members.items()
     }
-    return Census(at=now, by=by, key=key, domains=len(domains), groups=groups)
+    return Census(at=now, by=by, key=key, domains=len(domains), groups=groups, holders=found)
 
 
 def encode(census: Census) -> dict[str, Any]:
@@ -138,7 +148,10 @@ def encode(census: Census) -> dict[str, Any]:
         if g.young:
             entry["young"] = dict(sorted(g.young.items()))
         groups[name] = entry
-    return {"at": census.at, "by": census.by, "key": census.key, "domains": census.domains, "groups": groups}
+    out = {"at": census.at, "by": census.by, "key": census.key, "domains": census.domains, "groups": groups}
+    if census.holders:
+        out["holders"] = {name: dict(sorted(labels.items())) for name, labels in sorted(census.holders.items())}
+    return out
 
 
 def _count(value: object) -> int:
@@ -184,12 +197,19 @@ def decode(value: object) -> Census | None:
         }
         if not all(_consistent(g) for g in groups.values()):
             return None
+        holders = value.get("holders") or {}
+        if not isinstance(holders, Mapping) or not all(
+            isinstance(labels, Mapping) and all(isinstance(v, str) for v in labels.values())
+            for labels in holders.values()
+        ):
+            return None
         return Census(
             at=float(at),
             by=str(value.get("by", "")),
             key=str(value.get("key", "")),
             domains=_count(value["domains"]),
             groups=groups,
+            holders={str(name): {str(k): v for k, v in labels.items()} for name, labels in holders.items()},
         )
     except (KeyError, ValueError, TypeError, AttributeError):
         return None

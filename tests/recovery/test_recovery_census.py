@@ -139,8 +139,11 @@ def test_a_holder_is_dropped_only_when_gone_from_the_cache_and_from_etcd(api, bu
     assert budget("n01", clock).acquire(incident_id="i1").granted
     assert not budget("n02", clock).acquire(incident_id="i2").granted  # 2 of 2
     api.delete_object("nodes", "n00")  # replaced: its place frees
-    api.set_watch_cache_lag(1)  # the cache still shows n00: it keeps its place (never dropped on a stale read)
+    clock.now += CENSUS_MAX_AGE + 1
+    api.set_watch_cache_lag(2)  # the cache (behind the claim's write too) still shows n00: it keeps its place
     assert not budget("n02", clock).acquire(incident_id="i2").granted
+    assert "n00" in decode(stored(api)[CENSUS_KEY]).holders  # counted from the cache: found there
+    clock.now += CENSUS_MAX_AGE + 1
     api.set_watch_cache_lag(0)  # caught up: n00 is gone
     assert budget("n02", clock).acquire(incident_id="i2").granted
     api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n30"}})
@@ -192,3 +195,19 @@ def test_a_hand_edited_or_corrupt_census_is_counted_again_never_refused(api, bud
     assert len(api.requests.filter(method="GET", path_regex=LISTS)) == 1  # counted again
     recounted = decode(stored(api)[CENSUS_KEY])
     assert recounted is not None and recounted.domains == 20 and recounted.by == "n00"
+
+
+def test_the_holders_found_by_the_count_are_not_read_again_by_each_asker(api, budget):
+    """The census keeps the holders' group labels: a fleet asking reads the Lease and its own Node, not every
+    holder's Node on every ask (limit x askers reads)."""
+    clock = Clock()
+    for i in range(2):
+        assert budget(f"n{i:02d}", clock).acquire(incident_id=f"i{i}").granted
+    clock.now += CENSUS_MAX_AGE + 1
+    assert not budget("n02", clock).acquire(incident_id="i2").granted  # counts again: finds both holders
+    assert set(decode(stored(api)[CENSUS_KEY]).holders) == {"n00", "n01"}
+    api.reset_requests()
+    for i in range(3, 20):
+        assert not budget(f"n{i:02d}", clock).acquire(incident_id=f"i{i}").granted
+    reads = [r.path.rsplit("/", 1)[-1] for r in api.requests.filter(method="GET", path_regex=r"^/api/v1/nodes/")]
+    assert reads == [f"n{i:02d}" for i in range(3, 20)]  # each asker's own Node only
