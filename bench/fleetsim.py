@@ -16,6 +16,10 @@ Time: one simulated clock, ``scale`` times faster than real time, read by every 
 ``3600 / scale`` real seconds. The API server is not scaled: its service time counts ``scale`` times
 over in simulated time, so rates are printed where the server kept up (its answer time is reported).
 
+Light agents (``light=True``; the misfire at 2,000): the seeder and the main loop are not threads of their
+own but stepped in turn by one :class:`Pump` thread per worker process; the sinks and the recovery loop
+(budget, pause Lease, Node writes) keep their threads. Every API request stays a real one.
+
 Faults reach agents as kernel log records through each agent's inbox (a real rule match), never as
 made-up state.
 """
