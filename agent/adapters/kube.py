@@ -215,9 +215,9 @@ class KubeClient:
     # ---- recovery: nodes, pods, evictions, Leases -------------------------------------------------
 
     def list_nodes(self, *, label_selector: str = "", cached: bool = False) -> list[dict[str, Any]]:
-        """Every Node matching ``label_selector`` (pages followed). ``cached``: the first page from the API
-        server's watch cache (``resourceVersion=0``: any version, possibly a moment old; the pages after it
-        follow the continue token, which fixes the version)."""
+        """Every Node matching ``label_selector`` (pages followed). ``cached``: from the API server's watch
+        cache (``resourceVersion=0``: any version, possibly a moment old), which answers the whole list
+        whatever the limit; a server that pages it anyway is followed by the continue token (its version)."""
         return self._list_all(
             f"list nodes {label_selector!r}", "/api/v1/nodes", cached=cached, labelSelector=label_selector
         )
