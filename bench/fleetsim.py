@@ -16,6 +16,10 @@ Time: one simulated clock, ``scale`` times faster than real time, read by every 
 ``3600 / scale`` real seconds. The API server is not scaled: its service time counts ``scale`` times
 over in simulated time, so rates are printed where the server kept up (its answer time is reported).
 
+Light agents (``light=True``; the misfire at 2,000): the seeder and the main loop are not threads of their
+own but stepped in turn by one :class:`Pump` thread per worker process; the sinks and the recovery loop
+(budget, pause Lease, Node writes) keep their threads. Every API request stays a real one.
+
 Faults reach agents as kernel log records through each agent's inbox (a real rule match), never as
 made-up state.
 """
@@ -292,14 +296,16 @@ class SimAgent:
         self._seq = 0
         self._threads: list[threading.Thread] = []
 
-    def start(self) -> None:
+    def start(self, *, light: bool = False) -> None:
+        """Each component in its thread; ``light``: the main loop and the seeder not (a :class:`Pump` steps
+        them), so an agent is three threads (the sinks and recovery, every API request of theirs real)."""
         runs: list[tuple[str, Callable[[Any], None], Any]] = [
-            ("main", self.main.run, self.stop),
-            ("seeder", self.seeder.run, self._scaled_stop),
             ("conditions", self.conditions.run, self.stop),
             ("events", self.events.run, self.stop),
             ("recovery", self.recovery.run, self._scaled_stop),
         ]
+        if not light:
+            runs[:0] = [("main", self.main.run, self.stop), ("seeder", self.seeder.run, self._scaled_stop)]
         for name, target, stop in runs:
             thread = threading.Thread(target=target, args=(stop,), name=f"{self.node}-{name}", daemon=True)
             thread.start()
@@ -334,6 +340,43 @@ class SimAgent:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
+class _Once:
+    """A stop for one pass of the seeder's loop: it reads the Node once and returns at its first wait (after
+    seeding, or after a failed read: the pump tries again on its next turn)."""
+
+    def __init__(self) -> None:
+        self._waited = False
+
+    def is_set(self) -> bool:
+        return self._waited
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._waited = True
+        return True
+
+
+class Pump:
+    """Light agents' seeders and main loops, stepped in turn by one thread of the worker process every
+    ``MAIN_TICK`` real seconds (the main loop's own idle tick): the same reads of the Node and the same rule
+    matches of the injected kernel log lines, without two threads per agent (2,000 agents are 10,000 threads
+    otherwise, more than this 2-core machine runs with the API server)."""
+
+    def __init__(self, agents: Sequence[SimAgent], stop: threading.Event) -> None:
+        self._agents = agents
+        self._stop = stop
+        self.thread = threading.Thread(target=self._run, name="pump", daemon=True)
+
+    def _run(self) -> None:
+        for agent in self._agents:
+            agent.main._publish([], last_seq=None)  # as MainLoop.run begins
+        while not self._stop.is_set():
+            for agent in self._agents:
+                if not agent.seeder.done.is_set():
+                    agent.seeder.run(_Once())  # type: ignore[arg-type]
+                agent.main.step(timeout=0)
+            self._stop.wait(MAIN_TICK)
+
+
 # ---- a worker process --------------------------------------------------------------------------------
 
 
@@ -343,6 +386,7 @@ class WorkerSpec:
     nodes: tuple[str, ...]
     startup_delay: float  # the recovery policy's (simulated seconds)
     seed: int
+    light: bool = False  # the main loops and seeders stepped by one Pump (SimAgent.start)
 
 
 def worker_main(spec: WorkerSpec, conn: Any) -> None:
@@ -361,6 +405,7 @@ def worker_main(spec: WorkerSpec, conn: Any) -> None:
     engines = EngineCopies(rule_set)
     conn.send("built")
     agents: list[SimAgent] = []
+    pump_stop = threading.Event()
     sim: SimTime | None = None
     while True:
         command, *args = conn.recv()
@@ -379,7 +424,10 @@ def worker_main(spec: WorkerSpec, conn: Any) -> None:
                 for i, (n, c) in enumerate(zip(spec.nodes, clients, strict=True))
             ]
             for agent in agents:
-                agent.start()
+                agent.start(light=spec.light)
+            if spec.light:
+                pump = Pump(agents, pump_stop)
+                pump.thread.start()
             conn.send("started")
         elif command == "inject":
             line, wanted = args[0], set(args[1]) if args[1] is not None else None
@@ -392,6 +440,7 @@ def worker_main(spec: WorkerSpec, conn: Any) -> None:
         elif command == "report":
             conn.send({a.node: a.report() for a in agents})
         elif command == "stop":
+            pump_stop.set()
             for agent in agents:
                 agent.close()
             deadline = time.monotonic() + 10
@@ -422,7 +471,16 @@ def node_object(name: str, index: int, *, zone: str = "us-west-2a") -> dict[str,
 class Fleet:
     """``agents`` simulated agents in ``processes`` worker processes against one API server (``with``)."""
 
-    def __init__(self, *, agents: int, processes: int, scale: float, startup_delay: float = 60.0, seed: int = 0):
+    def __init__(
+        self,
+        *,
+        agents: int,
+        processes: int,
+        scale: float,
+        startup_delay: float = 60.0,
+        seed: int = 0,
+        light: bool = False,
+    ):
         sys.path.insert(0, str(ROOT / "tests"))
         from kubeapi.server import KubeApiServer
 
@@ -436,6 +494,7 @@ class Fleet:
         self._processes = processes
         self._startup_delay = startup_delay
         self._seed = seed
+        self._light = light
         self._workers: list[tuple[Any, Any]] = []
         self.sim: SimTime | None = None
         self.final: dict[str, dict[str, Any]] = {}
@@ -452,6 +511,7 @@ class Fleet:
                 nodes=tuple(self.names[p :: self._processes]),
                 startup_delay=self._startup_delay,
                 seed=self._seed * 100 + p,
+                light=self._light,
             )
             proc = ctx.Process(target=worker_main, args=(spec, child), daemon=True)
             proc.start()
@@ -643,15 +703,25 @@ def _write_gaps(records: Iterable[Any], sim: SimTime) -> list[float]:
 # ---- scenario 2: a rule misfires on every node ---------------------------------------------------------
 
 
-def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0) -> Measured:
+def misfire(
+    *,
+    agents: int,
+    processes: int,
+    scale: float,
+    settle: float = 900.0,
+    window: float = 600.0,
+    light: bool = False,
+) -> Measured:
     """At simulated second 120 (past the policy's 60 s startup delay) the DMA error appears on every node at
-    once; the budget's effect is read from the API server's requests for ``settle`` simulated seconds."""
+    once; the budget's effect is read from the API server's requests for ``settle`` simulated seconds. The
+    API load (requests and objects returned per second, all agents and per agent) is measured over the first
+    ``window`` simulated seconds of the wave, whatever the convergence: one span for every fleet size."""
     from agent.recovery.budget import budget_lease_name, resolve_limit
     from agent.recovery.policyfile import DEFAULT_POLICY
 
     limit = resolve_limit(DEFAULT_POLICY.budget, domains=agents)
     start = 120.0
-    with Fleet(agents=agents, processes=processes, scale=scale) as fleet:
+    with Fleet(agents=agents, processes=processes, scale=scale, light=light) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
         fleet.sim.until(start)
@@ -663,7 +733,7 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             if len(answered) == agents and converged is None:
                 converged = max(answered.values()) - start
                 break
-        fleet.sim.until(sim.mono() + 60.0)  # a minute more: nothing new may start
+        fleet.sim.until(max(sim.mono() + 60.0, start + window))  # a minute more: nothing new may start
         records = fleet.requests(start, float("inf"))
         end = sim.mono()
     marks = sum(r["marks"] for r in fleet.final.values())
@@ -676,6 +746,12 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
     lists = sum(1 for r in records if r.method == "GET" and r.path == "/api/v1/nodes")
     # Losers of one round reading the Lease again together show as a burst (a pulse) within one simulated second.
     lease_peak = max(window_counts([sim.at(r.at) for r in lease], start=start, end=end, width=1.0))
+    load = [r for r in records if sim.at(r.at) < start + window]
+    objects = sum(r.objects for r in load)
+    kinds = Counter(f"{r.method} {_kind(r.path)}" for r in load)
+    objects_by = Counter()
+    for r in load:
+        objects_by[f"{r.method} {_kind(r.path)}"] += r.objects
     return Measured(
         figures={
             "fleet.actions_over_budget": float(over + max(0, marks - limit)),
@@ -683,6 +759,10 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             "fleet.lease_conflicts_per_grant": conflicts / grants if grants else float("inf"),
             "fleet.converge_blocked_s": converged if converged is not None else float("inf"),
             "fleet.misfire_peak_requests_per_s": max(per10) / 10.0,
+            "fleet.misfire_requests_per_s": len(load) / window,
+            "fleet.misfire_objects_per_s": objects / window,
+            "fleet.misfire_requests_per_s_per_agent": len(load) / window / agents,
+            "fleet.misfire_objects_per_s_per_agent": objects / window / agents,
         },
         notes=[
             f"misfire: {agents} agents at x{scale:g}, limit {limit}: at most {peak} cordoned at once, {marks} marked; "
@@ -690,9 +770,27 @@ def misfire(*, agents: int, processes: int, scale: float, settle: float = 900.0)
             f"reads); per agent {len(lease) / agents:.1f} budget Lease requests and {conflicts / agents:.1f} "
             f"conflicts, at most {lease_peak} in one simulated second; {lists} node LISTs in "
             f"{end - start:.0f} simulated s; every node blocked or holding after "
-            + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)")
+            + (f"{converged:.0f} s" if converged is not None else f"more than {settle:.0f} s (not converged)"),
+            f"misfire load, {agents} agents, the wave's first {window:.0f} simulated s: {len(load) / window:.1f} "
+            f"requests/s and {objects / window:.1f} objects/s in all, per agent {len(load) / window / agents:.4f} "
+            f"and {objects / window / agents:.4f}; by request (count, objects): "
+            + ", ".join(f"{k} {n} {objects_by[k]}" for k, n in kinds.most_common(8)),
         ],
     )
+
+
+def _kind(path: str) -> str:
+    """A request's resource, names left out: ``nodes``, ``nodes/NAME``, ``leases/NAME``, ``events``..."""
+    parts = path.strip("/").split("/")
+    if "namespaces" in parts:
+        parts = parts[parts.index("namespaces") + 2 :]
+    else:
+        parts = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if not parts:
+        return "?"
+    if len(parts) == 1:
+        return f"{parts[0]} (list)"
+    return parts[0] + ("/" + "/".join(parts[2:]) if len(parts) > 2 else "/NAME")
 
 
 def pause_mid_wave(

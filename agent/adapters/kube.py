@@ -185,8 +185,11 @@ class KubeClient:
         except ValueError as exc:
             raise KubeError(f"{what}: unreadable answer: {exc}", status=None) from None
 
-    def get_node(self, name: str) -> dict[str, Any]:
-        return self._call(f"get node {name}", "GET", f"/api/v1/nodes/{_seg(name)}")
+    def get_node(self, name: str, *, cached: bool = False) -> dict[str, Any]:
+        """The Node; ``cached``: served from the API server's watch cache (``resourceVersion=0``: no etcd
+        read, possibly a moment old)."""
+        query = {"resourceVersion": "0"} if cached else None
+        return self._call(f"get node {name}", "GET", f"/api/v1/nodes/{_seg(name)}", query=query)
 
     def patch_node_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic merge patch of ``nodes/{name}/status`` (conditions merge by ``type``)."""
@@ -211,9 +214,13 @@ class KubeClient:
 
     # ---- recovery: nodes, pods, evictions, Leases -------------------------------------------------
 
-    def list_nodes(self, *, label_selector: str = "") -> list[dict[str, Any]]:
-        """Every Node matching ``label_selector`` (pages followed)."""
-        return self._list_all(f"list nodes {label_selector!r}", "/api/v1/nodes", labelSelector=label_selector)
+    def list_nodes(self, *, label_selector: str = "", cached: bool = False) -> list[dict[str, Any]]:
+        """Every Node matching ``label_selector`` (pages followed). ``cached``: from the API server's watch
+        cache (``resourceVersion=0``: any version, possibly a moment old), which answers the whole list
+        whatever the limit; a server that pages it anyway is followed by the continue token (its version)."""
+        return self._list_all(
+            f"list nodes {label_selector!r}", "/api/v1/nodes", cached=cached, labelSelector=label_selector
+        )
 
     def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Strategic merge patch of the Node (spec, metadata). Include ``metadata.resourceVersion`` in
@@ -333,11 +340,14 @@ class KubeClient:
             f"list devicetaintrules {label_selector!r}", _rule_path(version), labelSelector=label_selector
         )
 
-    def _list_all(self, what: str, path: str, **query: str) -> list[dict[str, Any]]:
+    def _list_all(self, what: str, path: str, *, cached: bool = False, **query: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token = None
         while True:
-            page = self._call(what, "GET", path, query={**query, "limit": 500, "continue": token})
+            version = "0" if cached and token is None else None  # a continue token carries its own version
+            page = self._call(
+                what, "GET", path, query={**query, "limit": 500, "continue": token, "resourceVersion": version}
+            )
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:

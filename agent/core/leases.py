@@ -26,9 +26,10 @@ def write_lease_annotation(
     annotation: str,
     value: str,
     spec: Mapping[str, Any] | None = None,
-) -> None:
+) -> Any:
     """Set ``annotation`` to ``value`` (and merge ``spec``) on ``lease`` as read, or create the Lease when
-    it was not there (``lease`` None). KubeError as every call (409 when another writer came first)."""
+    it was not there (``lease`` None); the Lease as written (its new resourceVersion). KubeError as every
+    call (409 when another writer came first)."""
     if lease is None:
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -47,6 +48,5 @@ def write_lease_annotation(
     if spec:
         body["spec"] = {**(body.get("spec") or {}), **spec}
     if lease is None:
-        client.create_lease(namespace, body)
-    else:
-        client.replace_lease(namespace, name, body)
+        return client.create_lease(namespace, body)
+    return client.replace_lease(namespace, name, body)

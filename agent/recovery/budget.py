@@ -83,10 +83,11 @@ from typing import Any
 
 from agent.adapters.kube import KubeClient, KubeError
 from agent.core.leases import write_lease_annotation
-from agent.recovery.correlation import correlated_hold, counted, labels_of
+from agent.recovery import census as fleet_census
+from agent.recovery.census import CENSUS_KEY, CENSUS_MAX_AGE, CLAIM_KEY, Census
+from agent.recovery.correlation import correlated_hold, labels_of
 from agent.recovery.fields import CorruptRecord, check_version, load
 from agent.recovery.model import (
-    CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
     DEFAULT_NAMESPACE,
     DOMAIN,
@@ -131,7 +132,7 @@ def budget_lease_name(cluster_name: str = "") -> str:
 def ultraserver_domain(node: Mapping[str, Any]) -> str:
     """The failure domain of a Node object: its UltraServer id when labelled, else its name."""
     metadata = node.get("metadata") or {}
-    return (metadata.get("labels") or {}).get(ULTRASERVER_LABEL) or metadata.get("name") or ""
+    return labels_of(node).get(ULTRASERVER_LABEL) or metadata.get("name") or ""
 
 
 def parse_max_unhealthy(value: object) -> int | Fraction:
@@ -236,22 +237,18 @@ def _micro_time(seconds: float) -> str:
 # ---- the budget --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True)
 class _Cluster:
-    """The nodes the limit counts, read once per call."""
+    """What one call knows of the cluster: this Node, the holders' Nodes it looked up, and the census."""
 
-    domains: frozenset[str]  # failure domains of the matching, non-control-plane nodes
-    by_name: Mapping[str, Mapping[str, Any]]  # every node the selector listed (control plane included)
-    own: Mapping[str, Any] | None = None  # this Node when the selector does not list it (None: it does, or gone)
-    outside: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # holders' Nodes outside the selector
+    own: Mapping[str, Any] | None = None  # this Node (None: gone)
+    holders: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # holders' Nodes read (their labels)
+    census: Census | None = None  # the fleet's counts (None: none yet)
+    counting: str = ""  # without a census: the node counting the fleet now
 
-    def members(self) -> Mapping[str, Mapping[str, Any]]:
-        """The Nodes a zone or pool budget and the correlated-failure hold look at: those the selector lists,
-        this node and the holders' nodes outside the selector (a node outside it still has its zone and pool)."""
-        if self.own is None and not self.outside:
-            return self.by_name
-        own = {} if self.own is None else {str((self.own.get("metadata") or {}).get("name", "")): self.own}
-        return {**self.outside, **own, **self.by_name}
+    @property
+    def domains(self) -> int:
+        return self.census.domains if self.census is not None else 0
 
 
 class ClusterBudget:
@@ -275,6 +272,7 @@ class ClusterBudget:
         rng: Callable[[], float] = random.random,
         problem_types: Collection[str] = (),
         attempts: int = ATTEMPTS,
+        census_max_age: float = CENSUS_MAX_AGE,
     ) -> None:
         parse_max_unhealthy(settings.max_unhealthy)  # a bad value fails here, not at the first incident
         self._client = client
@@ -291,6 +289,17 @@ class ClusterBudget:
         self._problem_types = frozenset(problem_types)  # condition types whose True is a problem (correlation)
         self._reported_future: str | None = None  # resourceVersion whose future step times were logged
         self._last_version = ""  # resourceVersion of the Lease last read
+        self._census_max_age = census_max_age
+        self._census_key = fleet_census.census_key(
+            selector=settings.node_selector,
+            labels=self._census_labels(),
+            types=self._problem_types,
+            new_node_window=settings.correlation.new_node_window if settings.correlation else 0.0,
+        )
+        self._local: Census | None = None  # the census this agent counted last (kept in memory)
+        # Holders' Nodes read lately (when, the Node): a holder seen within the census's age is not read again
+        # on every ask; a replaced one frees its place that much later at most (never sooner: never a guess).
+        self._holder_nodes: dict[str, tuple[float, Mapping[str, Any]]] = {}
 
     @property
     def where(self) -> str:
@@ -308,7 +317,9 @@ class ClusterBudget:
             state = decode_state(self._annotation(lease))
         except CorruptBudget as exc:
             return self._refuse(lease, exc, cluster, own)
-        return self._view(self._effective(state, cluster), cluster, own)
+        now = self._clock()
+        cluster.census = self._usable(state, now) or self._count(now, state)  # a view counts for itself: no write
+        return self._view(self._effective(state, cluster, now=now), cluster, own)
 
     def acquire(self, *, incident_id: str, counts: bool = True, problem: str = "") -> BudgetView:
         """Take (or keep) this node's place and count one disruptive step. Returns the view after, with
@@ -365,7 +376,7 @@ class ClusterBudget:
                     holders[domain] = replace(holder, nodes=nodes)
             return None if holders == dict(state.holders) else replace(state, holders=holders)
 
-        return self._transact(give_back, cluster, own)[0]
+        return self._transact(give_back, cluster, own, count=False)[0]
 
     # ---- the read-modify-write round ------------------------------------------------------------------
 
@@ -376,8 +387,10 @@ class ClusterBudget:
         own: str,
         *,
         problem: str = "",
+        count: bool = True,
     ) -> tuple[BudgetView, bool]:
-        """The view after ``change`` (None = nothing to change) and whether the Lease was written."""
+        """The view after ``change`` (None = nothing to change) and whether the Lease was written. ``count``:
+        the change needs the census (a stale one is counted again, by one agent: agent.recovery.census)."""
         round_trip = BACKOFF_BASE
         for attempt in range(self._attempts):
             if attempt:
@@ -389,11 +402,21 @@ class ClusterBudget:
             except CorruptBudget as exc:
                 return self._refuse(lease, exc, cluster, own), False
             now = self._clock()
+            try:
+                lease, publish = self._census_round(lease, state, cluster, now, count=count)
+            except KubeError as exc:
+                if exc.status in (404, 409):  # another agent claimed the count, or wrote: redo
+                    round_trip = max(BACKOFF_BASE, min(BACKOFF_CAP, self._clock() - began))
+                    continue
+                raise
             current = self._effective(state, cluster, now=now)
             changed = change(current, now)
             # Times clamped from the future are written back clamped even when nothing else changes (a
             # refusal): else each read would clamp them anew to its own now, and they would never age.
-            target = changed if changed is not None else current if current.clamped else None
+            target = changed if changed is not None else current if current.clamped or publish else None
+            if target is not None and publish and cluster.census is not None:
+                extra = {k: v for k, v in target.extra.items() if k != CLAIM_KEY}
+                target = replace(target, extra={**extra, CENSUS_KEY: fleet_census.encode(cluster.census)})
             if target is None:
                 return self._view(current, cluster, own, problem), False
             try:
@@ -415,16 +438,92 @@ class ClusterBudget:
     def _applied(self, exc: KubeError, state: BudgetState) -> bool:
         """After a write answered with no answer, a timeout or a 5xx: whether the Lease holds ``state`` (the
         write was applied all the same). A step whose write was applied counts once, not again on retry."""
+        return self._applied_lease(exc, state) is not None
+
+    def _applied_lease(self, exc: KubeError, state: BudgetState) -> dict[str, Any] | None:
+        """:meth:`_applied`, with the Lease read back (None: not applied, or not known to be)."""
         if exc.status is not None and exc.status < 500:
-            return False
+            return None
         try:
-            text = self._annotation(self._get())
+            lease = self._get()
         except KubeError:
-            return False
-        if text != encode_state(state):
-            return False
+            return None
+        if lease is None or self._annotation(lease) != encode_state(state):
+            return None
         log.info("budget Lease %s: the write answered %s, but it was applied (read back)", self.where, exc)
-        return True
+        return lease
+
+    # ---- the census ------------------------------------------------------------------------------------
+
+    def _census_labels(self) -> tuple[str, ...]:
+        correlation = self._settings.correlation.labels if self._settings.correlation else ()
+        return tuple(dict.fromkeys([*(g.label for g in self._settings.groups), *correlation]))
+
+    def _usable(self, state: BudgetState, now: float) -> Census | None:
+        """A fresh census of this agent's settings: the Lease's, else the one this agent counted."""
+        stored = fleet_census.decode(state.extra.get(CENSUS_KEY))
+        for census in (stored, self._local):
+            if census is not None and census.fresh(now, self._census_key, self._census_max_age):
+                return census
+        return None
+
+    def _count(self, now: float, state: BudgetState | None = None) -> Census:
+        """Count the fleet: one LIST of the Nodes the selector lists, from the watch cache (and the holders of
+        ``state`` found in it)."""
+        nodes = self._client.list_nodes(label_selector=self._settings.node_selector, cached=True)
+        holders = {n for holder in state.holders.values() for n in holder.nodes} if state is not None else set()
+        self._local = fleet_census.take(
+            nodes,
+            now=now,
+            by=self._node,
+            key=self._census_key,
+            labels=self._census_labels(),
+            types=self._problem_types,
+            new_node_window=self._settings.correlation.new_node_window if self._settings.correlation else 0.0,
+            domain_of=self._domain_of,
+            holders=holders,
+        )
+        return self._local
+
+    def _census_round(
+        self, lease: dict[str, Any] | None, state: BudgetState, cluster: _Cluster, now: float, *, count: bool
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Put the census into ``cluster``: the Lease's when fresh; else, when ``count``, one agent claims the
+        count (a conditional write: 409 to the others, raised) and counts, and the others go on with the stale
+        one. Returns the Lease as now written and whether the census is to be written with the next write."""
+        stored = fleet_census.decode(state.extra.get(CENSUS_KEY))
+        fresh = self._usable(state, now)
+        others = (
+            stored is not None
+            and stored.key != self._census_key
+            and stored.fresh(now, stored.key, self._census_max_age)
+        )
+        if fresh is not None:
+            cluster.census = fresh
+            stored_fresh = stored is not None and stored.fresh(now, self._census_key, self._census_max_age)
+            return lease, not (stored_fresh or others)  # counted here, not yet in the Lease: write it
+        stale = stored if stored is not None and stored.key == self._census_key else self._local
+        if not count:
+            cluster.census = stale
+            return lease, False
+        if others:  # a fresh census of other settings (a mixed fleet): count for this agent only
+            cluster.census = self._count(now, state)
+            return lease, False
+        claimer = fleet_census.claim_holder(state.extra.get(CLAIM_KEY), now)
+        if claimer and claimer != self._node:  # another agent counts now: go on with what there is
+            cluster.census = stale
+            cluster.counting = claimer if stale is None else ""
+            return lease, False
+        if not claimer:
+            claim = {**state.extra, CLAIM_KEY: {"by": self._node, "at": now}}
+            try:
+                lease = self._write(lease, replace(state, extra=claim), now=now)
+            except KubeError as exc:
+                lease = None if exc.status in (404, 409) else self._applied_lease(exc, replace(state, extra=claim))
+                if lease is None:
+                    raise
+        cluster.census = self._count(now, state)
+        return lease, True
 
     def _get(self) -> dict[str, Any] | None:
         try:
@@ -443,8 +542,9 @@ class ClusterBudget:
             return None
         return ((lease.get("metadata") or {}).get("annotations") or {}).get(BUDGET_ANNOTATION)
 
-    def _write(self, lease: dict[str, Any] | None, state: BudgetState, *, now: float) -> None:
-        write_lease_annotation(
+    def _write(self, lease: dict[str, Any] | None, state: BudgetState, *, now: float) -> dict[str, Any] | None:
+        """Write ``state``; the Lease as written."""
+        written = write_lease_annotation(
             self._client,
             lease,
             namespace=self._namespace,
@@ -453,49 +553,58 @@ class ClusterBudget:
             value=encode_state(state),
             spec={"holderIdentity": self._node, "renewTime": _micro_time(now)},
         )
+        return written if isinstance(written, dict) else None
 
     # ---- reading the cluster -------------------------------------------------------------------------
 
     def _cluster(self, *, own_labels: Mapping[str, str] | None = None) -> _Cluster:
-        """The Nodes the selector lists, and this Node when it lists not it (read, or made of ``own_labels``):
-        a node outside the selector is held to its zone and pool budgets and correlated holds all the same."""
-        nodes = self._client.list_nodes(label_selector=self._settings.node_selector)
-        by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
-        domains = frozenset(
-            self._domain_of(n) or name
-            for name, n in by_name.items()
-            if not any(k in ((n.get("metadata") or {}).get("labels") or {}) for k in CONTROL_PLANE_LABELS)
-        )
-        own: Mapping[str, Any] | None = None
-        if self._node not in by_name:
-            if own_labels is not None:
-                own = {"metadata": {"name": self._node, "labels": dict(own_labels)}}
-            else:
-                try:
-                    own = self._client.get_node(self._node)
-                except KubeError as exc:
-                    if exc.status != 404:
-                        raise
-        return _Cluster(domains=domains, by_name=by_name, own=own)
+        """This Node (from the watch cache, or made of ``own_labels``); the census comes with the Lease."""
+        if own_labels is not None:
+            return _Cluster(own={"metadata": {"name": self._node, "labels": dict(own_labels)}})
+        try:
+            return _Cluster(own=self._client.get_node(self._node, cached=True))
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+        return _Cluster(own=None)
 
     def _own_domain(self, cluster: _Cluster) -> str:
-        node = cluster.by_name.get(self._node) or cluster.own
+        node = cluster.own
         return (self._domain_of(node) or self._node) if node is not None else self._node
 
     def _present(self, name: str, cluster: _Cluster, seen: dict[str, bool]) -> bool:
-        """Whether node ``name`` still exists (a node outside the selector is looked up; when that
-        fails for another reason than 404 it counts as present: never drop a place on a guess)."""
-        if name in cluster.by_name or (name == self._node and cluster.own is not None):
+        """Whether node ``name`` still exists: read from the watch cache, and a 404 there read again from etcd
+        (a cache a moment behind never drops a place), at most once per census age per holder; when a read
+        fails for another reason than 404 it counts as present: never drop a place on a guess."""
+        if name == self._node and cluster.own is not None:
             return True
-        if not self._settings.node_selector:
-            return False
+        if name not in seen and cluster.census is not None and name in cluster.census.holders:
+            # found by the census's count: there then, in these groups (gone since: freed at the next count)
+            cluster.holders[name] = {"metadata": {"name": name, "labels": dict(cluster.census.holders[name])}}
+            seen[name] = True
         if name not in seen:
+            now = self._clock()
+            cached = self._holder_nodes.get(name)
+            if cached is not None and 0 <= now - cached[0] < self._census_max_age:  # seen lately: still there
+                cluster.holders[name] = cached[1]
+                seen[name] = True
+                return True
             try:
-                cluster.outside[name] = self._client.get_node(name)  # its labels count in its zone and pool
+                cluster.holders[name] = self._read_node(name)  # its labels count in its zone and pool
+                self._holder_nodes[name] = (now, cluster.holders[name])
                 seen[name] = True
             except KubeError as exc:
+                self._holder_nodes.pop(name, None)
                 seen[name] = exc.status != 404
         return seen[name]
+
+    def _read_node(self, name: str) -> Mapping[str, Any]:
+        try:
+            return self._client.get_node(name, cached=True)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+        return self._client.get_node(name)
 
     def _effective(self, state: BudgetState, cluster: _Cluster, *, now: float | None = None) -> BudgetState:
         """``state`` without actions older than the window and without nodes gone from the cluster."""
@@ -536,11 +645,12 @@ class ClusterBudget:
         )
 
     def _view(self, state: BudgetState, cluster: _Cluster, own: str, problem: str = "") -> BudgetView:
-        own_node = cluster.by_name.get(self._node) or cluster.own
+        own_node = cluster.own
         window = self._settings.window
         return BudgetView(
             holders=tuple(sorted(state.holders)),
-            limit=resolve_limit(self._settings, domains=len(cluster.domains)),
+            limit=resolve_limit(self._settings, domains=cluster.domains),
+            counting=cluster.counting,
             actions_in_window=len(state.actions),
             device_actions_in_window=len(state.device_actions),
             max_device_actions=self._settings.max_device_actions,
@@ -554,7 +664,7 @@ class ClusterBudget:
             correlated=correlated_hold(
                 self._settings.correlation,
                 own_node=own_node,
-                nodes=cluster.members(),
+                census=cluster.census,
                 types=self._problem_types,
                 now=self._clock(),
                 problem=problem,
@@ -567,21 +677,22 @@ class ClusterBudget:
         """Why a zone or pool budget refuses this node a new place ("" = none does)."""
         if own_node is None or own in state.holders:
             return ""
-        nodes = cluster.members()
+        nodes = {**cluster.holders, self._node: own_node}  # the holders' Nodes were read to see they are there
         for group in self._settings.groups:
             value = labels_of(own_node).get(group.label)
             if value is None:
                 continue
-            members = {
-                name for name, node in nodes.items() if counted(node) and labels_of(node).get(group.label) == value
-            }
-            domains = {self._domain_of(nodes[n]) or n for n in members}
-            held = sorted(d for d, holder in state.holders.items() if any(n in members for n in holder.nodes))
-            limit = resolve_limit(group, domains=len(domains))
+            domains = cluster.census.group(group.label, value).domains if cluster.census is not None else 0
+            held = sorted(
+                d
+                for d, holder in state.holders.items()
+                if any(n in nodes and labels_of(nodes[n]).get(group.label) == value for n in holder.nodes)
+            )
+            limit = resolve_limit(group, domains=max(domains, 1))  # this node is one, counted or not yet
             if len(held) >= limit:
                 return (
                     f"{group.label}={value}: {len(held)} of {limit} places held ({', '.join(held)}), its budget "
-                    f"{group.max_unhealthy} of {len(domains)} failure domains"
+                    f"{group.max_unhealthy} of {domains} failure domains"
                 )
         return ""
 
@@ -596,7 +707,7 @@ class ClusterBudget:
             log.error("%s", problem)
         return BudgetView(
             holders=(),
-            limit=resolve_limit(self._settings, domains=len(cluster.domains)),
+            limit=resolve_limit(self._settings, domains=cluster.domains),
             actions_in_window=0,
             max_actions=self._settings.max_actions,
             this_node_holds=False,

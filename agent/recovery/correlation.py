@@ -1,7 +1,7 @@
 """Correlated failure: hold recovery in a zone or pool whose nodes fail together.
 
-Pure: it reads the Node list the cluster budget already reads (no extra API call). The group budgets
-(a limit per zone or pool) are in :mod:`agent.recovery.budget`.
+Pure: it reads the fleet census the cluster budget already reads (no extra API call;
+:mod:`agent.recovery.census`). The group budgets (a limit per zone or pool) are in :mod:`agent.recovery.budget`.
 
 Correlated failure (``budget.correlation``)
     When more than ``share`` of a group's nodes (and at least ``min_nodes``) show a problem of the
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.recovery.model import CONTROL_PLANE_LABELS, CorrelationSettings
+
+if TYPE_CHECKING:
+    from agent.recovery.census import Census
 
 Node = Mapping[str, Any]
 
@@ -32,7 +35,7 @@ def counted(node: Node) -> bool:
     return not any(key in labels_of(node) for key in CONTROL_PLANE_LABELS)
 
 
-def _problem_types(node: Node, types: Collection[str]) -> set[str]:
+def problem_types(node: Node, types: Collection[str]) -> set[str]:
     conditions = (node.get("status") or {}).get("conditions") or []
     if not isinstance(conditions, list):
         return set()
@@ -40,7 +43,7 @@ def _problem_types(node: Node, types: Collection[str]) -> set[str]:
     return {t for t in found if isinstance(t, str) and t in types}
 
 
-def _created(node: Node) -> float | None:
+def created_at(node: Node) -> float | None:
     text = (node.get("metadata") or {}).get("creationTimestamp")
     if not isinstance(text, str):
         return None
@@ -54,43 +57,40 @@ def correlated_hold(
     settings: CorrelationSettings | None,
     *,
     own_node: Node | None,
-    nodes: Mapping[str, Node],
+    census: Census | None,
     types: Collection[str],
     now: float,
     problem: str = "",
 ) -> str:
     """Why recovery on this node holds for a correlated failure in one of its groups ("" = it does not).
 
+    ``census``: the fleet's counts (:mod:`agent.recovery.census`; None: none yet, nothing holds).
     ``problem``: the condition type this node's recovery is about (it counts as showing it whatever its
-    Node object says yet); the types True on its Node object count too."""
-    if settings is None or own_node is None:
+    Node object says yet: when its Node does not show it, the census did not count it, and it is added)."""
+    if settings is None or own_node is None or census is None:
         return ""
-    own_name = (own_node.get("metadata") or {}).get("name")
-    own_problems = _problem_types(own_node, types) | ({problem} if problem else set())
+    own_shown = problem_types(own_node, types)
+    own_problems = own_shown | ({problem} if problem else set())
+    created = created_at(own_node)
+    own_young = created is not None and now - settings.new_node_window <= created <= now + 300
     for label in settings.labels:
         value = labels_of(own_node).get(label)
         if value is None:
             continue
-        members = [n for n in nodes.values() if counted(n) and labels_of(n).get(label) == value]
+        group = census.group(label, value)
+        members = max(group.nodes, 1)
         for type_ in sorted(own_problems):
-            showing = [
-                n
-                for n in members
-                if type_ in _problem_types(n, types) or ((n.get("metadata") or {}).get("name") == own_name and own_name)
-            ]
-            if len(showing) >= settings.min_nodes and len(showing) > settings.share * len(members):
+            added = 0 if type_ in own_shown else 1  # the census counted this node only where its Node showed it
+            showing = group.showing.get(type_, 0) + added
+            if showing >= settings.min_nodes and showing > settings.share * members:
                 return (
-                    f"{label}={value}: {len(showing)} of its {len(members)} nodes show {type_} problems at once "
+                    f"{label}={value}: {showing} of its {members} nodes show {type_} problems at once "
                     f"(more than {settings.share:.0%}): the cause is likely not the nodes"
                 )
-            young = [
-                n
-                for n in showing
-                if (created := _created(n)) is not None and now - settings.new_node_window <= created <= now + 300
-            ]
-            if len(young) >= settings.new_node_repeats:
+            young = group.young.get(type_, 0) + (added if own_young else 0)
+            if young >= settings.new_node_repeats:
                 return (
-                    f"{label}={value}: {len(young)} of its nodes created in the last "
+                    f"{label}={value}: {young} of its nodes created in the last "
                     f"{settings.new_node_window / 3600:g} h show {type_} problems: replacements come back with the "
                     "problem they replaced"
                 )

@@ -42,6 +42,10 @@ class Gates:
         )
         self._retry_at = float("-inf")  # clock time before which a refused node does not ask again
 
+    def retry_in(self, now: float) -> float:
+        """Seconds until a node the budget refused asks again (0: it is not waiting for the budget)."""
+        return max(0.0, self._retry_at - now)
+
     def check(self, p: Planning, publication: Publication, node: Mapping[str, Any]) -> Hold | BudgetView | None:
         """A hold, or the budget's answer for the plan's stages after the gates (None: not read, or refused)."""
         asks = p.needs_budget and p.now >= self._retry_at

@@ -180,7 +180,10 @@ class RecoveryLoop:
             if pub is not None:
                 seen = pub.number
             self._beat = self._monotonic()
-            self.holds.poll(self.stats.incident)  # the pause Lease, when due: idle agents know of a pause too
+            # The pause Lease, when due: idle agents know of a pause too. One waiting out the budget's backoff acts on
+            # nothing before it asks again (and reads the pause Lease then): it polls as an idle one does.
+            waiting = self._gates.retry_in(self._clock()) > 0
+            self.holds.poll(None if waiting else self.stats.incident)
             self._trouble = ""
             try:
                 self.step()
@@ -197,7 +200,10 @@ class RecoveryLoop:
                 continue
             self._backoff.reset()
             self.stats.last_error = None  # /healthz details show current trouble only (the count stays)
-            wait = self._interval
+            # Refused by the budget: nothing to do before the budget's backoff ends (a new publication still wakes
+            # the loop at once): every blocked node of a fleet-wide misfire stepping every 5 s would read its Node
+            # and the pause Lease 2N/5 times a second.
+            wait = max(self._interval, self._gates.retry_in(self._clock()))
 
     def _failed(self, message: str, exc: Exception | None) -> None:
         self.stats.errors += 1

@@ -440,6 +440,7 @@ class BudgetView:
     max_device_actions: int = 0
     future_actions: int = 0  # step times found later than now + the allowed clock skew (counted as that)
     skew: float = 0.0  # the allowed clock skew they were clamped to
+    counting: str = ""  # no census of the fleet yet: the node counting it (agent.recovery.census)
 
     @property
     def why_blocked(self) -> str:
@@ -450,7 +451,9 @@ class BudgetView:
             return ""
         causes = []
         if not (self.this_node_holds or len(self.holders) < self.limit):
-            if self.limit == 0:
+            if self.limit == 0 and self.counting:
+                causes.append(f"the fleet is being counted by {self.counting} (no census yet: 0 places)")
+            elif self.limit == 0:
                 causes.append("no node matches the budget's node selector (0 places)")
             else:
                 causes.append(f"{len(self.holders)} of {self.limit} places held: {', '.join(self.holders)}")

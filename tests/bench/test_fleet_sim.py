@@ -45,6 +45,20 @@ def test_cordons_over_the_limit_are_counted_from_the_servers_view(
 
 
 @pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/api/v1/nodes", "nodes (list)"),
+        ("/api/v1/nodes/n0001", "nodes/NAME"),
+        ("/api/v1/nodes/n0001/status", "nodes/status"),
+        ("/apis/coordination.k8s.io/v1/namespaces/ns/leases/budget", "leases/NAME"),
+        ("/api/v1/namespaces/default/events", "events (list)"),
+    ],
+)
+def test_requests_are_grouped_by_resource_without_names(path: str, kind: str) -> None:
+    assert fleetsim._kind(path) == kind
+
+
+@pytest.mark.parametrize(
     ("times", "width", "expected"),
     [
         ([], 10.0, [0, 0, 0]),
@@ -96,9 +110,11 @@ def test_a_tiny_steady_fleet_writes_heartbeats_only(steady: Any) -> None:
     assert steady.figures["fleet.max_writes_10s_over_mean_unpulsed"] >= 1.0
 
 
-def test_a_tiny_misfire_never_disrupts_more_than_the_budget() -> None:
-    measured = fleetsim.misfire(agents=12, processes=2, scale=20.0, settle=600.0)
+@pytest.mark.parametrize("light", [False, True])  # full agents; the main loops and seeders stepped by a Pump
+def test_a_tiny_misfire_never_disrupts_more_than_the_budget(light: bool) -> None:
+    measured = fleetsim.misfire(agents=12, processes=2, scale=20.0, settle=600.0, light=light)
     assert measured.figures["fleet.actions_over_budget"] == 0
+    assert measured.figures["fleet.misfire_objects_per_s_per_agent"] > 0
     assert measured.figures["fleet.converge_blocked_s"] < 600.0
     assert measured.figures["fleet.lease_requests_per_grant"] >= 2  # a read and a write at least
 

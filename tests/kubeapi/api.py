@@ -129,6 +129,9 @@ class KubeApi:
         self.authorizer = authorizer
         self.server_address = server_address
         self.default_watch_timeout = default_watch_timeout
+        # How many revisions the watch cache (what serves resourceVersion=0) is behind etcd: 0 = caught up, as
+        # it is within milliseconds on a real server; a test sets it to serve the stale reads a real one may.
+        self.watch_cache_lag = 0
         self.rng = rng or random.Random()
         self._pdb_scales: dict[str, int] = {}
         # Called (store lock held) with a pod that a DELETE or eviction left terminating, i.e.
@@ -325,10 +328,85 @@ class KubeApi:
     def get(self, request: Request, target: Target) -> Response:
         rt = target.rt
         assert target.name is not None
-        obj = self.store.get(rt.storage_key, self._storage_namespace(rt, target.namespace), target.name)
+        namespace = self._storage_namespace(rt, target.namespace)
+        if request.query.get("resourceVersion") == "0" and self.watch_cache_lag:  # "any": the watch cache
+            found = [o for o in self.store.at(rt.storage_key, self._cache_revision()) if _is(o, namespace, target.name)]
+            obj = found[0] if found else None
+        else:  # unset: the latest (a quorum read); "N": not older than N (etcd's latest always is)
+            obj = self.store.get(rt.storage_key, namespace, target.name)
         if obj is None:
             raise errors.not_found(rt.group_resource, target.name)
         return Response(200, self.external(rt, obj))
+
+    def _cache_revision(self) -> int:
+        """The revision the watch cache has reached: ``watch_cache_lag`` revisions behind etcd (0: caught
+        up), never before the retained history (a cache that far behind is rebuilt: it relists)."""
+        with self.store.lock:
+            return max(self.store.compacted, self.store.revision - self.watch_cache_lag)
+
+    def _list_items(self, request: Request, rt: ResourceType, namespace: str | None) -> tuple[int, list[Obj], bool]:
+        """The revision a list is served at, its objects and whether the watch cache served it, by
+        ``resourceVersion`` and ``resourceVersionMatch`` as the API server reads them (ValidateListOptions;
+        "Semantics for get and list" of the API concepts): unset = the latest, from etcd; "0" = any, from
+        the watch cache; "N" or NotOlderThan = at least N (the latest, or the cache when it has reached N);
+        Exact = at N exactly, rebuilt from the history (410 Expired once compacted). The watch cache does
+        not page: it answers the whole list whatever ``limit`` (kubernetes#70735), with no continue token."""
+        version = request.query.get("resourceVersion") or ""
+        match = request.query.get("resourceVersionMatch") or ""
+        problems: list[FieldError] = []
+        if match:
+            if not version:
+                problems.append(
+                    FieldError(
+                        "Forbidden",
+                        "resourceVersionMatch",
+                        detail="resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    )
+                )
+            if request.query.get("continue"):
+                problems.append(
+                    FieldError(
+                        "Forbidden",
+                        "resourceVersionMatch",
+                        detail="resourceVersionMatch is forbidden when continue is provided",
+                    )
+                )
+            if match == "Exact" and version == "0":
+                problems.append(
+                    FieldError(
+                        "Forbidden",
+                        "resourceVersionMatch",
+                        detail='resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                    )
+                )
+            elif match not in ("Exact", "NotOlderThan"):
+                problems.append(
+                    FieldError("NotSupported", "resourceVersionMatch", match, '"Exact", "NotOlderThan", ""')
+                )
+        if problems:
+            raise errors.invalid("meta.k8s.io", "ListOptions", "", problems)
+        if request.query.get("continue") and version not in ("", "0"):
+            raise errors.bad_request("specifying resource version is not allowed when using continue")
+        if version and version != "0":
+            try:
+                wanted = int(version)
+            except ValueError as exc:
+                raise errors.bad_request(f'resourceVersion: Invalid value: "{version}": must be an integer') from exc
+        with self.store.lock:
+            if version == "" or request.query.get("continue"):
+                return self.store.revision, self.store.list(rt.storage_key, namespace), False
+            cache = self._cache_revision()
+            if version == "0":
+                revision = cache
+            elif match == "Exact":
+                revision = wanted
+            else:
+                revision = cache if cache >= wanted else self.store.revision
+            try:
+                items = self.store.at(rt.storage_key, revision, namespace)
+                return revision, items, revision == cache and match != "Exact"
+            except TooOldResourceVersion as exc:
+                raise errors.expired(f"The resourceVersion for the provided list is too old: {exc}") from exc
 
     def _matchers(self, request: Request, rt: ResourceType) -> Callable[[Obj], bool]:
         try:
@@ -355,11 +433,12 @@ class KubeApi:
     def list(self, request: Request, target: Target) -> Response:
         rt = target.rt
         matches = self._matchers(request, rt)
-        with self.store.lock:
-            revision = self.store.revision
-            items = [o for o in self.store.list(rt.storage_key, target.namespace) if matches(o)]
+        revision, items, cached = self._list_items(request, rt, target.namespace)
+        items = [o for o in items if matches(o)]
         meta: Obj = {"resourceVersion": str(revision)}
         limit = _int_query(request, "limit") or 0
+        if cached:  # the watch cache answers the whole list
+            limit = 0
         token = request.query.get("continue")
         if token:
             try:
@@ -880,6 +959,11 @@ class KubeApi:
                 meta.setdefault("generation", 1)
             meta.pop("resourceVersion", None)
             return self.external(rt, self.store.put(rt.storage_key, internal))
+
+
+def _is(obj: Obj, namespace: str, name: str) -> bool:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "") == namespace and meta.get("name") == name
 
 
 def _int_query(request: Request, name: str) -> int | None:

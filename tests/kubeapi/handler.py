@@ -140,8 +140,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             parsed_body = body.decode(errors="replace")
 
-        def record(status: int | None, fault: str | None = None) -> None:
-            owner.requests.append(RequestRecord(self.command, path, query, content_type, status, parsed_body, fault))
+        def record(status: int | None, fault: str | None = None, objects: int = 0) -> None:
+            owner.requests.append(
+                RequestRecord(self.command, path, query, content_type, status, parsed_body, fault, objects=objects)
+            )
 
         fault = owner.faults.take(self.command, path, body.decode(errors="replace"))
         if fault is not None and fault.kind not in ("slow", "applied"):
@@ -184,5 +186,14 @@ class RequestHandler(BaseHTTPRequestHandler):
             record(result.status, "slow")
             owner._stopping.wait(fault.delay)
         else:
-            record(result.status)
+            record(result.status, objects=_objects(result))
         self._write(result)
+
+
+def _objects(response: Response) -> int:
+    """API objects in a successful answer: a list's items, else 1 for an object (a Status counts none)."""
+    body = response.body
+    if not 200 <= response.status < 300 or not isinstance(body, dict) or body.get("kind") == "Status":
+        return 0
+    items = body.get("items")
+    return len(items) if isinstance(items, list) else 1

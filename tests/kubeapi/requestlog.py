@@ -14,7 +14,8 @@ from typing import Any
 class RequestRecord:
     """One request.  ``status`` is ``None`` when no response was sent (drop, timeout, outage);
     ``fault`` names the injected fault kind that answered it, if any; ``at`` is when it arrived
-    (``time.monotonic()``: one clock for every process on the machine)."""
+    (``time.monotonic()``: one clock for every process on the machine); ``objects`` how many API
+    objects the answer carried."""
 
     method: str
     path: str
@@ -24,6 +25,7 @@ class RequestRecord:
     body: Any = None
     fault: str | None = None
     at: float = field(default_factory=time.monotonic)
+    objects: int = 0  # API objects in the answer: a list's items, 1 for one object (what the server sent)
 
 
 class RequestLog:

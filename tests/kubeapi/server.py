@@ -226,6 +226,10 @@ class KubeApiServer:
         """The newest resourceVersion handed out."""
         return self.store.revision
 
+    def set_watch_cache_lag(self, revisions: int) -> None:
+        """Serve ``resourceVersion=0`` reads (the watch cache) ``revisions`` revisions behind etcd (0: caught up)."""
+        self.api.watch_cache_lag = max(0, revisions)
+
     def compact(self) -> None:
         """Forget the watch history: watches from any older resourceVersion get 410 Gone."""
         self.store.compact()

@@ -79,6 +79,34 @@ class Store:
             keys = sorted(k for k in items if namespace is None or k[0] == namespace)
             return [copy.deepcopy(items[k]) for k in keys]
 
+    @property
+    def compacted(self) -> int:
+        """The oldest revision the retained history can rebuild."""
+        with self.lock:
+            return self._compacted
+
+    def at(self, storage: str, revision: int, namespace: str | None = None) -> list[Obj]:
+        """The objects of ``storage`` as they were at ``revision`` (sorted as :meth:`list`): the current ones
+        with every retained change after ``revision`` undone. Raises :class:`TooOldResourceVersion` when
+        the history no longer reaches back to it."""
+        with self.lock:
+            if revision >= self._revision:
+                return self.list(storage, namespace)
+            if revision < self._compacted:
+                raise TooOldResourceVersion(revision, self._compacted)
+            items = {k: v for k, v in self._objects.get(storage, {}).items() if namespace is None or k[0] == namespace}
+            for change in reversed(self._history):
+                if change.revision <= revision:
+                    break
+                if change.storage != storage or (namespace is not None and change.namespace != namespace):
+                    continue
+                key = (change.namespace, change.name)
+                if change.prev is None:
+                    items.pop(key, None)
+                else:
+                    items[key] = change.prev
+            return [copy.deepcopy(items[k]) for k in sorted(items)]
+
     def put(self, storage: str, obj: Obj) -> Obj:
         """Create or replace ``obj``; sets ``metadata.resourceVersion``; returns a copy."""
         with self.lock:

@@ -495,6 +495,89 @@ def test_list_pagination_with_limit_and_continue(core, make_node):
     assert {n.metadata.name for n in first.items + rest.items} == names
 
 
+def test_resource_version_0_lists_from_the_cache_and_the_match_rules_are_checked(core, make_node):
+    """``resourceVersion=0`` (any version: the watch cache) answers a list with its own resourceVersion;
+    ``resourceVersionMatch`` needs a resourceVersion, ``Exact`` refuses "0" (422 Invalid ListOptions), and
+    a continue token refuses a resourceVersion other than "0" (400)."""
+    group = unique("cache")
+    name = make_node(labels={"cache": group}).metadata.name
+    latest = core.list_node(label_selector=f"cache={group}")
+    cached = core.list_node(label_selector=f"cache={group}", resource_version="0")
+    assert int(cached.metadata.resource_version) > 0
+    assert [n.metadata.name for n in cached.items] == [name] == [n.metadata.name for n in latest.items]
+    not_older = core.list_node(
+        label_selector=f"cache={group}",
+        resource_version=latest.metadata.resource_version,
+        resource_version_match="NotOlderThan",
+    )
+    assert int(not_older.metadata.resource_version) >= int(latest.metadata.resource_version)
+    for query, status in (
+        ({"resource_version_match": "NotOlderThan"}, 422),
+        ({"resource_version": "0", "resource_version_match": "Exact"}, 422),
+        ({"resource_version": "0", "resource_version_match": "Newest"}, 422),
+    ):
+        with pytest.raises(ApiException) as raised:
+            core.list_node(label_selector=f"cache={group}", **query)
+        assert raised.value.status == status, query
+        assert "resourceVersionMatch" in status_of(raised.value)["message"]
+
+
+def test_resource_version_0_answers_the_whole_list_whatever_the_limit(core, make_node):
+    """The watch cache does not page (kubernetes#70735): ``resourceVersion=0`` with a ``limit`` answers every
+    item and no continue token; without ``resourceVersion`` the same list pages."""
+    group = unique("whole")
+    names = {make_node(labels={"whole": group}).metadata.name for _ in range(3)}
+    cached = core.list_node(label_selector=f"whole={group}", limit=1, resource_version="0")
+    assert {n.metadata.name for n in cached.items} == names and not cached.metadata._continue
+    paged = core.list_node(label_selector=f"whole={group}", limit=1)
+    assert len(paged.items) == 1 and paged.metadata._continue
+
+
+def test_a_continue_token_with_a_resource_version_is_400(core, make_node):
+    group = unique("page")
+    for _ in range(2):
+        make_node(labels={"page": group})
+    first = core.list_node(label_selector=f"page={group}", limit=1)
+    with pytest.raises(ApiException) as raised:
+        core.list_node(
+            label_selector=f"page={group}",
+            limit=1,
+            _continue=first.metadata._continue,
+            resource_version=first.metadata.resource_version,
+        )
+    assert raised.value.status == 400
+
+
+def test_a_watch_cache_behind_serves_resource_version_0_stale_and_the_rest_fresh(kube_api, core, make_node):
+    """The test server's watch cache a few revisions behind (as a real one may be): a ``resourceVersion=0``
+    get or list answers the older state at the older resourceVersion; a list without one, or not older than
+    the latest, answers the latest; ``Exact`` rebuilds the state at that version, 410 once compacted."""
+    group = unique("stale")
+    name = make_node(labels={"stale": group}).metadata.name
+    before = core.list_node(label_selector=f"stale={group}").metadata.resource_version
+    core.patch_node(name, {"metadata": {"labels": {"after": "yes"}}})
+    second = make_node(labels={"stale": group}).metadata.name
+    kube_api.set_watch_cache_lag(2)
+    try:
+        cached = core.list_node(label_selector=f"stale={group}", resource_version="0")
+        assert cached.metadata.resource_version == before
+        assert [(n.metadata.name, "after" in (n.metadata.labels or {})) for n in cached.items] == [(name, False)]
+        status, text = raw_request(kube_api, "GET", f"/api/v1/nodes/{name}?resourceVersion=0")
+        assert status == 200 and "after" not in json.loads(text)["metadata"]["labels"]
+        status, _ = raw_request(kube_api, "GET", f"/api/v1/nodes/{second}?resourceVersion=0")
+        assert status == 404  # created after the cache's revision
+        assert "after" in core.read_node(name).metadata.labels  # a get without one: the latest
+        assert {n.metadata.name for n in core.list_node(label_selector=f"stale={group}").items} == {name, second}
+        exact = core.list_node(label_selector=f"stale={group}", resource_version=before, resource_version_match="Exact")
+        assert [n.metadata.name for n in exact.items] == [name]
+        kube_api.compact()
+        with pytest.raises(ApiException) as raised:
+            core.list_node(label_selector=f"stale={group}", resource_version=before, resource_version_match="Exact")
+        assert raised.value.status == 410
+    finally:
+        kube_api.set_watch_cache_lag(0)
+
+
 def test_unknown_fields_are_dropped_with_a_warning_or_rejected_when_strict(core, make_node):
     """Default ``fieldValidation=Warn`` drops unknown fields; ``Strict`` rejects them with 400."""
     name = make_node().metadata.name

@@ -12,7 +12,8 @@ import pytest
 
 from agent.adapters.kube import KubeClient
 from agent.core.types import Condition, Provenance, Severity, Snapshot, Status
-from agent.recovery.budget import ClusterBudget
+from agent.recovery.budget import ClusterBudget, ultraserver_domain
+from agent.recovery.census import Census, take
 from agent.recovery.correlation import correlated_hold
 from agent.recovery.model import (
     DEFAULT_LEASE,
@@ -147,6 +148,20 @@ def cluster(problems: dict[str, str], *, size: int = 10, zone_of=lambda i: "a", 
     return out
 
 
+def census_of(nodes: dict, types: set[str]) -> Census:
+    """The census one agent would count of ``nodes`` (agent.recovery.census)."""
+    return take(
+        nodes.values(),
+        now=T0,
+        by="n9",
+        key="k",
+        labels=SETTINGS.labels,
+        types=types,
+        new_node_window=SETTINGS.new_node_window,
+        domain_of=ultraserver_domain,
+    )
+
+
 @pytest.mark.parametrize(
     ("problems", "created", "held"),
     [
@@ -166,7 +181,8 @@ def cluster(problems: dict[str, str], *, size: int = 10, zone_of=lambda i: "a", 
 )
 def test_a_group_that_fails_together_holds(problems, created, held):
     nodes = cluster(problems, created=created)
-    answer = correlated_hold(SETTINGS, own_node=nodes["n0"], nodes=nodes, types={"GpuHealth", "NeuronHealth"}, now=T0)
+    types = {"GpuHealth", "NeuronHealth"}
+    answer = correlated_hold(SETTINGS, own_node=nodes["n0"], census=census_of(nodes, types), types=types, now=T0)
     assert (held in answer) if held else answer == "", answer
 
 
@@ -182,7 +198,9 @@ def test_a_group_that_fails_together_holds(problems, created, held):
 def test_junk_in_other_nodes_is_no_problem_and_no_crash(junk):
     nodes = cluster({"n0": "GpuHealth", "n1": "GpuHealth", "n2": "GpuHealth"}, size=4)
     nodes["n3"] = {**nodes["n3"], **junk}
-    held = correlated_hold(SETTINGS, own_node=nodes["n0"], nodes=nodes, types={"GpuHealth"}, now=T0)
+    held = correlated_hold(
+        SETTINGS, own_node=nodes["n0"], census=census_of(nodes, {"GpuHealth"}), types={"GpuHealth"}, now=T0
+    )
     assert re.search(r"3 of its [34] nodes show GpuHealth problems", held), held
 
 
@@ -269,4 +287,5 @@ def test_a_node_outside_the_node_selector_is_held_when_its_zone_fails_together(a
         max_unhealthy="100%", max_unhealthy_cap=None, max_actions=100, node_selector=f"{ROLE}=gpu", correlation=SETTINGS
     )
     answer = budget_for(client, "cpu0", settings).acquire(incident_id="c0", problem="GpuHealth")
-    assert not answer.granted and "5 of its 5 nodes show GpuHealth problems" in answer.correlated
+    # the census counts the nodes the selector lists: cpu0 is held by its zone's 4 of 4 all the same
+    assert not answer.granted and "4 of its 4 nodes show GpuHealth problems" in answer.correlated
