@@ -71,9 +71,14 @@ def subsystem_of(message: str) -> str:
     return found or OTHER
 
 
+def subsystems() -> tuple[str, ...]:
+    """Every subsystem the catch-all names (the metric's label values)."""
+    return tuple(sorted({*SUBSYSTEMS.values(), OTHER}))
+
+
 def reasons() -> tuple[str, ...]:
-    """Every reason the catch-all can give (metrics start them at 0)."""
-    return tuple(REASON_PREFIX + s for s in sorted({*SUBSYSTEMS.values(), OTHER}))
+    """Every reason the catch-all can give."""
+    return tuple(REASON_PREFIX + s for s in subsystems())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,7 +17,7 @@ from typing import cast
 
 from agent.core.columns import Mapped, RecordColumns
 from agent.core.types import Finding, LogRecord
-from agent.detectors.catchall import CatchAll, Leveled
+from agent.detectors.catchall import CatchAll, Leveled, subsystems
 from agent.detectors.prefix import strip_prefix
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine
@@ -45,6 +45,17 @@ class DetectionPipeline:
         self.catch_all = CatchAll(config=config) if config is not None and config.enabled else None
         self.rule_matches: Counter[str] = Counter()
         self.lines_matched = 0
+
+    def catch_all_counts(self) -> dict[str, dict[str, int]]:
+        """The catch-all's figures for the metrics: every subsystem (0 where none came, so alerts can fire on the
+        first) and every platform-noise entry; empty while it is off."""
+        stage = self.catch_all
+        if stage is None:
+            return {}
+        return {
+            "unmatched_errors": {s: stage.unmatched.get(s, 0) for s in subsystems()},
+            "platform_noise": {e.name: stage.benign.get(e.name, 0) for e in stage.config.benign},
+        }
 
     def threshold_counts(self) -> dict[tuple[str, str], int]:
         """Matches of count-in-window rules by device (their ``by`` fields), quiet ones included."""

@@ -290,3 +290,50 @@ def test_every_kernel_print_site_named_is_in_the_source():
             near = "\n".join(source[max(0, int(line) - 3) : int(line) + 2])
             word = re.search(r"[A-Za-z_][A-Za-z_ ]{6,}", text)
             assert word is not None and word.group(0).split()[0] in near, site
+
+
+def test_never_a_recovery_action(rule_set):
+    """Every catch-all finding is an Event only: the built-in recovery policy matches nothing after a storm."""
+    from agent.recovery.policy import matching
+    from agent.recovery.policyfile import DEFAULT_POLICY
+
+    stage = CatchAll(config=CatchAllConfig(max_reasons=16))
+    state = NodeState(conditions=rule_set.conditions, clock=lambda: 0.0, aggregate=True)
+    messages = [f"{word} x: failed" for word in ("iommu:", "nvme", "NVRM:", "neuron", "pcieport", "mce:", "BUG:", "zz")]
+    for finding in stage.findings(_leveled(m, at=float(i)) for i, m in enumerate(messages)):
+        state.apply(finding)
+    snapshot = state.snapshot()
+    assert all(c.status is not Status.TRUE for c in snapshot.conditions if c.type != "AcceleratedHardwareReady")
+    assert matching(snapshot, DEFAULT_POLICY) == ()
+
+
+def test_metrics_series_exist_at_zero_and_count(rule_set):
+    from agent.sinks.metrics import AgentCollector, AgentStats
+
+    pipeline = DetectionPipeline(rule_set=rule_set)
+    counts = pipeline.catch_all_counts()
+    assert set(counts["unmatched_errors"]) == {r.removeprefix("KernelError_") for r in reasons()}
+    assert set(counts["unmatched_errors"].values()) == {0}
+    records = decode(_kmsg("3,2,200,-;DMAR: DRHD: handling fault status reg 2"), mode=Mode.FILE, boot_time=0.0)
+    pipeline.process(Batch(records=records.records))
+    stats = AgentStats(
+        records_read=0,
+        records_lost=0,
+        reader_restarts=0,
+        read_errors=0,
+        parse_errors=0,
+        last_record_time=None,
+        lines_matched=0,
+        rule_matches={},
+        config_generation=1,
+        rules_loaded=1,
+        components={},
+        **pipeline.catch_all_counts(),
+    )
+    collector = AgentCollector(snapshot=NodeState(conditions=(), clock=lambda: 0.0).snapshot, stats=lambda: stats)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for family in collector.collect() for s in family.samples
+    }
+    assert samples[("node_health_agent_kernel_unmatched_errors_total", (("subsystem", "iommu"),))] == 1
+    assert samples[("node_health_agent_kernel_unmatched_errors_total", (("subsystem", "nvme"),))] == 0
+    assert samples[("node_health_agent_kernel_platform_noise_total", (("entry", "acpi-bios-error"),))] == 0
