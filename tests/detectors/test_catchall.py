@@ -337,3 +337,22 @@ def test_metrics_series_exist_at_zero_and_count(rule_set):
     assert samples[("node_health_agent_kernel_unmatched_errors_total", (("subsystem", "iommu"),))] == 1
     assert samples[("node_health_agent_kernel_unmatched_errors_total", (("subsystem", "nvme"),))] == 0
     assert samples[("node_health_agent_kernel_platform_noise_total", (("entry", "acpi-bios-error"),))] == 0
+
+
+@pytest.mark.parametrize("mode", [Mode.KERNEL_DEVICE, Mode.OTHER_DEVICE, Mode.FILE])
+@pytest.mark.parametrize("escaped", [False, True])
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_severe_scan_equals_the_records_levels(mode, escaped, level):
+    tail = "\\x1b" if escaped else ""
+    chunk = _kmsg(
+        "0,1,1,-;panic",
+        "3,2,2,-;err" + tail,
+        "4,3,3,-;warning",
+        "11,4,4,-;user err",
+        "2,5,5,-;crit",
+        "30,6,6,-;daemon info",
+        "1,7,7,c;alert",
+    )
+    columns = decode(chunk, mode=mode, boot_time=0.0).records
+    expected = [i for i, r in enumerate(columns) if r.facility == 0 and r.priority is not None and r.priority <= level]
+    assert columns.severe(level) == expected

@@ -23,7 +23,7 @@ class KmsgColumns(RecordColumns):
     one found in a header only makes the line a candidate the rules' regexes then turn down.
     """
 
-    __slots__ = ("messages", "timestamps", "seqs", "_rows", "_make", "raw_lines")
+    __slots__ = ("messages", "timestamps", "seqs", "_rows", "_make", "raw_lines", "_lines")
 
     def __init__(
         self,
@@ -34,13 +34,17 @@ class KmsgColumns(RecordColumns):
         rows: Sequence[Any],
         make: Callable[[Any], LogRecord],
         raw_lines: bytes | None = None,
+        lines: bytes | None = None,
     ) -> None:
+        """``lines``: the chunk's bytes where they are one line a record (a device's read without dictionary
+        lines), escaped or not; :meth:`severe` scans them (``raw_lines`` are such lines too)."""
         self.messages = messages
         self.timestamps = timestamps
         self.seqs = seqs
         self._rows = rows
         self._make = make
         self.raw_lines = raw_lines
+        self._lines = lines if lines is not None else raw_lines
 
     @overload
     def __getitem__(self, index: int) -> LogRecord: ...
@@ -62,7 +66,7 @@ class KmsgColumns(RecordColumns):
     def severe(self, max_level: int) -> list[int]:
         """:meth:`RecordColumns.severe` by one scan of the chunk's bytes in C where the columns have them (the
         kernel's own lines, one a record): no record built, no per-record Python work."""
-        raw = self.raw_lines
+        raw = self._lines
         if raw is None or not 0 <= max_level <= 3:
             return [i for i, row in enumerate(self._rows) if _level(row[0], max_level)]
         found: list[int] = []
