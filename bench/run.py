@@ -1512,7 +1512,39 @@ def bench_accuracy() -> list[Figure]:
         print(f"  missed: {text[:150]}")
     for text in acc.false_alarms:
         print(f"  false alarm: {text[:150]}")
-    return figures + _site_coverage_figures()
+    return figures + _site_coverage_figures() + _catchall_figures()
+
+
+def _catchall_figures() -> list[Figure]:
+    """The catch-all's Events a day on a healthy node: this machine's kernel log, the open set (bench/catchall.py)."""
+    from bench.catchall import measure
+
+    days, (leveled, raising) = measure(ROOT.parent / "shared" / "testdata")
+    for d in days:
+        print(
+            f"  catch-all, {d.source}: {d.records} records, {d.severe} at err or worse, {d.events} Events over "
+            f"{d.span_s / 3600:.1f} h"
+        )
+    for text in raising:
+        print(f"  catch-all false alarm: {text[:150]}")
+    this, open_set = days[0], days[1:]
+    figures = [
+        Figure(name="accuracy.catchall_events_per_day_this_node", value=this.per_day, target="<= 1", unit="/day")
+    ]
+    if open_set:
+        span = sum(d.span_s for d in open_set)
+        events = sum(d.events for d in open_set)
+        value = events / max(1.0, span / 86400.0)
+        figures.append(Figure(name="accuracy.catchall_events_per_day_healthy", value=value, target="<= 1", unit="/day"))
+        figures.append(
+            Figure(
+                name="accuracy.catchall_false_alarms",
+                value=float(len(raising)),
+                target="<= 0",
+                unit=f"of {leveled} lines",
+            )
+        )
+    return figures
 
 
 def _site_coverage_figures() -> list[Figure]:

@@ -23,6 +23,7 @@ from agent.core.configdoc import Problems
 from agent.core.configfiles import ConfigFile, Kind, of_kind, read_config_files
 from agent.core.errors import ConfigError, ConfigProblem
 from agent.core.types import ConditionSpec, Provenance
+from agent.detectors.catchall import CatchAllConfig, compile_catch_all
 from agent.detectors.rulepack import RuleSet, compile_rule_packs
 
 if TYPE_CHECKING:  # imported where a log monitor is configured (most nodes have none)
@@ -95,6 +96,9 @@ def load_agent_config(
         rule_set = compile_rule_packs([(f.path, f.doc) for f in of_kind(files, Kind.RULE_PACK)])
     except ConfigError as exc:
         problems.extend(exc.problems)
+    catch_all = _catch_all(files, problems)
+    if rule_set is not None and catch_all is not None:
+        rule_set = dataclasses.replace(rule_set, catch_all=catch_all)
     monitors: list[LogMonitor] = []
     log_files = of_kind(files, Kind.LOG_FILE, Kind.JOURNAL)
     if log_files:
@@ -320,4 +324,18 @@ def load_rule_set(paths: Sequence[Path]) -> RuleSet:
     if not paths:
         problems.append(ConfigProblem(file="(none)", field="", message="no rule pack files found"))
     packs = [(f.path, f.doc) for f in of_kind(files, Kind.RULE_PACK)]
-    return compile_rule_packs(packs, problems=problems)
+    catch_all = _catch_all(files, problems)
+    rule_set = compile_rule_packs(packs, problems=problems)
+    return rule_set if catch_all is None else dataclasses.replace(rule_set, catch_all=catch_all)
+
+
+def _catch_all(files: Sequence[ConfigFile], problems: list[ConfigProblem]) -> CatchAllConfig | None:
+    """The catch-all of the ``catchAll:`` files (None where there is none; their problems into ``problems``)."""
+    found = of_kind(files, Kind.CATCH_ALL)
+    if not found:
+        return None
+    try:
+        return compile_catch_all([(f.path, f.doc) for f in found])
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None

@@ -55,6 +55,11 @@ class RecordColumns(Sequence[LogRecord]):
     def __repr__(self) -> str:
         return f"RecordColumns({list(self)!r})"
 
+    def severe(self, max_level: int) -> list[int]:
+        """The indexes of the kernel's records (facility 0, or none known) at level ``max_level`` or worse
+        (0 = emerg ... 3 = err): what the catch-all looks at. Records without a level are none of them."""
+        return [i for i, r in enumerate(self) if r.priority is not None and r.priority <= max_level and not r.facility]
+
 
 class ListedColumns(RecordColumns):
     """Built records as columns."""

@@ -13,6 +13,7 @@ log file monitor       ``plugin: filelog``                             a file ta
 journal monitor        ``plugin: journald``                            journalctl + its rules
 custom plugin monitor  ``plugin: custom``                              checks.npd_plugin
 checks                 top-level ``checks``                            checks.declared
+catch-all              top-level ``catchAll``                          detectors.catchall
 system-stats monitor   ``cpu``/``disk``/``memory``/``host``/``net``/...  refused
 =====================  ==============================================  ==========================
 """
@@ -35,6 +36,7 @@ class Kind(enum.StrEnum):
     JOURNAL = "system-log-monitor (journald)"
     CUSTOM_PLUGIN = "custom-plugin-monitor"
     CHECKS = "checks"
+    CATCH_ALL = "catch-all"
 
 
 # Keys only node-problem-detector's system-stats-monitor configs have (pkg/systemstatsmonitor/types).
@@ -76,6 +78,8 @@ def classify(path: Path, doc: Document) -> Kind | ConfigProblem:
     plugin = data.get("plugin")
     if "checks" in data and plugin is None and "rules" not in data:
         return Kind.CHECKS
+    if "catchAll" in data and plugin is None and "rules" not in data:
+        return Kind.CATCH_ALL
     if plugin == "custom":
         return Kind.CUSTOM_PLUGIN
     if plugin is None and "rules" not in data and SYSTEM_STATS_KEYS & set(data):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from agent.core.devices import DeviceKind, DeviceRef, device_from
 from agent.core.patterns import RulePattern
 from agent.core.types import ConditionSpec, RuleType, Severity
+from agent.detectors.catchall import CatchAllConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +82,8 @@ class RuleSet:
     # (unnamed rule not loaded, the earlier rule whose reason template already gives its reason on its
     # type and condition: a built-in rule such as neuron/hw-error's NeuronHasError_{error})
     covered: tuple[tuple[str, str], ...] = ()
+    # The catch-all for error-level records no rule knows (``catchAll:`` files; None: none loaded, off).
+    catch_all: CatchAllConfig | None = None
 
     def condition_spec(self, type_: str) -> ConditionSpec | None:
         for c in self.conditions:

@@ -46,3 +46,22 @@ def strip_prefix(line: str) -> str:
             break
         text = text[m.end() :]
     return text
+
+
+# What a saved log keeps of a record's level: the kmsg header's or ``dmesg -r``'s priority (facility * 8 +
+# level), or ``dmesg -x``'s names. Other formats (dmesg, syslog, ``journalctl -o short``) keep none.
+_LEVELED = re.compile(r"\s*(?:(\d{1,4}),\d+,\d+,[^;\s]*;|<(\d{1,4})>|([a-z]+) *:([a-z]+) *: )")
+_LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7}
+
+
+def saved_level(line: str) -> int | None:
+    """The kernel level (0 emerg ... 7 debug) a saved log line kept, None where it kept none or the record is
+    not the kernel's (a facility other than ``kern``)."""
+    m = _LEVELED.match(line)
+    if m is None:
+        return None
+    prio = m.group(1) or m.group(2)
+    if prio is not None:
+        value = int(prio)
+        return value if value < 8 else None
+    return _LEVELS.get(m.group(4)) if m.group(3) == "kern" else None

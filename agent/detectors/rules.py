@@ -325,6 +325,7 @@ class RuleEngine:
         line_numbers: Sequence[int] | int | None = None,
         permanent_only: bool = False,
         raw_lines: bytes | None = None,
+        matched: list[int] | None = None,
     ) -> list[Finding]:
         """Match a batch of lines (no newlines inside) and return the findings in order.
 
@@ -334,11 +335,16 @@ class RuleEngine:
         ``raw_lines``: the lines as read, one ``\n``-ended line each holding its line of ``lines`` verbatim
         (``RecordColumns.raw_lines``): the prefilter scans these instead of ``lines`` joined, where no
         literal spans lines; ``lines`` is then indexed only for the lines a rule looks at.
+        ``matched``: where given, the index of every line some rule's pattern matched (a finding or not: a
+        ``where`` filter or a threshold held it back) is appended, and every line a multi-line match spans:
+        the lines the rules know, which the catch-all leaves alone.
         """
         n = len(lines)
         base = self._seen
         work = self._candidates(lines, raw_lines, base)
-        findings = self._match(work, lines, times=times, line_numbers=line_numbers, permanent_only=permanent_only)
+        findings = self._match(
+            work, lines, times=times, line_numbers=line_numbers, permanent_only=permanent_only, matched=matched
+        )
         if self._history.maxlen:
             self._history.extend(lines[-self._history.maxlen :])
         self._seen = base + n
@@ -415,6 +421,7 @@ class RuleEngine:
         times: Sequence[float] | float,
         line_numbers: Sequence[int] | int | None,
         permanent_only: bool,
+        matched: list[int] | None = None,
     ) -> list[Finding]:
         """The matching phase: each line's candidate rules in order, each pattern evaluated once per line."""
         findings: list[Finding] = []
@@ -428,19 +435,21 @@ class RuleEngine:
             if not ks:
                 continue
             memo.clear()
-            matched = False  # a non-fallback rule matched the line
+            specific = False  # a non-fallback rule matched the line
             timestamp = _line_meta(times, i)
             number = _line_number(line_numbers, i)
             for k in ks:
                 rule = rules[k]
-                if rule.fallback and matched:
+                if rule.fallback and specific:
                     break  # fallbacks come last: none speaks for a line a specific rule matched
                 key = memo_keys[k]
                 found = memo[key] if key in memo else memo.setdefault(key, self._evaluate(rule, lines, i))
                 if found is None:
                     continue
+                if matched is not None:
+                    _mark(matched, i, found[1])
                 if not rule.fallback:
-                    matched = True
+                    specific = True
                 if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
                 if filtered[k] and not admits(rule, found[0].named_groups()):
@@ -466,6 +475,12 @@ class RuleEngine:
         if match is None:
             return None
         return match, text[text.rfind("\n", 0, match.start()) + 1 :]
+
+
+def _mark(matched: list[int], i: int, message: str) -> None:
+    """Line ``i`` matched, and the lines before it that its match's ``message`` spans."""
+    span = message.count("\n")
+    matched.extend(range(i - span, i + 1) if span else (i,))
 
 
 def _line_number(line_numbers: Sequence[int] | int | None, i: int) -> int | None:
@@ -498,24 +513,27 @@ class ReferenceEngine:
         line_numbers: Sequence[int] | int | None = None,
         permanent_only: bool = False,
         raw_lines: bytes | None = None,  # the fast engine's prefilter input: NPD's way needs none
+        matched: list[int] | None = None,
     ) -> list[Finding]:
         findings: list[Finding] = []
         ordered = sorted(self.rule_set.rules, key=lambda r: r.fallback)  # fallbacks after the rest
         for i, line in enumerate(lines):
             self._buffer.append(line)
             buffered = list(self._buffer)
-            matched = False
+            specific = False
             for rule in ordered:
-                if rule.fallback and matched:
+                if rule.fallback and specific:
                     break
                 text = "\n".join(buffered[-rule.buffer_size :])
                 match = rule.regex.search(text)
                 if match is None:
                     continue
-                matched = matched or not rule.fallback
+                specific = specific or not rule.fallback
+                message = text[text.rfind("\n", 0, match.start()) + 1 :]
+                if matched is not None:
+                    _mark(matched, i, message)
                 if permanent_only and rule.type is RuleType.TEMPORARY:
                     continue
-                message = text[text.rfind("\n", 0, match.start()) + 1 :]
                 if rule.where and not self._builder.admits(rule, match.named_groups()):
                     continue
                 finding = self._builder.build(

@@ -71,6 +71,10 @@ class AgentStats:
     events_dropped: int = 0  # Event series dropped undelivered because the outbox was full
     monitor_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (monitor, counter) -> count
     detection: HistogramSnapshot | None = None  # a problem's transition time to its first Node write (Kubernetes mode)
+    # The catch-all (agent/detectors/catchall.py): error-level kernel records no rule knew, by subsystem (every
+    # one, Event or held back by the window's bounds); those the platform-noise list silenced, by entry.
+    unmatched_errors: Mapping[str, int] = field(default_factory=dict)
+    platform_noise: Mapping[str, int] = field(default_factory=dict)
 
 
 class AgentCollector:
@@ -373,6 +377,28 @@ _OWN: tuple[tuple[Callable[[AgentStats], Any], Callable[[Any], Metric | None]], 
         ),
     ),
     (operator.attrgetter("rules_loaded"), _gauge("rules_loaded", "Rules loaded from all rule packs.")),
+    (
+        operator.attrgetter("unmatched_errors"),
+        _labelled(
+            lambda: CounterMetricFamily(
+                "node_health_agent_kernel_unmatched_errors",
+                "Kernel records at error level or worse that no rule matched and no platform-noise entry silenced, "
+                "by subsystem (the catch-all; each subsystem's first in a window is a KernelError_<subsystem> "
+                "Event).",
+                labels=["subsystem"],
+            )
+        ),
+    ),
+    (
+        operator.attrgetter("platform_noise"),
+        _labelled(
+            lambda: CounterMetricFamily(
+                "node_health_agent_kernel_platform_noise",
+                "Error-level kernel records the catch-all's platform-noise list silenced, by entry.",
+                labels=["entry"],
+            )
+        ),
+    ),
     (
         operator.attrgetter("components"),
         _labelled(

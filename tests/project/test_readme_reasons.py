@@ -17,6 +17,7 @@ import pytest
 from agent.app.config import load_rule_set
 from agent.core.paths import builtin_plugins_dir
 from agent.core.types import RuleType
+from agent.detectors import catchall
 
 from helpers import REPO
 
@@ -90,7 +91,7 @@ def test_a_condition_and_its_healthy_reason_are_documented(condition):
 
 
 def test_the_event_reasons_table_names_only_reasons_rules_give():
-    known = [_documented(reason) for reason in TEMPORARY]
+    known = [_documented(reason) for reason in (*TEMPORARY, *catchall.reasons())]
     for row in _event_table():
         cells = row.split("|")
         for token in re.findall(r"`[^`]+`", cells[2]):
@@ -142,3 +143,10 @@ def test_the_neuron_example_is_a_driver_line_the_pack_reads_as_documented():
     assert documented, "docs/conditions.md names the fields the tokens become"
     named = set(re.findall(r"`(\w+)`", documented[1]))
     assert named == set(finding["fields"]), named ^ set(finding["fields"])
+
+
+@pytest.mark.parametrize("reason", catchall.reasons())
+def test_a_catch_all_reason_is_in_the_event_reasons_table(reason):
+    assert any(_documented(reason).search(row) for row in _event_table()), (
+        f"catch-all reason {reason} is missing from docs/conditions.md's Event reasons table"
+    )

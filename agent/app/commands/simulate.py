@@ -13,7 +13,9 @@ from agent.app.config import load_rule_set
 from agent.app.exitcodes import EXIT_CONFIG, EXIT_OK
 from agent.app.flags import RULE_FLAGS, add_flags
 from agent.app.settings import rule_paths
+from agent.detectors.catchall import CatchAll, Leveled
 from agent.detectors.pipeline import saved_log_line
+from agent.detectors.prefix import saved_level
 from agent.detectors.rulepack import RuleSet
 from agent.detectors.rules import RuleEngine
 
@@ -78,16 +80,33 @@ def simulate(args: argparse.Namespace) -> int:
 def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]:
     """Findings for input lines as the JSON-able objects ``simulate`` prints.
 
-    Lines are treated as simultaneous (time 0), so count-in-window thresholds count every match.
-    A line holding several messages (embedded newlines) is not possible here: one input line is
-    one kernel message.
+    Lines are treated as simultaneous (time 0), so count-in-window thresholds count every match, and the
+    catch-all's window holds them all. A line holding several messages (embedded newlines) is not possible
+    here: one input line is one kernel message. A line that kept its level (a kmsg header, ``dmesg -r``,
+    ``dmesg -x``) at error level or worse that no rule matched gets the catch-all's verdict: a finding of
+    rule ``kernel/catch-all`` where the agent would send a ``KernelError_*`` Event (``fields.records``: how
+    many records it stands for), nothing for a benign or held-back one.
     """
     engine = RuleEngine(rule_set=rule_set)
+    config = rule_set.catch_all
+    catch_all = CatchAll(config=config) if config is not None and config.enabled else None
     batch: list[str] = []
     numbers: list[int] = []
+    levels: list[int | None] = []
 
     def flush() -> Iterator[dict]:
-        for f in engine.feed(batch, times=0.0, line_numbers=numbers):
+        matched: list[int] | None = [] if catch_all is not None else None
+        found = engine.feed(batch, times=0.0, line_numbers=numbers, matched=matched)
+        if catch_all is not None and matched is not None:
+            known = set(matched)
+            unknown = [
+                Leveled(message=batch[i], level=level, timestamp=0.0, line=numbers[i])
+                for i, level in enumerate(levels)
+                if level is not None and i not in known
+            ]
+            found.extend(catch_all.findings(unknown))
+            found.sort(key=lambda f: f.line or 0)
+        for f in found:
             yield {
                 "line": f.line,
                 "rule": f.rule,
@@ -100,10 +119,12 @@ def simulate_lines(*, rule_set: RuleSet, lines: Iterator[str]) -> Iterator[dict]
             }
         batch.clear()
         numbers.clear()
+        levels.clear()
 
     for number, line in enumerate(lines, start=1):
         batch.append(saved_log_line(line))
         numbers.append(number)
+        levels.append(saved_level(line))
         if len(batch) >= SIMULATE_BATCH:
             yield from flush()
     if batch:

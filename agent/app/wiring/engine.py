@@ -63,6 +63,7 @@ def engine_figures(*, main_loop: MainLoop, supervisor: Supervisor, state_dir: St
             "rule_matches": dict(pipeline.rule_matches),
             "rules_loaded": len(pipeline.rule_set.rules),
             "device_matches": pipeline.threshold_counts(),
+            **pipeline.catch_all_counts(),
             "records_processed": main_loop.records_processed,
             "decode_errors": main_loop.decode_errors,
             "components": supervisor.health(),

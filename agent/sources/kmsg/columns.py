@@ -11,6 +11,20 @@ from typing import Any, overload
 from agent.core.columns import RecordColumns, items_equal
 from agent.core.types import LogRecord
 
+# A kernel record (facility 0: priority 0-7) at level 0-3 starts its line with "0," to "3,".
+_HEADS = {level: tuple(b"%d," % n for n in range(level + 1)) for level in range(4)}
+_SCANS: dict[int, Any] = {}
+
+
+def _severe_scan(max_level: int) -> Any:
+    """The RE2 pattern that finds the line starts of kernel records at ``max_level`` or worse (after a newline)."""
+    found = _SCANS.get(max_level)
+    if found is None:
+        import re2  # google-re2, already loaded by agent.core.patterns; not at import: the relay imports no RE2
+
+        found = _SCANS[max_level] = re2.compile(rb"\n[0-%d]," % max_level)
+    return found
+
 
 class KmsgColumns(RecordColumns):
     """A decoded chunk as columns. ``rows[i]`` is what ``make`` builds record ``i`` from.
@@ -19,7 +33,7 @@ class KmsgColumns(RecordColumns):
     one found in a header only makes the line a candidate the rules' regexes then turn down.
     """
 
-    __slots__ = ("messages", "timestamps", "seqs", "_rows", "_make", "raw_lines")
+    __slots__ = ("messages", "timestamps", "seqs", "_rows", "_make", "raw_lines", "_lines")
 
     def __init__(
         self,
@@ -30,13 +44,17 @@ class KmsgColumns(RecordColumns):
         rows: Sequence[Any],
         make: Callable[[Any], LogRecord],
         raw_lines: bytes | None = None,
+        lines: bytes | None = None,
     ) -> None:
+        """``lines``: the chunk's bytes where they are one line a record (a device's read without dictionary
+        lines), escaped or not; :meth:`severe` scans them (``raw_lines`` are such lines too)."""
         self.messages = messages
         self.timestamps = timestamps
         self.seqs = seqs
         self._rows = rows
         self._make = make
         self.raw_lines = raw_lines
+        self._lines = lines if lines is not None else raw_lines
 
     @overload
     def __getitem__(self, index: int) -> LogRecord: ...
@@ -54,6 +72,31 @@ class KmsgColumns(RecordColumns):
                 make=self._make,
             )
         return self._make(self._rows[index])
+
+    def severe(self, max_level: int) -> list[int]:
+        """:meth:`RecordColumns.severe` by one scan of the chunk's bytes in C where the columns have them (the
+        kernel's own lines, one a record): no record built, no per-record Python work."""
+        raw = self._lines
+        if raw is None or not 0 <= max_level <= 3:
+            return [i for i, row in enumerate(self._rows) if _level(row[0], max_level)]
+        # One RE2 scan for "\nL," (about 0.03 us a record; bytes.find per level and Python's re take ten times
+        # that): the records at error level are few. A kernel record (facility 0) at level L starts its line "L,".
+        starts = [0] if raw[:2] in _HEADS[max_level] else []
+        starts += [m.start() + 1 for m in _severe_scan(max_level).finditer(raw)]
+        found: list[int] = []
+        line = 0
+        at = 0
+        for start in starts:
+            line += raw.count(b"\n", at, start)
+            at = start
+            found.append(line)
+        return found
+
+
+def _level(priority: str, max_level: int) -> bool:
+    """Whether a record's priority text is the kernel's (facility 0) at ``max_level`` or worse."""
+    prio = int(priority)
+    return prio < 8 and prio <= max_level
 
 
 # How much earlier than the first of a run of kernel log records (in the order the kernel logged them) a

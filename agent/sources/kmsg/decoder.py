@@ -167,6 +167,7 @@ def scan(data: bytes, *, mode: Mode, boot_time: float, source: str = "kmsg") -> 
         rows=Mapped(lines, _scan_row),
         make=functools.partial(_row_record, boot_time=boot_time, source=source),
         raw_lines=raw_lines,
+        lines=data,
     )
 
 
