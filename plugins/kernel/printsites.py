@@ -30,6 +30,7 @@ it must still be covered or excluded).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class Call:
     fmt_arg: int
     # "pr": the file's pr_fmt; "dev": "<driver> <device>: " + dev_fmt; "netdev": "<driver> <device> <if>: "; "none"
     prefix: str
+    # A wrapper that takes the level as an argument (edac_printk(KERN_ERR, EDAC_MC, fmt)): its index.
+    level_arg: int | None = None
+    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text).
+    head: str = ""
 
 
 def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
@@ -111,6 +116,8 @@ class Spec:
     levels: frozenset[str] = frozenset({"emerg", "alert", "crit", "err", "warn"})
     # Macros used inside format arguments that the scanner cannot find in the file itself (NAME -> literal).
     macros: Mapping[str, str] = field(default_factory=dict)
+    # pr_fmt of files that take it from a header (arch/x86/kernel/cpu/mce/internal.h): path glob -> prefix.
+    pr_fmt: Mapping[str, str] = field(default_factory=dict)
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -208,7 +215,9 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     text = path.read_text(errors="replace")
     helpers = spec.helpers()
     macros = _file_macros(text, spec.macros)
-    pr_fmt = _prefix_define(text, "pr_fmt", macros)
+    pr_fmt = _prefix_define(text, "pr_fmt", macros) or next(
+        (prefix for glob, prefix in spec.pr_fmt.items() if fnmatch.fnmatch(rel, glob)), ""
+    )
     dev_fmt = _prefix_define(text, "dev_fmt", macros)
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
@@ -219,6 +228,11 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if parsed is None or len(parsed[0]) <= call.fmt_arg:
             continue
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
+        if call.level_arg is not None:
+            level = _format(parsed[0][call.level_arg], macros)[0]
+        if call.head:
+            args = parsed[0]
+            fmt = re.sub(r"\{(\d+)\}", lambda h: _format(args[int(h[1])], macros)[1], call.head) + fmt
         level = call.level or level or "warning"  # printk without a level prints at the default (warning)
         if level not in spec.levels:
             continue
@@ -378,6 +392,9 @@ def render(site: Site, *, driver: str = "nvme", module: str = "") -> list[str]:
         text = DEV_PREFIX.format(driver=driver) + text
     elif site.prefix == "netdev":
         text = NETDEV_PREFIX.format(driver=driver) + text
+    if site.call == "panic":
+        # panic(fmt) prints "Kernel panic - not syncing: <message>" (kernel/panic.c).
+        text = "Kernel panic - not syncing: " + text
     if site.call.startswith("WARN"):
         # WARN(cond, fmt) prints the message, then "WARNING: CPU: n PID: n at <where>": the header is the finding.
         text = text + "\nWARNING: CPU: 3 PID: 1234 at " + site.where.split(":")[0] + " nvme_timeout+0x1c/0x1a0"
@@ -503,11 +520,14 @@ class Family:
 
 
 def literal_runs(site: Site) -> list[str]:
-    """The literal text of the site's most telling printed line, in order: the pieces between conversions."""
+    """The literal text of the site's first telling printed line (a message of several records is one
+    finding, its first record's), in order: the pieces between conversions; else of its most telling."""
     best: list[str] = []
     for line in _unescape(site.text).split("\n"):
         runs = [r.strip() for r in _PIECE.split(line.replace("\t", " "))]
         runs = [r for r in runs if len(r) >= 3 and re.search(r"[A-Za-z]{2}", r)]
+        if runs and max(map(len, runs)) >= MIN_RUN:
+            return runs
         if sum(map(len, runs)) > sum(map(len, best)):
             best = runs
     return best
@@ -522,9 +542,9 @@ def site_pattern(site: Site) -> str | None:
     return ".*".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", r) for r in runs)
 
 
-def _overlapping_together(table: Mapping[str, Sequence[Site]]) -> list[str]:
-    """The branches in rule order, those whose texts overlap (one's line matches the other's branch, as
-    "DPC: TLP Header: " and "TLP Header: ") next to each other, so that they land in one rule: two
+def _overlapping_together(table: Mapping[str, Sequence[Site]]) -> list[list[str]]:
+    """The branches in rule order, grouped: those whose texts overlap (one's line matches the other's
+    branch, as "DPC: TLP Header: " and "TLP Header: ") in one group, which lands in one rule whole: two
     fallback rules matching one line would report it twice."""
     branches = sorted(table)
     group = {b: b for b in branches}
@@ -543,7 +563,7 @@ def _overlapping_together(table: Mapping[str, Sequence[Site]]) -> list[str]:
     members: dict[str, list[str]] = {}
     for b in branches:
         members.setdefault(root(b), []).append(b)
-    return [b for key in sorted(members, key=lambda k: min(members[k])) for b in members[key]]
+    return [members[key] for key in sorted(members, key=lambda k: min(members[k]))]
 
 
 def literal_runs_of(branch: str) -> list[str]:
@@ -569,14 +589,14 @@ def family_pack(
     for, as ``fallback`` rules (a specific rule of another pack that matched keeps them quiet).
 
     WARN sites are left to kernel/warning (the ``WARNING: CPU:`` header is the report's finding), so one
-    WARN report stays one finding.
+    WARN report stays one finding; panic sites to kernel/panic ("Kernel panic - not syncing: ...").
     """
     plain: dict[str, list[Site]] = {}
     device: dict[str, list[Site]] = {}
     unmatched: list[Site] = []
     left = 0
     for site in sites:
-        if site.call.startswith("WARN") or any(e.matches(site) for e in (*exclusions, *leave)):
+        if site.call.startswith("WARN") or site.call == "panic" or any(e.matches(site) for e in (*exclusions, *leave)):
             left += 1
             continue
         branch = site_pattern(site)
@@ -601,11 +621,11 @@ def family_pack(
     for prefix, table in groups:
         chunk: list[str] = []
         size = 0
-        branches = _overlapping_together(table)
-        for i, branch in enumerate(branches):
-            chunk.append(branch)
-            size += len(branch) + 1
-            if size < RULE_BUDGET and i + 1 < len(branches):
+        groups_ = _overlapping_together(table)
+        for i, members in enumerate(groups_):
+            chunk += members
+            size += sum(len(branch) + 1 for branch in members)
+            if size < RULE_BUDGET and i + 1 < len(groups_):
                 continue
             n += 1
             where = sorted({s.where.split(":")[0] for b in chunk for s in table[b]})

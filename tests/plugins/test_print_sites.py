@@ -68,13 +68,14 @@ def _findings(lines: list[str]) -> list[str]:
 @EACH
 def test_no_site_is_reported_twice(name: str) -> None:
     """A generated rule and another pack's rule (or two generated rules) on one line, or a multi-record
-    print giving a finding per record, would report one event twice."""
+    print giving a finding per record, would report one event twice. (Two hand-written rules on one
+    line, as kernel/panic and kernel/mce-fatal on a machine-check panic, are those packs' own choice.)"""
     gen = MODULES[name]
     sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
     twice = []
     for site in sites:
         got = _findings(printsites.render(site, driver=getattr(gen, "DRIVER", "nvme")))
-        if len(got) > 1:
+        if len(got) > 1 and any(rule.startswith(gen.FAMILY.name + "/") for rule in got):
             twice.append(f"{site.where} {site.text}: {got}")
     assert twice == []
 
