@@ -232,7 +232,7 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
             level = _format(parsed[0][call.level_arg], macros)[0]
         if call.head:
             args = parsed[0]
-            fmt = re.sub(r"\{(\d+)\}", lambda h: _format(args[int(h[1])], macros)[1], call.head) + fmt
+            fmt = re.sub(r"\{(\d+)\}", lambda h, a=args: _format(a[int(h[1])], macros)[1], call.head) + fmt
         level = call.level or level or "warning"  # printk without a level prints at the default (warning)
         if level not in spec.levels:
             continue
