@@ -30,6 +30,7 @@ it must still be covered or excluded).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class Call:
     fmt_arg: int
     # "pr": the file's pr_fmt; "dev": "<driver> <device>: " + dev_fmt; "netdev": "<driver> <device> <if>: "; "none"
     prefix: str
+    # A wrapper that takes the level as an argument (edac_printk(KERN_ERR, EDAC_MC, fmt)): its index.
+    level_arg: int | None = None
+    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text).
+    head: str = ""
 
 
 def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
@@ -111,6 +116,8 @@ class Spec:
     levels: frozenset[str] = frozenset({"emerg", "alert", "crit", "err", "warn"})
     # Macros used inside format arguments that the scanner cannot find in the file itself (NAME -> literal).
     macros: Mapping[str, str] = field(default_factory=dict)
+    # pr_fmt of files that take it from a header (arch/x86/kernel/cpu/mce/internal.h): path glob -> prefix.
+    pr_fmt: Mapping[str, str] = field(default_factory=dict)
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -208,7 +215,9 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     text = path.read_text(errors="replace")
     helpers = spec.helpers()
     macros = _file_macros(text, spec.macros)
-    pr_fmt = _prefix_define(text, "pr_fmt", macros)
+    pr_fmt = _prefix_define(text, "pr_fmt", macros) or next(
+        (prefix for glob, prefix in spec.pr_fmt.items() if fnmatch.fnmatch(rel, glob)), ""
+    )
     dev_fmt = _prefix_define(text, "dev_fmt", macros)
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
@@ -219,6 +228,11 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if parsed is None or len(parsed[0]) <= call.fmt_arg:
             continue
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
+        if call.level_arg is not None:
+            level = _format(parsed[0][call.level_arg], macros)[0]
+        if call.head:
+            args = parsed[0]
+            fmt = re.sub(r"\{(\d+)\}", lambda h, a=args: _format(a[int(h[1])], macros)[1], call.head) + fmt
         level = call.level or level or "warning"  # printk without a level prints at the default (warning)
         if level not in spec.levels:
             continue
@@ -378,6 +392,9 @@ def render(site: Site, *, driver: str = "nvme", module: str = "") -> list[str]:
         text = DEV_PREFIX.format(driver=driver) + text
     elif site.prefix == "netdev":
         text = NETDEV_PREFIX.format(driver=driver) + text
+    if site.call == "panic":
+        # panic(fmt) prints "Kernel panic - not syncing: <message>" (kernel/panic.c).
+        text = "Kernel panic - not syncing: " + text
     if site.call.startswith("WARN"):
         # WARN(cond, fmt) prints the message, then "WARNING: CPU: n PID: n at <where>": the header is the finding.
         text = text + "\nWARNING: CPU: 3 PID: 1234 at " + site.where.split(":")[0] + " nvme_timeout+0x1c/0x1a0"
@@ -477,3 +494,167 @@ def generators(plugins_dir: Path) -> list[Path]:
         if "SPEC" in path.read_text():
             found.append(path)
     return found
+
+
+# --- generating a family pack from the extract ------------------------------------------------------------
+
+# A literal run shorter than this, alone, says too little about a line to speak for it (": failed", "error ").
+MIN_RUN = 10
+# Pattern text per rule: keeps each rule's RE2 program far below the 2000-instruction limit.
+RULE_BUDGET = 900
+_PIECE = re.compile(
+    r"%(?:[-#0 +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?(?:hh|h|ll|l|L|z|j|t)?(?:p[A-Za-z0-9]*|[a-zA-Z%]))|\{\w+\}"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """How a generator turns its sites into rules: the rules' name prefix, reason and severity, and the
+    regex a device print (dev_*/netdev_*) must begin with (the NIC drivers: the helper's prefix)."""
+
+    name: str
+    reason: str
+    severity: str = "warning"
+    device_prefix: str = ""  # empty: dev_* sites are matched on their text alone
+    source: str = ""
+
+
+def literal_runs(site: Site) -> list[str]:
+    """The literal text of the site's first telling printed line (a message of several records is one
+    finding, its first record's), in order: the pieces between conversions; else of its most telling."""
+    best: list[str] = []
+    for line in _unescape(site.text).split("\n"):
+        runs = [r.strip() for r in _PIECE.split(line.replace("\t", " "))]
+        runs = [r for r in runs if len(r) >= 3 and re.search(r"[A-Za-z]{2}", r)]
+        if runs and max(map(len, runs)) >= MIN_RUN:
+            return runs
+        if sum(map(len, runs)) > sum(map(len, best)):
+            best = runs
+    return best
+
+
+def site_pattern(site: Site) -> str | None:
+    """A one-line RE2 branch for the site: its literal runs in order, ``.*`` between; None when no run
+    is long enough to tell the line from other prints."""
+    runs = literal_runs(site)
+    if not runs or max(map(len, runs)) < MIN_RUN:
+        return None
+    return ".*".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", r) for r in runs)
+
+
+def _overlapping_together(table: Mapping[str, Sequence[Site]]) -> list[list[str]]:
+    """The branches in rule order, grouped: those whose texts overlap (one's line matches the other's
+    branch, as "DPC: TLP Header: " and "TLP Header: ") in one group, which lands in one rule whole: two
+    fallback rules matching one line would report it twice."""
+    branches = sorted(table)
+    group = {b: b for b in branches}
+
+    def root(b: str) -> str:
+        while group[b] != b:
+            b = group[b]
+        return b
+
+    compiled = [(b, re.compile(b), max(literal_runs_of(b), key=len)) for b in branches]
+    for branch, sites in table.items():
+        lines = [line for site in sites for line in render(site)]
+        for other, regex, needle in compiled:
+            if other != branch and any(needle in line and regex.search(line) for line in lines):
+                group[root(other)] = root(branch)
+    members: dict[str, list[str]] = {}
+    for b in branches:
+        members.setdefault(root(b), []).append(b)
+    return [members[key] for key in sorted(members, key=lambda k: min(members[k]))]
+
+
+def literal_runs_of(branch: str) -> list[str]:
+    """The literal runs of a branch site_pattern wrote (its escapes undone)."""
+    return [re.sub(r"\\(.)", r"\1", run) for run in branch.split(".*")]
+
+
+def _yaml_quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def family_pack(
+    *,
+    family: Family,
+    sites: Sequence[Site],
+    exclusions: Sequence[Exclusion],
+    leave: Sequence[Exclusion],
+    generator: str,
+    extract_path: str,
+    header: Sequence[str] = (),
+) -> str:
+    """The pack: a warning Event per error-level site no exclusion or other pack's rule (``leave``) speaks
+    for, as ``fallback`` rules (a specific rule of another pack that matched keeps them quiet).
+
+    WARN sites are left to kernel/warning (the ``WARNING: CPU:`` header is the report's finding), so one
+    WARN report stays one finding; panic sites to kernel/panic ("Kernel panic - not syncing: ...").
+    """
+    plain: dict[str, list[Site]] = {}
+    device: dict[str, list[Site]] = {}
+    unmatched: list[Site] = []
+    left = 0
+    for site in sites:
+        if site.call.startswith("WARN") or site.call == "panic" or any(e.matches(site) for e in (*exclusions, *leave)):
+            left += 1
+            continue
+        branch = site_pattern(site)
+        if branch is None:
+            unmatched.append(site)
+            continue
+        table = device if family.device_prefix and site.prefix in ("dev", "netdev") else plain
+        table.setdefault(branch, []).append(site)
+    out = [
+        f"# GENERATED by {generator} from {extract_path}: do not edit.",
+        f"# {len(sites)} error-level print sites; {sum(map(len, plain.values())) + sum(map(len, device.values()))}"
+        f" have a rule here, {left} are excluded or left to other packs' rules, {len(unmatched)} print too",
+        "# little literal text to be told apart:",
+        *[f"#   {s.where} {s.text[:100]}" for s in unmatched],
+        *[f"# {line}" if line else "#" for line in header],
+        "plugin: kmsg",
+        f"source: {family.source or family.name + '-family'}",
+        "rules:",
+    ]
+    groups = [("", plain), (family.device_prefix, device)]
+    n = 0
+    for prefix, table in groups:
+        chunk: list[str] = []
+        size = 0
+        groups_ = _overlapping_together(table)
+        for i, members in enumerate(groups_):
+            chunk += members
+            size += sum(len(branch) + 1 for branch in members)
+            if size < RULE_BUDGET and i + 1 < len(groups_):
+                continue
+            n += 1
+            where = sorted({s.where.split(":")[0] for b in chunk for s in table[b]})
+            body = "(?:" + "|".join(chunk) + ").*"
+            out += [
+                f"  - name: {family.name}/sites-{n}",
+                "    type: temporary",
+                f"    reason: {family.reason}",
+                f"    severity: {family.severity}",
+                "    fallback: true",
+                "    provenance:",
+                *[f"      - {_yaml_quote(f'torvalds/linux:{path}')}" for path in where[:8]],
+                f"      - {_yaml_quote(f'{extract_path}: {sum(len(table[b]) for b in chunk)} sites')}",
+                "    pattern: " + _yaml_quote((prefix + ".*" if prefix else "") + body),
+            ]
+            chunk, size = [], 0
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str], *, spec: Spec, generate: Callable[[list[Site]], str]) -> int:
+    """``extract ROOT`` (the TSV on stdout) or ``generate EXTRACT`` (the pack on stdout)."""
+    import sys
+
+    if len(argv) == 2 and argv[0] == "extract":
+        root = Path(argv[1])
+        sys.stdout.write(write_extract(spec, root.name, extract(root, spec)))
+        return 0
+    if len(argv) == 2 and argv[0] == "generate":
+        sys.stdout.write(generate(read_extract(Path(argv[1]).read_text())))
+        return 0
+    sys.stderr.write("usage: generate_<subsystem>.py extract SOURCE_ROOT | generate EXTRACT.tsv\n")
+    return 2

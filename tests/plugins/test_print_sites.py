@@ -25,7 +25,8 @@ sys.path.remove(str(PLUGINS / "kernel"))
 
 GENERATORS = printsites.generators(PLUGINS)
 MODULES = {path.stem.removeprefix("generate_"): printsites.load_generator(path) for path in GENERATORS}
-FINDS = rule_finder(load_rule_set([PLUGINS]))
+RULES = load_rule_set([PLUGINS])
+FINDS = rule_finder(RULES)
 EACH = pytest.mark.parametrize("name", sorted(MODULES))
 
 
@@ -55,6 +56,28 @@ def test_the_rules_cover_or_exclude_95_percent_of_the_error_level_sites(name: st
 @EACH
 def test_no_rule_fires_on_a_site_excluded_as_benign(name: str) -> None:
     assert [f"{s.where} {s.text}" for s in _coverage(name).noisy] == []
+
+
+def _findings(lines: list[str]) -> list[str]:
+    from agent.detectors.rules import RuleEngine
+
+    engine = RuleEngine(rule_set=RULES)
+    return [f.rule for f in engine.feed(list(lines), times=0.0, line_numbers=list(range(1, len(lines) + 1)))]
+
+
+@EACH
+def test_no_site_is_reported_twice(name: str) -> None:
+    """A generated rule and another pack's rule (or two generated rules) on one line, or a multi-record
+    print giving a finding per record, would report one event twice. (Two hand-written rules on one
+    line, as kernel/panic and kernel/mce-fatal on a machine-check panic, are those packs' own choice.)"""
+    gen = MODULES[name]
+    sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
+    twice = []
+    for site in sites:
+        got = _findings(printsites.render(site, driver=getattr(gen, "DRIVER", "nvme")))
+        if len(got) > 1 and any(rule.startswith(gen.FAMILY.name + "/") for rule in got):
+            twice.append(f"{site.where} {site.text}: {got}")
+    assert twice == []
 
 
 @EACH
