@@ -34,7 +34,8 @@ def third_party_imports() -> set[str]:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                if top != "agent" and top not in sys.stdlib_module_names:
+                sibling = (path.parent / f"{top}.py").exists()  # a generator script's helper beside it
+                if top != "agent" and top not in sys.stdlib_module_names and not sibling:
                     found.add(top)
     return found
 
