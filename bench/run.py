@@ -248,23 +248,14 @@ def _pod_rss_mib() -> tuple[float, float] | None:
     """The DaemonSet's pair idle in Kubernetes mode: the ``kmsg-relay`` process reading /dev/kmsg and the agent
     (as deployed) reading its socket, after the agent's first condition PATCH; (agent, relay) RSS in MiB, or
     None where /dev/kmsg cannot be read (the relay needs it)."""
-    import subprocess
     import tempfile
 
     if not os.access("/dev/kmsg", os.R_OK):
         return None
     with tempfile.TemporaryDirectory() as tmpdir:
         sock = Path(tmpdir) / "kmsg.sock"
-        relay = subprocess.Popen(
-            [sys.executable, "-m", "agent", "kmsg-relay", "--socket", str(sock), "--kmsg-path", "/dev/kmsg"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=ROOT,
-        )
+        relay = _relay(sock)
         try:
-            _wait(lambda: sock.exists() or relay.poll() is not None, 30)
-            if relay.poll() is not None:
-                raise SystemExit(f"the kmsg relay exited with {relay.returncode} before listening")
             with _idle_agent(deployed=True, relay=sock) as agent:
                 return _rss_kib(agent.pid) / 1024, _rss_kib(relay.pid) / 1024
         finally:
@@ -873,9 +864,20 @@ class Deployed:
 def _deployed(tmp: Path, *, packs: str) -> tuple[Deployed, str]:
     """``node-health-agent kmsg-relay`` on /dev/kmsg (as the DaemonSet's relay container runs it: the executable's
     entry, ``python -m agent``) and a standalone agent reading its socket; (the pair, the agent's /metrics URL)."""
+    sock = tmp / "kmsg.sock"
+    relay = _relay(sock)
+    try:
+        agent, url = _standalone(tmp, kmsg="", packs=packs, relay=sock)
+    except BaseException:
+        _stop(relay)
+        raise
+    return Deployed(relay=relay, agent=agent), url
+
+
+def _relay(sock: Path) -> Any:
+    """``node-health-agent kmsg-relay`` on /dev/kmsg listening on ``sock`` (a subprocess.Popen), once it listens."""
     import subprocess
 
-    sock = tmp / "kmsg.sock"
     relay = subprocess.Popen(
         [sys.executable, "-m", "agent", "kmsg-relay", "--socket", str(sock), "--kmsg-path", "/dev/kmsg"],
         stdout=subprocess.DEVNULL,
@@ -886,11 +888,10 @@ def _deployed(tmp: Path, *, packs: str) -> tuple[Deployed, str]:
         _wait(lambda: sock.exists() or relay.poll() is not None, 30)
         if relay.poll() is not None:
             raise SystemExit(f"the kmsg relay exited with {relay.returncode} before listening")
-        agent, url = _standalone(tmp, kmsg="", packs=packs, relay=sock)
     except BaseException:
         _stop(relay)
         raise
-    return Deployed(relay=relay, agent=agent), url
+    return relay
 
 
 def _pids(proc: Any) -> tuple[int, ...]:
