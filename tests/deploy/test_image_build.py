@@ -18,7 +18,8 @@ import pytest
 
 from bench import image
 
-pytestmark = pytest.mark.slow  # two image builds from scratch: about 3 minutes on the 2-core machine
+# Two image builds from scratch: about 3 minutes on the 2-core machine, so started first (marker early).
+pytestmark = [pytest.mark.slow, pytest.mark.early]
 
 AGENT_LAYERS_MB = 120  # the bound on the agent's own layers over the base
 
