@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ from agent.detectors.catchall import (
 from agent.detectors.pipeline import Batch, DetectionPipeline
 from agent.detectors.prefix import saved_level
 from agent.sources.kmsg.decoder import Mode, decode
+
+from helpers.sinks import IDLE_STATS
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 NOISE = PLUGINS / "kernel" / "platform-noise.yaml"
@@ -308,7 +311,7 @@ def test_never_a_recovery_action(rule_set):
 
 
 def test_metrics_series_exist_at_zero_and_count(rule_set):
-    from agent.sinks.metrics import AgentCollector, AgentStats
+    from agent.sinks.metrics import AgentCollector
 
     pipeline = DetectionPipeline(rule_set=rule_set)
     counts = pipeline.catch_all_counts()
@@ -316,20 +319,7 @@ def test_metrics_series_exist_at_zero_and_count(rule_set):
     assert set(counts["unmatched_errors"].values()) == {0}
     records = decode(_kmsg("3,2,200,-;DMAR: DRHD: handling fault status reg 2"), mode=Mode.FILE, boot_time=0.0)
     pipeline.process(Batch(records=records.records))
-    stats = AgentStats(
-        records_read=0,
-        records_lost=0,
-        reader_restarts=0,
-        read_errors=0,
-        parse_errors=0,
-        last_record_time=None,
-        lines_matched=0,
-        rule_matches={},
-        config_generation=1,
-        rules_loaded=1,
-        components={},
-        **pipeline.catch_all_counts(),
-    )
+    stats = replace(IDLE_STATS, rules_loaded=1, **pipeline.catch_all_counts())
     collector = AgentCollector(snapshot=NodeState(conditions=(), clock=lambda: 0.0).snapshot, stats=lambda: stats)
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for family in collector.collect() for s in family.samples

@@ -16,22 +16,14 @@ from agent.recovery.census import CENSUS_KEY, CENSUS_MAX_AGE, CLAIM_KEY, CLAIM_T
 from agent.recovery.model import DEFAULT_LEASE, BudgetSettings
 
 from helpers import kube_clients
+from helpers.recovery import T0, Clock
 from kubeapi.server import KubeApiServer
 
 pytest_plugins = ["kubeapi.fixtures"]
 
 NS = "node-health-agent"
-T0 = 1_767_225_600.0
 LISTS = r"^/api/v1/nodes$"
 TWO = BudgetSettings(max_unhealthy=2)
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
