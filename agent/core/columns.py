@@ -60,6 +60,21 @@ class RecordColumns(Sequence[LogRecord]):
         (0 = emerg ... 3 = err): what the catch-all looks at. Records without a level are none of them."""
         return [i for i, r in enumerate(self) if r.priority is not None and r.priority <= max_level and not r.facility]
 
+    def gated(self, max_level: int) -> list[int] | None:
+        """The indexes of the records a rule with ``maxLevel: max_level`` looks at: the kernel's at that level or
+        worse (as :meth:`severe`) and every record whose level is not known; None when no record's level is known
+        (then every rule looks at every record)."""
+        found: list[int] = []
+        known = False
+        for i, r in enumerate(self):
+            if r.priority is None:
+                found.append(i)
+            else:
+                known = True
+                if r.priority <= max_level and not r.facility:
+                    found.append(i)
+        return found if known else None
+
 
 class ListedColumns(RecordColumns):
     """Built records as columns."""

@@ -63,6 +63,7 @@ LOG_MONITOR_RULE_KEYS = frozenset(
         "provenance",
         "fallback",
         "device",
+        "maxLevel",
     }
 )
 

@@ -27,12 +27,7 @@ def compile_rule(
     """The compiled rule, or None when it (or its shape, ``spec.ok``) has a problem, reported to ``col``."""
     before = len(col)
     path = spec.path
-    if spec.reason is not None and len(spec.reason) > MAX_REASON:
-        col.add(
-            (*path, "reason"),
-            f"{len(spec.reason)} characters; a reason is at most {MAX_REASON} "
-            "(the Kubernetes limit on an Event's reason)",
-        )
+    _check_reason_length(spec, col=col)
     if spec.type is RuleType.PERMANENT and spec.condition is not None and spec.condition not in conditions:
         col.add(
             (*path, "condition"),
@@ -69,9 +64,9 @@ def compile_rule(
                     col.add((*path, "threshold", "by"), _unknown_field(b, fields))
         _check_device_fields(spec, fields, col=col)
 
+    multiline = _check_multiline(spec, col=col)
     if len(col) > before or not spec.ok or regex is None or spec.reason is None or spec.pattern is None:
         return None
-    multiline = spec.buffer_size > 1 and can_span_lines(spec.pattern)
     return CompiledRule(
         name=spec.name,
         file=spec.file,
@@ -96,7 +91,29 @@ def compile_rule(
         provenance=spec.provenance,
         fallback=spec.fallback,
         device=spec.device,
+        max_level=spec.max_level,
     )
+
+
+def _check_reason_length(spec: RuleSpec, *, col: Problems) -> None:
+    if spec.reason is not None and len(spec.reason) > MAX_REASON:
+        col.add(
+            (*spec.path, "reason"),
+            f"{len(spec.reason)} characters; a reason is at most {MAX_REASON} "
+            "(the Kubernetes limit on an Event's reason)",
+        )
+
+
+def _check_multiline(spec: RuleSpec, *, col: Problems) -> bool:
+    """Whether the rule can match across lines; a ``maxLevel`` is only for a rule that cannot."""
+    multiline = spec.pattern is not None and spec.buffer_size > 1 and can_span_lines(spec.pattern)
+    if spec.max_level is not None and multiline:
+        col.add(
+            (*spec.path, "maxLevel"),
+            "applies to a rule that matches one line: this pattern can match across the pack's "
+            f"bufferSize ({spec.buffer_size}) lines, whose records may have different levels",
+        )
+    return multiline
 
 
 def _check_device_fields(spec: RuleSpec, fields: set[str], *, col: Problems) -> None:

@@ -69,6 +69,9 @@ class CompiledRule:
     provenance: tuple[str, ...] = ()
     fallback: bool = False  # yields a finding only for a line that no non-fallback rule matched
     device: DeviceField | None = None  # which field names the device (None: the rule's findings name none)
+    # Looks only at kernel records printed at this level or worse (0 = emerg ... 3 = err), and at lines whose
+    # level is not known (a saved log without one): a rule written from error-level print sites.
+    max_level: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

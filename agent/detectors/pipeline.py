@@ -83,6 +83,7 @@ class DetectionPipeline:
         catch_all = self.catch_all if not batch.permanent_only else None
         severe = columns.severe(catch_all.max_level) if catch_all is not None else []
         matched: list[int] | None = [] if severe else None
+        gates: tuple[int, ...] = getattr(self._engine, "gate_levels", ())
         findings = self._engine.feed(
             lines,
             times=times,
@@ -90,6 +91,7 @@ class DetectionPipeline:
             permanent_only=batch.permanent_only,
             raw_lines=raw_lines,
             matched=matched,
+            levels=_levels(columns, gates, one_each=one_each) if gates else None,
         )
         if catch_all is not None and severe:
             findings.extend(catch_all.findings(_unknown(columns, severe, matched or [], one_each=one_each)))
@@ -97,6 +99,26 @@ class DetectionPipeline:
         for finding in findings:
             self.rule_matches[finding.rule] += 1
         return findings
+
+
+def _levels(columns: RecordColumns, gates: Sequence[int], *, one_each: bool) -> dict[int, Sequence[int]] | None:
+    """For each gate level, the line indexes of the records printed at that level or worse or of no known level
+    (the engine's ``levels``); None when no record's level is known."""
+    out: dict[int, Sequence[int]] = {}
+    for level in gates:
+        records = columns.gated(level)
+        if records is None:
+            return None
+        if one_each:
+            out[level] = records
+            continue
+        # Lines were split out of multi-line messages: every line of a record has its level.
+        starts, at = [], 0
+        for message in columns.messages:
+            starts.append(at)
+            at += message.count("\n") + 1
+        out[level] = [j for i in records for j in range(starts[i], starts[i] + columns.messages[i].count("\n") + 1)]
+    return out
 
 
 def _unknown(columns: RecordColumns, severe: list[int], matched: list[int], *, one_each: bool) -> list[Leveled]:

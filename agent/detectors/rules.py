@@ -249,6 +249,30 @@ class _Plan:
 MAX_PLANS = 4096  # distinct literal sets remembered (a hostile stream cannot grow the cache without bound)
 
 
+@dataclass(slots=True)
+class _Literals:
+    """One literal set of the prefilter phase: its scanner, the rules each literal makes candidates, and the
+    plans made of the literal sets lines held (a cache, bounded by ``MAX_PLANS``)."""
+
+    by_literal: dict[str, list[int]]
+    prefilter: Prefilter | None
+    in_place: bool  # raw lines can be scanned in place of the lines joined: no literal spans lines
+    plans: dict[frozenset[str], _Plan]
+
+    @classmethod
+    def build(cls, rules: Sequence[CompiledRule], indexes: Iterable[int]) -> _Literals:
+        by_literal: dict[str, list[int]] = {}
+        for i in indexes:
+            for lit in rules[i].literals or ():
+                by_literal.setdefault(lit, []).append(i)
+        return cls(
+            by_literal=by_literal,
+            prefilter=Prefilter.build(by_literal) if by_literal else None,
+            in_place=not any("\n" in lit for lit in by_literal),
+            plans={},
+        )
+
+
 class RuleEngine:
     """The fast matcher (see the module docstring). Not thread-safe: one engine per stream."""
 
@@ -267,31 +291,37 @@ class RuleEngine:
                 "rules that can match across lines are tried on their window after each literal: %s",
                 ", ".join(multiline),
             )
-        self._always = tuple(i for i, r in enumerate(rules) if r.literals is None)
-        if self._always:
+        self._always = tuple(i for i, r in enumerate(rules) if r.literals is None and r.max_level is None)
+        # Rules without a literal that look only at records of a level or worse: (rule index, level).
+        self._always_gated = tuple(
+            (i, r.max_level) for i, r in enumerate(rules) if r.literals is None and r.max_level is not None
+        )
+        if self._always or self._always_gated:
             log.info(
                 "rules without a required literal run on every line (slower): %s",
                 ", ".join(r.name for r in rules if r.literals is None),
             )
-        # literal -> indexes of the rules it makes candidates
-        self._by_literal: dict[str, list[int]] = {}
-        for i, rule in enumerate(rules):
-            for lit in rule.literals or ():
-                self._by_literal.setdefault(lit, []).append(i)
-        self._prefilter = Prefilter.build(self._by_literal) if self._by_literal else None
-        # Raw lines are scanned in place of the lines joined unless a literal spans lines (a header between).
-        self._in_place = not any("\n" in lit for lit in self._by_literal)
-        self._plans: dict[frozenset[str], _Plan] = {}
+        gated = {i for i, r in enumerate(rules) if r.max_level is not None}
+        # The levels gated rules ask for (a batch's ``levels`` gives the lines at each), strictest last.
+        self.gate_levels: tuple[int, ...] = tuple(sorted({rules[i].max_level for i in gated}, reverse=True))  # type: ignore[misc]
+        # Every rule's literals: the batches whose lines' levels are not known (a saved log, a test's lines).
+        self._every = _Literals.build(rules, range(len(rules)))
+        # With levels known, the rules open to every line scan every line, and the gated rules (most of the
+        # print-site packs' literals) only the few lines of their level: one scan of the batch stays small.
+        self._open = _Literals.build(rules, [i for i in range(len(rules)) if i not in gated]) if gated else self._every
+        self._gated = _Literals.build(rules, sorted(gated)) if gated else None
+        self._prefilter = self._every.prefilter
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[int, int] = {}  # multiline rule index -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
 
-    def _plan(self, literals: frozenset[str]) -> _Plan:
+    def _plan(self, stage: _Literals, literals: frozenset[str]) -> _Plan:
         """The rules a line containing ``literals`` may match: multi-line rules to arm, single-line rules
         grouped by the runs they require beyond the literals found (rules sharing a pattern check them
         once)."""
         rules = self.rule_set.rules
-        indexes = sorted({k for lit in literals for k in self._by_literal.get(lit, ())}, key=self._rank.__getitem__)
+        by_literal = stage.by_literal
+        indexes = sorted({k for lit in literals for k in by_literal.get(lit, ())}, key=self._rank.__getitem__)
         groups: dict[tuple[str, ...], int] = {}
         ordered: list[tuple[int, int]] = []
         for k in indexes:
@@ -306,9 +336,9 @@ class RuleEngine:
             ordered=tuple(ordered),
             rules=tuple(k for k, _g in ordered),
         )
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.clear()
-        self._plans[literals] = plan
+        if len(stage.plans) >= MAX_PLANS:
+            stage.plans.clear()
+        stage.plans[literals] = plan
         return plan
 
     def threshold_counts(self) -> dict[tuple[str, str], int]:
@@ -326,6 +356,7 @@ class RuleEngine:
         permanent_only: bool = False,
         raw_lines: bytes | None = None,
         matched: list[int] | None = None,
+        levels: Mapping[int, Sequence[int]] | None = None,
     ) -> list[Finding]:
         """Match a batch of lines (no newlines inside) and return the findings in order.
 
@@ -338,10 +369,13 @@ class RuleEngine:
         ``matched``: where given, the index of every line some rule's pattern matched (a finding or not: a
         ``where`` filter or a threshold held it back) is appended, and every line a multi-line match spans:
         the lines the rules know, which the catch-all leaves alone.
+        ``levels``: for each of :attr:`gate_levels`, the indexes (ascending) of the lines whose record the
+        kernel printed at that level or worse, or whose level is not known: the only lines a rule with that
+        ``maxLevel`` looks at. None: no line's level is known, and every rule looks at every line.
         """
         n = len(lines)
         base = self._seen
-        work = self._candidates(lines, raw_lines, base)
+        work = self._candidates(lines, raw_lines, base, levels if self._gated is not None else None)
         findings = self._match(
             work, lines, times=times, line_numbers=line_numbers, permanent_only=permanent_only, matched=matched
         )
@@ -350,7 +384,13 @@ class RuleEngine:
         self._seen = base + n
         return findings
 
-    def _candidates(self, lines: Sequence[str], raw_lines: bytes | None, base: int) -> dict[int, Sequence[int]]:
+    def _candidates(
+        self,
+        lines: Sequence[str],
+        raw_lines: bytes | None,
+        base: int,
+        levels: Mapping[int, Sequence[int]] | None,
+    ) -> dict[int, Sequence[int]]:
         """Line index -> candidate rule indexes in evaluation order, for the lines of the batch that have any.
 
         Updates the armed multi-line rules: armed by this batch's lines, dropped once their window ends.
@@ -361,24 +401,67 @@ class RuleEngine:
         for k, until in self._armed.items():
             for i in range(min(n, until - base + 1)):
                 extra.setdefault(i, []).append(k)
-        prefilter = self._prefilter
+        stage = self._every if levels is None else self._open
         work: dict[int, Sequence[int]] = {}
-        if prefilter is not None and n:
-            work = self._scan(prefilter, lines, raw_lines, base, extra)
+        if stage.prefilter is not None and n:
+            work = self._scan(stage, lines, raw_lines, base, extra)
+        if levels is not None and n:
+            self._scan_gated(lines, levels, extra)
         for k in [k for k, until in self._armed.items() if until < base + n]:
             del self._armed[k]
-        if self._always:
+        always = self._always + tuple(k for k, _ in self._always_gated) if levels is None else self._always
+        if always:
             for i in range(n):
-                extra.setdefault(i, []).extend(self._always)
+                extra.setdefault(i, []).extend(always)
         if extra:
             for i, more in extra.items():
                 work[i] = sorted({*work.get(i, ()), *more}, key=self._rank.__getitem__)
             work = dict(sorted(work.items()))
         return work
 
+    def _scan_gated(
+        self, lines: Sequence[str], levels: Mapping[int, Sequence[int]], extra: dict[int, list[int]]
+    ) -> None:
+        """The gated rules' candidates, into ``extra``: their literals scanned over the lines of their levels only
+        (a kernel log's error-level records are a few in a hundred), each rule kept to the lines of its own."""
+        stage = self._gated
+        assert stage is not None
+        widest = levels[self.gate_levels[0]]  # the most lenient gate's lines hold every stricter gate's
+        if not widest:
+            return
+        strict: dict[int, frozenset[int]] = {}  # level -> its lines, for gates stricter than the widest
+        rules = self.rule_set.rules
+        if stage.prefilter is not None:
+            picked = [lines[i] for i in widest]
+            hits, _ = stage.prefilter.by_line("\n".join(picked).encode("utf-8", "surrogatepass"))
+            for j, present in hits.items():
+                literals = frozenset(present)
+                plan = stage.plans.get(literals) or self._plan(stage, literals)
+                line = picked[j]
+                failed = {g for g, run in plan.checks if run not in line} if plan.checks else ()
+                i = widest[j]
+                for k, g in plan.ordered:
+                    if g in failed or not self._admits_level(rules[k], i, levels, strict):
+                        continue
+                    extra.setdefault(i, []).append(k)
+        for k, level in self._always_gated:
+            for i in levels[level]:
+                extra.setdefault(i, []).append(k)
+
+    def _admits_level(
+        self, rule: CompiledRule, i: int, levels: Mapping[int, Sequence[int]], strict: dict[int, frozenset[int]]
+    ) -> bool:
+        level = rule.max_level
+        if level is None or level == self.gate_levels[0]:
+            return True
+        lines = strict.get(level)
+        if lines is None:
+            lines = strict[level] = frozenset(levels[level])
+        return i in lines
+
     def _scan(
         self,
-        prefilter: Prefilter,
+        stage: _Literals,
         lines: Sequence[str],
         raw_lines: bytes | None,
         base: int,
@@ -388,7 +471,9 @@ class RuleEngine:
         required runs the line contains). Arms the multi-line rules of each plan, into ``extra`` and
         ``_armed``."""
         n = len(lines)
-        if raw_lines is not None and self._in_place:
+        prefilter = stage.prefilter
+        assert prefilter is not None
+        if raw_lines is not None and stage.in_place:
             hit_lines, newlines = prefilter.by_line(raw_lines)
             newlines -= 1  # the last line's end
         else:
@@ -396,10 +481,10 @@ class RuleEngine:
         if newlines != n - 1:
             raise ValueError("lines must not contain newlines; split records first (split_lines)")
         work: dict[int, Sequence[int]] = {}
-        plans = self._plans
+        plans = stage.plans
         for i, present in hit_lines.items():
             literals = frozenset(present)
-            plan = plans.get(literals) or self._plan(literals)
+            plan = plans.get(literals) or self._plan(stage, literals)
             for k in plan.arms:
                 window = self.rule_set.rules[k].window
                 for j in range(i, min(n, i + window)):
@@ -503,6 +588,7 @@ class ReferenceEngine:
         self.rule_set = rule_set
         self._builder = FindingBuilder()
         size = max((r.buffer_size for r in rule_set.rules), default=1)
+        self.gate_levels = tuple(sorted({r.max_level for r in rule_set.rules if r.max_level is not None}, reverse=True))
         self._buffer: collections.deque[str] = collections.deque(maxlen=size)
 
     def feed(
@@ -514,9 +600,11 @@ class ReferenceEngine:
         permanent_only: bool = False,
         raw_lines: bytes | None = None,  # the fast engine's prefilter input: NPD's way needs none
         matched: list[int] | None = None,
+        levels: Mapping[int, Sequence[int]] | None = None,
     ) -> list[Finding]:
         findings: list[Finding] = []
         ordered = sorted(self.rule_set.rules, key=lambda r: r.fallback)  # fallbacks after the rest
+        gates = {level: frozenset(at) for level, at in levels.items()} if levels is not None else None
         for i, line in enumerate(lines):
             self._buffer.append(line)
             buffered = list(self._buffer)
@@ -524,6 +612,8 @@ class ReferenceEngine:
             for rule in ordered:
                 if rule.fallback and specific:
                     break
+                if gates is not None and rule.max_level is not None and i not in gates[rule.max_level]:
+                    continue  # the record was printed at a lower level than the rule looks at
                 text = "\n".join(buffered[-rule.buffer_size :])
                 match = rule.regex.search(text)
                 if match is None:

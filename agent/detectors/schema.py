@@ -70,6 +70,7 @@ class RuleSpec:
     provenance: tuple[str, ...] = ()  # where the message is printed: "repo:path: format string"
     fallback: bool = False  # fires only for lines no other rule matched (a fault family's catch-all)
     device: DeviceField | None = None  # which field names the device a finding is about
+    max_level: int | None = None  # looks only at kernel records printed at this level or worse (or of no known level)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -299,6 +300,7 @@ def _enabled_rule(
     suffix = _rule_suffix(rule, col=col, path=path)
     provenance = _rule_provenance(rule, col=col, path=path)
     fallback = _rule_fallback(rule, col=col, path=path)
+    max_level = _rule_max_level(rule, col=col, path=path)
     where = _check_where(rule["where"], col=col, path=(*path, "where")) if "where" in rule else ()
     threshold = _check_threshold(rule["threshold"], col=col, path=(*path, "threshold")) if "threshold" in rule else None
     device = check_device(rule["device"], col=col, path=(*path, "device")) if "device" in rule else None
@@ -326,6 +328,7 @@ def _enabled_rule(
         provenance=provenance,
         fallback=fallback,
         device=device,
+        max_level=max_level,
     )
 
 
@@ -427,6 +430,25 @@ def _rule_fallback(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> bo
         col.add((*path, "fallback"), "must be true or false")
         return False
     return fallback
+
+
+# The kernel's levels (include/linux/kern_levels.h): a rule's maxLevel is a number 0-7 or one of these names.
+KERNEL_LEVELS = ("emerg", "alert", "crit", "err", "warning", "notice", "info", "debug")
+
+
+def _rule_max_level(rule: Mapping[str, Any], *, col: Problems, path: tuple) -> int | None:
+    if "maxLevel" not in rule:
+        return None
+    level = rule["maxLevel"]
+    if isinstance(level, str) and level in KERNEL_LEVELS:
+        return KERNEL_LEVELS.index(level)
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 7:
+        col.add(
+            (*path, "maxLevel"),
+            f"must be a kernel level: 0-7 or one of {', '.join(KERNEL_LEVELS)} (0 = emerg, 3 = err), got {level!r}",
+        )
+        return None
+    return level
 
 
 def _disabled(*, name: str, explicit: bool, file: str, path: tuple, ok: bool) -> RuleSpec:

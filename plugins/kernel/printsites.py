@@ -586,7 +586,9 @@ def family_pack(
     header: Sequence[str] = (),
 ) -> str:
     """The pack: a warning Event per error-level site no exclusion or other pack's rule (``leave``) speaks
-    for, as ``fallback`` rules (a specific rule of another pack that matched keeps them quiet).
+    for, as ``fallback`` rules (a specific rule of another pack that matched keeps them quiet), each with the
+    ``maxLevel`` of its sites (records read with their level are looked at only at that level or worse: the
+    prefilter scans the few error-level lines of a batch for these rules' literals, not every line).
 
     WARN sites are left to kernel/warning (the ``WARNING: CPU:`` header is the report's finding), so one
     WARN report stays one finding; panic sites to kernel/panic ("Kernel panic - not syncing: ...").
@@ -629,6 +631,9 @@ def family_pack(
                 continue
             n += 1
             where = sorted({s.where.split(":")[0] for b in chunk for s in table[b]})
+            # The rule looks only at records printed at its sites' levels or worse (and at lines of no known
+            # level): an info-level line that happens to hold the words is not this print.
+            level = max(LEVELS[s.level] for b in chunk for s in table[b])
             body = "(?:" + "|".join(chunk) + ").*"
             out += [
                 f"  - name: {family.name}/sites-{n}",
@@ -636,6 +641,7 @@ def family_pack(
                 f"    reason: {family.reason}",
                 f"    severity: {family.severity}",
                 "    fallback: true",
+                f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}",
                 "    provenance:",
                 *[f"      - {_yaml_quote(f'torvalds/linux:{path}')}" for path in where[:8]],
                 f"      - {_yaml_quote(f'{extract_path}: {sum(len(table[b]) for b in chunk)} sites')}",

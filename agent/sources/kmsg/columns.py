@@ -11,8 +11,8 @@ from typing import Any, overload
 from agent.core.columns import RecordColumns, items_equal
 from agent.core.types import LogRecord
 
-# A kernel record (facility 0: priority 0-7) at level 0-3 starts its line with "0," to "3,".
-_HEADS = {level: tuple(b"%d," % n for n in range(level + 1)) for level in range(4)}
+# A kernel record (facility 0: priority 0-7) at level L starts its line with "0," to "L,".
+_HEADS = {level: tuple(b"%d," % n for n in range(level + 1)) for level in range(8)}
 _SCANS: dict[int, Any] = {}
 
 
@@ -77,7 +77,7 @@ class KmsgColumns(RecordColumns):
         """:meth:`RecordColumns.severe` by one scan of the chunk's bytes in C where the columns have them (the
         kernel's own lines, one a record): no record built, no per-record Python work."""
         raw = self._lines
-        if raw is None or not 0 <= max_level <= 3:
+        if raw is None or not 0 <= max_level <= 7:
             return [i for i, row in enumerate(self._rows) if _level(row[0], max_level)]
         # One RE2 scan for "\nL," (about 0.03 us a record; bytes.find per level and Python's re take ten times
         # that): the records at error level are few. A kernel record (facility 0) at level L starts its line "L,".
@@ -91,6 +91,10 @@ class KmsgColumns(RecordColumns):
             at = start
             found.append(line)
         return found
+
+    def gated(self, max_level: int) -> list[int]:
+        """:meth:`RecordColumns.gated`: every record of the kernel's device has its level, so :meth:`severe`."""
+        return self.severe(max_level)
 
 
 def _level(priority: str, max_level: int) -> bool:
