@@ -212,7 +212,7 @@ EXCLUSIONS: list[Exclusion] = [
     Exclusion(
         pattern=r"^%s$",
         where=r"^kernel-open/nvidia/os-interface\.c:",
-        reason="os_log_error(): prints a caller's text (\"%s\"); no caller in this release",
+        reason='os_log_error(): prints a caller\'s text ("%s"); no caller in this release',
     ),
 ]
 
