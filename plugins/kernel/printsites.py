@@ -62,6 +62,8 @@ class Call:
     level_arg: int | None = None
     # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text).
     head: str = ""
+    # Names the level argument takes besides the KERN_* literals (a driver's own levels: EVO_LOG_ERROR -> "err").
+    level_names: Mapping[str, str] = field(default_factory=dict)
 
 
 def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
@@ -229,7 +231,10 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
             continue
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
         if call.level_arg is not None:
-            level = _format(parsed[0][call.level_arg], macros)[0]
+            argument = parsed[0][call.level_arg]
+            level = _format(argument, macros)[0] or next(
+                (lvl for name, lvl in call.level_names.items() if re.search(rf"\b{name}\b", argument)), None
+            )
         if call.head:
             args = parsed[0]
             fmt = re.sub(r"\{(\d+)\}", lambda h, a=args: _format(a[int(h[1])], macros)[1], call.head) + fmt
@@ -517,6 +522,7 @@ class Family:
     severity: str = "warning"
     device_prefix: str = ""  # empty: dev_* sites are matched on their text alone
     source: str = ""
+    repository: str = "torvalds/linux"  # the provenance's source repository (owner/name)
 
 
 def literal_runs(site: Site) -> list[str]:
@@ -643,7 +649,7 @@ def family_pack(
                 "    fallback: true",
                 f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}",
                 "    provenance:",
-                *[f"      - {_yaml_quote(f'torvalds/linux:{path}')}" for path in where[:8]],
+                *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
                 f"      - {_yaml_quote(f'{extract_path}: {sum(len(table[b]) for b in chunk)} sites')}",
                 "    pattern: " + _yaml_quote((prefix + ".*" if prefix else "") + body),
             ]
