@@ -121,6 +121,9 @@ class Spec:
     # KBUILD_MODNAME as the file's name ("mm/zswap.c" -> "zswap"): what kbuild defines for a built-in
     # object (and a one-file module); False leaves it "{KBUILD_MODNAME}", filled by render's driver.
     modname_from_file: bool = False
+    # Whether a bare printk() gets the file's pr_fmt. The kernel's does not (pr_fmt is applied by the
+    # pr_* macros only): False prints printk sites as the kernel does; True keeps the older extracts.
+    printk_pr_fmt: bool = True
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -249,6 +252,8 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if level not in spec.levels:
             continue
         prefix = pr_fmt if call.prefix == "pr" else dev_fmt if call.prefix in ("dev", "netdev") else ""
+        if m[1].startswith("printk") and not spec.printk_pr_fmt:
+            prefix = ""
         line = text.count("\n", 0, m.start()) + 1
         yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=prefix + fmt, prefix=call.prefix)
 
