@@ -49,6 +49,7 @@ SPEC = Spec(
     },
     # mm/ is built in (z3fold, zsmalloc: one-file modules): KBUILD_MODNAME is the file's name.
     modname_from_file=True,
+    printk_pr_fmt=False,
     # warn_alloc() prints at KERN_WARNING; with it come the level-less printk() sites (default level).
     levels=frozenset({"emerg", "alert", "crit", "err", "warn", "warning"}),
 )
@@ -168,7 +169,7 @@ EXCLUSIONS: list[Exclusion] = [
     # pcpu_dump_alloc_info(lvl, ai): the level is its argument, KERN_INFO at every boot
     # (pcpu_setup_first_chunk), KERN_EMERG only after "percpu: failed to initialize".
     Exclusion(
-        pattern=r"%spcpu-alloc: ",  # printk, so no pr_fmt in the kernel's line
+        pattern=r"%spcpu-alloc: ",
         where=r"^mm/percpu\.c:",
         reason="the percpu allocation layout, printed at KERN_INFO on every boot (its level is the caller's argument)",
         benign=True,
