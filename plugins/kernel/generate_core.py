@@ -132,7 +132,7 @@ EXCLUSIONS: list[Exclusion] = [
     Exclusion(
         pattern=r"^smp: (\\t|csd: Re-sending CSD lock)",
         where=r"^kernel/smp\.c:",
-        reason="a detail record of a non-responsive CSD lock report (its csd: ... non-responsive header is the finding)",
+        reason="a detail record of a non-responsive CSD lock report (its csd: header is the finding)",
     ),
     # Lock debugging (CONFIG_DEBUG_SPINLOCK, CONFIG_LOCKDEP): the lock and owner, and lockdep turning
     # itself off after a report.
@@ -164,7 +164,7 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^(%s: NULL|%s: 0x%hx -- |kernel tried to execute NX-protected page|unable to execute userspace code"
         r"|#PF: |IDT: 0x%lx|Thread overran stack)",
         where=r"^arch/x86/mm/fault\.c:",
-        reason="a detail record of a kernel page-fault oops (the BUG: ... page fault line and the Oops header are its findings)",
+        reason="a detail record of a kernel page-fault oops (the BUG: line and the Oops header are its findings)",
     ),
     # arch/x86/kernel/nmi.c: after "Uhhuh. NMI received for unknown reason" / the SERR and IOCK records.
     Exclusion(
@@ -176,14 +176,18 @@ EXCLUSIONS: list[Exclusion] = [
 
 # Sites another pack's rules already speak for: no rule here, so a line is reported once.
 LEAVE: list[Exclusion] = [
-    Exclusion(pattern=r"INFO: rcu_tasks(_trace)? detected stalls on tasks:", reason="kernel-monitor.yaml kernel/rcu-stall"),
+    Exclusion(
+        pattern=r"INFO: rcu_tasks(_trace)? detected stalls on tasks:", reason="kernel-monitor.yaml kernel/rcu-stall"
+    ),
     Exclusion(
         pattern=r"^rcu: %s kthread (starved for|timer wakeup didn't happen for)",
         reason="kernel-monitor.yaml kernel/rcu-kthread-starved (RCUKthreadStarved)",
     ),
     Exclusion(pattern=r"BUG: soft lockup - CPU#", reason="kernel-monitor.yaml kernel/soft-lockup (SoftLockup)"),
     Exclusion(pattern=r"Watchdog detected hard LOCKUP", reason="kernel-monitor.yaml kernel/hard-lockup (HardLockup)"),
-    Exclusion(pattern=r"^INFO: task %s:%d blocked for more than", reason="kernel-monitor.yaml kernel/task-hung (TaskHung)"),
+    Exclusion(
+        pattern=r"^INFO: task %s:%d blocked for more than", reason="kernel-monitor.yaml kernel/task-hung (TaskHung)"
+    ),
     Exclusion(pattern=r"^Kernel panic - not syncing: ", reason="kernel-monitor.yaml kernel/panic (KernelPanic)"),
     Exclusion(
         pattern=r"^BUG: (kernel NULL pointer dereference, address:|unable to handle page fault for address:)",

@@ -94,7 +94,7 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^BUG %s \(%s\): \{text\}$",
         where=r"^mm/slub\.c:",
         reason="list_slab_objects(): the message is its caller's argument (\"Objects remaining in %s on "
-        "__kmem_cache_shutdown()\"), and kmem_cache_destroy's WARN \"Slab cache still has objects\" follows",
+        '__kmem_cache_shutdown()"), and kmem_cache_destroy\'s WARN "Slab cache still has objects" follows',
     ),
     # slab.c (the SLAB allocator, not the default): __slab_error() is slab_error()'s print; the hex
     # dump, the bad-RAM advice, redzone and last user records follow a "Slab corruption" or
@@ -151,7 +151,7 @@ EXCLUSIONS: list[Exclusion] = [
     Exclusion(
         pattern=r"^(?!BUG: KASAN|KASAN internal error)",
         where=_KASAN_REPORT,
-        reason="a detail record of a KASAN report (or of the oops a non-canonical access gives): its header is the finding",
+        reason="a detail record of a KASAN report (or of a non-canonical access oops): its header is the finding",
     ),
     Exclusion(
         pattern=r"^kasan test: ",
@@ -187,18 +187,23 @@ EXCLUSIONS: list[Exclusion] = [
     Exclusion(
         pattern=r"^%s: %s%08lx",
         where=r"^mm/swapfile\.c:",
-        reason="the format has no literal text (\"%s: %s%08lx\": function, message string, entry): nothing to match on",
+        reason='the format has no literal text ("%s: %s%08lx": function, message string, entry): nothing to match on',
     ),
     # dmapool.c: dev_err(pool->dev, "%s %s, %p busy\n", __func__, pool->name, vaddr) and the like.
     Exclusion(
         pattern=r"^%s %s, ",
         where=r"^mm/dmapool\.c:",
-        reason="the function and pool names are arguments: ', busy', '(corrupted)', '(bad dma)' are too generic to match on",
+        reason="function and pool are arguments: ', busy', '(corrupted)', '(bad dma)' are too generic to match on",
+    ),
+    Exclusion(
+        pattern=r"^SLUB: Allocating a useless per node structure",
+        where=r"^mm/slub\.c:",
+        reason="the second record of 'SLUB: Unable to allocate memory from node %d' (the first is the finding)",
     ),
     Exclusion(
         pattern=r"^BUG %s \(%s\): inuse %u > max %u",
         where=r"^mm/slub\.c:",
-        reason="check_slab()'s 'inuse %u > max %u' is too little text to match on (its 'objects %u > max %u' has a rule)",
+        reason="check_slab()'s 'inuse %u > max %u' is too little text to match on ('objects %u > max %u' has a rule)",
     ),
     Exclusion(
         pattern=r"^kfence: %s failed",
