@@ -120,6 +120,12 @@ class Spec:
     macros: Mapping[str, str] = field(default_factory=dict)
     # pr_fmt of files that take it from a header (arch/x86/kernel/cpu/mce/internal.h): path glob -> prefix.
     pr_fmt: Mapping[str, str] = field(default_factory=dict)
+    # KBUILD_MODNAME as the file's name ("mm/zswap.c" -> "zswap"): what kbuild defines for a built-in
+    # object (and a one-file module); False leaves it "{KBUILD_MODNAME}", filled by render's driver.
+    modname_from_file: bool = False
+    # Whether a bare printk() gets the file's pr_fmt. The kernel's does not (pr_fmt is applied by the
+    # pr_* macros only): False prints printk sites as the kernel does; True keeps the older extracts.
+    printk_pr_fmt: bool = True
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -212,6 +218,10 @@ def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
     return level, "".join(out)
 
 
+# A return type right before a helper's name: the function's definition or prototype, not a call.
+_DECLARATION = re.compile(r"\b(?:void|int|bool)[ \t*]+$")
+
+
 def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     """The error-level print sites of one C file."""
     text = path.read_text(errors="replace")
@@ -221,14 +231,19 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         (prefix for glob, prefix in spec.pr_fmt.items() if fnmatch.fnmatch(rel, glob)), ""
     )
     dev_fmt = _prefix_define(text, "dev_fmt", macros)
+    if spec.modname_from_file:
+        pr_fmt = pr_fmt.replace("{KBUILD_MODNAME}", Path(rel).stem)
+        dev_fmt = dev_fmt.replace("{KBUILD_MODNAME}", Path(rel).stem)
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
         call = helpers[m[1]]
         if text[max(0, m.start() - 8) : m.start()].rstrip().endswith("define"):
             continue  # a macro definition, not a site
+        if _DECLARATION.search(text, max(0, m.start() - 40), m.start()):
+            continue  # a wrapper's own definition or prototype ("void warn_alloc(gfp_t gfp_mask, ...)")
         parsed = _arguments(text, m.end() - 1)
-        if parsed is None or len(parsed[0]) <= call.fmt_arg:
-            continue
+        if parsed is None or len(parsed[0]) <= call.fmt_arg or not parsed[0][call.fmt_arg]:
+            continue  # no format argument: a name in a comment ("the use of printk() could deadlock")
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
         if call.level_arg is not None:
             argument = parsed[0][call.level_arg]
@@ -242,6 +257,8 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if level not in spec.levels:
             continue
         prefix = pr_fmt if call.prefix == "pr" else dev_fmt if call.prefix in ("dev", "netdev") else ""
+        if m[1].startswith("printk") and not spec.printk_pr_fmt:
+            prefix = ""
         line = text.count("\n", 0, m.start()) + 1
         yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=prefix + fmt, prefix=call.prefix)
 
