@@ -137,7 +137,8 @@ _FMT_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(pr_fmt|dev_fmt)\(fmt\)[ \t
 
 
 def _literal(token: str) -> str:
-    return token[1:-1]
+    """A string literal's text (a backslash-newline inside it continues the literal on the next line)."""
+    return token[1:-1].replace("\\\n", "")
 
 
 def _file_macros(text: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -204,7 +205,7 @@ def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
     """(level from a KERN_* piece or None, the format text) of a format argument."""
     level = None
     out = []
-    for piece in re.findall(r'"(?:[^"\\\n]|\\.)*"|[A-Za-z_]\w*|\S', arg):
+    for piece in re.findall(r'"(?:[^"\\\n]|\\.|\\\n)*"|[A-Za-z_]\w*|\S', arg):
         if piece.startswith('"'):
             out.append(_literal(piece))
         elif piece in KERN_LEVEL:
