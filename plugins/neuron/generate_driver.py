@@ -48,8 +48,9 @@ SPEC = Spec(
     macros={"KBUILD_MODNAME": "neuron"},
 )
 
+# The rules are neuron-driver/sites-N: the neuron/ names are neuron-monitor.yaml's (the runtime's reports).
 FAMILY = Family(
-    name="neuron",
+    name="neuron-driver",
     reason="NeuronDriverError",
     device_prefix=r"neuron-driver [0-9a-f]{4}:[0-9a-f]{2}:",
     repo="aws-neuron/aws-neuron-driver",
