@@ -95,7 +95,8 @@ EXCLUSIONS: list[Exclusion] = [
     # mpset_print_lifespan_list(): "<list> has unfreed mcs:" heads the list of the chunks left over.
     Exclusion(
         pattern=r"^neuron:mpset_print_lifespan_list: mc:%px ref_count:",
-        reason="a detail record of an unfreed memory chunk report (its '<list> has unfreed mcs:' header is the finding)",
+        reason="a detail record of an unfreed memory chunk report (its '<list> has unfreed mcs:' header is the"
+        " finding)",
     ),
     # neuron_pci_handle_dup_routing_id_v2/_v3(): what the driver does after "duplicate routing id %u found".
     Exclusion(
@@ -123,7 +124,10 @@ EXCLUSIONS: list[Exclusion] = [
         "an engine, queue or descriptor range past the queue it names",
     ),
     _user(r"(offset\+size|dev  size) is too large for mem handle", "an offset and size past its memory chunk"),
-    _user(r"^neuron:ncdev_mem_copy_async_wait: dma memcpy wait failed\. invalid", "a memory or wait handle it does not hold"),
+    _user(
+        r"^neuron:ncdev_mem_copy_async_wait: dma memcpy wait failed\. invalid",
+        "a memory or wait handle it does not hold",
+    ),
     _user(r"^neuron:ncdev_verify_mem_region: Address out of range", "a BAR address outside the regions it may write"),
     _user(r"^neuron:ncdev_device_bdf_ext: Invalid nd index", "a device index the node does not have"),
     _user(r": HBM scrub: invalid HBM index", "an HBM index the device does not have"),
@@ -135,9 +139,13 @@ EXCLUSIONS: list[Exclusion] = [
         r"^neuron:ncdev_open: nd%d: pid %d failed to open",
         "the device is held by as many processes as it takes (npid_print_usage lists them)",
     ),
-    _user(r"^neuron:nci_set_state: nd%d nc:%d (can't set init state|invalid set init state)", "core init states out of order"),
     _user(
-        r"^neuron:ncrwl_\w+: nd%dnc%d: pid:%d (Invalid pid - writer|- reader count is already 0|- writer downgrade called without enter)",
+        r"^neuron:nci_set_state: nd%d nc:%d (can't set init state|invalid set init state)",
+        "core init states out of order",
+    ),
+    _user(
+        r"^neuron:ncrwl_\w+: nd%dnc%d: pid:%d "
+        r"(Invalid pid - writer|- reader count is already 0|- writer downgrade called without enter)",
         "a NeuronCore model lock released or downgraded by a process that does not hold it",
     ),
     _user(
@@ -145,12 +153,19 @@ EXCLUSIONS: list[Exclusion] = [
         "a NeuronCore model lock another process holds too long (contention between the node's workloads)",
     ),
     _user(
-        r"^neuron:ndma_memcpy_offset_move: Async dma (previous )?request on nd %d nc %d (has invalid state|is too large)",
+        r"^neuron:ndma_memcpy_offset_move: "
+        r"Async dma (previous )?request on nd %d nc %d (has invalid state|is too large)",
         "an asynchronous copy larger than the driver takes, or chained to a copy not in flight",
     ),
     _user(r"trying to wait on async DMA context that is not in use", "a wait on a copy it did not start"),
-    _user(r"^neuron:ndma_is_valid_host_mem: nd%d:invalid host memory", "a DMA descriptor that points at host memory it does not own"),
-    _user(r"could not pin host pages for zero copy dma", "a host buffer it cannot pin (unmapped, or past its locked-memory limit)"),
+    _user(
+        r"^neuron:ndma_is_valid_host_mem: nd%d:invalid host memory",
+        "a DMA descriptor that points at host memory it does not own",
+    ),
+    _user(
+        r"could not pin host pages for zero copy dma",
+        "a host buffer it cannot pin (unmapped, or past its locked-memory limit)",
+    ),
     _user(r"^No matching memory was found with va=", "a dma-buf export for an address it has not mapped"),
     _user(r"^neuron:mc_alloc_internal: Allocating aligned host memory not supported", "an aligned host allocation"),
     _user(r"^neuron:mc_alloc_internal: alignment value not supported", "an alignment over INT_MAX"),
@@ -168,16 +183,26 @@ EXCLUSIONS: list[Exclusion] = [
         "an mmap() offset or size that is not one of its memory chunks",
     ),
     _user(r"notification ring size must be power of 2", "a notification queue size that is not a power of 2"),
-    _user(r"^neuron:neuron_p2p_register_and_get_pa: Invalid size: request size", "a peer-memory registration past its mapping"),
-    _user(r"^neuron:nr_(start_ncs|wait): (Pending reset request for pid|Invalid reset request id)", "a reset request id twice, or one never made"),
+    _user(
+        r"^neuron:neuron_p2p_register_and_get_pa: Invalid size: request size",
+        "a peer-memory registration past its mapping",
+    ),
+    _user(
+        r"^neuron:nr_(start_ncs|wait): (Pending reset request for pid|Invalid reset request id)",
+        "a reset request id twice, or one never made",
+    ),
     _user(r"^neuron:ndmar_ack_completed: invalid [tr]x qid", "a queue id the engine does not have"),
     _user(r"^neuron:udma_q_handle_get: %s: invalid queue id", "a queue id the engine does not have"),
     _user(
-        r"^neuron:udma_m2m_init_queue: (invalid [ms]2[ms] ring|Completion ring not supported|invalid completion ring|failed to init [ms]2[ms] queue)",
-        "DMA queue parameters (NEURON_IOCTL_DMA_QUEUE_INIT: ring memory, size, completion ring) the engine does not take",
+        r"^neuron:udma_m2m_init_queue: "
+        r"(invalid [ms]2[ms] ring|Completion ring not supported|invalid completion ring"
+        r"|failed to init [ms]2[ms] queue)",
+        "DMA queue parameters (NEURON_IOCTL_DMA_QUEUE_INIT: ring memory, size, completion ring) the engine does"
+        " not take",
     ),
     _user(
-        r"^neuron:udma_q_init_validate: (invalid queue id|queue%d (size|has invalid alignment|completion not configured))",
+        r"^neuron:udma_q_init_validate: "
+        r"(invalid queue id|queue%d (size|has invalid alignment|completion not configured))",
         "DMA queue parameters (NEURON_IOCTL_DMA_QUEUE_INIT: queue id, size, alignment) the engine does not take",
     ),
     _user(r"\*\* blocking %llx", "a BAR write to a register the driver blocks"),
@@ -188,7 +213,10 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^v1/neuron_dhal_v1\.c:174$",
         reason="a process's bad request, not a node fault: a notification queue on Inferentia (v1), which has none",
     ),
-    _user(r"^neuron:npe_(set_mode|.*ctrl\w*): trying to override exiting mode setting", "an UltraServer mode over the one set"),
+    _user(
+        r"^neuron:npe_(set_mode|.*ctrl\w*): trying to override exiting mode setting",
+        "an UltraServer mode over the one set",
+    ),
     _user(r"Invalid ultraserver control request value", "an UltraServer control value the driver does not have"),
     _user(r"^received invalid notify delay for sysfs metrics", "a value written to the notify_delay sysfs file"),
 ]
