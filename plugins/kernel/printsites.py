@@ -149,22 +149,34 @@ def _file_macros(text: str, extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def _prefix_define(text: str, name: str, macros: Mapping[str, str]) -> str:
-    """The literal text a ``#define pr_fmt(fmt) ... fmt`` puts before a format (KBUILD_MODNAME as the module)."""
+    """The literal text a ``#define pr_fmt(fmt) ... fmt`` puts before a format (KBUILD_MODNAME as the module,
+    or its name where the spec's macros give it). A prefix of ``%s`` conversions filled by arguments after
+    ``fmt`` (``"%s:%s: " fmt, KBUILD_MODNAME, __func__``) has them filled: a macro's text, else ``{NAME}``."""
+    module = macros.get("KBUILD_MODNAME", "{KBUILD_MODNAME}")
     for m in _FMT_DEFINE.finditer(text):
         if m[1] != name:
             continue
-        body = m[2].split("fmt")[0] if "fmt" in m[2] else m[2]
+        body, _, tail = m[2].partition("fmt")
         pieces = re.findall(r'"(?:[^"\\\n]|\\.)*"|\w+', body)
         out = []
         for piece in pieces:
             if piece.startswith('"'):
                 out.append(_literal(piece))
             elif piece == "KBUILD_MODNAME":
-                out.append("{KBUILD_MODNAME}")
+                out.append(module)
             elif piece in macros:
                 out.append(macros[piece])
-        return "".join(out)
+        return _fill_prefix("".join(out), [a.strip() for a in tail.split(",")[1:]], macros, module)
     return ""
+
+
+def _fill_prefix(prefix: str, args: Sequence[str], macros: Mapping[str, str], module: str) -> str:
+    """``prefix`` with its ``%s`` conversions filled by ``args`` in order; unchanged where they do not pair."""
+    conversions = [c for c in re.findall(r"%.", prefix) if c != "%%"]
+    if not args or conversions != ["%s"] * len(args) or not all(re.fullmatch(r"\w+", a) for a in args):
+        return prefix
+    values = iter(module if a == "KBUILD_MODNAME" else macros.get(a, "{" + a + "}") for a in args)
+    return re.sub(r"%%|%s", lambda c: c[0] if c[0] == "%%" else next(values), prefix)
 
 
 def _arguments(text: str, start: int) -> tuple[list[str], int] | None:
@@ -222,6 +234,20 @@ def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
 # A return type right before a helper's name: the function's definition or prototype, not a call.
 _DECLARATION = re.compile(r"\b(?:void|int|bool)[ \t*]+$")
 
+# A function definition as kernel style writes it: the declaration from column 0, the name right before
+# the parameter list, the body's "{" after it (on that line or the next).
+_FUNCTION = re.compile(
+    r"^(?!(?:if|for|while|switch|return|else|do)\b)[A-Za-z_][\w \t*]*?\b([A-Za-z_]\w*)\s*\([^;{}]*\)\s*\{", re.M
+)
+
+
+def _enclosing_function(text: str, offset: int) -> str | None:
+    """The name of the function whose body holds ``offset`` (the last definition that starts before it)."""
+    name = None
+    for m in _FUNCTION.finditer(text, 0, offset):
+        name = m[1]
+    return name
+
 
 def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     """The error-level print sites of one C file."""
@@ -260,6 +286,8 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         prefix = pr_fmt if call.prefix == "pr" else dev_fmt if call.prefix in ("dev", "netdev") else ""
         if m[1].startswith("printk") and not spec.printk_pr_fmt:
             prefix = ""
+        if "{__func__}" in prefix:  # a prefix that prints the function's name ("%s: " fmt, __func__)
+            prefix = prefix.replace("{__func__}", _enclosing_function(text, m.start()) or "{__func__}")
         line = text.count("\n", 0, m.start()) + 1
         yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=prefix + fmt, prefix=call.prefix)
 

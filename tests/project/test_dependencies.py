@@ -34,7 +34,8 @@ def third_party_imports() -> set[str]:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                sibling = (path.parent / f"{top}.py").exists()  # a generator script's helper beside it
+                # a generator script's helper beside it, or the print-site generators' shared one
+                sibling = (path.parent / f"{top}.py").exists() or (ROOT / "plugins" / "kernel" / f"{top}.py").exists()
                 if top != "agent" and top not in sys.stdlib_module_names and not sibling:
                     found.add(top)
     return found
