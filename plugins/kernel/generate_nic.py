@@ -102,6 +102,14 @@ EXCLUSIONS: list[Exclusion] = [
         reason="a step of an ENA/EFA device reset: the caller's record of the reset's outcome is the finding",
         benign=True,
     ),
+    # ena_com.c: "Memory allocation failed" alone: words every driver prints (NVRM's "Memory allocation
+    # failed for GFID tracking" too), so a text rule on them would speak for other drivers' lines; the
+    # queue or probe step that failed prints its own record after it.
+    Exclusion(
+        pattern=r"^Memory allocation failed\\n$",
+        where=r"^drivers/net/ethernet/amazon/ena/ena_com\.c:",
+        reason="generic words other drivers print too; the failed step's own record (the caller's) is the finding",
+    ),
     # ena_com_config_llq_info(): the device does not offer the driver's default LLQ stride, entry size
     # or descriptors-before-header, and the driver uses one it does offer ("performing fallback").
     Exclusion(
