@@ -430,12 +430,23 @@ DEV_PREFIX = "{driver} 0000:3b:00.0: "
 NETDEV_PREFIX = "{driver} 0000:3b:00.0 eth0: "
 
 
-def render(site: Site, *, driver: str = "nvme", module: str = "") -> list[str]:
+def driver_of(site: Site, driver: str | Mapping[str, str]) -> str:
+    """The driver name a site's device prefix renders with: ``driver`` itself, or, for a generator whose
+    files belong to several drivers (ena and efa), the value of the first path glob that matches."""
+    if isinstance(driver, str):
+        return driver
+    path = site.where.rsplit(":", 1)[0]
+    return next((name for glob, name in driver.items() if fnmatch.fnmatch(path, glob)), "nvme")
+
+
+def render(site: Site, *, driver: str | Mapping[str, str] = "nvme", module: str = "") -> list[str]:
     """The kernel records one print at this site gives, as read from /dev/kmsg (one per line of the message).
 
-    ``driver`` is the device's driver name for dev_*/netdev_* prefixes; ``module`` fills ``KBUILD_MODNAME``
-    (default: the driver name). Unresolved macros render as ``X``.
+    ``driver`` is the device's driver name for dev_*/netdev_* prefixes (or a path glob -> name mapping,
+    see :func:`driver_of`); ``module`` fills ``KBUILD_MODNAME`` (default: the driver name). Unresolved
+    macros render as ``X``.
     """
+    driver = driver_of(site, driver)
     text = site.text.replace("{KBUILD_MODNAME}", module or driver)
     text = re.sub(r"\{[A-Za-z_]\w*\}", "X", text)
     text = _CONVERSION.sub(_conversion, _unescape(text))
@@ -496,7 +507,7 @@ def coverage(
     *,
     finds: Callable[[list[str]], bool],
     exclusions: Sequence[Exclusion],
-    driver: str = "nvme",
+    driver: str | Mapping[str, str] = "nvme",
 ) -> Coverage:
     """How many sites the rules speak for (``finds`` of the site's rendered lines is true) or exclude."""
     covered = excluded = 0
