@@ -60,8 +60,12 @@ class Call:
     prefix: str
     # A wrapper that takes the level as an argument (edac_printk(KERN_ERR, EDAC_MC, fmt)): its index.
     level_arg: int | None = None
-    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text).
+    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text;
+    # "device-mapper: {DM_MSG_PREFIX}: ", {NAME}: the file's string macro NAME).
     head: str = ""
+    # A wrapper whose level argument is a flag, not KERN_*: the level each flag name gives (cifs_dbg(VFS, ...)
+    # prints at error level, its FYI and NOISY forms at debug). A flag not listed: no error-level site.
+    arg_levels: Mapping[str, str] = field(default_factory=dict)
 
 
 def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
@@ -229,10 +233,17 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
             continue
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
         if call.level_arg is not None:
-            level = _format(parsed[0][call.level_arg], macros)[0]
+            flag = parsed[0][call.level_arg]
+            level = _format(flag, macros)[0] or next(
+                (lvl for name, lvl in call.arg_levels.items() if re.search(rf"\b{name}\b", flag)), None
+            )
         if call.head:
             args = parsed[0]
-            fmt = re.sub(r"\{(\d+)\}", lambda h, a=args: _format(a[int(h[1])], macros)[1], call.head) + fmt
+
+            def head(h: re.Match[str], a: list[str] = args) -> str:
+                return _format(a[int(h[1])], macros)[1] if h[1].isdigit() else macros.get(h[1], h[0])
+
+            fmt = re.sub(r"\{(\w+)\}", head, call.head) + fmt
         level = call.level or level or "warning"  # printk without a level prints at the default (warning)
         if level not in spec.levels:
             continue
