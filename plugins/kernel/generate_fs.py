@@ -116,11 +116,171 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^fs/smb/client/smbdirect\.c:",
         reason="the log_rdma macro's own body: its callers are listed as the sites",
     ),
+    # --- XFS ---
+    # xfs_buf_verifier_error() and xfs_inode_verifier_error(): "Metadata %s detected at ..." with %s
+    # "corruption" or "CRC error" is storage.yaml's kernel/xfs-corruption line (a specific rule; the
+    # site's text names neither word, so a rule here would be its second finding).
+    Exclusion(
+        pattern=r"^XFS \(%s\): Metadata %s detected at %pS, ",
+        where=r"^fs/xfs/xfs_error\.c:",
+        reason="storage.yaml kernel/xfs-corruption (XfsCorruption) reports it: %s is corruption or CRC error",
+    ),
+    # xfs_dabuf_map(): after XFS_IS_CORRUPT's report (xfs_corruption_error: "Corruption detected.
+    # Unmount and run xfs_repair"), the block number and one record per extent mapping.
+    Exclusion(
+        pattern=r"^XFS \(%s\): (%s: bno %u inode %llu|\[%02d\] br_startoff )",
+        where=r"^fs/xfs/libxfs/xfs_da_btree\.c:",
+        reason="a detail record of an XFS_IS_CORRUPT report (its Corruption detected record is the finding)",
+    ),
+    # xfs_dir2_node_find_freeblk(): the fblk state after "%s: dir ino %llu needed freesp block ...".
+    Exclusion(
+        pattern=r"^XFS \(%s\): +(fblk |\.\.\. fblk is NULL)",
+        where=r"^fs/xfs/libxfs/xfs_dir2_node\.c:",
+        reason="a detail record of a directory freespace corruption report (the needed freesp record is the finding)",
+    ),
+    # xfs_log_mount(): "Continuing onwards, ..." is the second record of "Log size out of supported range."
+    Exclusion(
+        pattern=r"^XFS \(%s\): Continuing onwards, but if log hangs",
+        where=r"^fs/xfs/xfs_log\.c:",
+        reason="the second record of 'Log size out of supported range.' (the first is the finding)",
+    ),
+    # xlog_space_left(): the tail and grant-head cycles after "xlog_space_left: head behind tail".
+    Exclusion(
+        pattern=r"^XFS \(%s\):   (tail_cycle|GH   cycle) = ",
+        where=r"^fs/xfs/xfs_log\.c:",
+        reason="a detail record of 'xlog_space_left: head behind tail' (that record is the finding)",
+    ),
+    # xlog_verify_*(): inside #if defined(DEBUG) (CONFIG_XFS_DEBUG), which distribution kernels leave off.
+    Exclusion(
+        pattern=r".",
+        where=r"^fs/xfs/xfs_log\.c:(353[7-9]|35[4-9]\d|36\d\d|3700)$",
+        reason="built only with CONFIG_XFS_DEBUG (xlog_verify_*), which distribution kernels leave off",
+    ),
+    # _xfs_alert_tag(): the record before BUG() when xfs_panic_mask names the tag; the kernel BUG
+    # report that follows is kernel-monitor.yaml's finding.
+    Exclusion(
+        pattern=r"^XFS \(%s\): Transforming an alert into a BUG\.",
+        where=r"^fs/xfs/xfs_message\.c:",
+        reason="the record before a BUG() (fs.xfs.panic_mask set): the kernel BUG report is the finding",
+    ),
+    # --- ext4 ---
+    # ext4_print_free_blocks(): after "Delayed block allocation failed for inode ..." (storage.yaml
+    # kernel/ext4-fallback) on ENOSPC, the free, dirty and reserved block counters.
+    Exclusion(
+        pattern=r"^EXT4-fs \(%s\): (Total free blocks count|Free/Dirty block details|free_blocks=|dirty_blocks="
+        r"|Block reservation details|i_reserved_data_blocks=)",
+        where=r"^fs/ext4/inode\.c:",
+        reason="a detail record of a failed delayed allocation (the Delayed block allocation failed record is the finding)",
+    ),
+    # ext4_orphan_get(): after ext4_error "bad orphan inode %lu" (kernel/ext4-error), the state that
+    # made it bad, a record each.
+    Exclusion(
+        pattern=r"^(ext4_test_bit\(bit=|is_bad_inode\(inode\)=|NEXT_ORPHAN\(inode\)=|max_ino=|i_nlink=)",
+        where=r"^fs/ext4/ialloc\.c:",
+        reason="a detail record of an ext4 'bad orphan inode' error (the EXT4-fs error record is the finding)",
+    ),
+    # ext4_free_inode(): a bug check that prints the function, line, inode and a counter ("count=",
+    # "nlink="); the format has no text of its own to tell it from other ext4 prints.
+    Exclusion(
+        pattern=r"^EXT4-fs \(%s\): %s:%d: inode #%lu: (count|nlink)=%d",
+        where=r"^fs/ext4/ialloc\.c:",
+        reason="only a function, line and counter after the prefix: too generic to tell apart",
+    ),
+    # dump_orphan_list() at unmount: "sb orphan head is %d" is the finding, the list its detail.
+    Exclusion(
+        pattern=r"^(sb_info orphan list:|  inode %s:%lu at %p: mode )",
+        where=r"^fs/ext4/super\.c:",
+        reason="a detail record of the orphan list dump (the sb orphan head record is the finding)",
+    ),
+    # ext4_fill_super(): the block size after "unsupported inode size: %d".
+    Exclusion(
+        pattern=r"^EXT4-fs \(%s\): blocksize: %lu$",
+        where=r"^fs/ext4/super\.c:",
+        reason="the second record of 'unsupported inode size' (the first is the finding)",
+    ),
+    # ext4_mb_normalize_request(): the request's bounds right before BUG() (the kernel BUG report is
+    # the finding); ext4_mb_release_inode_pa(): the preallocation's bounds right before
+    # ext4_grp_locked_error "free %u, pa_free %u" (kernel/ext4-error): context for the next record.
+    Exclusion(
+        pattern=r"^EXT4-fs \(%s\): (start %lu, size %lu, fe_logical %lu|pa %p: logic %lu, phys\. %lu, len %d)",
+        where=r"^fs/ext4/mballoc\.c:",
+        reason="context for the record that follows (a BUG() report, an EXT4-fs error record): that one is the finding",
+    ),
+    # ext4_ext_release(): extent statistics, built only with EXT_STATS (a developer's #define).
+    Exclusion(
+        pattern=r"^EXT4-fs: (%lu blocks in %lu extents|extents: %lu min, %lu max)",
+        where=r"^fs/ext4/extents\.c:",
+        reason="built only with EXT_STATS (a developer's #define, off in every kernel build)",
+    ),
+    # ext4_bio_write_page(): "%s: ret = %d" after an encryption failure; the page is redirtied and retried.
+    Exclusion(
+        pattern=r"^%s: ret = %d",
+        where=r"^fs/ext4/page-io\.c:",
+        reason="only a function name and a return code: too generic to tell apart",
+    ),
+    # --- SMB client ---
+    # cifs_dump_detail(), cifs_dump_mids(), smb2_dump_detail(): the SMB header and pending requests
+    # after a failed check of a received SMB (its own record is the finding); CONFIG_CIFS_DEBUG2 only.
+    Exclusion(
+        pattern=r"^CIFS: VFS: (Cmd: %d Err: |smb buf %p len |Dump pending requests:|State: %d Cmd: |IsLarge: |IsMult: )",
+        where=r"^fs/smb/client/cifs_debug\.c:",
+        reason="a detail record of an SMB dump (CONFIG_CIFS_DEBUG2) after the failed check that is the finding",
+    ),
+    Exclusion(
+        pattern=r"^CIFS: VFS: \\\\\\\\%s (Cmd: %d Err: |smb buf %p len )",
+        where=r"^fs/smb/client/smb2ops\.c:",
+        reason="a detail record of an SMB2 dump (CONFIG_CIFS_DEBUG2) after the failed check that is the finding",
+    ),
+    # Mount-time notices cifs_dbg(VFS, ...) prints for a working mount, from its options or the server's
+    # capabilities: the mount succeeds and works as asked.
+    Exclusion(
+        pattern=r"^CIFS: VFS: (mounting share with read only caching|mounting share in single client RW caching mode"
+        r"|mount option dynperm ignored|mounted to read only share|Signing is enabled, and RDMA read/write will be"
+        r" disabled|\\\\\\\\%s cannot query dirs between root and final path)",
+        where=r"^fs/smb/client/connect\.c:",
+        reason="a working mount's notice (cache=ro/rw, dynperm with cifsacl, a read-only share, signing over RDMA, a prefix path)",
+        benign=True,
+    ),
+    Exclusion(
+        pattern=r"^CIFS: VFS: mount options mfsymlinks and sfu both enabled",
+        where=r"^fs/smb/client/fs_context\.c:",
+        reason="a working mount's notice (both symlink emulations asked for; mfsymlinks wins)",
+        benign=True,
+    ),
+    # cifs_autodisable_serverino(): a server that returns no usable inode numbers; the mount goes on
+    # with client-generated ones, and the second record says how to silence the first.
+    Exclusion(
+        pattern=r"^CIFS: VFS: (Autodisabling the use of server inode numbers|Hardlinks will not be recognized on this mount)",
+        where=r"^fs/smb/client/misc\.c:",
+        reason="a working mount's notice (server inode numbers off; noserverino silences it)",
+        benign=True,
+    ),
+    Exclusion(
+        pattern=r"^CIFS: VFS: resiliency not supported by server, disabling",
+        where=r"^fs/smb/client/smb2file\.c:",
+        reason="a working mount's notice (resilienthandles asked for, the server does not offer it)",
+        benign=True,
+    ),
+    Exclusion(
+        pattern=r"^CIFS: VFS: \\\\\\\\%s unknown negcontext of type %d ignored",
+        where=r"^fs/smb/client/smb2pdu\.c:",
+        reason="a newer server's negotiate context this client does not know; negotiation goes on",
+        benign=True,
+    ),
 ]
 
 # Sites another pack's rules already speak for: no rule here, so a line is reported once.
 LEAVE: list[Exclusion] = [
     Exclusion(pattern=r"^EXT4-fs error ", reason="kernel-monitor.yaml kernel/ext4-error (Ext4Error)"),
+    Exclusion(
+        pattern=r"^EXT4-fs \(%s\): Remounting filesystem read-only",
+        reason="kernel-monitor.yaml kernel/readonly-filesystem (FilesystemIsReadOnly)",
+    ),
+    Exclusion(
+        pattern=r"^Aborting journal on device %s\.",
+        where=r"^fs/jbd2/",
+        reason="storage.yaml kernel/jbd2-journal-error (JournalError)",
+    ),
     Exclusion(
         pattern=r"^EXT4-fs \(%s\): .*(\b(error|Error|ERROR)\b|Errors on filesystem|with errors|corrupt|Corrupt"
         r"|CORRUPT|abort|Abort|ABORT|fail|Fail|FAIL|shut down|shutdown|Data will be lost|data will be lost"
