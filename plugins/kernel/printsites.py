@@ -60,7 +60,8 @@ class Call:
     prefix: str
     # A wrapper that takes the level as an argument (edac_printk(KERN_ERR, EDAC_MC, fmt)): its index.
     level_arg: int | None = None
-    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text).
+    # A wrapper that prints literal text before the format ("EDAC {2}: ", {N}: argument N's text;
+    # "device-mapper: {DM_MSG_PREFIX}: ", {NAME}: the file's string macro NAME).
     head: str = ""
     # Names the level argument takes besides the KERN_* literals (a driver's own levels: EVO_LOG_ERROR -> "err").
     level_names: Mapping[str, str] = field(default_factory=dict)
@@ -279,7 +280,11 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
             )
         if call.head:
             args = parsed[0]
-            fmt = re.sub(r"\{(\d+)\}", lambda h, a=args: _format(a[int(h[1])], macros)[1], call.head) + fmt
+
+            def head(h: re.Match[str], a: list[str] = args) -> str:
+                return _format(a[int(h[1])], macros)[1] if h[1].isdigit() else macros.get(h[1], h[0])
+
+            fmt = re.sub(r"\{(\w+)\}", head, call.head) + fmt
         level = call.level or level or "warning"  # printk without a level prints at the default (warning)
         if level not in spec.levels:
             continue
@@ -696,7 +701,10 @@ def family_pack(
             where = sorted({s.where.split(":")[0] for b in chunk for s in table[b]})
             # The rule looks only at records printed at its sites' levels or worse (and at lines of no known
             # level): an info-level line that happens to hold the words is not this print.
-            level = max(LEVELS[s.level] for b in chunk for s in table[b])
+            # A site below warning level (net's neighbour overflow, at info) leaves its rule open to every line: a
+            # gate that wide would have the gated literals scanned over nearly every line of a batch.
+            level = max(LEVELS.get(s.level, LEVELS["warning"]) for b in chunk for s in table[b])  # WARN: "warn"
+            gate = [f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}"] if level <= 4 else []
             body = "(?:" + "|".join(chunk) + ").*"
             out += [
                 f"  - name: {family.name}/sites-{n}",
@@ -704,7 +712,7 @@ def family_pack(
                 f"    reason: {family.reason}",
                 f"    severity: {family.severity}",
                 "    fallback: true",
-                f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}",
+                *gate,
                 "    provenance:",
                 *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
                 f"      - {_yaml_quote(f'{extract_path}: {sum(len(table[b]) for b in chunk)} sites')}",
