@@ -40,10 +40,7 @@ _SDEV = "sd %u:%u:%u:%llu: "
 SPEC = Spec(
     name="block",
     paths=[
-        "block/blk-*.c",
-        "block/bio.c",
-        "block/genhd.c",
-        "block/bdev.c",
+        "block/*.c",
         "block/partitions/*.c",
         "drivers/nvme/host/core.c",
         "drivers/nvme/host/pci.c",
@@ -54,6 +51,7 @@ SPEC = Spec(
         "drivers/nvme/host/ioctl.c",
         "drivers/nvme/host/zns.c",
         "drivers/nvme/host/hwmon.c",
+        "drivers/nvme/host/auth.c",
         "drivers/nvme/host/nvme.h",
         "drivers/scsi/scsi.c",
         "drivers/scsi/hosts.c",
@@ -69,8 +67,22 @@ SPEC = Spec(
         "drivers/scsi/sr.c",
         "drivers/scsi/sr_ioctl.c",
         "drivers/scsi/sg.c",
+        "drivers/scsi/scsi_proc.c",
+        "drivers/scsi/scsi_dh.c",
+        "drivers/scsi/scsi_transport_sas.c",
+        "drivers/scsi/ses.c",
         "drivers/ata/libata-*.c",
+        "drivers/ata/libahci.c",
+        "drivers/ata/ahci.c",
     ],
+    # KBUILD_MODNAME of the files whose pr_fmt prints it (drivers/nvme/host/Makefile, block/Makefile).
+    modules={
+        "drivers/nvme/host/fabrics.c": "nvme_fabrics",
+        "drivers/nvme/host/tcp.c": "nvme_tcp",
+        "drivers/nvme/host/rdma.c": "nvme_rdma",
+        "block/bounce.c": "bounce",
+        "block/sed-opal.c": "sed_opal",
+    },
     calls={
         "sdev_printk": Call(level=None, fmt_arg=2, prefix="none", level_arg=0, head=_SDEV),
         "sdev_prefix_printk": Call(level=None, fmt_arg=3, prefix="none", level_arg=0, head=_SDEV + "[%s] "),
@@ -187,6 +199,14 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^drivers/nvme/host/pci\.c:",
         reason="a quirk applied at probe of a healthy Samsung PM1725 (an informational print at error level)",
         benign=True,
+    ),
+    # ahci_port_suspend(): the wording is ahci_deinit_port()'s message in a variable ("failed to stop
+    # engine"), the printed literal "%s (%d)" tells nothing; the port is frozen, and EH's report follows
+    # on resume.
+    Exclusion(
+        pattern=r"^ata%u: %s \(%d\)\\n$",
+        where=r"^drivers/ata/libahci\.c:",
+        reason="an AHCI port suspend failure worded in a variable (too little literal text); the frozen port's EH reports",
     ),
     # Allocation failures worded generically after the caller's function name (__func__, which the
     # scanner cannot resolve): ": no memory", ": allocation failure" are printed by many drivers, and the

@@ -118,6 +118,9 @@ class Spec:
     macros: Mapping[str, str] = field(default_factory=dict)
     # pr_fmt of files that take it from a header (arch/x86/kernel/cpu/mce/internal.h): path glob -> prefix.
     pr_fmt: Mapping[str, str] = field(default_factory=dict)
+    # KBUILD_MODNAME of files whose module name is known (path glob -> module, from the Makefile:
+    # drivers/nvme/host/tcp.c is nvme-tcp.ko, "nvme_tcp"); other files keep it as {KBUILD_MODNAME}.
+    modules: Mapping[str, str] = field(default_factory=dict)
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -219,6 +222,9 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         (prefix for glob, prefix in spec.pr_fmt.items() if fnmatch.fnmatch(rel, glob)), ""
     )
     dev_fmt = _prefix_define(text, "dev_fmt", macros)
+    module = next((name for glob, name in spec.modules.items() if fnmatch.fnmatch(rel, glob)), "")
+    if module:
+        pr_fmt, dev_fmt = (p.replace("{KBUILD_MODNAME}", module) for p in (pr_fmt, dev_fmt))
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
         call = helpers[m[1]]
