@@ -91,6 +91,9 @@ SPEC = Spec(
         "scmd_printk": Call(level=None, fmt_arg=2, prefix="none", level_arg=0, head=_SDEV + "[%s] tag#%d "),
         "shost_printk": Call(level=None, fmt_arg=2, prefix="none", level_arg=0, head="scsi host%d: "),
         "starget_printk": Call(level=None, fmt_arg=2, prefix="none", level_arg=0, head="scsi target%d:%d:%d: "),
+        # block/partitions/ldm.c: _ldm_printk prints "%s%s(): %pV\n" with the level and __func__.
+        "ldm_crit": Call(level="crit", fmt_arg=0, prefix="none", head="%s(): "),
+        "ldm_error": Call(level="err", fmt_arg=0, prefix="none", head="%s(): "),
         # include/linux/libata.h: pr_err("ata%u: " fmt, ap->print_id) (a link behind a port multiplier
         # prints "ata%u.%02u: " as a device does).
         "ata_port_err": Call(level="err", fmt_arg=1, prefix="pr", head="ata%u: "),
@@ -207,6 +210,14 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^ata%u: %s \(%d\)\\n$",
         where=r"^drivers/ata/libahci\.c:",
         reason="an AHCI port suspend failure worded in a variable (too little literal text); the frozen port's EH reports",
+    ),
+    # ldm_parse_cmp3/dgr3/dsk3/dsk4/prt3/vol5() and ldm_relative(): the field checks of one VBLK record
+    # of a Windows LDM (dynamic disk) database; ldm_parse_vblk() prints "Failed to parse VBLK 0x%llx
+    # (type: 0x%02x)." right after the one that failed, and that record is the finding.
+    Exclusion(
+        pattern=r"^%s\(\): (r_\w+ %d < 0|len %d [<>] |!buffer|offset \(%d\) < 0|base \(%d\) )",
+        where=r"^block/partitions/ldm\.c:",
+        reason="a field check of an LDM VBLK record: the 'Failed to parse VBLK' record that follows is the finding",
     ),
     # Allocation failures worded generically after the caller's function name (__func__, which the
     # scanner cannot resolve): ": no memory", ": allocation failure" are printed by many drivers, and the
