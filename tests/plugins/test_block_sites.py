@@ -40,6 +40,24 @@ def test_a_scsi_command_timeout_and_an_nvme_keep_alive_failure_are_storage_error
     assert findings(["nvme_tcp: queue 3: header digest mismatch host: 0x1 ctrl: 0x0"]) == [("block", "StorageError")]
 
 
+def test_a_scsi_command_failure_with_its_sense_data_gives_no_fallback_finding() -> None:
+    # scsi_print_result / scsi_print_sense_hdr / scsi_print_command (KERN_INFO, drivers/scsi/scsi_logging.c):
+    # the result, sense key, additional sense and CDB records are one command failure, which
+    # storage.yaml's sense-key rule and the block layer's I/O error line speak for; nothing here adds to it.
+    report = [
+        "sd 0:0:0:0: [sda] tag#29 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_OK cmd_age=0s",
+        "sd 0:0:0:0: [sda] tag#29 Sense Key : Medium Error [current] ",
+        "sd 0:0:0:0: [sda] tag#29 Add. Sense: Unrecovered read error - auto reallocate failed",
+        "sd 0:0:0:0: [sda] tag#29 CDB: Read(10) 28 00 01 2a 3b 40 00 00 08 00",
+        "critical medium error, dev sda, sector 19545920 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2",
+    ]
+    assert [rule for rule, _ in findings(report) if rule == "block"] == []
+
+
+def test_an_ahci_host_adapter_print_carries_its_pci_device() -> None:
+    assert findings(["ahci 0000:00:17.0: failed to start port 0 (errno=-16)"]) == [("block", "StorageError")]
+
+
 def test_a_device_print_needs_its_device_prefix() -> None:
     # "Failed to map data (%d)" is nvme-tcp's and nvme-rdma's dev_err on the controller; the same words
     # from another subsystem without a device are not this pack's.
