@@ -127,6 +127,9 @@ class Spec:
     # Whether a bare printk() gets the file's pr_fmt. The kernel's does not (pr_fmt is applied by the
     # pr_* macros only): False prints printk sites as the kernel does; True keeps the older extracts.
     printk_pr_fmt: bool = True
+    # KBUILD_MODNAME of files whose module name is known (path glob -> module, from the Makefile:
+    # drivers/nvme/host/tcp.c is nvme-tcp.ko, "nvme_tcp"); other files keep it as {KBUILD_MODNAME}.
+    modules: Mapping[str, str] = field(default_factory=dict)
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -262,6 +265,9 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     if spec.modname_from_file:
         pr_fmt = pr_fmt.replace("{KBUILD_MODNAME}", Path(rel).stem)
         dev_fmt = dev_fmt.replace("{KBUILD_MODNAME}", Path(rel).stem)
+    module = next((name for glob, name in spec.modules.items() if fnmatch.fnmatch(rel, glob)), "")
+    if module:
+        pr_fmt, dev_fmt = (p.replace("{KBUILD_MODNAME}", module) for p in (pr_fmt, dev_fmt))
     names = "|".join(sorted(map(re.escape, helpers), key=len, reverse=True))
     for m in re.finditer(rf"(?<![\w.>])({names})\s*\(", text):
         call = helpers[m[1]]
