@@ -209,7 +209,7 @@ EXCLUSIONS: list[Exclusion] = [
     Exclusion(
         pattern=r"^ata%u: %s \(%d\)\\n$",
         where=r"^drivers/ata/libahci\.c:",
-        reason="an AHCI port suspend failure worded in a variable (too little literal text); the frozen port's EH reports",
+        reason="an AHCI port suspend failure worded in a variable (too little literal text); the frozen port's EH reports",  # noqa: E501
     ),
     # ldm_parse_cmp3/dgr3/dsk3/dsk4/prt3/vol5() and ldm_relative(): the field checks of one VBLK record
     # of a Windows LDM (dynamic disk) database; ldm_parse_vblk() prints "Failed to parse VBLK 0x%llx

@@ -93,7 +93,9 @@ SPEC = Spec(
         # ext4_msg(sb, KERN_ERR, fmt): "EXT4-fs (<dev>): " (__ext4_msg); its level is the second argument.
         "ext4_msg": Call(level=None, fmt_arg=2, prefix="none", level_arg=1, head="EXT4-fs (%s): "),
         "cifs_dbg": Call(level=None, fmt_arg=1, prefix="pr", level_arg=0, head="VFS: ", level_names=_VFS),
-        "cifs_server_dbg": Call(level=None, fmt_arg=1, prefix="pr", level_arg=0, head=r"VFS: \\\\%s ", level_names=_VFS),
+        "cifs_server_dbg": Call(
+            level=None, fmt_arg=1, prefix="pr", level_arg=0, head=r"VFS: \\\\%s ", level_names=_VFS
+        ),
         "cifs_tcon_dbg": Call(level=None, fmt_arg=1, prefix="pr", level_arg=0, head="VFS: %s ", level_names=_VFS),
         **_SMBD,
     },
@@ -170,7 +172,7 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^EXT4-fs \(%s\): (Total free blocks count|Free/Dirty block details|free_blocks=|dirty_blocks="
         r"|Block reservation details|i_reserved_data_blocks=)",
         where=r"^fs/ext4/inode\.c:",
-        reason="a detail record of a failed delayed allocation (the Delayed block allocation failed record is the finding)",
+        reason="a detail record of a failed delayed allocation (the Delayed block allocation failed record is the finding)",  # noqa: E501
     ),
     # ext4_orphan_get(): after ext4_error "bad orphan inode %lu" (kernel/ext4-error), the state that
     # made it bad, a record each.
@@ -240,7 +242,7 @@ EXCLUSIONS: list[Exclusion] = [
     # cifs_dump_detail(), cifs_dump_mids(), smb2_dump_detail(): the SMB header and pending requests
     # after a failed check of a received SMB (its own record is the finding); CONFIG_CIFS_DEBUG2 only.
     Exclusion(
-        pattern=r"^CIFS: VFS: (Cmd: %d Err: |smb buf %p len |Dump pending requests:|State: %d Cmd: |IsLarge: |IsMult: )",
+        pattern=r"^CIFS: VFS: (Cmd: %d Err: |smb buf %p len |Dump pending requests:|State: %d Cmd: |IsLarge: |IsMult: )",  # noqa: E501
         where=r"^fs/smb/client/cifs_debug\.c:",
         reason="a detail record of an SMB dump (CONFIG_CIFS_DEBUG2) after the failed check that is the finding",
     ),
@@ -256,7 +258,7 @@ EXCLUSIONS: list[Exclusion] = [
         r"|mount option dynperm ignored|mounted to read only share|Signing is enabled, and RDMA read/write will be"
         r" disabled|\\\\\\\\%s cannot query dirs between root and final path)",
         where=r"^fs/smb/client/connect\.c:",
-        reason="a working mount's notice (cache=ro/rw, dynperm with cifsacl, a read-only share, signing over RDMA, a prefix path)",
+        reason="a working mount's notice (cache=ro/rw, dynperm with cifsacl, a read-only share, signing over RDMA, a prefix path)",  # noqa: E501
         benign=True,
     ),
     Exclusion(
@@ -268,7 +270,7 @@ EXCLUSIONS: list[Exclusion] = [
     # cifs_autodisable_serverino(): a server that returns no usable inode numbers; the mount goes on
     # with client-generated ones, and the second record says how to silence the first.
     Exclusion(
-        pattern=r"^CIFS: VFS: (Autodisabling the use of server inode numbers|Hardlinks will not be recognized on this mount)",
+        pattern=r"^CIFS: VFS: (Autodisabling the use of server inode numbers|Hardlinks will not be recognized on this mount)",  # noqa: E501
         where=r"^fs/smb/client/misc\.c:",
         reason="a working mount's notice (server inode numbers off; noserverino silences it)",
         benign=True,

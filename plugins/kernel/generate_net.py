@@ -86,10 +86,13 @@ SPEC = Spec(
     ],
     calls={
         # include/linux/net.h: net_err_ratelimited(fmt, ...) is pr_err behind net_ratelimit(), and so on.
-        **{f"net_{level}_ratelimited": Call(level=level, fmt_arg=0, prefix="pr") for level in ("err", "crit", "alert", "emerg")},
+        **{
+            f"net_{level}_ratelimited": Call(level=level, fmt_arg=0, prefix="pr")
+            for level in ("err", "crit", "alert", "emerg")
+        },
         # include/linux/netdevice.h: netif_err(priv, type, dev, fmt, ...) is netdev_err(dev, fmt, ...).
         **_levels("netif", 3, "netdev"),
-        # include/net/bonding.h: slave_err(bond_dev, slave_dev, fmt, ...) is netdev_err(bond_dev, "(slave %s): " fmt, ...).
+        # include/net/bonding.h: slave_err(bond_dev, slave_dev, fmt, ...) is netdev_err(bond_dev, "(slave %s): " fmt, ...).  # noqa: E501
         **_levels("slave", 2, "netdev", head="(slave %s): "),
         # drivers/net/bonding/bond_main.c: without an extack, BOND_NL_ERR/SLAVE_NL_ERR print the message.
         "BOND_NL_ERR": Call(level="err", fmt_arg=2, prefix="netdev", head="Error: "),
@@ -155,7 +158,7 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^(\{KBUILD_MODNAME\}: )?(tpacket_rcv: packet too big, clamped|Packet exceed the number of skb frags"
         r"|packet size is too long \(|packet_mmap: vma is busy)",
         where=r"^net/packet/af_packet\.c:",
-        reason="af_packet answering a capture or raw-send program's request it cannot serve (the program's ring or frame)",
+        reason="af_packet answering a capture or raw-send program's request it cannot serve (the program's ring or frame)",  # noqa: E501
         benign=True,
     ),
     Exclusion(

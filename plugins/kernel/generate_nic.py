@@ -119,7 +119,7 @@ EXCLUSIONS: list[Exclusion] = [
         benign=True,
     ),
     # ena_ethtool.c: the answer to an ethtool request (rxnfc commands, hash functions) the driver does
-    # not support; the caller gets -EOPNOTSUPP. Tuning tools (irqbalance, tuned, ethtool -X) make these on healthy hosts.
+    # not support; the caller gets -EOPNOTSUPP. Tuning tools (irqbalance, tuned, ethtool -X) make these on healthy hosts.  # noqa: E501
     Exclusion(
         pattern=r"^(Command parameter (%d )?is not supported|Unsupported hfunc)",
         where=_ENA_ETHTOOL,

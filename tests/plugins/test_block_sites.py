@@ -73,7 +73,7 @@ def test_a_device_print_needs_its_device_prefix() -> None:
         # The PM1725 queue-depth quirk at probe (drivers/nvme/host/pci.c).
         "nvme nvme0: detected PM1725 NVMe controller, set queue depth=64",
         # blk_print_req_error() with an error that is not the device's: kernel/block-io-error leaves it.
-        "operation not supported error, dev nvme0n1, sector 0 op 0x9:(WRITE_ZEROES) flags 0x800 phys_seg 0 prio class 0",
+        "operation not supported error, dev nvme0n1, sector 0 op 0x9:(WRITE_ZEROES) flags 0x800 phys_seg 0 prio class 0",  # noqa: E501
     ],
 )
 def test_prints_of_a_healthy_host_or_left_to_storage_yaml_give_no_fallback_finding(line: str) -> None:

@@ -22,7 +22,9 @@ def _sites(tmp_path: Path, source: str, calls: dict[str, printsites.Call]) -> li
 
 
 def test_a_flag_argument_gives_the_level_and_unlisted_flags_give_no_site(tmp_path: Path) -> None:
-    cifs_dbg = printsites.Call(level=None, fmt_arg=1, prefix="pr", level_arg=0, head="VFS: ", level_names={"VFS": "err"})
+    cifs_dbg = printsites.Call(
+        level=None, fmt_arg=1, prefix="pr", level_arg=0, head="VFS: ", level_names={"VFS": "err"}
+    )
     source = (
         '#define pr_fmt(fmt) "CIFS: " fmt\n'
         'cifs_dbg(VFS, "reconnect failed rc=%d\\n", rc);\n'
@@ -38,7 +40,9 @@ def test_a_flag_argument_gives_the_level_and_unlisted_flags_give_no_site(tmp_pat
 def test_a_head_names_the_files_string_macro(tmp_path: Path) -> None:
     dmerr = printsites.Call(level="err", fmt_arg=0, prefix="pr", head="device-mapper: {DM_MSG_PREFIX}: ")
     source = '#define DM_MSG_PREFIX "thin"\nDMERR("metadata operation failed: %d", r);\n'
-    assert _sites(tmp_path, source, {"DMERR": dmerr}) == [("err", "x.c:2", "device-mapper: thin: metadata operation failed: %d")]
+    assert _sites(tmp_path, source, {"DMERR": dmerr}) == [
+        ("err", "x.c:2", "device-mapper: thin: metadata operation failed: %d")
+    ]
 
 
 def test_a_head_without_the_macro_keeps_its_name(tmp_path: Path) -> None:
