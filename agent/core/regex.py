@@ -17,6 +17,7 @@ The analysis answers two questions the fast matcher needs, conservatively (when 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import warnings
@@ -172,8 +173,13 @@ def _go_whitespace(pattern: str) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse(pattern: str) -> sre_parse.SubPattern | None:
-    """Python's parse of the translated pattern; None when there is none (the analysis says "unknown")."""
+    """Python's parse of the translated pattern; None when there is none (the analysis says "unknown").
+
+    One parse per pattern in a process (callers only read the tree): a rule is analysed three ways
+    (required literals, required runs, whether it spans lines), and a generated print-site rule's
+    pattern is long enough that Python's parser took most of the time of loading the built-in packs."""
     try:
         translated = translate_go(pattern)
         with warnings.catch_warnings():
@@ -280,6 +286,7 @@ def _selectivity(text: str) -> float:
     return information(text) if len(text) >= MIN_LITERAL else 0.0
 
 
+@functools.lru_cache(maxsize=1024)
 def required_runs(pattern: str) -> tuple[str, ...]:
     """Literal runs that all occur in every match (outside groups that may be skipped)."""
     parsed = _parse(pattern)
@@ -289,6 +296,7 @@ def required_runs(pattern: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r for r in runs if len(r) >= 2))
 
 
+@functools.lru_cache(maxsize=1024)
 def required_literals(pattern: str) -> tuple[str, ...] | None:
     """Strings of which at least one occurs in every match of ``pattern``; None if unknown."""
     parsed = _parse(pattern)
@@ -367,6 +375,7 @@ def _class_may_match_newline(items: list[Any]) -> bool:
     return matches != negated
 
 
+@functools.lru_cache(maxsize=1024)
 def can_span_lines(pattern: str) -> bool:
     """True when a match may include a newline or depend on text before the newest line."""
     parsed = _parse(pattern)
