@@ -175,14 +175,14 @@ EXCLUSIONS: list[Exclusion] = [
     # different protection formats in one array) makes the stack go without integrity, and is printed on
     # healthy machines that mix disks.
     Exclusion(
-        pattern=r"^%s: %s/%s (protection interval|tuple sz|tag sz|type) ",
+        pattern=r"^blk_integrity_compare: %s/%s (protection interval|tuple sz|tag sz|type) ",
         where=r"^block/blk-integrity\.c:",
         reason="an integrity-profile mismatch of stacked devices (md/dm drop integrity for the stack): configuration",
         benign=True,
     ),
     # queue_state_write(): the answer to a root's write of an unknown word to /sys/kernel/debug/block/<dev>/state.
     Exclusion(
-        pattern=r"^%s: (operation too long|unsupported operation|use 'run')",
+        pattern=r"^queue_state_write: (operation too long|unsupported operation|use 'run')",
         where=r"^block/blk-mq-debugfs\.c:",
         reason="the reply to a bad command written to a queue's debugfs 'state' file (operator input)",
         benign=True,
@@ -223,7 +223,7 @@ EXCLUSIONS: list[Exclusion] = [
     # scanner cannot resolve): ": no memory", ": allocation failure" are printed by many drivers, and the
     # page allocator's own "page allocation failure: order:" report precedes them.
     Exclusion(
-        pattern=r"^%s: (no memory|allocation failure)\\n$",
+        pattern=r"^(scsi_dev_info_list_add_keyed|scsi_alloc_target): (no memory|allocation failure)\\n$",
         where=r"^drivers/scsi/(scsi_devinfo|scsi_scan)\.c:",
         reason="a generic allocation failure message (too little literal text); the allocator reports the failure",
     ),

@@ -92,7 +92,7 @@ EXCLUSIONS: list[Exclusion] = [
         reason="kernel-monitor.yaml kernel/rcu-stall (RCUStall) for every RCU flavor the %s prints",
     ),
     Exclusion(
-        pattern=r"^rcu: %s: No-CB GP kthread CPU %d:",
+        pattern=r"^rcu: rcu_organize_nocb_kthreads: No-CB GP kthread CPU %d:",
         where=r"^kernel/rcu/tree_nocb\.h:",
         reason="show_rcu_nocb_state(): the no-CB kthread state in an RCU stall or sysrq dump",
     ),
@@ -102,7 +102,7 @@ EXCLUSIONS: list[Exclusion] = [
         reason="srcu_torture_stats_print(): printed on request by rcutorture, not by a fault",
     ),
     Exclusion(
-        pattern=r"^rcu: %s: (Waiting %lu jiffies|Wait complete)",
+        pattern=r"^rcu: rcu_gp_torture_wait: (Waiting %lu jiffies|Wait complete)",
         where=r"^kernel/rcu/tree\.c:",
         reason="rcu_gp_torture_wait(): only in a CONFIG_RCU_TORTURE_TEST kernel, a delay rcutorture asked for",
     ),

@@ -181,13 +181,6 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^fs/ext4/ialloc\.c:",
         reason="a detail record of an ext4 'bad orphan inode' error (the EXT4-fs error record is the finding)",
     ),
-    # ext4_free_inode(): a bug check that prints the function, line, inode and a counter ("count=",
-    # "nlink="); the format has no text of its own to tell it from other ext4 prints.
-    Exclusion(
-        pattern=r"^EXT4-fs \(%s\): %s:%d: inode #%lu: (count|nlink)=%d",
-        where=r"^fs/ext4/ialloc\.c:",
-        reason="only a function, line and counter after the prefix: too generic to tell apart",
-    ),
     # dump_orphan_list() at unmount: "sb orphan head is %d" is the finding, the list its detail.
     Exclusion(
         pattern=r"^(sb_info orphan list:|  inode %s:%lu at %p: mode )",
@@ -224,17 +217,11 @@ EXCLUSIONS: list[Exclusion] = [
         reason="a mount probing ext4 on a volume of another type prints it: no fault",
         benign=True,
     ),
-    # ext4_bio_write_page(): "%s: ret = %d" after an encryption failure; the page is redirtied and retried.
-    Exclusion(
-        pattern=r"^%s: ret = %d",
-        where=r"^fs/ext4/page-io\.c:",
-        reason="only a function name and a return code: too generic to tell apart",
-    ),
     # --- jbd2 ---
     # __jbd2_log_wait_for_space(): "%s: needed %d blocks and only had %d space available" is the finding;
     # the record after it names the journal, then WARN_ON and the journal abort follow.
     Exclusion(
-        pattern=r"^%s: no way to get more journal space in %s",
+        pattern=r"^__jbd2_log_wait_for_space: no way to get more journal space in %s",
         where=r"^fs/jbd2/checkpoint\.c:",
         reason="the second record of 'needed %d blocks and only had %d space available' (the first is the finding)",
     ),

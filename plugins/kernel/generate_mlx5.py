@@ -127,12 +127,6 @@ EXCLUSIONS: list[Exclusion] = [
         where=rf"^{_CORE}/mlx5_core\.h:",
         reason="the body of the mlx5_core_err / mlx5_core_err_rl macro, not a site: its sites are its callers",
     ),
-    Exclusion(
-        pattern=r"^%s: cqn=0x%\.6x event=0x%\.2x",
-        where=rf"^{_CORE}/en_txrx\.c:",
-        reason="mlx5e_cq_error_event: an asynchronous CQ error, but its format is '%s: cqn=0x%.6x event=0x%.2x' "
-        "(the function name is an argument): too little literal text for a pattern that speaks only for it",
-    ),
     # --- counted by another pack's rule ---
     Exclusion(
         pattern=r"op_mod\(0x%x\) failed, status %s\(0x%x\), syndrome \(0x%x\), err\(%d\)",
@@ -159,7 +153,7 @@ EXCLUSIONS: list[Exclusion] = [
         benign=True,
     ),
     Exclusion(
-        pattern=r"^%s: (cable type not recognized:|mlx5_query_eeprom failed:|mlx5_query_module_eeprom_by_page failed:)",
+        pattern=r"^mlx5e_get_module_\w+: (cable type not recognized:|mlx5_query_eeprom failed:|mlx5_query_module_eeprom_by_page failed:)",
         where=rf"^{_CORE}/en_ethtool\.c:",
         reason="a module EEPROM read (ethtool -m, a monitoring agent) that the module or empty cage cannot "
         "answer: healthy ports print it; a failing module reports a Port module event",

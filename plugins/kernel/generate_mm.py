@@ -182,19 +182,6 @@ EXCLUSIONS: list[Exclusion] = [
         reason="the object and offset print_vma_addr() appends (KERN_CONT) to a user segfault or trap record",
         benign=True,
     ),
-    # _swap_info_get() and friends: pr_err("%s: %s%08lx\n", __func__, Bad_file, entry.val): the
-    # message is in the arguments ("Bad swap file entry ", "Unused swap offset entry ", ...).
-    Exclusion(
-        pattern=r"^%s: %s%08lx",
-        where=r"^mm/swapfile\.c:",
-        reason='the format has no literal text ("%s: %s%08lx": function, message string, entry): nothing to match on',
-    ),
-    # dmapool.c: dev_err(pool->dev, "%s %s, %p busy\n", __func__, pool->name, vaddr) and the like.
-    Exclusion(
-        pattern=r"^%s %s, ",
-        where=r"^mm/dmapool\.c:",
-        reason="function and pool are arguments: ', busy', '(corrupted)', '(bad dma)' are too generic to match on",
-    ),
     Exclusion(
         pattern=r"^SLUB: Allocating a useless per node structure",
         where=r"^mm/slub\.c:",
@@ -204,11 +191,6 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^BUG %s \(%s\): inuse %u > max %u",
         where=r"^mm/slub\.c:",
         reason="check_slab()'s 'inuse %u > max %u' is too little text to match on ('objects %u > max %u' has a rule)",
-    ),
-    Exclusion(
-        pattern=r"^kfence: %s failed",
-        where=r"^mm/kfence/core\.c:",
-        reason="the message is the function's name (__func__): ' failed' is too little text to match on",
     ),
     # memory_failure()'s outcome record is memory-pcie.yaml's kernel/memory-failure, graded by its
     # result (Ignored, Failed: the MemoryUncorrectableError condition); Recovered and Delayed mean the

@@ -84,6 +84,20 @@ SPEC = Spec(
         "drivers/net/macvlan.c",
         "drivers/net/tun.c",
     ],
+    # KBUILD_MODNAME of the files whose pr_fmt prints it, from their Makefiles: a module's name
+    # (drivers/net/bonding/Makefile: bonding.o; net/unix: unix.o; net/ipv4: gre-y := gre_demux.o), else,
+    # for an object built in (net/core's netpoll, sock, skbuff, neighbour), the object's own name.
+    modules={
+        "drivers/net/bonding/*": "bonding",
+        "drivers/net/tun.c": "tun",
+        "net/8021q/*": "8021q",
+        "net/ipv4/gre_demux.c": "gre",
+        "net/ipv6/ip6_tunnel.c": "ip6_tunnel",
+        "net/netfilter/nf_conntrack_core.c": "nf_conntrack",
+        "net/packet/af_packet.c": "af_packet",
+        "net/unix/*": "unix",
+        **{f"net/core/{name}.c": name for name in ("drop_monitor", "neighbour", "netpoll", "pktgen", "skbuff", "sock")},
+    },
     calls={
         # include/linux/net.h: net_err_ratelimited(fmt, ...) is pr_err behind net_ratelimit(), and so on.
         **{
@@ -118,6 +132,7 @@ _EXTRA_SPEC = Spec(
         "net_info_ratelimited": Call(level="info", fmt_arg=0, prefix="pr"),
     },
     levels=frozenset({"warning", "info"}),
+    modules=SPEC.modules,
 )
 
 FAMILY = Family(name="net", reason="NetworkError")
@@ -134,7 +149,7 @@ EXCLUSIONS: list[Exclusion] = [
         reason="the body of the BOND_NL_ERR/SLAVE_NL_ERR wrapper (its call sites are listed with their messages)",
     ),
     Exclusion(
-        pattern=r"^\{KBUILD_MODNAME\}: %s: \{fmt\}$",
+        pattern=r"^netpoll: %s: \{fmt\}$",
         where=r"^net/core/netpoll\.c:",
         reason="the body of the np_err wrapper (its call sites are listed with their messages)",
     ),
@@ -155,14 +170,14 @@ EXCLUSIONS: list[Exclusion] = [
     ),
     # Answers to a user program's request, refused with an error to it.
     Exclusion(
-        pattern=r"^(\{KBUILD_MODNAME\}: )?(tpacket_rcv: packet too big, clamped|Packet exceed the number of skb frags"
+        pattern=r"^(af_packet: )?(tpacket_rcv: packet too big, clamped|Packet exceed the number of skb frags"
         r"|packet size is too long \(|packet_mmap: vma is busy)",
         where=r"^net/packet/af_packet\.c:",
         reason="af_packet answering a capture or raw-send program's request it cannot serve (the program's ring or frame)",  # noqa: E501
         benign=True,
     ),
     Exclusion(
-        pattern=r"^(\{KBUILD_MODNAME\}: )?%s: sock not bind to device",
+        pattern=r"^sock: sock_timestamping_bind_phc: sock not bind to device",
         where=r"^net/core/sock\.c:",
         reason="SO_TIMESTAMPING's PHC binding asked on a socket bound to no device (the caller gets -EOPNOTSUPP)",
         benign=True,
@@ -188,7 +203,7 @@ EXCLUSIONS: list[Exclusion] = [
     ),
     # netif_napi_add_weight(): a driver registering NAPI with a weight above 64 (once per boot).
     Exclusion(
-        pattern=r"^%s\(\) called with weight %d",
+        pattern=r"^netif_napi_add_weight\(\) called with weight %d",
         where=r"^net/core/dev\.c:",
         reason="a driver's NAPI weight above the default, noted once; the interface works",
         benign=True,
@@ -196,7 +211,7 @@ EXCLUSIONS: list[Exclusion] = [
     # skb_panic(): the over/under-panic record comes right before BUG(); the "kernel BUG at
     # net/core/skbuff.c" / "invalid opcode" oops that follows is the report's finding (kernel/oops).
     Exclusion(
-        pattern=r"^(\{KBUILD_MODNAME\}: )?%s: text:%px len:%d put:%d",
+        pattern=r"^skbuff: %s: text:%px len:%d put:%d",
         where=r"^net/core/skbuff\.c:",
         reason="the record skb_panic() prints before BUG(): the oops that follows is the finding",
     ),

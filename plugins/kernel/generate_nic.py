@@ -56,7 +56,7 @@ SPEC = Spec(
     },
 )
 
-FAMILY = Family(name="nic", reason="NICError")
+FAMILY = Family(name="nic", reason="NICError", device_prefix=r"(?:ena|efa) ")
 
 _ENA = r"^drivers/net/ethernet/amazon/ena/"
 _ENA_ETHTOOL = r"^drivers/net/ethernet/amazon/ena/ena_ethtool\.c:"

@@ -253,6 +253,28 @@ def _enclosing_function(text: str, offset: int) -> str | None:
     return name
 
 
+# A printf conversion as the kernel's vsprintf reads it: flags, width and precision (``*`` takes an argument),
+# length, then the conversion (``%p`` with its extension letters, as %pV or %pI4).
+_CONVERSION = re.compile(r"%(?:%|[-+ #0]*(\*|\d+)?(?:\.(\*|\d+))?(?:hh|h|ll|l|L|z|j|t)?(p[A-Za-z]*|[diouxXeEfgGcsna]))")
+
+
+def _fill_func(fmt: str, args: Sequence[str], function: str | None) -> str:
+    """The format with each ``%s`` whose argument is ``__func__`` written as the function's name, as it prints
+    (``dev_err(dev, "%s failed with error code %d\n", __func__, ret)``)."""
+    if function is None:
+        return fmt
+    out, at, n = [], 0, 0
+    for m in _CONVERSION.finditer(fmt):
+        if m[0] == "%%":
+            continue
+        n += (m[1] == "*") + (m[2] == "*")
+        if m[0] == "%s" and n < len(args) and args[n] in ("__func__", "__FUNCTION__"):
+            out += [fmt[at : m.start()], function]
+            at = m.end()
+        n += 1
+    return "".join(out) + fmt[at:]
+
+
 def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
     """The error-level print sites of one C file."""
     text = path.read_text(errors="replace")
@@ -279,6 +301,9 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if parsed is None or len(parsed[0]) <= call.fmt_arg or not parsed[0][call.fmt_arg]:
             continue  # no format argument: a name in a comment ("the use of printk() could deadlock")
         level, fmt = _format(parsed[0][call.fmt_arg], macros)
+        rest = parsed[0][call.fmt_arg + 1 :]
+        if "__func__" in rest or "__FUNCTION__" in rest:
+            fmt = _fill_func(fmt, rest, _enclosing_function(text, m.start()))
         if call.level_arg is not None:
             argument = parsed[0][call.level_arg]
             level = _format(argument, macros)[0] or next(
