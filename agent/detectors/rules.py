@@ -30,6 +30,7 @@ share a pattern (one per Xid list) and differ by ``where`` filters on its groups
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -249,28 +250,45 @@ class _Plan:
 MAX_PLANS = 4096  # distinct literal sets remembered (a hostile stream cannot grow the cache without bound)
 
 
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """A literal set's rules by literal and its scanner: what engines built from the same rules share."""
+
+    by_literal: Mapping[str, tuple[int, ...]]
+    prefilter: Prefilter | None
+    in_place: bool  # raw lines can be scanned in place of the lines joined: no literal spans lines
+
+
+@functools.lru_cache(maxsize=16)
+def _index(literals: tuple[tuple[int, tuple[str, ...]], ...]) -> _Index:
+    """The index of (rule index, its literals) pairs: one build per rule set in a process (a test suite, a
+    ``simulate`` run or a reload builds engines for the same rules many times; the print-site packs' ~2,300
+    literals took a few milliseconds to index per engine)."""
+    by_literal: dict[str, list[int]] = {}
+    for i, lits in literals:
+        for lit in lits:
+            by_literal.setdefault(lit, []).append(i)
+    return _Index(
+        by_literal={lit: tuple(ks) for lit, ks in by_literal.items()},
+        prefilter=Prefilter.build(by_literal) if by_literal else None,
+        in_place=not any("\n" in lit for lit in by_literal),
+    )
+
+
 @dataclass(slots=True)
 class _Literals:
     """One literal set of the prefilter phase: its scanner, the rules each literal makes candidates, and the
     plans made of the literal sets lines held (a cache, bounded by ``MAX_PLANS``)."""
 
-    by_literal: dict[str, list[int]]
+    by_literal: Mapping[str, tuple[int, ...]]
     prefilter: Prefilter | None
     in_place: bool  # raw lines can be scanned in place of the lines joined: no literal spans lines
     plans: dict[frozenset[str], _Plan]
 
     @classmethod
     def build(cls, rules: Sequence[CompiledRule], indexes: Iterable[int]) -> _Literals:
-        by_literal: dict[str, list[int]] = {}
-        for i in indexes:
-            for lit in rules[i].literals or ():
-                by_literal.setdefault(lit, []).append(i)
-        return cls(
-            by_literal=by_literal,
-            prefilter=Prefilter.build(by_literal) if by_literal else None,
-            in_place=not any("\n" in lit for lit in by_literal),
-            plans={},
-        )
+        index = _index(tuple((i, tuple(rules[i].literals or ())) for i in indexes))
+        return cls(by_literal=index.by_literal, prefilter=index.prefilter, in_place=index.in_place, plans={})
 
 
 class RuleEngine:

@@ -33,12 +33,12 @@ def _findings(line: str) -> list[tuple[str, str]]:
 
 
 def test_an_mlx5_core_err_site_renders_with_the_device_function_line_and_pid() -> None:
-    (line,) = printsites.render(SITES[f"{CORE}/main.c:1217"], driver=GEN.DRIVER)
+    (line,) = printsites.render(SITES[f"{CORE}/main.c:1215"], driver=GEN.DRIVER)
     assert line == "mlx5_core 0000:3b:00.0: x:3:(pid 3): init hca failed"
 
 
 def test_an_mlx5_ib_err_site_renders_on_the_ib_device() -> None:
-    (line,) = printsites.render(SITES["drivers/infiniband/hw/mlx5/qp.c:3087"], driver=GEN.DRIVER)
+    (line,) = printsites.render(SITES["drivers/infiniband/hw/mlx5/qp.c:3039"], driver=GEN.DRIVER)
     assert line == "infiniband x: x:3:(pid 3): Create QP type 3 failed"
 
 
