@@ -89,7 +89,7 @@ def _kube_setup(tmp: Path):
 
     from kubeapi.server import KubeApiServer
 
-    server = KubeApiServer().start()
+    server = KubeApiServer(tls=True).start()  # HTTPS, as every cluster's API server: a pod's loader needs it
     server.put_object(
         {
             "apiVersion": "v1",
@@ -110,6 +110,17 @@ def _kube_setup(tmp: Path):
     )
     client = KubeClient.load(kubeconfig=server.write_kubeconfig(tmp / "kubeconfig"))
     return server, client
+
+
+def _as_a_pod(server: Any, tmp: Path, env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The agent's arguments and environment to reach ``server`` as the DaemonSet's pod does: the service
+    variables and the service account's token and CA (``--service-account-dir`` in place of the mount),
+    no kubeconfig (the in-cluster agent loads only the parts of the client it calls)."""
+    account = server.write_service_account(tmp / "serviceaccount")
+    return ["--service-account-dir", str(account)], {
+        **(os.environ if env is None else env),
+        **server.in_cluster_environ(),
+    }
 
 
 class _InProcessAgent:
@@ -392,13 +403,14 @@ def _acting_rss_mib() -> tuple[float, str]:
             NHA_CLOUDWATCH="true",
             POD_NAMESPACE="node-health-agent",
         )
+        pod_args, pod_env = _as_a_pod(server, tmp, env)
         proc = subprocess.Popen(
-            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            [sys.executable, "-c", _AS_DEPLOYED, "run", *pod_args]
             + ["--node-name", node, "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
             + ["--listen", "0", "--aggregate-condition", "true"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env=pod_env,
             cwd=ROOT,
         )
         try:
@@ -502,13 +514,13 @@ def _idle_agent(*, deployed: bool, relay: Path | None) -> Iterator[Any]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        pod_args, pod_env = _as_a_pod(server, tmp)
         proc = subprocess.Popen(
             [
                 sys.executable,
                 *(["-c", _AS_DEPLOYED] if deployed else ["-m", "agent"]),
                 "run",
-                "--kubeconfig",
-                str(tmp / "kubeconfig"),
+                *pod_args,
                 "--node-name",
                 "bench-node",
                 *(["--kmsg-path", str(kmsg)] if relay is None else ["--kmsg-relay", str(relay)]),
@@ -521,6 +533,7 @@ def _idle_agent(*, deployed: bool, relay: Path | None) -> Iterator[Any]:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=pod_env,
         )
         try:
             _wait(lambda: server.requests.count(method="PATCH") >= 1, 60)
@@ -557,13 +570,15 @@ def bench_scrapes(seconds: float = 15.0, scrapers: int = 8) -> list[Figure]:
         client.close()
         kmsg = tmp / "kmsg"
         kmsg.write_text("6,1,1000,-;hello\n")
+        pod_args, pod_env = _as_a_pod(server, tmp)
         proc = subprocess.Popen(
-            [sys.executable, "-c", _AS_DEPLOYED, "run", "--kubeconfig", str(tmp / "kubeconfig")]
+            [sys.executable, "-c", _AS_DEPLOYED, "run", *pod_args]
             + ["--node-name", "bench-node", "--kmsg-path", str(kmsg), "--state-dir", str(tmp / "state")]
             + ["--listen", "127.0.0.1:0", "--aggregate-condition", "true", "--log-level", "info"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            env=pod_env,
             cwd=ROOT,
         )
         assert proc.stderr is not None

@@ -63,6 +63,43 @@ class KubeConfigError(Exception):
     """No usable credentials / API server address."""
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # the pod's token and CA
+
+
+def _client_module(name: str) -> Any:
+    """``kubernetes.<name>`` without the rest of the package.
+
+    ``kubernetes/__init__.py`` imports every part of the client (``dynamic``, ``watch``, ``stream`` with
+    websocket-client, ``leaderelection``, ``informer``, ``utils``) and ``kubernetes/config/__init__.py`` the
+    kubeconfig loader (requests, oauthlib, requests-oauthlib, for the OIDC and cloud auth plugins): about
+    9 MiB of a pod's memory that the in-cluster agent never uses. The two packages are registered here
+    unexecuted and the modules the agent calls imported by their full names; the first other attribute
+    asked of either package runs its ``__init__`` after all, so anything else in the process that uses the
+    client (a test, a debugger) finds the whole package as usual."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for package in ("kubernetes", "kubernetes.config"):
+        if package in sys.modules:
+            continue
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.loader is None:
+            break  # not installed: the import below fails as it would have
+        module = importlib.util.module_from_spec(spec)
+
+        def complete(attr: str, module: Any = module, spec: Any = spec) -> Any:
+            del module.__getattr__
+            spec.loader.exec_module(module)  # the package's own __init__, once
+            return getattr(module, attr)
+
+        module.__getattr__ = complete  # type: ignore[method-assign]
+        sys.modules[package] = module
+        if package == "kubernetes.config":
+            sys.modules["kubernetes"].__dict__["config"] = module
+    return importlib.import_module(f"kubernetes.{name}")
+
+
 def resolve_node_name(*, flag: str | None, environ: Mapping[str, str] | None = None) -> str:
     """``--node-name``, then ``NODE_NAME`` (downward API), then the hostname."""
     env = os.environ if environ is None else environ
@@ -97,24 +134,32 @@ class KubeClient:
         kubeconfig: Path | None,
         environ: Mapping[str, str] | None = None,
         timeout: float = REQUEST_TIMEOUT,
+        service_account_dir: Path | None = None,
     ) -> KubeClient:
-        """In-cluster service account when running in a pod, else ``kubeconfig`` / ``KUBECONFIG``."""
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+        """In-cluster service account when running in a pod (its token and CA in ``service_account_dir``,
+        default the pod's own), else ``kubeconfig`` / ``KUBECONFIG``."""
+        configuration = _client_module("client.configuration")
+        api_client = _client_module("client.api_client")
+        ConfigException = _client_module("config.config_exception").ConfigException  # noqa: N806 - a class
 
         env = os.environ if environ is None else environ
-        cfg = client.Configuration()
+        cfg = configuration.Configuration()
         try:
             if kubeconfig is not None:
-                config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+                _client_module("config.kube_config").load_kube_config(
+                    config_file=str(kubeconfig), client_configuration=cfg
+                )
                 source = str(kubeconfig)
             elif env.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=cfg)
+                account = service_account_dir or SERVICE_ACCOUNT_DIR
+                _client_module("config.incluster_config").InClusterConfigLoader(
+                    token_filename=str(account / "token"), cert_filename=str(account / "ca.crt"), environ=env
+                ).load_and_set(cfg)
                 source = "in-cluster service account"
             elif env.get("KUBECONFIG") or Path("~/.kube/config").expanduser().is_file():
                 # Named here: the client reads KUBECONFIG once, when it is first imported, not at this call.
                 source = env.get("KUBECONFIG") or "~/.kube/config"
-                config.load_kube_config(config_file=source, client_configuration=cfg)
+                _client_module("config.kube_config").load_kube_config(config_file=source, client_configuration=cfg)
             else:
                 raise KubeConfigError(
                     "no in-cluster service account (KUBERNETES_SERVICE_HOST unset) and no kubeconfig: pass "
@@ -125,7 +170,7 @@ class KubeClient:
             raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
         cfg.retries = False  # we retry ourselves, with backoff, in the sinks
         return cls(
-            api_client=client.ApiClient(configuration=cfg),
+            api_client=api_client.ApiClient(configuration=cfg),
             info=ClientInfo(host=cfg.host, source=source),
             timeout=timeout,
         )
@@ -150,8 +195,9 @@ class KubeClient:
         """One request: ``path`` with ``{name}``-style parts already filled in (quoted), ``query`` as
         parameters (None values left out), ``body`` as JSON (a strategic merge patch when ``patch``,
         an RFC 7386 JSON merge patch when ``merge_patch``)."""
-        from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
+
+        ApiException = _client_module("client.exceptions").ApiException  # noqa: N806 - a class
 
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -388,6 +434,11 @@ def parse_retry_after(value: object) -> float | None:
 def _api_error(what: str, exc: Any) -> KubeError:
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", "") or ""
+    if not status:
+        # The client's status 0: no HTTP answer, its TLS handshake failed (a CA that did not sign the server's
+        # certificate). Like a refused connection: no status, retried with backoff, the cause in the message.
+        detail = " ".join(reason.split())
+        return KubeError(f"{what}: no answer from the API server: {detail}", status=None, reason="")
     message = reason
     headers = getattr(exc, "headers", None) or {}
     wait = parse_retry_after(headers.get("Retry-After"))

@@ -355,6 +355,17 @@ KUBERNETES_FLAGS = (
         doc="API credentials",
     ),
     Flag(
+        name="service-account-dir",
+        field="service_account_dir",
+        parse=v.optional_path,
+        env=("NHA_SERVICE_ACCOUNT_DIR",),
+        group=KUBERNETES,
+        shown_default="`/var/run/secrets/kubernetes.io/serviceaccount`",
+        help="in a pod: the directory of the service account's token and ca.crt (default: the pod's own)",
+        doc="in-cluster credentials (`token`, `ca.crt`), used when `KUBERNETES_SERVICE_HOST` is set and no "
+        "kubeconfig is given: a token projected to another path",
+    ),
+    Flag(
         name="event-namespace",
         field="event_namespace",
         parse=v.event_namespace,

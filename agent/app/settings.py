@@ -48,6 +48,7 @@ class Settings:
     stall_timeout: float
     node_name: str | None = None
     kubeconfig: Path | None = None
+    service_account_dir: Path | None = None
     aggregate_condition: bool = False
     event_namespace: str = "default"
     heartbeat: float = 300.0

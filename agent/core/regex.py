@@ -173,13 +173,15 @@ def _go_whitespace(pattern: str) -> str:
     return "".join(out)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4)
 def _parse(pattern: str) -> sre_parse.SubPattern | None:
     """Python's parse of the translated pattern; None when there is none (the analysis says "unknown").
 
-    One parse per pattern in a process (callers only read the tree): a rule is analysed three ways
-    (required literals, required runs, whether it spans lines), and a generated print-site rule's
-    pattern is long enough that Python's parser took most of the time of loading the built-in packs."""
+    A rule is analysed three ways, one after the other (required literals, required runs, whether it spans
+    lines): the last few trees are kept for that (callers only read them), and each analysis keeps its own
+    small result per pattern. A generated print-site rule's pattern is long enough that Python's parser
+    took most of the time of loading the built-in packs; its tree is large, so not every tree is kept (the
+    agent's memory)."""
     try:
         translated = translate_go(pattern)
         with warnings.catch_warnings():

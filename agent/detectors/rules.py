@@ -322,16 +322,22 @@ class RuleEngine:
         gated = {i for i, r in enumerate(rules) if r.max_level is not None}
         # The levels gated rules ask for (a batch's ``levels`` gives the lines at each), strictest last.
         self.gate_levels: tuple[int, ...] = tuple(sorted({rules[i].max_level for i in gated}, reverse=True))  # type: ignore[misc]
-        # Every rule's literals: the batches whose lines' levels are not known (a saved log, a test's lines).
-        self._every = _Literals.build(rules, range(len(rules)))
         # With levels known, the rules open to every line scan every line, and the gated rules (most of the
         # print-site packs' literals) only the few lines of their level: one scan of the batch stays small.
-        self._open = _Literals.build(rules, [i for i in range(len(rules)) if i not in gated]) if gated else self._every
+        self._open = _Literals.build(rules, [i for i in range(len(rules)) if i not in gated])
         self._gated = _Literals.build(rules, sorted(gated)) if gated else None
-        self._prefilter = self._every.prefilter
+        # Every rule's literals, for the batches whose lines' levels are not known (a saved log, a test's
+        # lines): built at the first such batch. Its scanner holds every literal again (about 9 MiB with the
+        # print-site packs), which an agent reading /dev/kmsg, where every record has its level, never needs.
+        self._every_stage: _Literals | None = None if gated else self._open
         self._history: collections.deque[str] = collections.deque(maxlen=max(rule_set.max_window - 1, 0))
         self._armed: dict[int, int] = {}  # multiline rule index -> last absolute line index it stays armed
         self._seen = 0  # absolute index of the next line
+
+    def _every(self) -> _Literals:
+        if self._every_stage is None:
+            self._every_stage = _Literals.build(self.rule_set.rules, range(len(self.rule_set.rules)))
+        return self._every_stage
 
     def _plan(self, stage: _Literals, literals: frozenset[str]) -> _Plan:
         """The rules a line containing ``literals`` may match: multi-line rules to arm, single-line rules
@@ -419,7 +425,7 @@ class RuleEngine:
         for k, until in self._armed.items():
             for i in range(min(n, until - base + 1)):
                 extra.setdefault(i, []).append(k)
-        stage = self._every if levels is None else self._open
+        stage = self._every() if levels is None else self._open
         work: dict[int, Sequence[int]] = {}
         if stage.prefilter is not None and n:
             work = self._scan(stage, lines, raw_lines, base, extra)

@@ -153,7 +153,8 @@ EXCLUSIONS: list[Exclusion] = [
         benign=True,
     ),
     Exclusion(
-        pattern=r"^mlx5e_get_module_\w+: (cable type not recognized:|mlx5_query_eeprom failed:|mlx5_query_module_eeprom_by_page failed:)",
+        pattern=r"^mlx5e_get_module_\w+: (cable type not recognized:|mlx5_query_eeprom failed:"
+        r"|mlx5_query_module_eeprom_by_page failed:)",
         where=rf"^{_CORE}/en_ethtool\.c:",
         reason="a module EEPROM read (ethtool -m, a monitoring agent) that the module or empty cage cannot "
         "answer: healthy ports print it; a failing module reports a Port module event",

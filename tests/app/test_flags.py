@@ -76,6 +76,7 @@ THROUGH_THE_ENVIRONMENT = [
     ("NHA_AGGREGATE_CONDITION", "true", "aggregate_condition", True),
     ("NHA_NODE_NAME", "n-1", "node_name", "n-1"),
     ("NHA_KUBECONFIG", "/kc", "kubeconfig", Path("/kc")),
+    ("NHA_SERVICE_ACCOUNT_DIR", "/sa", "service_account_dir", Path("/sa")),
     ("NHA_EVENT_NAMESPACE", "default", "event_namespace", "default"),
     ("NHA_HEARTBEAT", "1m", "heartbeat", 60.0),
     ("NHA_CLEAR_POLL", "5s", "clear_poll", 5.0),

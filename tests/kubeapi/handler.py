@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -26,9 +27,19 @@ class HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, address: tuple[str, int], owner: KubeApiServer) -> None:
+    def __init__(
+        self, address: tuple[str, int], owner: KubeApiServer, *, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.owner = owner
+        self.ssl_context = ssl_context
         super().__init__(address, RequestHandler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        """With TLS, each connection is wrapped as accepted; its handshake runs in its own thread."""
+        connection, address = super().get_request()
+        if self.ssl_context is not None:
+            connection = self.ssl_context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+        return connection, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Connections cut by clients, faults or outages are expected; report anything else."""
@@ -43,6 +54,8 @@ class RequestHandler(BaseHTTPRequestHandler):
     server: HttpServer
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
         super().setup()
         self.server.owner._track(self.connection)
 

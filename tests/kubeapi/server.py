@@ -1,4 +1,5 @@
-"""``KubeApiServer``: a Kubernetes API server for tests, served over HTTP on 127.0.0.1.
+"""``KubeApiServer``: a Kubernetes API server for tests, served over HTTP on 127.0.0.1 (HTTPS with ``tls=True``:
+a self-signed certificate made with the ``openssl`` command, as a pod's service account CA).
 
 Usage::
 
@@ -13,7 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
+import ssl
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -68,8 +73,11 @@ class KubeApiServer:
         clock: Callable[[], datetime] = _utc_now,
         default_watch_timeout: float | None = None,
         dra: str | DraApis = "1.37",
+        tls: bool = False,
     ) -> None:
         self.token = token
+        self.tls = tls
+        self._tls_dir: Path | None = None  # the certificate and key, made at the first start
         self.host = host
         self.port = port
         self.anonymous_auth = anonymous_auth
@@ -119,7 +127,28 @@ class KubeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The server's certificate (self-signed: its own CA), once started with ``tls=True``."""
+        assert self._tls_dir is not None, "ca_file: the server serves TLS only with tls=True, once started"
+        return self._tls_dir / "ca.crt"
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        if self._tls_dir is None:
+            self._tls_dir = Path(tempfile.mkdtemp(prefix="kubeapi-tls-"))
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-days", "2", "-subj", "/CN=kubeapi-test", "-addext", f"subjectAltName=IP:{self.host}",
+                 "-keyout", str(self._tls_dir / "tls.key"), "-out", str(self._tls_dir / "ca.crt")],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self._tls_dir / "ca.crt", self._tls_dir / "tls.key")
+        return context
 
     def start(self) -> KubeApiServer:
         self._stopping.clear()
@@ -129,7 +158,7 @@ class KubeApiServer:
         return self
 
     def _listen(self) -> None:
-        httpd = HttpServer((self.host, self.port), self)
+        httpd = HttpServer((self.host, self.port), self, ssl_context=self._ssl_context())
         self.port = httpd.server_address[1]
         thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"kubeapi-{self.port}", daemon=True
@@ -153,6 +182,9 @@ class KubeApiServer:
         self._close_listener()
         self.store.close_watchers()
         self._drop_connections()
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+            self._tls_dir = None
 
     def __enter__(self) -> KubeApiServer:
         return self.start()
@@ -273,10 +305,13 @@ class KubeApiServer:
         chosen = token if token is not None else self.token
         if chosen is not None:
             user["token"] = chosen
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls:
+            cluster["certificate-authority"] = str(self.ca_file)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "kubeapi-test", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "kubeapi-test", "cluster": cluster}],
             "users": [{"name": "kubeapi-test", "user": user}],
             "contexts": [
                 {
@@ -290,11 +325,28 @@ class KubeApiServer:
         target.write_text(json.dumps(config, indent=2), encoding="utf-8")
         return target
 
+    def write_service_account(self, directory: str | Path, *, token: str | None = None) -> Path:
+        """Write what a pod's service account mount holds (``token``, ``ca.crt``, ``namespace``) for the
+        client's in-cluster loader; with :meth:`in_cluster_environ` a process talks to this server as a pod
+        does (needs ``tls=True``: the in-cluster loader speaks only HTTPS)."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "token").write_text(token if token is not None else (self.token or ""), encoding="utf-8")
+        shutil.copyfile(self.ca_file, target / "ca.crt")
+        (target / "namespace").write_text("kube-system", encoding="utf-8")
+        return target
+
+    def in_cluster_environ(self) -> dict[str, str]:
+        """The service variables the kubelet sets in every pod, pointing at this server."""
+        return {"KUBERNETES_SERVICE_HOST": self.host, "KUBERNETES_SERVICE_PORT": str(self.port)}
+
     def client_configuration(self, *, token: str | None = None) -> Any:
         """A ``kubernetes.client.Configuration`` pointing at this server."""
         from kubernetes.client import Configuration
 
         configuration = Configuration(host=self.url)
+        if self.tls:
+            configuration.ssl_ca_cert = str(self.ca_file)
         chosen = token if token is not None else self.token
         if chosen is not None:
             configuration.api_key = {"authorization": f"Bearer {chosen}"}

@@ -38,7 +38,7 @@ def connect_kubernetes(settings: Settings, *, stop: threading.Event) -> KubeSetu
 
     node_name = resolve_node_name(flag=settings.node_name)
     try:
-        client = KubeClient.load(kubeconfig=settings.kubeconfig)
+        client = KubeClient.load(kubeconfig=settings.kubeconfig, service_account_dir=settings.service_account_dir)
     except KubeConfigError as exc:
         log.error("%s (or run with --standalone: no cluster)", exc)
         return EXIT_CONFIG
