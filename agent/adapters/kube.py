@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 10.0
+USER_AGENT = "node-health-agent"
 MAX_RETRY_AFTER = 600.0  # a larger Retry-After is clamped to this many seconds
 TRANSIENT_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 DRA_GROUP = "resource.k8s.io"
@@ -70,9 +71,10 @@ def _client_module(name: str) -> Any:
     """``kubernetes.<name>`` without the rest of the package.
 
     ``kubernetes/__init__.py`` imports every part of the client (``dynamic``, ``watch``, ``stream`` with
-    websocket-client, ``leaderelection``, ``informer``, ``utils``) and ``kubernetes/config/__init__.py`` the
-    kubeconfig loader (requests, oauthlib, requests-oauthlib, for the OIDC and cloud auth plugins): about
-    9 MiB of a pod's memory that the in-cluster agent never uses. The two packages are registered here
+    websocket-client, ``leaderelection``, ``informer``, ``utils``), ``kubernetes/config/__init__.py`` the
+    kubeconfig loader (requests, oauthlib, requests-oauthlib, for the OIDC and cloud auth plugins) and
+    ``kubernetes/utils/__init__.py`` the YAML loader and metrics helpers (the REST layer needs its retry and
+    keep-alive modules): memory of a pod that the in-cluster agent never uses. The packages are registered here
     unexecuted and the modules the agent calls imported by their full names; the first other attribute
     asked of either package runs its ``__init__`` after all, so anything else in the process that uses the
     client (a test, a debugger) finds the whole package as usual."""
@@ -80,7 +82,7 @@ def _client_module(name: str) -> Any:
     import importlib.util
     import sys
 
-    for package in ("kubernetes", "kubernetes.config"):
+    for package in ("kubernetes", "kubernetes.config", "kubernetes.utils"):
         if package in sys.modules:
             continue
         spec = importlib.util.find_spec(package)
@@ -95,8 +97,8 @@ def _client_module(name: str) -> Any:
 
         module.__getattr__ = complete  # type: ignore[method-assign]
         sys.modules[package] = module
-        if package == "kubernetes.config":
-            sys.modules["kubernetes"].__dict__["config"] = module
+        if package != "kubernetes":
+            sys.modules["kubernetes"].__dict__[package.rsplit(".", 1)[1]] = module
     return importlib.import_module(f"kubernetes.{name}")
 
 
@@ -115,14 +117,17 @@ class ClientInfo:
 class KubeClient:
     """Narrow access to the API calls the agent makes, with dict bodies.
 
-    Requests go through the client's ``ApiClient`` (credentials, TLS, token refresh, the REST layer)
-    with paths of our own: the generated ``CoreV1Api`` and ``CoordinationV1Api`` classes cost about
-    20 MiB of memory (pydantic validators for every one of their hundreds of methods) for the dozen
-    calls below, whose bodies the agent reads as dicts anyway."""
+    Requests go through the client's ``Configuration`` (credentials, the token's refresh hook, TLS) and
+    its REST layer (``RESTClientObject``: urllib3's pool with the configuration's certificates) with
+    paths of our own. The generated ``CoreV1Api`` and ``CoordinationV1Api`` classes cost about 20 MiB of
+    memory (pydantic validators for every one of their hundreds of methods) for the dozen calls below,
+    whose bodies the agent reads as dicts anyway; ``ApiClient``, which only serializes models and
+    parameters, imports pydantic itself (about 5 MiB more)."""
 
-    def __init__(self, *, api_client: Any, info: ClientInfo, timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(self, *, configuration: Any, rest: Any, info: ClientInfo, timeout: float = REQUEST_TIMEOUT) -> None:
         """``timeout``: seconds each call may take in all (connecting, sending, the answer)."""
-        self._api_client = api_client
+        self._configuration = configuration
+        self._rest = rest
         self._timeout = timeout
         self.info = info
         self._dra_versions: dict[str, str | None] = {}  # resource -> version, from discovery
@@ -139,7 +144,7 @@ class KubeClient:
         """In-cluster service account when running in a pod (its token and CA in ``service_account_dir``,
         default the pod's own), else ``kubeconfig`` / ``KUBECONFIG``."""
         configuration = _client_module("client.configuration")
-        api_client = _client_module("client.api_client")
+        rest = _client_module("client.rest")
         ConfigException = _client_module("config.config_exception").ConfigException  # noqa: N806 - a class
 
         env = os.environ if environ is None else environ
@@ -170,14 +175,15 @@ class KubeClient:
             raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
         cfg.retries = False  # we retry ourselves, with backoff, in the sinks
         return cls(
-            api_client=api_client.ApiClient(configuration=cfg),
+            configuration=cfg,
+            rest=rest.RESTClientObject(cfg),
             info=ClientInfo(host=cfg.host, source=source),
             timeout=timeout,
         )
 
     def close(self) -> None:
         try:
-            self._api_client.close()
+            self._rest.pool_manager.clear()
         except Exception:  # closing must never fail shutdown
             log.debug("error closing the API client", exc_info=True)
 
@@ -199,7 +205,7 @@ class KubeClient:
 
         ApiException = _client_module("client.exceptions").ApiException  # noqa: N806 - a class
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if body is not None:
             headers["Content-Type"] = (
                 "application/merge-patch+json"
@@ -208,17 +214,19 @@ class KubeClient:
                 if patch
                 else "application/json"
             )
-        params = [(k, v) for k, v in (query or {}).items() if v is not None and v != ""]
+        params = [
+            (k, str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in (query or {}).items()
+            if v is not None and v != ""
+        ]
+        url = self._configuration.host + path + ("?" + urlencode(params, quote_via=quote) if params else "")
         try:
-            request = self._api_client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=params,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._api_client.call_api(*request, _request_timeout=self._timeout)
+            # The bearer token as the configuration has it now: its refresh hook rereads a rotated
+            # service account token (the in-cluster loader) or runs a kubeconfig's exec plugin.
+            for auth in self._configuration.auth_settings().values():
+                if auth["in"] == "header" and auth["value"]:
+                    headers[auth["key"]] = auth["value"]
+            response = self._rest.request(method, url, headers=headers, body=body, _request_timeout=self._timeout)
             response.read()
             if not 200 <= response.status <= 299:
                 raise ApiException.from_response(http_resp=response, body=None, data=None)

@@ -173,6 +173,32 @@ def literal_finder(literals: Sequence[bytes]) -> Callable[[bytes], list[tuple[in
     return find_public
 
 
+class _Program:
+    """An RE2 program compiled at its first search. The built-in packs' 356 patterns (the print-site rules'
+    alternations of hundreds of messages) hold about 6.5 MiB as RE2 programs, and on a healthy node most
+    never see a candidate line: each is compiled once when loaded, to check it, and kept as text until a line
+    needs it. Two threads may both compile it once; either result is the same program."""
+
+    __slots__ = ("_body", "_capture", "_compiled", "_spans")
+
+    def __init__(self, body: str, *, capture: bool) -> None:
+        self._body = body
+        self._capture = capture
+        self._compiled: Any = None
+        self._spans: Spans | None = None
+
+    @property
+    def compiled(self) -> Any:
+        if self._compiled is None:
+            self._compiled = re2.compile(self._body, _options(capture=self._capture, max_memory=MAX_MEMORY))
+        return self._compiled
+
+    def spans(self, data: bytes) -> Sequence[tuple[int, int]] | None:
+        if self._spans is None:
+            self._spans = spans_function(self.compiled)
+        return self._spans(data)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class RulePattern:
     """A rule pattern compiled with NPD's anchoring: it must match up to the end of the text."""
@@ -180,12 +206,16 @@ class RulePattern:
     pattern: str  # as written in the rule pack
     program_size: int
     groupindex: Mapping[str, int]  # named groups -> group number
-    compiled: Any  # the RE2 object
-    spans: Spans  # its search: UTF-8 data -> spans of every group, or None
+    program: _Program  # the RE2 program, compiled at its first search
+
+    @property
+    def compiled(self) -> Any:
+        """The RE2 object."""
+        return self.program.compiled
 
     def search(self, text: str) -> PatternMatch | None:
         data = text.encode(_ENCODING, _ERRORS)
-        spans = self.spans(data)
+        spans = self.program.spans(data)
         return None if spans is None else PatternMatch(text=text, data=data, spans=spans, names=self.groupindex)
 
 
@@ -302,18 +332,19 @@ def compile_anchored(pattern: str) -> RulePattern:
             )
         seen.add(name)
     groupindex = dict(alone.groupindex)
-    body = pattern + ("\\E" if scan.open_quote else "")
+    del alone
+    body = "(?:" + pattern + ("\\E" if scan.open_quote else "") + ")\\z"
     try:
-        compiled = re2.compile(f"(?:{body})\\z", _options(capture=bool(groupindex), max_memory=MAX_MEMORY))
+        compiled = re2.compile(body, _options(capture=bool(groupindex), max_memory=MAX_MEMORY))
     except re2.error as exc:
         raise PatternError(_explain(exc, pattern)) from exc
     sizes = (compiled.programsize, compiled.reverseprogramsize)
+    del compiled  # checked; compiled again at its first search (_Program)
     if max(sizes) > MAX_PROGRAM_SIZE or min(sizes) < 0:  # a reverse program over budget reads -1
         raise PatternError(_too_large())
     return RulePattern(
         pattern=pattern,
         program_size=sizes[0],
         groupindex=groupindex,
-        compiled=compiled,
-        spans=spans_function(compiled),
+        program=_Program(body, capture=bool(groupindex)),
     )

@@ -172,7 +172,7 @@ def test_public_re2_api_gives_the_same_spans(pattern: str, text: str) -> None:
     """RE2's C++ Match is called directly where the binding exposes it; the public API is the fallback."""
     regex = compile_anchored(pattern)
     data = text.encode()
-    direct = regex.spans(data)
+    direct = regex.program.spans(data)
     assert (None if direct is None else list(direct)) == _public_spans_function(regex.compiled)(data)
 
 
