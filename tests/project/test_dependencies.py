@@ -22,6 +22,25 @@ MODULE_OF = {
 PINS_ONLY = {"python-dateutil"}
 
 
+def _import_module_call(node: ast.AST) -> str:
+    """The module named by ``importlib.import_module("x.y")`` or ``import_module(f"x.{part}")`` (its literal
+    head), else "": agent/adapters/kube.py imports the client's modules by name."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return ""
+    func = node.func
+    if not (
+        (isinstance(func, ast.Attribute) and func.attr == "import_module")
+        or (isinstance(func, ast.Name) and func.id == "import_module")
+    ):
+        return ""
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value)
+    return ""
+
+
 def third_party_imports() -> set[str]:
     found: set[str] = set()
     built_in = [p for p in (ROOT / "plugins").rglob("*.py") if "examples" not in p.parts]
@@ -32,6 +51,8 @@ def third_party_imports() -> set[str]:
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
+            elif _import_module_call(node):
+                names = [_import_module_call(node)]
             for name in names:
                 top = name.split(".")[0]
                 # a generator script's helper beside it, or the print-site generators' shared one
