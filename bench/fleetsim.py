@@ -623,13 +623,13 @@ class Measured:
 FIRST_HEARTBEAT_BY = HEARTBEAT + HEARTBEAT * (1 + JITTER)
 
 
-def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.0) -> Measured:
+def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.0, light: bool = False) -> Measured:
     """Every agent healthy for ``hours`` simulated hours: writes and reads per node-hour, the most writes in
     a 10 s window against the mean. The agents start together (a rollout of every node at once); the hour is
     measured from when every node beats: a heartbeat plus a cycle after every node's conditions were first
     written."""
     duration = 3600.0 * hours
-    with Fleet(agents=agents, processes=processes, scale=scale) as fleet:
+    with Fleet(agents=agents, processes=processes, scale=scale, light=light) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
         deadline = time.monotonic() + 120.0
@@ -656,7 +656,7 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             "fleet.max_writes_10s_over_mean_unpulsed": noise_floor(mean, len(bins)),
         },
         notes=[
-            f"steady: {agents} agents, {processes} processes, warm after {warm:.0f} s, then {hours:g} simulated h "
+            f"steady: {agents}{' light' if light else ''} agents, {processes} processes, warm after {warm:.0f} s, then {hours:g} simulated h "
             f"at x{scale:g}: "
             f"{len(writes)} writes, {len(reads)} reads; 10 s windows: mean {mean:.1f}, max {max(bins)} "
             f"({bins.index(max(bins)) * 10} s in); simulated s between a node's writes: "
@@ -892,12 +892,14 @@ def _answered(fleet: Fleet, *, since: float) -> dict[str, float]:
 # ---- scenario 3: the API server down ---------------------------------------------------------------------
 
 
-def outage(*, agents: int, processes: int, scale: float, down: float = 600.0, settle: float = 900.0) -> Measured:
+def outage(
+    *, agents: int, processes: int, scale: float, down: float = 600.0, settle: float = 900.0, light: bool = False
+) -> Measured:
     """The API server drops every connection for ``down`` simulated seconds; a minute into it every node's
     root filesystem goes read-only (a condition change and its Event to deliver). Requests per node-minute
     while down; time until every node's conditions and Events are on the server after it returns."""
     start = 300.0
-    with Fleet(agents=agents, processes=processes, scale=scale) as fleet:
+    with Fleet(agents=agents, processes=processes, scale=scale, light=light) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
         sim.until(start)
@@ -928,7 +930,7 @@ def outage(*, agents: int, processes: int, scale: float, down: float = 600.0, se
             "fleet.conditions_wrong": float(wrong),
         },
         notes=[
-            f"outage: {agents} agents at x{scale:g}, {down:.0f} s down: {len(during)} requests while down "
+            f"outage: {agents}{' light' if light else ''} agents at x{scale:g}, {down:.0f} s down: {len(during)} requests while down "
             f"({Counter(r.method for r in during).most_common()}); converged "
             + (f"{converged:.0f} s after it returned" if converged is not None else "not within the settle time")
         ],
