@@ -656,7 +656,8 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
             "fleet.max_writes_10s_over_mean_unpulsed": noise_floor(mean, len(bins)),
         },
         notes=[
-            f"steady: {agents}{' light' if light else ''} agents, {processes} processes, warm after {warm:.0f} s, then {hours:g} simulated h "
+            f"steady: {agents}{' light' if light else ''} agents, {processes} processes, "
+            f"warm after {warm:.0f} s, then {hours:g} simulated h "
             f"at x{scale:g}: "
             f"{len(writes)} writes, {len(reads)} reads; 10 s windows: mean {mean:.1f}, max {max(bins)} "
             f"({bins.index(max(bins)) * 10} s in); simulated s between a node's writes: "
@@ -930,7 +931,8 @@ def outage(
             "fleet.conditions_wrong": float(wrong),
         },
         notes=[
-            f"outage: {agents}{' light' if light else ''} agents at x{scale:g}, {down:.0f} s down: {len(during)} requests while down "
+            f"outage: {agents}{' light' if light else ''} agents at x{scale:g}, {down:.0f} s down: "
+            f"{len(during)} requests while down "
             f"({Counter(r.method for r in during).most_common()}); converged "
             + (f"{converged:.0f} s after it returned" if converged is not None else "not within the settle time")
         ],
