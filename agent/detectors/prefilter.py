@@ -70,6 +70,11 @@ class Prefilter:
         return lines, line + count(b"\n", previous)
 
 
-@functools.lru_cache(maxsize=16)
+# A running agent uses two or three literal sets per rule set (rules.py); a reload that changed the rules
+# keeps the last ones' until they drop out: a few, not a history of every configuration the agent held.
+CACHED_SETS = 6
+
+
+@functools.lru_cache(maxsize=CACHED_SETS)
 def _build(literals: tuple[str, ...]) -> Prefilter:
     return Prefilter._make(literals)

@@ -42,7 +42,7 @@ from agent.core.devices import DeviceRef
 from agent.core.patterns import PatternMatch
 from agent.core.types import Finding, RuleType, Status
 from agent.detectors.model import CompiledRule, DeviceField, FieldFilter, RuleSet
-from agent.detectors.prefilter import Prefilter
+from agent.detectors.prefilter import CACHED_SETS, Prefilter
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ class _Index:
     in_place: bool  # raw lines can be scanned in place of the lines joined: no literal spans lines
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=CACHED_SETS)
 def _index(literals: tuple[tuple[int, tuple[str, ...]], ...]) -> _Index:
     """The index of (rule index, its literals) pairs: one build per rule set in a process (a test suite, a
     ``simulate`` run or a reload builds engines for the same rules many times; the print-site packs' ~2,300
