@@ -101,6 +101,7 @@ def test_frequent_benign_lines_carry_no_rule_literal(line):
 # such a rule, at ten regex runs per literal hit. Only the messages printed over several lines may be.
 MULTILINE = {
     "kernel/pcie-aer-detail-in-report",  # an AER report's header with its detail lines
+    "kernel/xfs-corruption-detail-in-report",  # an XFS verifier report's header with its detail lines
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }
