@@ -253,21 +253,17 @@ def _enclosing_function(text: str, offset: int) -> str | None:
     return name
 
 
-# A printf conversion as the kernel's vsprintf reads it: flags, width and precision (``*`` takes an argument),
-# length, then the conversion (``%p`` with its extension letters, as %pV or %pI4).
-_CONVERSION = re.compile(r"%(?:%|[-+ #0]*(\*|\d+)?(?:\.(\*|\d+))?(?:hh|h|ll|l|L|z|j|t)?(p[A-Za-z]*|[diouxXeEfgGcsna]))")
-
-
 def _fill_func(fmt: str, args: Sequence[str], function: str | None) -> str:
     """The format with each ``%s`` whose argument is ``__func__`` written as the function's name, as it prints
-    (``dev_err(dev, "%s failed with error code %d\n", __func__, ret)``)."""
+    (``dev_err(dev, "%s failed with error code %d\n", __func__, ret)``). Conversions are read as rendering
+    reads them (``_CONVERSION``); a ``*`` width or precision takes an argument of its own."""
     if function is None:
         return fmt
     out, at, n = [], 0, 0
     for m in _CONVERSION.finditer(fmt):
         if m[0] == "%%":
             continue
-        n += (m[1] == "*") + (m[2] == "*")
+        n += (m["width"] == "*") + (m["prec"] == "*")
         if m[0] == "%s" and n < len(args) and args[n] in ("__func__", "__FUNCTION__"):
             out += [fmt[at : m.start()], function]
             at = m.end()

@@ -111,6 +111,24 @@ def test_dev_prints_carry_the_driver_and_device() -> None:
     assert printsites.render(site, driver="nvme") == ["nvme 0000:3b:00.0: timeout"]
 
 
+FUNC_TABLE = [
+    ('"%s failed with error code %d\\n", __func__, ret', "nvme_rdma_post_send failed with error code %d\\n"),
+    ('"%s: %s\\n", __FUNCTION__, msg', "nvme_rdma_post_send: %s\\n"),
+    ('"%s: %s\\n", name, __func__', "%s: nvme_rdma_post_send\\n"),
+    ('"%*s %s\\n", 4, pad, __func__', "%*s nvme_rdma_post_send\\n"),  # a * width takes an argument
+    ('"%.*s %s\\n", 4, buf, __func__', "%.*s nvme_rdma_post_send\\n"),  # so does a * precision
+    ('"100%% %s\\n", __func__', "100%% nvme_rdma_post_send\\n"),  # %% takes none
+    ('"%d %s\\n", __func__, x', "%d %s\\n"),  # only a %s prints the name
+]
+
+
+@pytest.mark.parametrize(("call", "text"), FUNC_TABLE)
+def test_a_conversion_whose_argument_is_the_function_is_its_name(tmp_path: Path, call: str, text: str) -> None:
+    (tmp_path / "x.c").write_text(f"static int nvme_rdma_post_send(int ret)\n{{\n    pr_err({call});\n}}\n")
+    (site,) = printsites.extract(tmp_path, printsites.Spec(name="t", paths=["*.c"]))
+    assert site.text == text
+
+
 def test_the_scanner_finds_levels_prefixes_and_macros(tmp_path: Path) -> None:
     (tmp_path / "x.c").write_text(
         '#define pr_fmt(fmt) "DMAR: " fmt\n'
