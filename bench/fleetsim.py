@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "node-health-agent"
@@ -83,6 +83,20 @@ class SimTime:
         left = (self.origin + sim_seconds / self.scale) - time.monotonic()
         if left > 0:
             time.sleep(left)
+
+
+class AgentTime(Protocol):
+    """What a simulated agent reads time from: :class:`SimTime` (real time scaled) or a stepped clock
+    (bench/fleetstep.py), in simulated seconds; ``scale``: simulated seconds per real second of its waits."""
+
+    @property
+    def scale(self) -> float: ...
+
+    def mono(self) -> float: ...
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
 
 
 class ScaledStop:
@@ -187,7 +201,16 @@ class SimAgent:
     """One node's agent: seeder, main loop, condition and Event sinks, recovery, each in a thread."""
 
     def __init__(
-        self, *, node: str, client: Any, rule_set: Any, sim: SimTime, policy: Any, seed: int, engines: EngineCopies
+        self,
+        *,
+        node: str,
+        client: Any,
+        rule_set: Any,
+        sim: AgentTime,
+        policy: Any,
+        seed: int,
+        engines: EngineCopies,
+        tick: float | None = MAIN_TICK,
     ) -> None:
         from agent.app.wiring.state import severity_lookup
         from agent.core.bus import Inbox, SnapshotFeed
@@ -291,7 +314,7 @@ class SimAgent:
             stall_timeout=600.0,
             acks=[self.events.acked],
             clock=sim.now,
-            tick=MAIN_TICK,
+            tick=tick,
         )
         self._seq = 0
         self._threads: list[threading.Thread] = []
@@ -623,20 +646,38 @@ class Measured:
 FIRST_HEARTBEAT_BY = HEARTBEAT + HEARTBEAT * (1 + JITTER)
 
 
-def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.0, light: bool = False) -> Measured:
+def _fleet(*, agents: int, processes: int, scale: float, light: bool, stepped: bool) -> Any:
+    """The threaded fleet on a scaled clock, or with ``stepped`` the stepped one (bench/fleetstep.py: one
+    worker process, no threads, ``processes`` and ``scale`` not used)."""
+    if stepped:
+        from bench.fleetstep import SteppedFleet
+
+        return SteppedFleet(agents=agents)
+    return Fleet(agents=agents, processes=processes, scale=scale, light=light)
+
+
+def _mode(*, light: bool, stepped: bool, processes: int, scale: float) -> str:
+    if stepped:
+        return "stepped (one worker process)"
+    return f"{'light, ' if light else ''}{processes} processes, x{scale:g}"
+
+
+def steady_state(
+    *, agents: int, processes: int, scale: float, hours: float = 1.0, light: bool = False, stepped: bool = False
+) -> Measured:
     """Every agent healthy for ``hours`` simulated hours: writes and reads per node-hour, the most writes in
-    a 10 s window against the mean. The agents start together (a rollout of every node at once); the hour is
-    measured from when every node beats: a heartbeat plus a cycle after every node's conditions were first
-    written."""
+    a 10 s window against the mean, and the API load (requests and objects returned per second, per agent).
+    The agents start together (a rollout of every node at once); the hour is measured from when every node
+    beats: a heartbeat plus a cycle after every node's conditions were first written."""
     duration = 3600.0 * hours
-    with Fleet(agents=agents, processes=processes, scale=scale, light=light) as fleet:
+    with _fleet(agents=agents, processes=processes, scale=scale, light=light, stepped=stepped) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
-        deadline = time.monotonic() + 120.0
+        deadline = time.monotonic() + 120.0  # and 2,400 simulated s: a stepped fleet runs ahead of real time
         while len({r.path for r in fleet.server.requests.filter(method="PATCH", path_regex=r"/status$")}) < agents:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fleet did not write every node's conditions within 120 s")
-            time.sleep(0.2)
+            if sim.mono() > 2400.0 and time.monotonic() > deadline:
+                raise RuntimeError("the fleet did not write every node's conditions within 120 s (2,400 simulated)")
+            sim.until(sim.mono() + 4.0)
         # Every node beats from its first heartbeat on (one heartbeat to one heartbeat plus a cycle after its
         # first write); before that the fleet writes less than its steady rate, which would lower the mean.
         sim.until(sim.mono() + FIRST_HEARTBEAT_BY)
@@ -648,17 +689,21 @@ def steady_state(*, agents: int, processes: int, scale: float, hours: float = 1.
     gaps = sorted(_write_gaps(records, sim))
     bins = window_counts(writes, start=warm, end=warm + duration, width=10.0)
     mean = len(writes) / len(bins)
+    objects = sum(r.objects for r in records)
     return Measured(
         figures={
             "fleet.writes_per_node_hour": len(writes) / agents / hours,
             "fleet.reads_per_node_hour": len(reads) / agents / hours,
             "fleet.max_writes_10s_over_mean": max(bins) / mean if mean else 0.0,
             "fleet.max_writes_10s_over_mean_unpulsed": noise_floor(mean, len(bins)),
+            "fleet.steady_requests_per_s": len(records) / duration,
+            "fleet.steady_objects_per_s": objects / duration,
+            "fleet.steady_requests_per_s_per_agent": len(records) / duration / agents,
+            "fleet.steady_objects_per_s_per_agent": objects / duration / agents,
         },
         notes=[
-            f"steady: {agents}{' light' if light else ''} agents, {processes} processes, "
-            f"warm after {warm:.0f} s, then {hours:g} simulated h "
-            f"at x{scale:g}: "
+            f"steady: {agents} agents, {_mode(light=light, stepped=stepped, processes=processes, scale=scale)}, "
+            f"warm after {warm:.0f} s, then {hours:g} simulated h: "
             f"{len(writes)} writes, {len(reads)} reads; 10 s windows: mean {mean:.1f}, max {max(bins)} "
             f"({bins.index(max(bins)) * 10} s in); simulated s between a node's writes: "
             + (
@@ -893,14 +938,24 @@ def _answered(fleet: Fleet, *, since: float) -> dict[str, float]:
 # ---- scenario 3: the API server down ---------------------------------------------------------------------
 
 
+RESYNC_WINDOW = 300.0  # simulated seconds after the API server returns over which the resync's load is measured
+
+
 def outage(
-    *, agents: int, processes: int, scale: float, down: float = 600.0, settle: float = 900.0, light: bool = False
+    *,
+    agents: int,
+    processes: int,
+    scale: float,
+    down: float = 600.0,
+    settle: float = 900.0,
+    light: bool = False,
+    stepped: bool = False,
 ) -> Measured:
     """The API server drops every connection for ``down`` simulated seconds; a minute into it every node's
     root filesystem goes read-only (a condition change and its Event to deliver). Requests per node-minute
     while down; time until every node's conditions and Events are on the server after it returns."""
     start = 300.0
-    with Fleet(agents=agents, processes=processes, scale=scale, light=light) as fleet:
+    with _fleet(agents=agents, processes=processes, scale=scale, light=light, stepped=stepped) as fleet:
         assert fleet.sim is not None
         sim = fleet.sim
         sim.until(start)
@@ -915,23 +970,31 @@ def outage(
         during = [r for r in fleet.server.outage_requests.snapshot() if down_at <= r.at < up_at]
         converged = None
         while sim.mono() < start + down + settle:
-            time.sleep(1.0)
+            sim.until(sim.mono() + 5.0)
             if _outage_done(fleet, agents):
                 converged = sim.mono() - (start + down)
                 break
+        sim.until(max(sim.mono(), start + down + RESYNC_WINDOW))
         wrong = _wrong_conditions(fleet)
         events = {n for n, reason, _ in event_reasons(fleet.requests(start)) if reason == "FilesystemIsReadOnly"}
+        resync = fleet.requests(start + down, start + down + RESYNC_WINDOW)
     lost = agents - len(events)
     minutes = down / 60.0
+    objects = sum(r.objects for r in resync)
     return Measured(
         figures={
             "fleet.outage_requests_per_node_min": len(during) / agents / minutes,
             "fleet.converge_s": converged if converged is not None else float("inf"),
             "fleet.events_lost": float(lost),
             "fleet.conditions_wrong": float(wrong),
+            "fleet.outage_resync_requests_per_s": len(resync) / RESYNC_WINDOW,
+            "fleet.outage_resync_objects_per_s": objects / RESYNC_WINDOW,
+            "fleet.outage_resync_requests_per_s_per_agent": len(resync) / RESYNC_WINDOW / agents,
+            "fleet.outage_resync_objects_per_s_per_agent": objects / RESYNC_WINDOW / agents,
         },
         notes=[
-            f"outage: {agents}{' light' if light else ''} agents at x{scale:g}, {down:.0f} s down: "
+            f"outage: {agents} agents, {_mode(light=light, stepped=stepped, processes=processes, scale=scale)}, "
+            f"{down:.0f} s down: "
             f"{len(during)} requests while down "
             f"({Counter(r.method for r in during).most_common()}); converged "
             + (f"{converged:.0f} s after it returned" if converged is not None else "not within the settle time")

@@ -59,6 +59,16 @@ INTERVAL = 5.0  # seconds between steps when nothing is published
 MAX_BACKOFF = 60.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Pause:
+    """How long the loop pauses after a turn (:meth:`RecoveryLoop.turn`): ``seconds``, ended early by a new
+    publication or the pause Lease's next read unless ``wakes_on_publication`` is False (a failed step's
+    backoff, waited out in full)."""
+
+    seconds: float
+    wakes_on_publication: bool = True
+
+
 class RecoveryLoop:
     """The ``recovery`` component (Kubernetes mode only)."""
 
@@ -170,40 +180,50 @@ class RecoveryLoop:
         return self.stats.last_error
 
     def run(self, stop: threading.Event) -> None:
-        self._stop = self._actor.stop = self._herald.stop = stop
+        self.attach(stop)
         seen = 0
-        wait = self._interval
+        pause = Pause(self._interval)
         while not stop.is_set():
-            pub = self._feed.wait_newer(seen, timeout=min(wait, self.holds.due_in()))
+            if not pause.wakes_on_publication:
+                if stop.wait(pause.seconds):
+                    return
+                pause = Pause(0.0)  # the backoff pause is over: turn again now (not after a second pause)
+            pub = self._feed.wait_newer(seen, timeout=min(pause.seconds, self.holds.due_in()))
             if stop.is_set():
                 return
             if pub is not None:
                 seen = pub.number
-            self._beat = self._monotonic()
-            # The pause Lease, when due: idle agents know of a pause too. One waiting out the budget's backoff acts on
-            # nothing before it asks again (and reads the pause Lease then): it polls as an idle one does.
-            waiting = self._gates.retry_in(self._clock()) > 0
-            self.holds.poll(None if waiting else self.stats.incident)
-            self._trouble = ""
-            try:
-                self.step()
-            except Exception as exc:  # an API outage or a bug: never fatal, retried with backoff
-                self._failed(f"{type(exc).__name__}: {exc}", exc)
-                failed = True
-            else:
-                failed = bool(self._trouble)
-                if failed:  # a step that stood back (another agent's claim) is retried like a failed one
-                    self._failed(self._trouble, None)
-            if failed:
-                stop.wait(self._backoff.next_delay())
-                wait = 0.0  # the backoff pause is over: step again now (not after a second pause)
-                continue
-            self._backoff.reset()
-            self.stats.last_error = None  # /healthz details show current trouble only (the count stays)
-            # Refused by the budget: nothing to do before the budget's backoff ends (a new publication still wakes
-            # the loop at once): every blocked node of a fleet-wide misfire stepping every 5 s would read its Node
-            # and the pause Lease 2N/5 times a second.
-            wait = max(self._interval, self._gates.retry_in(self._clock()))
+            pause = self.turn()
+
+    def attach(self, stop: threading.Event) -> None:
+        """The stop that ends a drain or a wait for room in the inbox (``run`` attaches its own)."""
+        self._stop = self._actor.stop = self._herald.stop = stop
+
+    def turn(self) -> Pause:
+        """One turn of the loop on the latest publication: the pause Lease when due, then a step. Returns
+        how long to pause before the next turn: a new publication or the pause Lease's next read ends it
+        early, except after a failed step (its backoff is waited out). ``run`` turns and waits; a stepped
+        simulation (bench/fleetstep.py) calls it at the simulated time the pause ends."""
+        self._beat = self._monotonic()
+        # The pause Lease, when due: idle agents know of a pause too. One waiting out the budget's backoff acts on
+        # nothing before it asks again (and reads the pause Lease then): it polls as an idle one does.
+        waiting = self._gates.retry_in(self._clock()) > 0
+        self.holds.poll(None if waiting else self.stats.incident)
+        self._trouble = ""
+        try:
+            self.step()
+        except Exception as exc:  # an API outage or a bug: never fatal, retried with backoff
+            self._failed(f"{type(exc).__name__}: {exc}", exc)
+            return Pause(self._backoff.next_delay(), wakes_on_publication=False)
+        if self._trouble:  # a step that stood back (another agent's claim) is retried like a failed one
+            self._failed(self._trouble, None)
+            return Pause(self._backoff.next_delay(), wakes_on_publication=False)
+        self._backoff.reset()
+        self.stats.last_error = None  # /healthz details show current trouble only (the count stays)
+        # Refused by the budget: nothing to do before the budget's backoff ends (a new publication still wakes
+        # the loop at once): every blocked node of a fleet-wide misfire stepping every 5 s would read its Node
+        # and the pause Lease 2N/5 times a second.
+        return Pause(max(self._interval, self._gates.retry_in(self._clock())))
 
     def _failed(self, message: str, exc: Exception | None) -> None:
         self.stats.errors += 1

@@ -216,19 +216,7 @@ class SinkWorker:
         wait = self._wait or (lambda seconds: self._default_wait(stop, seconds))
         try:
             while not stop.is_set():
-                now = self._monotonic()
-                if now < self._quiet_until:  # after a bug: a wait cut short by a publication is no retry
-                    pause = self._quiet_until - now
-                else:
-                    try:
-                        self._take_newest()
-                        pause = min(max(0.0, self.work(self._monotonic())), IDLE)
-                    except Exception as exc:  # a bug must not end the sink: count, report, back off, go on
-                        self.unexpected(exc, what="the sink loop")
-                        pause = self._backoff.next_delay(at_least=self._resync)
-                        self._retry_at = self._quiet_until = self._monotonic() + pause
-                self.beat(pause)
-                if wait(pause):
+                if wait(self.turn()):
                     break
             try:
                 self._take_newest()
@@ -237,6 +225,24 @@ class SinkWorker:
                 self.unexpected(exc, what="the last flush")
         finally:
             self._exited = True
+
+    def turn(self) -> float:
+        """One turn of the loop: take the newest publication and do the writes that are due; the seconds to
+        pause before the next turn (a newer publication may end the pause early). ``run`` turns and waits;
+        a stepped simulation (bench/fleetstep.py) calls it at the simulated time the pause ends."""
+        now = self._monotonic()
+        if now < self._quiet_until:  # after a bug: a wait cut short by a publication is no retry
+            pause = self._quiet_until - now
+        else:
+            try:
+                self._take_newest()
+                pause = min(max(0.0, self.work(self._monotonic())), IDLE)
+            except Exception as exc:  # a bug must not end the sink: count, report, back off, go on
+                self.unexpected(exc, what="the sink loop")
+                pause = self._backoff.next_delay(at_least=self._resync)
+                self._retry_at = self._quiet_until = self._monotonic() + pause
+        self.beat(pause)
+        return pause
 
     def _take_newest(self) -> None:
         pub = self._feed.wait_newer(self._seen, timeout=0)

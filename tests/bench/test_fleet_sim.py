@@ -1,5 +1,5 @@
-"""The fleet benchmark's simulation (bench/fleetsim.py, bench/fleetweek.py) kept from rotting: its measures
-as tables, and each scenario end to end with a tiny fleet."""
+"""The fleet benchmark's simulation (bench/fleetsim.py, bench/fleetstep.py, bench/fleetweek.py) kept from
+rotting: its measures as tables, the stepper's scheduling, and each scenario end to end with a tiny fleet."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import fleetsim
+from bench import fleetsim, fleetstep
 from bench.fleetweek import simulate_week
 
 from kubeapi.requestlog import RequestRecord
@@ -93,9 +93,54 @@ def test_simulated_time_runs_scale_times_faster_in_every_wait() -> None:
     assert math.isclose(sim.now() - fleetsim.T0, sim.mono(), abs_tol=1.0)
 
 
-@pytest.fixture(scope="module")
-def steady() -> Any:
-    return fleetsim.steady_state(agents=6, processes=2, scale=120.0, hours=0.25)
+class RecordedStepper(fleetstep.Stepper):
+    """The stepper's scheduling alone: each turn recorded, none run."""
+
+    def __init__(self) -> None:
+        super().__init__([], fleetstep.StepClock())
+        self.log: list[tuple[float, int, str]] = []
+
+    def _turn(self, i: int, component: str) -> None:
+        self.log.append((self.clock.t, i, component))
+
+
+@pytest.mark.parametrize(
+    ("schedules", "expected"),
+    [
+        ([(0, "main", 5.0)], [(5.0, 0, "main")]),
+        ([(0, "main", 5.0), (0, "main", 3.0)], [(3.0, 0, "main")]),  # an earlier turn replaces the later one
+        ([(0, "main", 3.0), (0, "main", 5.0)], [(3.0, 0, "main")]),  # ... a later one never the earlier
+        ([(0, "main", 3.0), (0, "main", 3.0)], [(3.0, 0, "main")]),  # the same turn is one turn
+        (
+            [(1, "events", 2.0), (0, "events", 2.0), (0, "main", 1.0)],
+            [(1.0, 0, "main"), (2.0, 1, "events"), (2.0, 0, "events")],
+        ),
+        ([(0, "main", 11.0)], []),  # not due by the end
+    ],
+)
+def test_the_stepper_turns_each_component_once_at_its_earliest_due_time(schedules, expected) -> None:
+    stepper = RecordedStepper()
+    for i, component, due in schedules:
+        stepper.schedule(i, component, due)
+    stepper.run_until(10.0)
+    assert stepper.log == expected
+    assert stepper.clock.mono() == 10.0  # the clock ends where it was asked to, turns or not
+
+
+def test_a_stepped_clock_dates_requests_by_the_turn_they_came_in() -> None:
+    clock = fleetstep.StepClock()
+    clock.advance(5.0)
+    clock.advance(3.0)  # never backwards
+    clock.sleep(2.0)  # a budget retry inside a turn moves it on
+    assert clock.mono() == 7.0 and clock.slept == 2.0
+    assert [t for _, t in clock.breakpoints] == [0.0, 5.0, 7.0]
+    reals = [real for real, _ in clock.breakpoints]
+    assert reals == sorted(reals)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["threads", "stepped"])
+def steady(request: pytest.FixtureRequest) -> Any:
+    return fleetsim.steady_state(agents=6, processes=2, scale=120.0, hours=0.25, stepped=request.param)
 
 
 def test_a_tiny_steady_fleet_writes_heartbeats_only(steady: Any) -> None:
@@ -126,8 +171,9 @@ def test_a_pause_mid_wave_stops_every_remedy_in_a_tiny_misfire() -> None:
     assert measured.figures["fleet.pause_remedies_after"] <= 2
 
 
-def test_a_tiny_outage_loses_no_event_and_converges() -> None:
-    measured = fleetsim.outage(agents=6, processes=2, scale=60.0, down=300.0, settle=600.0)
+@pytest.mark.parametrize("stepped", [False, True], ids=["threads", "stepped"])
+def test_a_tiny_outage_loses_no_event_and_converges(stepped: bool) -> None:
+    measured = fleetsim.outage(agents=6, processes=2, scale=60.0, down=300.0, settle=600.0, stepped=stepped)
     assert measured.figures["fleet.events_lost"] == 0
     assert measured.figures["fleet.conditions_wrong"] == 0
     assert measured.figures["fleet.converge_s"] < 600.0

@@ -4,6 +4,7 @@ clock and a recording ``mark_unhealthy`` (our own seam). ``run()`` in a thread o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -20,7 +21,7 @@ from agent.recovery.census import CENSUS_MAX_AGE
 from agent.recovery.drain import Drainer, DrainResult
 from agent.recovery.flaps import FLAP_ANNOTATION, FLAP_MEMORY
 from agent.recovery.ladder import HISTORY_ANNOTATION, MAX_OPENED, Opened, with_opened
-from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER
+from agent.recovery.loop import BUDGET_RETRY, BUDGET_RETRY_JITTER, Pause
 from agent.recovery.model import (
     CONTROL_PLANE_LABELS,
     DEFAULT_LEASE,
@@ -265,6 +266,43 @@ def test_run_keeps_going_through_a_kubernetes_outage(harness, api):
         thread.join(timeout=10)
     assert not thread.is_alive()
     assert sorted(set(h.reasons())) == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
+
+
+def _spend_the_budget(h: LoopHarness, api: KubeApiServer, kube: Callable[[], object]) -> None:
+    settings = BudgetSettings(max_unhealthy=1, max_actions=100)
+    ClusterBudget(
+        client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=settings, clock=h.clock
+    ).acquire(incident_id="x")
+
+
+@pytest.mark.parametrize(
+    ("case", "at_least", "at_most", "wakes", "errors"),
+    [
+        ("healthy", 5.0, 5.0, True, 0),  # the interval; a publication ends it early
+        ("API down", 5.0, 5.0, False, 1),  # the failed step's backoff (its first, the interval), waited out
+        ("budget spent", BUDGET_RETRY * (1 - BUDGET_RETRY_JITTER), BUDGET_RETRY * (1 + BUDGET_RETRY_JITTER), True, 0),
+    ],
+)
+def test_a_turn_says_how_long_the_loop_pauses_and_whether_a_publication_ends_it(
+    harness, api, kube, case, at_least, at_most, wakes, errors
+):
+    """``turn`` is one pass of ``run``'s loop (and what bench/fleetstep.py calls at simulated times)."""
+    one = dataclasses.replace(POLICY, budget=BudgetSettings(max_unhealthy=1, max_actions=100))
+    h = harness(policy=one, interval=5.0)
+    if case == "healthy":
+        h.publish(healthy(since=T0 - 10))
+        pause = h.loop.turn()
+    else:
+        if case == "budget spent":
+            _spend_the_budget(h, api, kube)
+        h.publish(problem())
+        h.clock.now += DELAY
+        with api.outage("refuse") if case == "API down" else contextlib.nullcontext():
+            pause = h.loop.turn()
+    assert isinstance(pause, Pause) and pause.wakes_on_publication is wakes
+    assert at_least <= pause.seconds <= at_most
+    assert h.loop.stats.errors == errors
+    assert h.marker.calls == []
 
 
 @pytest.mark.parametrize(

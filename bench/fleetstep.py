@@ -1,0 +1,336 @@
+"""A stepped fleet: thousands of simulated agents on a simulated clock that jumps from one due turn to the
+next (``bench/run.py fleet``: the steady state and the outage at 2,000 agents).
+
+The agents are bench/fleetsim.py's :class:`~bench.fleetsim.SimAgent` (the Kubernetes-mode wiring: seeder,
+main loop with the built-in packs, condition and Event sinks, the recovery loop with its budget and pause
+Lease; each agent its own ``KubeClient``, every request a real HTTP request to tests/kubeapi). None of their
+components runs in a thread: one worker process turns each at the simulated time its own loop would wake
+(``SinkWorker.turn``, ``RecoveryLoop.turn``, ``MainLoop.step``), earlier when the agent publishes a new
+snapshot (as their waits end on a new publication). The clock stands still during a turn, so a simulated hour
+costs the CPU of its turns and requests only, whatever the fleet size, and the API server's service time does
+not count in simulated time (with threads on a scaled clock, it counted ``scale`` times over: 2,000 agents as
+6,000 threads ran this 2-core machine's load average to 1,800).
+
+What this cannot show: two agents' requests in flight at once (the worker sends one request at a time, so the
+server never answers a burst concurrently; bursts still show in the per-window counts, in simulated time) and
+a request timeout's real duration. The misfire, where the budget Lease's conflicts come from agents racing,
+runs with threads (bench/fleetsim.py).
+
+The parent process holds the API server and drives the scenario (:class:`SteppedFleet`, the same interface as
+:class:`~bench.fleetsim.Fleet`): ``sim.until(t)`` lets the worker run every turn due up to simulated second
+``t`` and then stop, so the parent can change the server (an outage) or read it between steps. Requests get
+their simulated time from the worker's breakpoints: (real ``time.monotonic()``, simulated second) each time the
+clock moves; a request arrived during the turn of the last breakpoint before it (one request at a time).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import logging
+import multiprocessing
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.fleetsim import CLUSTER, NAMESPACE, T0, EngineCopies, SimAgent, node_object
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_RETRY = 2.0  # simulated seconds between a failed Node read and the seeder's next (the Pump's turn)
+COMPONENTS = ("seed", "main", "conditions", "events", "recovery")
+WAKE_ON_PUBLICATION = ("conditions", "events", "recovery")
+
+__all__ = ["CLUSTER", "NAMESPACE", "SteppedFleet"]
+
+
+# ---- the worker's side ------------------------------------------------------------------------------
+
+
+class StepClock:
+    """The worker's simulated clock: it stands still during a turn and moves only forward. ``sleep`` (the
+    budget's retry pause inside a step) moves it on. ``breakpoints``: (real monotonic, simulated s) from each
+    move, which date the requests the server logged."""
+
+    scale = 1.0  # the agents' waits are never called here: they are turned, not waiting
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.slept = 0.0
+        self.breakpoints: list[tuple[float, float]] = [(time.monotonic(), 0.0)]
+
+    def mono(self) -> float:
+        return self.t
+
+    def now(self) -> float:
+        return T0 + self.t
+
+    def advance(self, t: float) -> None:
+        if t > self.t:
+            self.t = t
+            self.breakpoints.append((time.monotonic(), t))
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        self.advance(self.t + max(0.0, seconds))
+
+
+class _Once:
+    """A stop for one pass of the seeder's loop (it reads the Node once and returns at its first wait)."""
+
+    def __init__(self) -> None:
+        self._waited = False
+
+    def is_set(self) -> bool:
+        return self._waited
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._waited = True
+        return True
+
+
+class Stepper:
+    """Every component of ``agents``, each turned at the simulated time its pause ends (a heap of due turns;
+    a turn scheduled earlier replaces a later one of the same component)."""
+
+    def __init__(self, agents: list[SimAgent], clock: StepClock) -> None:
+        self.agents = agents
+        self.clock = clock
+        self.turns = dict.fromkeys(COMPONENTS, 0)
+        self._heap: list[tuple[float, int, int, str]] = []
+        self._due: dict[tuple[int, str], float] = {}
+        self._seq = 0
+        self._published = [0] * len(agents)
+        self._recovery_wakes = [True] * len(agents)  # False while a failed recovery step's backoff runs
+
+    def start(self) -> None:
+        for i, agent in enumerate(self.agents):
+            agent.recovery.attach(agent.stop)
+            agent.main._publish([], last_seq=None)  # as MainLoop.run begins
+            self._published[i] = agent.feed.latest().number
+            for component in ("seed", "conditions", "events"):
+                self.schedule(i, component, 0.0)
+            self.schedule(i, "recovery", min(agent.recovery._interval, agent.recovery.holds.due_in()))
+
+    def schedule(self, i: int, component: str, due: float) -> None:
+        key = (i, component)
+        if key in self._due and self._due[key] <= due:
+            return
+        self._due[key] = due
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, i, component))
+
+    def inject(self, line: str, nodes: set[str] | None) -> None:
+        for i, agent in enumerate(self.agents):
+            if nodes is None or agent.node in nodes:
+                agent.inject(line, self.clock.now())
+                self.schedule(i, "main", self.clock.t)
+
+    def run_until(self, end: float) -> None:
+        while self._heap and self._heap[0][0] <= end:
+            due, _, i, component = heapq.heappop(self._heap)
+            if self._due.get((i, component)) != due:
+                continue  # replaced by an earlier turn, which has run
+            del self._due[(i, component)]
+            self.clock.advance(due)
+            self.turns[component] += 1
+            self._turn(i, component)
+        self.clock.advance(end)
+
+    def _turn(self, i: int, component: str) -> None:
+        agent, t = self.agents[i], self.clock.t
+        if component == "seed":
+            agent.seeder.run(_Once())  # type: ignore[arg-type]
+            if not agent.seeder.done.is_set():
+                self.schedule(i, "seed", t + SEED_RETRY)
+            self.schedule(i, "main", t)
+        elif component == "main":
+            agent.main.step(timeout=0)
+            if agent.inbox.received > agent.inbox.taken:  # more than one step's worth
+                self.schedule(i, "main", self.clock.t)
+            timeout = agent.main.idle_timeout()
+            if timeout is not None:
+                self.schedule(i, "main", self.clock.t + timeout)
+        elif component == "recovery":
+            pause = agent.recovery.turn()
+            self._recovery_wakes[i] = pause.wakes_on_publication
+            wait = min(pause.seconds, agent.recovery.holds.due_in()) if pause.wakes_on_publication else pause.seconds
+            self.schedule(i, "recovery", self.clock.t + wait)
+        else:
+            sink = agent.conditions if component == "conditions" else agent.events
+            self.schedule(i, component, self.clock.t + sink.turn())
+        number = agent.feed.latest().number
+        if number != self._published[i]:  # a new snapshot: the sinks' and recovery's waits end now
+            self._published[i] = number
+            for other in WAKE_ON_PUBLICATION:
+                if other != "recovery" or self._recovery_wakes[i]:
+                    self.schedule(i, other, self.clock.t)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSpec:
+    kubeconfig: str
+    nodes: tuple[str, ...]
+    startup_delay: float  # the recovery policy's (simulated seconds)
+    seed: int
+
+
+def step_worker(spec: StepSpec, conn: Any) -> None:
+    """The worker process: build the agents, then answer ``until``, ``inject``, ``report`` and ``stop``."""
+    sys.path.insert(0, str(ROOT))
+    logging.basicConfig(level=logging.CRITICAL)  # thousands of agents retrying would drown the output
+    from agent.adapters.kube import KubeClient
+    from agent.app.config import load_rule_set
+    from agent.core.paths import builtin_plugins_dir
+    from agent.recovery.policyfile import DEFAULT_POLICY
+
+    rule_set = load_rule_set([builtin_plugins_dir()])
+    policy = dataclasses.replace(DEFAULT_POLICY, startup_delay=spec.startup_delay)
+    engines = EngineCopies(rule_set)
+    clock = StepClock()
+    clients = [KubeClient.load(kubeconfig=Path(spec.kubeconfig)) for _ in spec.nodes]
+    agents = [
+        SimAgent(
+            node=n,
+            client=c,
+            rule_set=rule_set,
+            sim=clock,
+            policy=policy,
+            seed=spec.seed * 100_000 + i,
+            engines=engines,
+            tick=None,  # the main loop is turned when its next expiry is due, or on input
+        )
+        for i, (n, c) in enumerate(zip(spec.nodes, clients, strict=True))
+    ]
+    stepper = Stepper(agents, clock)
+    conn.send("built")
+    sent = 0
+    while True:
+        command, *args = conn.recv()
+        if command == "until":
+            if sent == 0:
+                clock.breakpoints[0] = (time.monotonic(), 0.0)  # the clock starts with the first step
+                stepper.start()
+            stepper.run_until(args[0])
+            conn.send((clock.t, clock.breakpoints[sent:]))
+            sent = len(clock.breakpoints)
+        elif command == "inject":
+            stepper.inject(args[0], set(args[1]) if args[1] is not None else None)
+            conn.send("injected")
+        elif command == "report":
+            conn.send({a.node: a.report() for a in agents})
+        elif command == "stop":
+            for agent in agents:
+                agent.close()
+            reports = {a.node: a.report() for a in agents}
+            reports["_stepper"] = {"turns": stepper.turns, "slept": clock.slept}
+            conn.send(reports)
+            for client in clients:
+                client.close()
+            return
+
+
+# ---- the parent's side ------------------------------------------------------------------------------
+
+
+class SteppedTime:
+    """The parent's view of the worker's clock: ``until`` runs the fleet to a simulated second; ``at`` dates a
+    request the server logged (its real arrival) in simulated seconds."""
+
+    scale = float("inf")  # no real time passes in the simulation's terms
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._t = 0.0
+        self._reals: list[float] = []
+        self._sims: list[float] = []
+
+    def mono(self) -> float:
+        return self._t
+
+    def now(self) -> float:
+        return T0 + self._t
+
+    def until(self, sim_seconds: float) -> None:
+        if sim_seconds < self._t:
+            return
+        self._conn.send(("until", sim_seconds))
+        self._t, points = self._conn.recv()
+        for real, sim in points:
+            self._reals.append(real)
+            self._sims.append(sim)
+
+    def at(self, real_monotonic: float) -> float:
+        i = bisect.bisect_right(self._reals, real_monotonic) - 1
+        return self._sims[i] if i >= 0 else float("-inf")
+
+
+class SteppedFleet:
+    """``agents`` simulated agents in one stepped worker process against one API server (``with``); the
+    interface of :class:`bench.fleetsim.Fleet` (``sim`` is a :class:`SteppedTime`)."""
+
+    def __init__(self, *, agents: int, startup_delay: float = 60.0, seed: int = 0) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from kubeapi.server import KubeApiServer
+
+        self.names = [f"n{i:04d}" for i in range(agents)]
+        self._tmp = tempfile.TemporaryDirectory()
+        self.server = KubeApiServer()
+        self.server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for i, name in enumerate(self.names):
+            self.server.put_object(node_object(name, i))
+        self._startup_delay = startup_delay
+        self._seed = seed
+        self._proc: Any = None
+        self._conn: Any = None
+        self.sim: SteppedTime | None = None
+        self.final: dict[str, dict[str, Any]] = {}
+        self.stepper: dict[str, Any] = {}
+
+    def __enter__(self) -> SteppedFleet:
+        self.server.start()
+        self.kubeconfig = self.server.write_kubeconfig(Path(self._tmp.name) / "kubeconfig")
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        spec = StepSpec(
+            kubeconfig=str(self.kubeconfig), nodes=tuple(self.names), startup_delay=self._startup_delay, seed=self._seed
+        )
+        self._proc = ctx.Process(target=step_worker, args=(spec, child), daemon=True)
+        self._proc.start()
+        self._conn = parent
+        if not parent.poll(600) or parent.recv() != "built":
+            raise RuntimeError("the stepped fleet's worker did not start")
+        self.server.reset_requests()
+        self.sim = SteppedTime(parent)
+        return self
+
+    def inject(self, line: str, nodes: Iterable[str] | None = None) -> None:
+        """Append ``line`` to the kernel log of ``nodes`` (None: every node), at the current simulated second."""
+        self._conn.send(("inject", line, None if nodes is None else list(nodes)))
+        self._conn.recv()
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        self._conn.send(("report",))
+        return dict(self._conn.recv())
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._conn.send(("stop",))
+            final = dict(self._conn.recv())
+            self.stepper = final.pop("_stepper", {})
+            self.final.update(final)
+        finally:
+            self._proc.join(timeout=60)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self.server.stop()
+            self._tmp.cleanup()
+
+    def requests(self, start: float = float("-inf"), end: float = float("inf")) -> list[Any]:
+        """Requests answered (or not) between simulated seconds ``start`` and ``end``."""
+        assert self.sim is not None
+        return [r for r in self.server.requests.snapshot() if start <= self.sim.at(r.at) < end]
