@@ -470,6 +470,35 @@ def _sxid_cases() -> list[Case]:
     return cases
 
 
+# The records nvswitch_record_error prints after the header (error_nvswitch.c, _nvswitch_dump_error_entry).
+SXID_DETAIL = [
+    ("Severity %d Engine instance %02d Sub-engine instance %02d\n", (0, 61, 0)),
+    ("Severity %d Engine instance %02d Sub-engine instance %02d\n", (-1, 2147483647, -2147483648)),
+    ("Data {0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x}\n", (0, 1, 2, 3, 4, 5, 6, 7, 8)),
+    ("Data {0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x, 0x%08x}\n", (0xFFFFFFFF,) * 8),
+]
+
+
+def _sxid_detail_reports() -> list[tuple[str, list[str], str]]:
+    """(id, lines, the header's rule): a header and every detail record after it, for each code and switch."""
+    reports = []
+    for (dom, bus, dev, fn), code in zip(PCI_ARGS, [0, -1, 24007, 99999], strict=True):
+        head = printf(SXID_PREFIX, "nvswitch3", dom, bus, dev, fn, code)
+        for fmt, rule in [(SXID_LINK[0], "nvidia/sxid-fatal"), (SXID_LINK[1], "nvidia/sxid-nonfatal")]:
+            lines = [head + printf(fmt, 44, "sourcetrack timeout error", " (First)")]
+            lines += [head + printf(detail, *values) for detail, values in SXID_DETAIL]
+            reports.append((lines[0], [line.strip() for line in lines], rule))
+    return reports
+
+
+@ENGINES
+@pytest.mark.parametrize(("lines", "rule"), [(lines, rule) for _, lines, rule in _sxid_detail_reports()])
+def test_an_sxid_report_with_its_detail_records_is_its_headers_one_finding(engine_cls, lines, rule):
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [(f.rule, f.line) for f in findings] == [(rule, 1)]
+    assert engine_cls(rule_set=RULE_SET).feed(lines[1:], line_numbers=1) == []  # read alone: quiet all the same
+
+
 # --- other GPU-stack lines ---------------------------------------------------------------------
 
 OTHER_CASES = (
@@ -592,7 +621,8 @@ def test_rendered_line_gives_exactly_its_finding(engine_cls, case: Case):
 def test_every_rule_of_the_pack_has_rendered_lines():
     rules = {r.name for r in RULE_SET.rules if r.source == "nvidia-monitor"}
     threshold_only = {"nvidia/xid-repeated", "nvidia/sxid-correctable"}  # see the count-in-window tests below
-    assert rules - threshold_only == {c.rule for c in CASES}
+    quiet = {"nvidia/sxid-detail"}  # never a finding: see the SXid report test above
+    assert rules - threshold_only - quiet == {c.rule for c in CASES}
 
 
 @ENGINES
