@@ -251,9 +251,30 @@ NOISE_EXAMPLES = {
     "(AE_NOT_FOUND) (20210730/psparse-529)",
     "firmware-bug": "AMD-Vi: [Firmware Bug]: : IOAPIC[4] not in IVRS table",
     "firmware-warn": "[Firmware Warn]: MTRR: CPU 0: SYSCFG[MtrrFixDramModEn] not cleared by BIOS, clearing this bit",
+    "hex-dump-row": "00000000: 58 41 47 46 00 00 00 01 00 00 00 00 00 00 00 00  XAGF............",
     "neuron-driver-banner": "Neuron Driver Started with Version:2.26.5.0-6670442319042643165ab7986e5184496ea4407c at: "
     "2026-Jan-05 10:11:12.000001",
 }
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        # print_hex_dump's three prefix types (lib/hexdump.c), group sizes 1, 2, 4, 8, with and without the bytes
+        # as text, a full and a last row, rows of 16 and 32 bytes
+        "00000000: 58 41 47 46 00 00 00 01 00 00 00 00 00 00 00 00  XAGF............",  # XFS (xfs_hex_dump)
+        "00000070: 00 00 00 00 00 00 00 00                          ........",
+        "00000010: 0001 0002 0003 0004 0005 0006 0007 0008  ................",
+        "imap: 00000000a1b2c3d4: 00000001 00000002 00000003 00000004  ................",  # jfs, DUMP_PREFIX_ADDRESS
+        "ip: (____ptrval____): 0000000000000001 0000000000000002",
+        "00000020: " + " ".join(["ab"] * 32) + "  " + "." * 32,
+        "de ad be ef 00 01 02 03",  # DUMP_PREFIX_NONE without a prefix
+    ],
+)
+def test_a_hex_dump_row_after_its_header_is_no_event_of_its_own(row):
+    config = compile_catch_all([(NOISE, read_pack(NOISE)[0])])
+    (verdict,) = CatchAll(config=config).judge([_leveled(row)])
+    assert (verdict.outcome, verdict.noise) == ("benign", "hex-dump-row")
 
 
 def test_every_noise_entry_has_an_example_that_it_silences():
@@ -272,6 +293,9 @@ def test_every_noise_entry_has_an_example_that_it_silences():
         "ACPI Error: AE_AML_BUFFER_LIMIT, Field [D128] at bit offset/length 128/1024 exceeds size of target Buffer",
         "DMAR: [INTR-REMAP] Request device [f0:1f.0] fault index 0x0 [fault reason 0x25] Blocked a compatibility",
         "mce: [Hardware Error]: Machine check events logged",
+        "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: be00000000800400",  # ends in a hex group
+        "nvme nvme0: controller status 00 00",  # ends in two: not a row without an offset, behind a prefix
+        "XFS (dm-0): First 128 bytes of corrupted metadata buffer:",  # a dump's header is a finding
     ],
 )
 def test_noise_entries_leave_real_faults_alone(message):
