@@ -102,6 +102,7 @@ def test_frequent_benign_lines_carry_no_rule_literal(line):
 MULTILINE = {
     "kernel/pcie-aer-detail-in-report",  # an AER report's header with its detail lines
     "kernel/xfs-corruption-detail-in-report",  # an XFS verifier report's header with its detail lines
+    "kernel/ext4-delalloc-detail-in-report",  # a failed delayed allocation's two records
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }

@@ -1282,6 +1282,40 @@ def test_a_specific_rule_keeps_the_fallback_quiet_in_a_sequence(engine_cls):
     ]
 
 
+# Reports the kernel prints as several records, in the order it prints them: one finding, the header's.
+REPORTS = [
+    pytest.param(
+        [
+            "XFS (dm-3): Metadata CRC error detected at xfs_agf_read_verify+0x70/0x120 [xfs], xfs_agf block 0x4b3c1",
+            "XFS (dm-3): Unmount and run xfs_repair",
+            "XFS (dm-3): First 128 bytes of corrupted metadata buffer:",
+            "00000000: 58 41 47 46 00 00 00 01 00 00 00 00 00 00 00 00  XAGF............",
+        ],
+        (1, "kernel/xfs-corruption"),
+        id="xfs verifier (xfs_error.c)",
+    ),
+    pytest.param(
+        [
+            "EXT4-fs (nvme1n1): Delayed block allocation failed for inode 1234 at logical offset 0 with max blocks 8 "
+            "with error 28",
+            "EXT4-fs (nvme1n1): This should not happen!! Data will be lost",
+            "EXT4-fs (nvme1n1): Total free blocks count 0",
+            "EXT4-fs (nvme1n1): Free/Dirty block details",
+            "EXT4-fs (nvme1n1): free_blocks=0",
+        ],
+        (1, "kernel/ext4-fallback"),
+        id="ext4 delayed allocation (inode.c mpage_map_and_submit_extent, ext4_print_free_blocks on ENOSPC)",
+    ),
+]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES, ids=["fast", "reference"])
+@pytest.mark.parametrize(("lines", "finding"), REPORTS)
+def test_a_report_of_several_records_is_one_finding(engine_cls, lines, finding):
+    got = [(f.line, f.rule) for f in engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)]
+    assert got == [finding]
+
+
 def test_every_storage_rule_names_its_source_and_is_tested_here():
     kernel = builtin_plugins_dir() / "kernel"
     npd = {r.name for r in load_rule_set([kernel / "kernel-monitor.yaml"]).rules}
@@ -1289,7 +1323,11 @@ def test_every_storage_rule_names_its_source_and_is_tested_here():
         r for r in load_rule_set([kernel / "kernel-monitor.yaml", kernel / "storage.yaml"]).rules if r.name not in npd
     ]
     # the threshold test; the quiet rule: its report examples (tests/fixtures/rules/storage-examples.yaml quiet)
-    tested = {src.rule for src in SOURCES} | {"kernel/nvme-timeout-polled", "kernel/xfs-corruption-detail-in-report"}
+    tested = {src.rule for src in SOURCES} | {
+        "kernel/nvme-timeout-polled",
+        "kernel/xfs-corruption-detail-in-report",
+        "kernel/ext4-delalloc-detail-in-report",
+    }
     assert {r.name for r in storage} == tested
     for rule in storage:
         assert rule.provenance and all(p.startswith("torvalds/linux:") for p in rule.provenance), rule.name
