@@ -103,6 +103,7 @@ MULTILINE = {
     "kernel/pcie-aer-detail-in-report",  # an AER report's header with its detail lines
     "kernel/xfs-corruption-detail-in-report",  # an XFS verifier report's header with its detail lines
     "kernel/ext4-delalloc-detail-in-report",  # a failed delayed allocation's two records
+    "kernel/mlx5-unrecoverable-synd-in-report",  # an mlx5 health report's header and its syndrome record
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }

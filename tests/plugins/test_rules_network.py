@@ -375,8 +375,8 @@ def mlx5_rules() -> Iterator[Case]:
                 prefix + cformat("Fatal error %u detected\n", error),
                 {**fields, "error": str(error % (1 << 32))},
             )
-        yield case(
-            "kernel/mlx5-unrecoverable",
+        yield case(  # before 5.17: the syndrome record, no header
+            "kernel/mlx5-unrecoverable-synd",
             "MLX5UnrecoverableError",
             prefix + cformat("synd 0x%x: %s\n", 8, "unrecoverable hardware error"),
             {**fields, "synd": "0x8"},
@@ -625,13 +625,39 @@ CASES = [
 BY_RULE: dict[str, list[Case]] = {}
 for _c in CASES:
     BY_RULE.setdefault(_c[2], []).append(_c)
-PER_LINE = FAMILY - set(THRESHOLDS)  # rules that speak on every matching line
+QUIET = {"kernel/mlx5-unrecoverable-synd-in-report"}  # never a finding: see the health report test below
+PER_LINE = FAMILY - set(THRESHOLDS) - QUIET  # rules that speak on every matching line
 
 
 def test_every_rule_of_the_family_has_generated_lines():
-    covered = set(BY_RULE) | {t[0] for t in THRESHOLD_CASES}
+    covered = set(BY_RULE) | {t[0] for t in THRESHOLD_CASES} | QUIET
     assert sorted(FAMILY - covered) == []
     assert all(len(BY_RULE[r]) >= 10 for r in PER_LINE), {r: len(BY_RULE[r]) for r in PER_LINE}
+
+
+def _health_report(prefix: str, severity: int, level: str, *, fields: int) -> list[str]:
+    """print_health_info (5.17+, health.c): the header, ``fields`` of its field records, the syndrome record."""
+    body = [cformat("assert_var[%d] 0x%08x\n", i, 0xFFFFFFFF) for i in range(5)]
+    body += [cformat("assert_exit_ptr 0x%08x\n", 0), cformat("assert_callra 0x%08x\n", 0)]
+    body += [
+        cformat("fw_ver %d.%d.%d", 28, 39, 1002),
+        cformat("time %u\n", 4294967295),
+        cformat("hw_id 0x%08x\n", 0x20D),
+    ]
+    body += [cformat("rfr %d\n", 1), cformat("severity %d (%s)\n", severity, level), cformat("irisc_index %d\n", 255)]
+    header = cformat("Health issue observed, %s, severity(%d) %s:\n", "unrecoverable hardware error", severity, level)
+    synd = cformat("synd 0x%x: %s\n", 8, "unrecoverable hardware error")
+    return [(prefix + text).strip() for text in [header, *body[:fields], synd]]
+
+
+@pytest.mark.parametrize("engine_cls", [RuleEngine, ReferenceEngine], ids=["fast", "reference"])
+@pytest.mark.parametrize("fields", [13, 0, 5])  # the whole report (14 records between), and shorter ones
+def test_an_unrecoverable_health_report_is_one_finding_its_headers(engine_cls, fields):
+    for prefix, _ in mlx5_all_prefixes():
+        for severity, level in [(3, "ERROR"), (0, "EMERGENCY"), (-1, "Unknown log level")]:
+            lines = _health_report(prefix, severity, level, fields=fields)
+            findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+            assert [(f.rule, f.line) for f in findings] == [("kernel/mlx5-unrecoverable", 1)], lines
 
 
 def test_every_rule_names_its_source():
