@@ -865,6 +865,38 @@ SOURCES: list[Source] = [
         "NFSServerNotResponding",
         {"program": 0, "server": 1},
     ),
+    # --- device-mapper: a thin pool out of metadata space, a target's constructor failing ---
+    Source(
+        "drivers/md/dm-thin.c",
+        "device-mapper: thin: %s",  # DMERR("%s", ooms_reason): the two strings check_for_metadata_space sets
+        [("No free metadata blocks",), ("Could not get free metadata blocks",)],
+        "kernel/dm-thin-out-of-metadata",
+        "ThinPoolOutOfMetadataSpace",
+        {"ooms_reason": 0},
+    ),
+    Source(
+        "drivers/md/dm-table.c",
+        "device-mapper: table: %s: %s: %s (%s)",  # %pe: the error's name, or its number without CONFIG_SYMBOLIC_ERRNAME
+        edges(
+            ["253:3", "254:0", "252:17"],
+            ["thin-pool", "crypt", "linear", "verity", "snapshot-origin", "raid", "vdo"],
+            ["Error creating metadata object", "Device lookup failed", "Error allocating crypto tfm", "Unknown error"],
+            ["-EINVAL", "-ENOENT", "-22", "-EBUSY"],
+        ),
+        "kernel/dm-target-constructor-failed",
+        "DeviceMapperTargetFailed",
+        {"device": 0, "target": 1, "error": 2, "errno": 3},
+    ),
+    Source(
+        "drivers/md/dm-table.c (before 5.17)",
+        "device-mapper: table: %s: %s: %s",
+        edges(
+            ["253:3", "254:0"], ["thin-pool", "crypt", "multipath"], ["Device lookup failed", "error getting device"]
+        ),
+        "kernel/dm-target-constructor-failed",
+        "DeviceMapperTargetFailed",
+        {"device": 0, "target": 1, "error": 2},
+    ),
     # --- issue 18: SCSI sense keys, loop write errors, rate-limited error bursts ---
     Source(
         "drivers/scsi/scsi_logging.c",
