@@ -214,6 +214,21 @@ for pad in (1, 2, 3):
         for line in nrt("ERROR", "TDRV", function, msg, pad=pad):
             add("runtime", line, ("neuron/runtime-engines-running", "NeuronRuntimeDeviceNeedsReset", {}))
 
+# The driver's failed resets (neuron_reset.c, pr_info without pr_fmt), for each device index and request id.
+for nd in (0, 15, 2147483647):
+    for request in (1, 0, 4294967295):
+        for fmt in (
+            "nd%d: reset request %u failed\n",
+            "nd%d: reset request %u was initiated, but failed to complete\n",
+        ):
+            add(
+                "driver",
+                render(fmt, nd, request).strip(),
+                ("neuron/driver-reset-failed", "NeuronDeviceResetFailed", {"nd_id": nd, "request": request}),
+            )
+    for fmt in ("nd%d: failed to initialize dma after reset\n", "nd%d: failed to complete post reset configuration\n"):
+        add("driver", render(fmt, nd).strip(), ("neuron/driver-reset-failed", "NeuronDeviceResetFailed", {"nd_id": nd}))
+
 # Lines the driver and the runtime print when nothing is wrong (the same guides): no built-in rule fires.
 SILENT = [
     render("Neuron Driver Started with Version:%s-%s", "2.26.5.0", "6670442319042643165ab7986e5184496ea4407c"),
@@ -241,6 +256,10 @@ SILENT = [
     "neuron: no NEURON_HW_ERR reported",
     "[MLA 0][NC 0] DMA TX engine 0 is idle",
     "(FATAL-RT-UNDEFINED-STATE) execution completed on Neuron Device 0 NC 0",
+    # a reset that worked (neuron_reset.c)
+    "nd0: initiating device reset request 7",
+    "nd0: Coalesced 4 reset requests",
+    "nd0: reset request 7 completed",
 ]
 
 # The upstream node-problem-detector rules (Neuron problem detector ConfigMap; the ECS sample without
