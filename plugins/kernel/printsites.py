@@ -136,7 +136,12 @@ class Spec:
 
 
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
-_DEFINE = re.compile(r'^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:"(?:[^"\\\n]|\\.)*"[ \t]*)+)[ \t]*$', re.M)
+# A macro of string literals (continued over lines with backslashes), with a KERN_* level first or not:
+# ``#define ALLOC_FAILURE_MSG KERN_ERR "%s: Allocation failure during" \ " SCSI scanning, ..."``.
+_DEFINE = re.compile(
+    r'^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:(KERN_[A-Z]+)[ \t]+)?(?:"(?:[^"\\\n]|\\.)*"(?:[ \t]|\\\n)*)+)[ \t]*$',
+    re.M,
+)
 _FMT_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(pr_fmt|dev_fmt)\(fmt\)[ \t]+(.*?)(?:\\\n.*?)?$", re.M)
 
 
@@ -146,10 +151,16 @@ def _literal(token: str) -> str:
 
 
 def _file_macros(text: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """The file's string macros by name; one that begins with a KERN_* level has it in ``LEVEL_OF`` + name."""
     macros = {**COMMON_MACROS, **extra}
     for m in _DEFINE.finditer(text):
         macros.setdefault(m[1], "".join(_literal(s) for s in _STRING.findall(m[2])))
+        if m[3] in KERN_LEVEL:
+            macros.setdefault(LEVEL_OF + m[1], m[3])
     return macros
+
+
+LEVEL_OF = "level of "  # the key of a macro's KERN_* level in the file's macros (no C name has a space)
 
 
 def _prefix_define(text: str, name: str, macros: Mapping[str, str]) -> str:
@@ -228,6 +239,7 @@ def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
             level = level or KERN_LEVEL[piece]
         elif piece in macros:
             out.append(macros[piece])
+            level = level or KERN_LEVEL.get(macros.get(LEVEL_OF + piece, ""))
         elif piece.startswith("KERN_SOH"):
             continue
         elif re.fullmatch(r"[A-Za-z_]\w*", piece):

@@ -129,6 +129,22 @@ def test_a_conversion_whose_argument_is_the_function_is_its_name(tmp_path: Path,
     assert site.text == text
 
 
+@pytest.mark.parametrize(
+    ("define", "level"),
+    [
+        # drivers/scsi/scsi_scan.c: the level in the macro, the message continued over two lines
+        ('#define MSG\tKERN_ERR "%s: Allocation failure during" \\\n\t" SCSI scanning\\n"\n', "err"),
+        ('#define MSG KERN_CRIT "%s: Allocation failure during SCSI scanning\\n"\n', "crit"),
+        ('#define MSG "%s: Allocation failure during SCSI scanning\\n"\n', None),  # printk's default: not a site
+        ('#define MSG KERN_INFO "%s: Allocation failure during SCSI scanning\\n"\n', None),
+    ],
+)
+def test_a_message_macro_brings_its_level(tmp_path: Path, define: str, level: str | None) -> None:
+    (tmp_path / "x.c").write_text(define + "static void scsi_alloc_sdev(void)\n{\n    printk(MSG, __func__);\n}\n")
+    got = [(s.level, s.text) for s in printsites.extract(tmp_path, printsites.Spec(name="t", paths=["*.c"]))]
+    assert got == ([(level, "scsi_alloc_sdev: Allocation failure during SCSI scanning\\n")] if level else [])
+
+
 def test_the_scanner_finds_levels_prefixes_and_macros(tmp_path: Path) -> None:
     (tmp_path / "x.c").write_text(
         '#define pr_fmt(fmt) "DMAR: " fmt\n'
