@@ -363,9 +363,9 @@ class SimAgent:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-class _Once:
+class OnePass:
     """A stop for one pass of the seeder's loop: it reads the Node once and returns at its first wait (after
-    seeding, or after a failed read: the pump tries again on its next turn)."""
+    seeding, or after a failed read: the pump, or bench/fleetstep.py's stepper, tries again on its next turn)."""
 
     def __init__(self) -> None:
         self._waited = False
@@ -395,7 +395,7 @@ class Pump:
         while not self._stop.is_set():
             for agent in self._agents:
                 if not agent.seeder.done.is_set():
-                    agent.seeder.run(_Once())  # type: ignore[arg-type]
+                    agent.seeder.run(OnePass())  # type: ignore[arg-type]
                 agent.main.step(timeout=0)
             self._stop.wait(MAIN_TICK)
 
@@ -491,6 +491,27 @@ def node_object(name: str, index: int, *, zone: str = "us-west-2a") -> dict[str,
     }
 
 
+def node_names(agents: int) -> list[str]:
+    return [f"n{i:04d}" for i in range(agents)]
+
+
+def fleet_server(names: Sequence[str]) -> Any:
+    """A tests/kubeapi server (not started) holding the namespace and a Node per name."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kubeapi.server import KubeApiServer
+
+    server = KubeApiServer()
+    server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for i, name in enumerate(names):
+        server.put_object(node_object(name, i))
+    return server
+
+
+def requests_between(server: Any, sim: Any, start: float, end: float) -> list[Any]:
+    """The server's requests that arrived between simulated seconds ``start`` and ``end`` (``sim.at`` dates them)."""
+    return [r for r in server.requests.snapshot() if start <= sim.at(r.at) < end]
+
+
 class Fleet:
     """``agents`` simulated agents in ``processes`` worker processes against one API server (``with``)."""
 
@@ -504,16 +525,10 @@ class Fleet:
         seed: int = 0,
         light: bool = False,
     ):
-        sys.path.insert(0, str(ROOT / "tests"))
-        from kubeapi.server import KubeApiServer
-
-        self.names = [f"n{i:04d}" for i in range(agents)]
+        self.names = node_names(agents)
         self.scale = scale
         self._tmp = tempfile.TemporaryDirectory()
-        self.server = KubeApiServer()
-        self.server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        for i, name in enumerate(self.names):
-            self.server.put_object(node_object(name, i))
+        self.server = fleet_server(self.names)
         self._processes = processes
         self._startup_delay = startup_delay
         self._seed = seed
@@ -579,7 +594,7 @@ class Fleet:
     def requests(self, start: float = float("-inf"), end: float = float("inf")) -> list[Any]:
         """Requests answered (or not) between simulated seconds ``start`` and ``end``."""
         assert self.sim is not None
-        return [r for r in self.server.requests.snapshot() if start <= self.sim.at(r.at) < end]
+        return requests_between(self.server, self.sim, start, end)
 
 
 # ---- measures ------------------------------------------------------------------------------------------

@@ -38,7 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.fleetsim import CLUSTER, NAMESPACE, T0, EngineCopies, SimAgent, node_object
+from bench.fleetsim import (
+    CLUSTER,
+    NAMESPACE,
+    T0,
+    EngineCopies,
+    OnePass,
+    SimAgent,
+    fleet_server,
+    node_names,
+    requests_between,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_RETRY = 2.0  # simulated seconds between a failed Node read and the seeder's next (the Pump's turn)
@@ -77,20 +87,6 @@ class StepClock:
     def sleep(self, seconds: float) -> None:
         self.slept += seconds
         self.advance(self.t + max(0.0, seconds))
-
-
-class _Once:
-    """A stop for one pass of the seeder's loop (it reads the Node once and returns at its first wait)."""
-
-    def __init__(self) -> None:
-        self._waited = False
-
-    def is_set(self) -> bool:
-        return self._waited
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self._waited = True
-        return True
 
 
 class Stepper:
@@ -144,7 +140,7 @@ class Stepper:
     def _turn(self, i: int, component: str) -> None:
         agent, t = self.agents[i], self.clock.t
         if component == "seed":
-            agent.seeder.run(_Once())  # type: ignore[arg-type]
+            agent.seeder.run(OnePass())  # type: ignore[arg-type]
             if not agent.seeder.done.is_set():
                 self.schedule(i, "seed", t + SEED_RETRY)
             self.schedule(i, "main", t)
@@ -274,15 +270,9 @@ class SteppedFleet:
     interface of :class:`bench.fleetsim.Fleet` (``sim`` is a :class:`SteppedTime`)."""
 
     def __init__(self, *, agents: int, startup_delay: float = 60.0, seed: int = 0) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from kubeapi.server import KubeApiServer
-
-        self.names = [f"n{i:04d}" for i in range(agents)]
+        self.names = node_names(agents)
         self._tmp = tempfile.TemporaryDirectory()
-        self.server = KubeApiServer()
-        self.server.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        for i, name in enumerate(self.names):
-            self.server.put_object(node_object(name, i))
+        self.server = fleet_server(self.names)
         self._startup_delay = startup_delay
         self._seed = seed
         self._proc: Any = None
@@ -333,4 +323,4 @@ class SteppedFleet:
     def requests(self, start: float = float("-inf"), end: float = float("inf")) -> list[Any]:
         """Requests answered (or not) between simulated seconds ``start`` and ``end``."""
         assert self.sim is not None
-        return [r for r in self.server.requests.snapshot() if start <= self.sim.at(r.at) < end]
+        return requests_between(self.server, self.sim, start, end)
