@@ -703,10 +703,15 @@ def family_pack(
     plain: dict[str, list[Site]] = {}
     device: dict[str, list[Site]] = {}
     unmatched: list[Site] = []
+    benign: dict[str, list[Site]] = {}  # excluded as printed on healthy machines: quiet, so the catch-all knows them
     left = 0
     for site in sites:
         if site.call.startswith("WARN") or site.call == "panic" or any(e.matches(site) for e in (*exclusions, *leave)):
             left += 1
+            rule = next((e for e in exclusions if e.matches(site)), None)
+            branch = site_pattern(site) if rule is not None and rule.benign else None
+            if branch is not None:
+                benign.setdefault(branch, []).append(site)
             continue
         branch = site_pattern(site)
         if branch is None:
@@ -758,6 +763,25 @@ def family_pack(
                 "    pattern: " + _yaml_quote((prefix + ".*" if prefix else "") + body),
             ]
             chunk, size = [], 0
+    if benign:
+        # One quiet rule for the sites excluded as benign (printed at error level on healthy machines): it never
+        # fires (the where filter never passes), and a line it matched is known, so the catch-all raises no
+        # KernelError Event for it and no fallback of another pack speaks for it.
+        level = max(LEVELS.get(s.level, LEVELS["warning"]) for members in benign.values() for s in members)
+        gate = [f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}"] if level <= 4 else []
+        where = sorted({s.where.split(":")[0] for members in benign.values() for s in members})
+        out += [
+            f"  - name: {family.name}/benign",
+            "    type: temporary",
+            f"    reason: {family.reason}",
+            "    severity: info",
+            *gate,
+            "    provenance:",
+            *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
+            f"      - {_yaml_quote(f'{extract_path}: {sum(map(len, benign.values()))} sites excluded as benign')}",
+            "    pattern: " + _yaml_quote("(?P<benign>)(?:" + "|".join(sorted(benign)) + ").*"),
+            "    where: {benign: [never]}",
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -14,9 +14,9 @@ def test_events_a_day_from_the_logs_span():
     rule_set = load_rule_set([PLUGINS / "kernel", PLUGINS / "nvidia", PLUGINS / "neuron"])
     lines = [
         "<3>[    1.000000] ACPI BIOS Error (bug): Could not resolve symbol [\\_SB.X], AE_NOT_FOUND",  # benign
-        "<3>[    2.000000] DMAR: DRHD: handling fault status reg 2",  # an Event
+        "<3>[    2.000000] DMAR: DRHD: unhandled state 2",  # an Event
         "<6>[86401.000000] eth0: link up",
-        "3,5,172801000000,-;DMAR: DRHD: handling fault status reg 3",  # a new window: an Event
+        "3,5,172801000000,-;DMAR: DRHD: unhandled state 3",  # a new window: an Event
         "not a record",
     ]
     records = records_of(lines)

@@ -36,7 +36,9 @@ CASES = [(rule, i, ex) for rule, exs in FIXTURE["examples"].items() for i, ex in
 
 
 def test_every_builtin_rule_has_an_example():
-    missing = sorted({r.name for r in RULE_SET.rules} - set(FIXTURE["examples"]) - set(FIXTURE["quiet"]))
+    # A generated pack's quiet rule for its benign sites: tests/plugins/test_print_sites.py renders every one.
+    benign = {r.name for r in RULE_SET.rules if r.name.endswith("/benign")}
+    missing = sorted({r.name for r in RULE_SET.rules} - set(FIXTURE["examples"]) - set(FIXTURE["quiet"]) - benign)
     assert missing == [], f"built-in rules without a recorded example: {missing}"
     unknown = sorted((set(FIXTURE["examples"]) | set(FIXTURE["quiet"])) - {r.name for r in RULE_SET.rules})
     assert unknown == [], f"examples for rules that do not exist: {unknown}"

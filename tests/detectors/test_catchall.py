@@ -45,7 +45,7 @@ def rule_set():
     ("message", "subsystem"),
     [
         ("iommu: Default domain type: Translated", "iommu"),
-        ("DMAR: DRHD: handling fault status reg 2", "iommu"),
+        ("DMAR: DRHD: unhandled state 2", "iommu"),
         ("AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x0000]", "iommu"),
         ("arm-smmu-v3 arm-smmu-v3.0.auto: event 0x10 received:", "iommu"),
         ("nvme nvme0: I/O 12 QID 3 timeout, aborting", "nvme"),
@@ -100,7 +100,7 @@ def _leveled(message, *, level=3, at=0.0, line=1):
 
 def test_findings_are_temporary_warnings_never_conditions():
     stage = CatchAll(config=DEFAULT)
-    (finding,) = stage.findings([_leveled("DMAR: DRHD: handling fault status reg 2")])
+    (finding,) = stage.findings([_leveled("DMAR: DRHD: unhandled state 2")])
     assert finding.type is RuleType.TEMPORARY
     assert finding.condition is None
     assert finding.reason == "KernelError_iommu"
@@ -148,7 +148,7 @@ def _kmsg(*lines: str) -> bytes:
 def test_pipeline_stage_after_the_rules(rule_set, mode):
     chunk = _kmsg(
         "3,1,100,-;ACPI BIOS Error (bug): Could not resolve symbol [\\_SB.PC00], AE_NOT_FOUND (20210730/psargs-330)",
-        "3,2,200,-;DMAR: DRHD: handling fault status reg 2",
+        "3,2,200,-;DMAR: DRHD: unhandled state 2",
         "6,3,300,-;iommu: informational",
         "3,4,400,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
         "11,5,500,-;a user's error",
@@ -165,7 +165,7 @@ def test_pipeline_stage_after_the_rules(rule_set, mode):
 
 
 def test_replayed_records_raise_no_catch_all_event(rule_set):
-    records = decode(_kmsg("3,2,200,-;DMAR: DRHD: handling fault status reg 2"), mode=Mode.FILE, boot_time=0.0).records
+    records = decode(_kmsg("3,2,200,-;DMAR: DRHD: unhandled state 2"), mode=Mode.FILE, boot_time=0.0).records
     pipeline = DetectionPipeline(rule_set=rule_set)
     assert pipeline.process(Batch(records=records, permanent_only=True)) == []
 
@@ -181,8 +181,8 @@ def test_a_rule_held_back_by_where_or_threshold_still_knows_the_line(rule_set):
 
 def test_simulate_shows_the_verdict_for_leveled_lines(rule_set):
     lines = [
-        "<3>[   1.0] DMAR: DRHD: handling fault status reg 2",  # event
-        "[   1.1] DMAR: DRHD: handling fault status reg 3",  # no level kept: nothing
+        "<3>[   1.0] DMAR: DRHD: unhandled state 2",  # event
+        "[   1.1] DMAR: DRHD: unhandled state 3",  # no level kept: nothing
         "<3>[   2.0] [Firmware Bug]: TSC_DEADLINE disabled due to Errata",  # benign
         "3,9,1,-;Neuron Driver Started with Version:2.26.5.0 at: 2026-Jan-01",  # benign
         "kern  :err   : 2025-01-21T04:41:44,283302+00:00 nvme nvme0: bad",  # event
@@ -341,7 +341,7 @@ def test_metrics_series_exist_at_zero_and_count(rule_set):
     counts = pipeline.catch_all_counts()
     assert set(counts["unmatched_errors"]) == {r.removeprefix("KernelError_") for r in reasons()}
     assert set(counts["unmatched_errors"].values()) == {0}
-    records = decode(_kmsg("3,2,200,-;DMAR: DRHD: handling fault status reg 2"), mode=Mode.FILE, boot_time=0.0)
+    records = decode(_kmsg("3,2,200,-;DMAR: DRHD: unhandled state 2"), mode=Mode.FILE, boot_time=0.0)
     pipeline.process(Batch(records=records.records))
     stats = replace(IDLE_STATS, rules_loaded=1, **pipeline.catch_all_counts())
     collector = AgentCollector(snapshot=NodeState(conditions=(), clock=lambda: 0.0).snapshot, stats=lambda: stats)
