@@ -412,20 +412,50 @@ class WorkerSpec:
     light: bool = False  # the main loops and seeders stepped by one Pump (SimAgent.start)
 
 
+class WorkerParts:
+    """What a worker process's agents share or are given, built once: the built-in rule set and its engine
+    copies, the policy with the spec's startup delay, and a ``KubeClient`` per node (each agent its own
+    connection). Used by this module's threaded workers and bench/fleetstep.py's stepped one."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        sys.path.insert(0, str(ROOT))
+        logging.basicConfig(level=logging.CRITICAL)  # thousands of agents retrying would drown the output
+        from agent.adapters.kube import KubeClient
+        from agent.app.config import load_rule_set
+        from agent.core.paths import builtin_plugins_dir
+        from agent.recovery.policyfile import DEFAULT_POLICY
+
+        self._spec = spec
+        self.rule_set = load_rule_set([builtin_plugins_dir()])
+        self.policy = dataclasses.replace(DEFAULT_POLICY, startup_delay=spec.startup_delay)
+        self.clients = [KubeClient.load(kubeconfig=Path(spec.kubeconfig)) for _ in spec.nodes]
+        self.engines = EngineCopies(self.rule_set)
+
+    def agents(self, sim: AgentTime, *, tick: float | None = MAIN_TICK) -> list[SimAgent]:
+        """An agent per node of the spec, on ``sim``'s time (``tick``: the main loop's idle tick)."""
+        return [
+            SimAgent(
+                node=n,
+                client=c,
+                rule_set=self.rule_set,
+                sim=sim,
+                policy=self.policy,
+                seed=self._spec.seed * 100_000 + i,
+                engines=self.engines,
+                tick=tick,
+            )
+            for i, (n, c) in enumerate(zip(self._spec.nodes, self.clients, strict=True))
+        ]
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
 def worker_main(spec: WorkerSpec, conn: Any) -> None:
     """A worker process: build the clients, then on ``("start", origin, scale)`` the agents; answer commands
     (``inject``, ``report``, ``stop``) until stopped."""
-    sys.path.insert(0, str(ROOT))
-    logging.basicConfig(level=logging.CRITICAL)  # thousands of agents retrying would drown the output
-    from agent.adapters.kube import KubeClient
-    from agent.app.config import load_rule_set
-    from agent.core.paths import builtin_plugins_dir
-    from agent.recovery.policyfile import DEFAULT_POLICY
-
-    rule_set = load_rule_set([builtin_plugins_dir()])
-    policy = dataclasses.replace(DEFAULT_POLICY, startup_delay=spec.startup_delay)
-    clients = [KubeClient.load(kubeconfig=Path(spec.kubeconfig)) for _ in spec.nodes]
-    engines = EngineCopies(rule_set)
+    parts = WorkerParts(spec)
     conn.send("built")
     agents: list[SimAgent] = []
     pump_stop = threading.Event()
@@ -434,18 +464,7 @@ def worker_main(spec: WorkerSpec, conn: Any) -> None:
         command, *args = conn.recv()
         if command == "start":
             sim = SimTime(origin=args[0], scale=args[1])
-            agents = [
-                SimAgent(
-                    node=n,
-                    client=c,
-                    rule_set=rule_set,
-                    sim=sim,
-                    policy=policy,
-                    seed=spec.seed * 100_000 + i,
-                    engines=engines,
-                )
-                for i, (n, c) in enumerate(zip(spec.nodes, clients, strict=True))
-            ]
+            agents = parts.agents(sim)
             for agent in agents:
                 agent.start(light=spec.light)
             if spec.light:
@@ -470,8 +489,7 @@ def worker_main(spec: WorkerSpec, conn: Any) -> None:
             for agent in agents:
                 agent.join(deadline)
             conn.send({a.node: a.report() for a in agents})
-            for client in clients:
-                client.close()
+            parts.close()
             return
 
 

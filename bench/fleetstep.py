@@ -26,15 +26,11 @@ clock moves; a request arrived during the turn of the last breakpoint before it 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
-import logging
 import multiprocessing
-import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +38,10 @@ from bench.fleetsim import (
     CLUSTER,
     NAMESPACE,
     T0,
-    EngineCopies,
     OnePass,
     SimAgent,
+    WorkerParts,
+    WorkerSpec,
     fleet_server,
     node_names,
     requests_between,
@@ -52,7 +49,6 @@ from bench.fleetsim import (
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_RETRY = 2.0  # simulated seconds between a failed Node read and the seeder's next (the Pump's turn)
-COMPONENTS = ("seed", "main", "conditions", "events", "recovery")
 WAKE_ON_PUBLICATION = ("conditions", "events", "recovery")
 
 __all__ = ["CLUSTER", "NAMESPACE", "SteppedFleet"]
@@ -96,7 +92,6 @@ class Stepper:
     def __init__(self, agents: list[SimAgent], clock: StepClock) -> None:
         self.agents = agents
         self.clock = clock
-        self.turns = dict.fromkeys(COMPONENTS, 0)
         self._heap: list[tuple[float, int, int, str]] = []
         self._due: dict[tuple[int, str], float] = {}
         self._seq = 0
@@ -133,7 +128,6 @@ class Stepper:
                 continue  # replaced by an earlier turn, which has run
             del self._due[(i, component)]
             self.clock.advance(due)
-            self.turns[component] += 1
             self._turn(i, component)
         self.clock.advance(end)
 
@@ -167,41 +161,11 @@ class Stepper:
                     self.schedule(i, other, self.clock.t)
 
 
-@dataclass(frozen=True, kw_only=True)
-class StepSpec:
-    kubeconfig: str
-    nodes: tuple[str, ...]
-    startup_delay: float  # the recovery policy's (simulated seconds)
-    seed: int
-
-
-def step_worker(spec: StepSpec, conn: Any) -> None:
+def step_worker(spec: WorkerSpec, conn: Any) -> None:
     """The worker process: build the agents, then answer ``until``, ``inject``, ``report`` and ``stop``."""
-    sys.path.insert(0, str(ROOT))
-    logging.basicConfig(level=logging.CRITICAL)  # thousands of agents retrying would drown the output
-    from agent.adapters.kube import KubeClient
-    from agent.app.config import load_rule_set
-    from agent.core.paths import builtin_plugins_dir
-    from agent.recovery.policyfile import DEFAULT_POLICY
-
-    rule_set = load_rule_set([builtin_plugins_dir()])
-    policy = dataclasses.replace(DEFAULT_POLICY, startup_delay=spec.startup_delay)
-    engines = EngineCopies(rule_set)
+    parts = WorkerParts(spec)
     clock = StepClock()
-    clients = [KubeClient.load(kubeconfig=Path(spec.kubeconfig)) for _ in spec.nodes]
-    agents = [
-        SimAgent(
-            node=n,
-            client=c,
-            rule_set=rule_set,
-            sim=clock,
-            policy=policy,
-            seed=spec.seed * 100_000 + i,
-            engines=engines,
-            tick=None,  # the main loop is turned when its next expiry is due, or on input
-        )
-        for i, (n, c) in enumerate(zip(spec.nodes, clients, strict=True))
-    ]
+    agents = parts.agents(clock, tick=None)  # the main loop is turned when its next expiry is due, or on input
     stepper = Stepper(agents, clock)
     conn.send("built")
     sent = 0
@@ -222,11 +186,8 @@ def step_worker(spec: StepSpec, conn: Any) -> None:
         elif command == "stop":
             for agent in agents:
                 agent.close()
-            reports = {a.node: a.report() for a in agents}
-            reports["_stepper"] = {"turns": stepper.turns, "slept": clock.slept}
-            conn.send(reports)
-            for client in clients:
-                client.close()
+            conn.send({a.node: a.report() for a in agents})
+            parts.close()
             return
 
 
@@ -236,8 +197,6 @@ def step_worker(spec: StepSpec, conn: Any) -> None:
 class SteppedTime:
     """The parent's view of the worker's clock: ``until`` runs the fleet to a simulated second; ``at`` dates a
     request the server logged (its real arrival) in simulated seconds."""
-
-    scale = float("inf")  # no real time passes in the simulation's terms
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -279,14 +238,13 @@ class SteppedFleet:
         self._conn: Any = None
         self.sim: SteppedTime | None = None
         self.final: dict[str, dict[str, Any]] = {}
-        self.stepper: dict[str, Any] = {}
 
     def __enter__(self) -> SteppedFleet:
         self.server.start()
         self.kubeconfig = self.server.write_kubeconfig(Path(self._tmp.name) / "kubeconfig")
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        spec = StepSpec(
+        spec = WorkerSpec(
             kubeconfig=str(self.kubeconfig), nodes=tuple(self.names), startup_delay=self._startup_delay, seed=self._seed
         )
         self._proc = ctx.Process(target=step_worker, args=(spec, child), daemon=True)
@@ -310,9 +268,7 @@ class SteppedFleet:
     def __exit__(self, *exc: object) -> None:
         try:
             self._conn.send(("stop",))
-            final = dict(self._conn.recv())
-            self.stepper = final.pop("_stepper", {})
-            self.final.update(final)
+            self.final.update(self._conn.recv())
         finally:
             self._proc.join(timeout=60)
             if self._proc.is_alive():
