@@ -1706,7 +1706,6 @@ def bench_fleet() -> list[Figure]:
     from bench import fleetsim
 
     figures: list[Figure] = []
-    notes: list[str] = []
 
     def take(measured: fleetsim.Measured, targets: dict[str, str]) -> None:
         for name, value in measured.figures.items():
@@ -1715,64 +1714,66 @@ def bench_fleet() -> list[Figure]:
             )
         for note in measured.notes:
             print(f"  {note}", flush=True)
-        notes.extend(measured.notes)
 
+    def at_sizes(
+        run: Callable[..., fleetsim.Measured], sizes: Sequence[tuple[int, dict[str, Any]]]
+    ) -> dict[int, fleetsim.Measured]:
+        """``run(agents=n, **kwargs)`` at each size, its notes printed as each run ends."""
+        runs: dict[int, fleetsim.Measured] = {}
+        for agents, kwargs in sizes:
+            runs[agents] = run(agents=agents, **kwargs)
+            for note in runs[agents].notes:
+                print(f"  {note}", flush=True)
+        return runs
+
+    def side_by_side(
+        runs: dict[int, fleetsim.Measured], *, load: str, extra: tuple[str, ...], count: str, targets: dict[str, str]
+    ) -> None:
+        """The runs' API load side by side; the largest run's figures (``count``: its agents, >= 2000); the
+        objects returned per second per agent at the largest over the smallest (flat is 1)."""
+        _growth_table(runs, load, extra)
+        take(
+            fleetsim.Measured(figures={count: float(max(runs)), **runs[max(runs)].figures}),
+            {**targets, count: ">= 2000"},
+        )
+        figures.append(_growth(runs, f"fleet.{load}_objects_per_s_per_agent"))
+
+    stepped = [(n, {"processes": 1, "scale": 1.0, "stepped": True}) for n in FLEET_STEPPED_SIZES]
     print(
         "  1. steady state, one simulated hour, stepped (bench/fleetstep.py), at "
         + ", ".join(f"{n:,}" for n in FLEET_STEPPED_SIZES)
         + " agents",
         flush=True,
     )
-    steady = {n: fleetsim.steady_state(agents=n, processes=1, scale=1.0, stepped=True) for n in FLEET_STEPPED_SIZES}
-    for measured in steady.values():
-        for note in measured.notes:
-            print(f"  {note}", flush=True)
-    _growth_table(
-        steady,
-        ("fleet.writes_per_node_hour", "fleet.reads_per_node_hour", "fleet.max_writes_10s_over_mean"),
-        "steady",
+    side_by_side(
+        at_sizes(fleetsim.steady_state, stepped),
+        load="steady",
+        extra=("fleet.writes_per_node_hour", "fleet.reads_per_node_hour", "fleet.max_writes_10s_over_mean"),
+        count="fleet.steady_agents",
+        targets={"fleet.writes_per_node_hour": "<= 12", "fleet.max_writes_10s_over_mean": "<= 2"},
     )
-    take(
-        fleetsim.Measured(figures={"fleet.steady_agents": float(max(steady)), **steady[max(steady)].figures}),
-        {
-            "fleet.writes_per_node_hour": "<= 12",
-            "fleet.max_writes_10s_over_mean": "<= 2",
-            "fleet.steady_agents": ">= 2000",
-        },
-    )
-    figures.append(_growth(steady, "fleet.steady_objects_per_s_per_agent"))
     print(
         "  2. misfire on every node, at " + ", ".join(str(n) for n, _, _ in FLEET_MISFIRE_SIZES) + " light agents",
         flush=True,
     )
-    loads: dict[int, fleetsim.Measured] = {}
-    for agents, processes, scale in FLEET_MISFIRE_SIZES:
-        loads[agents] = fleetsim.misfire(
-            agents=agents, processes=processes, scale=scale, window=FLEET_MISFIRE_WINDOW, light=True
-        )
-        for note in loads[agents].notes:
-            print(f"  {note}", flush=True)
-    print("     agents  requests/s  objects/s  requests/s/agent  objects/s/agent  over budget", flush=True)
-    for agents, measured in loads.items():
-        f = measured.figures
-        print(
-            f"     {agents:6d}  {f['fleet.misfire_requests_per_s']:10.1f}  {f['fleet.misfire_objects_per_s']:9.1f}  "
-            f"{f['fleet.misfire_requests_per_s_per_agent']:16.4f}  {f['fleet.misfire_objects_per_s_per_agent']:15.4f}  "
-            f"{f['fleet.actions_over_budget']:11.0f}",
-            flush=True,
-        )
-    largest, smallest = loads[max(loads)], loads[min(loads)]
-    take(
-        fleetsim.Measured(figures={"fleet.agents": float(max(loads)), **largest.figures}),
-        {"fleet.actions_over_budget": "<= 0", "fleet.agents": ">= 2000"},
+    loads = at_sizes(
+        fleetsim.misfire,
+        [
+            (n, {"processes": processes, "scale": scale, "window": FLEET_MISFIRE_WINDOW, "light": True})
+            for n, processes, scale in FLEET_MISFIRE_SIZES
+        ],
     )
-    base = smallest.figures["fleet.misfire_objects_per_s_per_agent"]
-    growth = largest.figures["fleet.misfire_objects_per_s_per_agent"] / base if base else float("inf")
-    figures.append(Figure(name="fleet.misfire_objects_per_s_per_agent_growth", value=growth, target="<= 2"))
+    side_by_side(
+        loads,
+        load="misfire",
+        extra=("fleet.actions_over_budget",),
+        count="fleet.agents",
+        targets={"fleet.actions_over_budget": "<= 0"},
+    )
     figures.append(
         Figure(
             name=f"fleet.misfire{min(loads)}_actions_over_budget",
-            value=smallest.figures["fleet.actions_over_budget"],
+            value=loads[min(loads)].figures["fleet.actions_over_budget"],
             target="<= 0",
         )
     )
@@ -1789,21 +1790,17 @@ def bench_fleet() -> list[Figure]:
         "  3. API server down 10 min, stepped, at " + ", ".join(f"{n:,}" for n in FLEET_STEPPED_SIZES) + " agents",
         flush=True,
     )
-    outages = {n: fleetsim.outage(agents=n, processes=1, scale=1.0, stepped=True) for n in FLEET_STEPPED_SIZES}
-    for measured in outages.values():
-        for note in measured.notes:
-            print(f"  {note}", flush=True)
-    _growth_table(outages, ("fleet.outage_requests_per_node_min", "fleet.converge_s"), "outage")
-    take(
-        fleetsim.Measured(figures={"fleet.outage_agents": float(max(outages)), **outages[max(outages)].figures}),
-        {
+    side_by_side(
+        at_sizes(fleetsim.outage, stepped),
+        load="outage_resync",
+        extra=("fleet.outage_requests_per_node_min", "fleet.converge_s"),
+        count="fleet.outage_agents",
+        targets={
             "fleet.outage_requests_per_node_min": "<= 2",
             "fleet.events_lost": "<= 0",
             "fleet.conditions_wrong": "<= 0",
-            "fleet.outage_agents": ">= 2000",
         },
     )
-    figures.append(_growth(outages, "fleet.outage_resync_objects_per_s_per_agent"))
     print(
         f"  4. a week of faults: {FLEET_WEEK_NODES:,} nodes at {FLEET_WEEK_RATE:g} per 1,000 node-days, stepped clock",
         flush=True,
@@ -1819,14 +1816,11 @@ def bench_fleet() -> list[Figure]:
     return figures
 
 
-def _growth_table(runs: dict[int, Any], extra: tuple[str, ...], scenario: str) -> None:
-    """The API load of one scenario at each fleet size, side by side (requests and objects returned per
-    second, in all and per agent), with ``extra`` figures."""
-    heads = [f"{scenario}_requests_per_s", f"{scenario}_objects_per_s"]
-    heads += [f"{h}_per_agent" for h in heads]
-    if scenario == "outage":
-        heads = [h.replace("outage_", "outage_resync_") for h in heads]
-    names = [f"fleet.{h}" for h in heads] + list(extra)
+def _growth_table(runs: dict[int, Any], load: str, extra: tuple[str, ...]) -> None:
+    """A scenario's API load at each fleet size, side by side: ``fleet.<load>_requests_per_s``, ``..._objects_per_s``
+    and both per agent, with ``extra`` figures."""
+    names = [f"fleet.{load}_{what}" for what in ("requests_per_s", "objects_per_s")]
+    names += [f"{n}_per_agent" for n in names] + list(extra)
     print("     agents  " + "  ".join(n.removeprefix("fleet.") for n in names), flush=True)
     for agents, measured in runs.items():
         cells = [f"{measured.figures[n]:{len(n) - 6}.4f}" for n in names]
