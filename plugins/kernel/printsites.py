@@ -706,10 +706,10 @@ def family_pack(
     benign: dict[str, list[Site]] = {}  # excluded as printed on healthy machines: quiet, so the catch-all knows them
     left = 0
     for site in sites:
-        if site.call.startswith("WARN") or site.call == "panic" or any(e.matches(site) for e in (*exclusions, *leave)):
+        exclusion = next((e for e in exclusions if e.matches(site)), None)
+        if site.call.startswith("WARN") or site.call == "panic" or exclusion or any(e.matches(site) for e in leave):
             left += 1
-            rule = next((e for e in exclusions if e.matches(site)), None)
-            branch = site_pattern(site) if rule is not None and rule.benign else None
+            branch = site_pattern(site) if exclusion is not None and exclusion.benign else None
             if branch is not None:
                 benign.setdefault(branch, []).append(site)
             continue
@@ -742,47 +742,67 @@ def family_pack(
             if size < RULE_BUDGET and i + 1 < len(groups_):
                 continue
             n += 1
-            where = sorted({s.where.split(":")[0] for b in chunk for s in table[b]})
-            # The rule looks only at records printed at its sites' levels or worse (and at lines of no known
-            # level): an info-level line that happens to hold the words is not this print.
-            # A site below warning level (net's neighbour overflow, at info) leaves its rule open to every line: a
-            # gate that wide would have the gated literals scanned over nearly every line of a batch.
-            level = max(LEVELS.get(s.level, LEVELS["warning"]) for b in chunk for s in table[b])  # WARN: "warn"
-            gate = [f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}"] if level <= 4 else []
-            body = "(?:" + "|".join(chunk) + ").*"
-            out += [
-                f"  - name: {family.name}/sites-{n}",
-                "    type: temporary",
-                f"    reason: {family.reason}",
-                f"    severity: {family.severity}",
-                "    fallback: true",
-                *gate,
-                "    provenance:",
-                *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
-                f"      - {_yaml_quote(f'{extract_path}: {sum(len(table[b]) for b in chunk)} sites')}",
-                "    pattern: " + _yaml_quote((prefix + ".*" if prefix else "") + body),
-            ]
+            members = [s for b in chunk for s in table[b]]
+            out += _family_rule(
+                f"{family.name}/sites-{n}",
+                family=family,
+                sites=members,
+                severity=family.severity,
+                count=f"{extract_path}: {len(members)} sites",
+                pattern=(prefix + ".*" if prefix else "") + "(?:" + "|".join(chunk) + ").*",
+                before=["    fallback: true"],
+            )
             chunk, size = [], 0
     if benign:
         # One quiet rule for the sites excluded as benign (printed at error level on healthy machines): it never
         # fires (the where filter never passes), and a line it matched is known, so the catch-all raises no
         # KernelError Event for it and no fallback of another pack speaks for it.
-        level = max(LEVELS.get(s.level, LEVELS["warning"]) for members in benign.values() for s in members)
-        gate = [f"    maxLevel: {next(name for name, n in LEVELS.items() if n == level)}"] if level <= 4 else []
-        where = sorted({s.where.split(":")[0] for members in benign.values() for s in members})
-        out += [
-            f"  - name: {family.name}/benign",
-            "    type: temporary",
-            f"    reason: {family.reason}",
-            "    severity: info",
-            *gate,
-            "    provenance:",
-            *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
-            f"      - {_yaml_quote(f'{extract_path}: {sum(map(len, benign.values()))} sites excluded as benign')}",
-            "    pattern: " + _yaml_quote("(?P<benign>)(?:" + "|".join(sorted(benign)) + ").*"),
-            "    where: {benign: [never]}",
-        ]
+        members = [s for group in benign.values() for s in group]
+        out += _family_rule(
+            f"{family.name}/benign",
+            family=family,
+            sites=members,
+            severity="info",
+            count=f"{extract_path}: {len(members)} sites excluded as benign",
+            pattern="(?P<benign>)(?:" + "|".join(sorted(benign)) + ").*",
+            after=["    where: {benign: [never]}"],
+        )
     return "\n".join(out) + "\n"
+
+
+def _family_rule(
+    name: str,
+    *,
+    family: Family,
+    sites: Sequence[Site],
+    severity: str,
+    count: str,
+    pattern: str,
+    before: Sequence[str] = (),
+    after: Sequence[str] = (),
+) -> list[str]:
+    """One generated rule's lines: a temporary Event of the family's reason for ``sites``, ``before`` its level
+    gate and ``after`` its pattern."""
+    where = sorted({s.where.split(":")[0] for s in sites})
+    # The rule looks only at records printed at its sites' levels or worse (and at lines of no known level): an
+    # info-level line that happens to hold the words is not this print. A site below warning level (net's
+    # neighbour overflow, at info) leaves its rule open to every line: a gate that wide would have the gated
+    # literals scanned over nearly every line of a batch.
+    level = max(LEVELS.get(s.level, LEVELS["warning"]) for s in sites)  # WARN: "warn"
+    gate = [f"    maxLevel: {next(n for n, v in LEVELS.items() if v == level)}"] if level <= 4 else []
+    return [
+        f"  - name: {name}",
+        "    type: temporary",
+        f"    reason: {family.reason}",
+        f"    severity: {severity}",
+        *before,
+        *gate,
+        "    provenance:",
+        *[f"      - {_yaml_quote(f'{family.repository}:{path}')}" for path in where[:8]],
+        f"      - {_yaml_quote(count)}",
+        "    pattern: " + _yaml_quote(pattern),
+        *after,
+    ]
 
 
 def main(argv: Sequence[str], *, spec: Spec, generate: Callable[[list[Site]], str]) -> int:
