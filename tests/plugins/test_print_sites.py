@@ -59,9 +59,6 @@ def test_no_rule_fires_on_a_site_excluded_as_benign(name: str) -> None:
     assert [f"{s.where} {s.text}" for s in _coverage(name).noisy] == []
 
 
-LEVEL = {"emerg": 0, "alert": 1, "crit": 2, "err": 3}
-
-
 def _benign_sites(name: str) -> list[printsites.Site]:
     gen = MODULES[name]
     sites = printsites.read_extract(Path(gen.EXTRACT).read_text())
@@ -78,7 +75,8 @@ def _caught(rule_set, site: printsites.Site, driver) -> list[str]:
     from agent.app.commands.simulate import simulate_lines
 
     lines = [
-        f"{LEVEL.get(site.level, 3)},{i},0,-;{line}" for i, line in enumerate(printsites.render(site, driver=driver), 1)
+        f"{printsites.LEVELS.get(site.level, 3)},{i},0,-;{line}"
+        for i, line in enumerate(printsites.render(site, driver=driver), 1)
     ]
     return [f["reason"] for f in simulate_lines(rule_set=rule_set, lines=iter(lines))]
 
@@ -101,7 +99,10 @@ def test_a_site_excluded_as_benign_raises_no_catch_all_event(name: str) -> None:
     without = dataclasses.replace(RULES, rules=tuple(r for r in RULES.rules if r.name != f"{family}/benign"))
     for site in patterned:
         assert _caught(RULES, site, driver) == [], f"{site.where} {site.text}"
-    assert any(r.startswith("KernelError_") for site in patterned for r in _caught(without, site, driver))
+    # The catch-all reads error level or worse: a pack whose benign sites print at warning (mm's allocation
+    # failures) has its rule for the fallbacks alone.
+    caught = [s for s in patterned if printsites.LEVELS.get(s.level, 4) <= printsites.LEVELS["err"]]
+    assert not caught or any(r.startswith("KernelError_") for site in caught for r in _caught(without, site, driver))
     assert len(benign) - len(patterned) <= 1
 
 
