@@ -479,20 +479,20 @@ SXID_DETAIL = [
 ]
 
 
-def _sxid_detail_reports() -> list[tuple[str, list[str], str]]:
-    """(id, lines, the header's rule): a header and every detail record after it, for each code and switch."""
+def _sxid_detail_reports() -> list[tuple[list[str], str]]:
+    """(lines, the header's rule): a header and every detail record after it, for each code and switch."""
     reports = []
     for (dom, bus, dev, fn), code in zip(PCI_ARGS, [0, -1, 24007, 99999], strict=True):
         head = printf(SXID_PREFIX, "nvswitch3", dom, bus, dev, fn, code)
         for fmt, rule in [(SXID_LINK[0], "nvidia/sxid-fatal"), (SXID_LINK[1], "nvidia/sxid-nonfatal")]:
             lines = [head + printf(fmt, 44, "sourcetrack timeout error", " (First)")]
             lines += [head + printf(detail, *values) for detail, values in SXID_DETAIL]
-            reports.append((lines[0], [line.strip() for line in lines], rule))
+            reports.append(([line.strip() for line in lines], rule))
     return reports
 
 
 @ENGINES
-@pytest.mark.parametrize(("lines", "rule"), [(lines, rule) for _, lines, rule in _sxid_detail_reports()])
+@pytest.mark.parametrize(("lines", "rule"), _sxid_detail_reports())
 def test_an_sxid_report_with_its_detail_records_is_its_headers_one_finding(engine_cls, lines, rule):
     findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
     assert [(f.rule, f.line) for f in findings] == [(rule, 1)]

@@ -268,8 +268,8 @@ def test_run_keeps_going_through_a_kubernetes_outage(harness, api):
     assert sorted(set(h.reasons())) == ["RecoveryCordoned", "RecoveryMarkedUnhealthy"]
 
 
-def _spend_the_budget(h: LoopHarness, api: KubeApiServer, kube: Callable[[], object]) -> None:
-    settings = BudgetSettings(max_unhealthy=1, max_actions=100)
+def _spend_the_budget(h: LoopHarness, kube: Callable[[], object], settings: BudgetSettings) -> None:
+    """Another node holds the budget's one place."""
     ClusterBudget(
         client=kube(), namespace=NS, lease_name=DEFAULT_LEASE, node_name=OTHERS[0], settings=settings, clock=h.clock
     ).acquire(incident_id="x")
@@ -294,7 +294,7 @@ def test_a_turn_says_how_long_the_loop_pauses_and_whether_a_publication_ends_it(
         pause = h.loop.turn()
     else:
         if case == "budget spent":
-            _spend_the_budget(h, api, kube)
+            _spend_the_budget(h, kube, one.budget)
         h.publish(problem())
         h.clock.now += DELAY
         with api.outage("refuse") if case == "API down" else contextlib.nullcontext():
