@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from agent.core.types import Severity
@@ -70,11 +70,12 @@ class DeviceRef:
     uuid: str | None = None  # gpu: the GPU UUID the driver reports (GPU-...)
     name: str | None = None  # rdma: the RDMA device name where the line printed the PCI address
     present: bool = False  # the resolver found the device on this node
+    # ``kind:id``, unique on a node: what state, metrics and messages call the device. Made once with the
+    # ref (a condition compares it for each of its devices on every finding), never given.
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """``kind:id``, unique on a node: what state, metrics and messages call the device."""
-        return f"{self.kind.value}:{self.id}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.kind.value}:{self.id}")
 
     def describe(self) -> str:
         """A short text for messages, e.g. ``gpu 0000:3b:00.0 (index 0, GPU-5a1c...)``."""

@@ -262,14 +262,14 @@ class NodeState:
         ]
 
     def _set_problem(self, current: Condition, finding: Finding, now: float) -> list[Event]:
-        devices = _with_device(current.devices if current.status is Status.TRUE else (), finding, now)
+        devices, opened = _with_device(current.devices if current.status is Status.TRUE else (), finding, now)
         if finding.device is None:
             self._node_scoped.add(current.type)
         if current.status is Status.TRUE:
             same = current.reason == finding.reason
             weaker = finding.severity.rank < current.severity.rank
             if same or weaker:
-                if _keys(devices) != _keys(current.devices):  # another device: the message names it
+                if opened:  # another device: the message names it
                     self._set_devices(current, devices, last_update=now)
                 else:
                     self._conditions[current.type] = _replace(current, last_update=now, devices=devices)
@@ -297,7 +297,7 @@ class NodeState:
         """A new fault (the condition turns True, or a device it did not hold yet) voids the passes on its
         device at once; a fault that names no device voids every pass."""
         device = finding.device.key if finding.device is not None else None
-        new = current.status is not Status.TRUE or (device is not None and device not in _keys(current.devices))
+        new = current.status is not Status.TRUE or (device is not None and not _holds(current.devices, device))
         if new:
             self.validation.void(device=device, cause=f"{current.type}/{finding.reason}")
 
@@ -535,13 +535,17 @@ def _provenance(specs: Mapping[str, ConditionSpec]) -> dict[str, Provenance]:
     return {type_: spec.provenance for type_, spec in specs.items() if spec.provenance is not None}
 
 
-def _with_device(devices: tuple[DeviceProblem, ...], finding: Finding, now: float) -> tuple[DeviceProblem, ...]:
-    """``devices`` with the finding's device opened or renewed (a weaker reason never replaces a stronger)."""
+def _with_device(
+    devices: tuple[DeviceProblem, ...], finding: Finding, now: float
+) -> tuple[tuple[DeviceProblem, ...], bool]:
+    """``devices`` with the finding's device opened or renewed (a weaker reason never replaces a stronger),
+    and whether it was opened (a device the condition did not hold, with room for it)."""
     ref = finding.device
     if ref is None:
-        return devices
+        return devices, False
+    key = ref.key
     for i, old in enumerate(devices):
-        if old.device.key == ref.key:
+        if old.device.key == key:
             stronger = finding.severity.rank >= old.severity.rank
             renewed = DeviceProblem(
                 device=ref,
@@ -550,15 +554,15 @@ def _with_device(devices: tuple[DeviceProblem, ...], finding: Finding, now: floa
                 since=old.since,
                 last_update=now,
             )
-            return (*devices[:i], renewed, *devices[i + 1 :])
+            return (*devices[:i], renewed, *devices[i + 1 :]), False
     if len(devices) >= MAX_DEVICES:
-        return devices
+        return devices, False
     opened = DeviceProblem(device=ref, reason=finding.reason, severity=finding.severity, since=now, last_update=now)
-    return (*devices, opened)
+    return (*devices, opened), True
 
 
-def _keys(devices: tuple[DeviceProblem, ...]) -> tuple[str, ...]:
-    return tuple(d.device.key for d in devices)
+def _holds(devices: tuple[DeviceProblem, ...], key: str) -> bool:
+    return any(d.device.key == key for d in devices)
 
 
 def _named(message: str, devices: tuple[DeviceProblem, ...]) -> str:
