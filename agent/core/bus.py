@@ -127,6 +127,11 @@ class Inbox:
     def __init__(self, *, maxsize: int = INBOX_ITEMS) -> None:
         self._queue = _CountingQueue(maxsize)
         self._woken = False
+        self._enough = max(1, maxsize // 2)  # what ends a gather
+        # A gather's own wait: notified by a put that leaves the inbox half full and by wake, not at each put (on
+        # the queue's own condition, a flood's every chunk woke the gathering main loop only for it to find the
+        # inbox not half full yet and sleep again).
+        self._gathered = threading.Condition()
 
     @property
     def received(self) -> int:
@@ -143,9 +148,12 @@ class Inbox:
         while not stop.is_set():
             try:
                 self._queue.put(item, timeout=poll)
-                return True
             except queue.Full:
                 continue
+            if self._queue.qsize() >= self._enough:
+                with self._gathered:
+                    self._gathered.notify()
+            return True
         return False
 
     def get(self, *, timeout: float | None) -> Input | None:
@@ -162,15 +170,15 @@ class Inbox:
         self._woken = True
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_WAKE)  # never handed out
+        with self._gathered:
+            self._gathered.notify()
 
     def gather(self, *, timeout: float) -> None:
         """Wait up to ``timeout`` seconds while the inbox holds fewer than half the items it can, and
         :meth:`wake` was not called: the main loop letting a flood's chunks come in before it folds them,
         its producers never waiting on it."""
-        pending = self._queue.queue  # the items themselves, read under the queue's own lock below
-        enough = max(1, self._queue.maxsize // 2)
-        with self._queue.not_empty:  # notified at each put
-            self._queue.not_empty.wait_for(lambda: self._woken or len(pending) >= enough, timeout=timeout)
+        with self._gathered:  # a put checks the inbox after its item is in, then notifies under this lock
+            self._gathered.wait_for(lambda: self._woken or self._queue.qsize() >= self._enough, timeout=timeout)
 
     def get_nowait(self) -> Input | None:
         try:

@@ -10,7 +10,7 @@ import pytest
 from agent.core.bus import Inbox, Notice
 
 from helpers import wait_for
-from helpers.threads import wchan
+from helpers.threads import switches, wchan
 
 STOP = threading.Event()
 HOUR = 3600.0  # a wait that only something other than its timeout can end within a test's time
@@ -65,3 +65,18 @@ def test_below_half_the_wait_ends_at_its_timeout() -> None:
     fill(inbox, 7)
     inbox.gather(timeout=0.01)
     assert inbox.taken == 0
+
+
+def test_puts_below_half_leave_the_gathering_thread_asleep() -> None:
+    """A flood's chunks come one by one: each put until the inbox is half full wakes nobody (its thread is not
+    switched in once), the put that makes it half full ends the wait."""
+    inbox = Inbox(maxsize=16)
+    thread = gathering(inbox)
+    assert thread.native_id is not None
+    before = switches(thread.native_id)
+    fill(inbox, 7)
+    threading.Event().wait(0.2)  # a wakeup the puts caused would have run by now
+    assert switches(thread.native_id) == before and "futex" in wchan(thread.native_id)
+    fill(inbox, 1)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
