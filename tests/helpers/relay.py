@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.core.types import LogRecord
 from agent.sources.kmsg.stats import KmsgStats
 from agent.sources.relay_client import RelayClient
-from agent.sources.relay_protocol import HEADER, KERNEL_DEVICE, PROTO, Chunk, Hello, encode_frame, record_seq
+from agent.sources.relay_protocol import HEADER, KERNEL_DEVICE, MAX_FRAME, PROTO, Chunk, Hello, encode_frame, record_seq
 from agent.sources.relay_server import RelayStats, run_relay
 
 POLL = 0.05  # relay and client poll interval in these tests
@@ -180,6 +180,7 @@ def read_frame(conn: socket.socket, *, timeout: float = WAIT) -> bytes | None:
     if header is None:
         return None
     (length,) = HEADER.unpack(header)
+    assert length <= MAX_FRAME, f"frame length {length} exceeds MAX_FRAME: the stream lost its framing"
     payload = exactly(length) if length else b""
     assert payload is not None, "connection closed in the middle of a frame"
     return payload

@@ -102,6 +102,33 @@ def test_wire_protocol_hello_then_the_exact_kernel_bytes_then_heartbeats(sock_di
     assert not (sock_dir / "run" / "relay.sock").exists(), "the relay removes its socket on exit"
 
 
+def test_frames_wider_than_the_socket_buffers_arrive_whole_to_a_client_that_reads_in_small_pieces(
+    sock_dir: Path,
+) -> None:
+    """Each frame is sent as its headers and its records together; a socket with room for part of it takes part,
+    and the rest follows: every record arrives once, in order, in frames whose ranges say what they hold."""
+    records = [record(seq, f"record {seq} " + "x" * 200) for seq in range(1, 4001)]  # ~0.9 MB, 30 frames or more
+    source = sock_dir / "kmsg"
+    write_records(source, records)
+    relay = Relay(socket_path=sock_dir / "relay.sock", kmsg_path=source)
+    try:
+        with raw_connect(sock_dir / "relay.sock") as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel's least: most sends are partial
+            assert json.loads(read_frame(conn) or b"")["source"] == "file"
+            got: list[bytes] = []
+            ranges: list[tuple[int, int]] = []
+            while len(got) < len(records):
+                chunk = read_chunk(conn)
+                assert chunk is not None
+                lines = chunk.data.splitlines(keepends=True)
+                ranges.append((chunk.first_seq, chunk.last_seq))
+                assert (chunk.first_seq, chunk.last_seq) == (len(got) + 1, len(got) + len(lines))
+                got += lines
+            assert got == records and len(ranges) > 1
+    finally:
+        assert relay.stop() == 0
+
+
 def test_a_live_session_is_kept_and_the_next_client_gets_the_whole_buffer_once_it_hangs_up(sock_dir: Path) -> None:
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "a"), record(2, "b")])
