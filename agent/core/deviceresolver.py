@@ -61,9 +61,11 @@ class DeviceResolver:
         retry: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._sys = sys_root
-        self._proc = proc_root
-        self._dev = dev_root
+        # Roots as text: a look joins and stats a few paths, each on every new device of a storm (pathlib's
+        # objects cost more than the stat itself).
+        self._sys = os.fspath(sys_root)
+        self._proc = os.fspath(proc_root)
+        self._dev = os.fspath(dev_root)
         self._capacity = capacity
         self._retry = retry
         self._clock = clock
@@ -75,7 +77,8 @@ class DeviceResolver:
         cached = self._known.get(ref.key)
         if cached is not None and (cached[0].present or now - cached[1] < self._retry):
             self._known.move_to_end(ref.key)
-            return dataclasses.replace(cached[0], printed=ref.printed)
+            known = cached[0]
+            return known if known.printed == ref.printed else dataclasses.replace(known, printed=ref.printed)
         resolved = self._look(ref)
         self._known[ref.key] = (resolved, now)
         self._known.move_to_end(ref.key)
@@ -95,32 +98,33 @@ class DeviceResolver:
 
     def _gpu(self, ref: DeviceRef) -> DeviceRef:
         pci = ref.pci or ref.id
-        info = self._proc / "driver" / "nvidia" / "gpus" / pci / "information"
         uuid, minor = None, None
         try:
-            with info.open("rb") as f:
+            with open(os.path.join(self._proc, "driver", "nvidia", "gpus", pci, "information"), "rb") as f:
                 uuid, minor = read_nvidia_information(f.read(MAX_INFORMATION_BYTES).decode("utf-8", "replace"))
             found = True
         except OSError:
             found = False
-        present = found or (self._sys / "bus" / "pci" / "devices" / pci).exists()
+        present = found or os.path.exists(os.path.join(self._sys, "bus", "pci", "devices", pci))
         return dataclasses.replace(ref, uuid=uuid, index=minor, present=present)
 
     def _neuron(self, ref: DeviceRef) -> DeviceRef:
         places = (
-            self._dev / ref.id,
-            self._sys / "class" / "neuron_device" / ref.id,
-            self._sys / "devices" / "virtual" / "neuron_device" / ref.id,
+            os.path.join(self._dev, ref.id),
+            os.path.join(self._sys, "class", "neuron_device", ref.id),
+            os.path.join(self._sys, "devices", "virtual", "neuron_device", ref.id),
         )
-        return dataclasses.replace(ref, present=any(p.exists() for p in places))
+        return dataclasses.replace(ref, present=any(map(os.path.exists, places)))
 
     def _rdma(self, ref: DeviceRef) -> DeviceRef:
         if ref.pci is not None:
-            device = self._sys / "bus" / "pci" / "devices" / ref.pci
-            names = sorted(os.listdir(device / "infiniband")) if (device / "infiniband").is_dir() else []
-            return dataclasses.replace(ref, name=names[0] if names else None, present=device.exists())
-        link = self._sys / "class" / "infiniband" / ref.id / "device"
-        if not link.exists():
-            return dataclasses.replace(ref, present=(self._sys / "class" / "infiniband" / ref.id).exists())
-        pci = normalize_pci(Path(os.path.realpath(link)).name)
+            device = os.path.join(self._sys, "bus", "pci", "devices", ref.pci)
+            rdma = os.path.join(device, "infiniband")
+            names = sorted(os.listdir(rdma)) if os.path.isdir(rdma) else []
+            return dataclasses.replace(ref, name=names[0] if names else None, present=os.path.exists(device))
+        named = os.path.join(self._sys, "class", "infiniband", ref.id)
+        link = os.path.join(named, "device")
+        if not os.path.exists(link):
+            return dataclasses.replace(ref, present=os.path.exists(named))
+        pci = normalize_pci(os.path.basename(os.path.realpath(link)))
         return dataclasses.replace(ref, pci=pci, present=True)
