@@ -28,6 +28,7 @@ trip, no main-loop step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -60,6 +61,9 @@ _RECV_SIZE = 256 * 1024
 BATCH_MAX = 4096  # records per list from RelayClient.batches()
 HOLD_MAX = 0.05  # seconds a chunk waits for the answer to a catch-up request (a scrape waits 0.02 s at most)
 ANSWER_WAIT = 0.01  # seconds catch_up() waits for the relay's answer
+# Seconds the agent's reader waits on the socket for a frame before it looks at the clock (a stall): the
+# relay's heartbeats wake it every couple of seconds anyway, and wake() ends the wait at stop.
+IDLE_WAIT = 10.0
 
 
 class _Closed(Exception):
@@ -116,6 +120,8 @@ class _FrameReader:
                     raise _Stalled(f"nothing from the relay for {silent:.3g}s, not even a heartbeat") from None
                 continue
             if not data:
+                if self._stop.is_set():
+                    return None  # wake() shut the connection down: stopping, not a relay gone
                 where = " in the middle of a frame" if self._buffer else ""
                 raise _Closed(f"the relay closed the connection{where}")
             self._buffer += data
@@ -209,6 +215,7 @@ class RelayClient:
         # catch_up() and the reader thread: the connection it writes to, the requests sent and answered
         self._answer = threading.Condition()
         self._conn: socket.socket | None = None  # set once the hello is in
+        self._open: socket.socket | None = None  # the connection from connect() to close(): what wake() ends
         self._sent = 0  # catch-up requests sent on this connection
         self._answered = 0  # of which the relay has answered, by its count
         self._answered_with_records = 0  # the last answer's count, if it (with what was held) held records
@@ -229,6 +236,15 @@ class RelayClient:
     def mode(self) -> Mode | None:
         """How the current (or last) connection's chunks are decoded."""
         return self._mode
+
+    def wake(self) -> None:
+        """Stop was set: end the reader's wait on the relay now (the connection is shut down, so its ``recv``
+        returns at once) rather than at its timeout. Any thread; the reader closes the connection as usual."""
+        with self._answer:
+            conn = self._open
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
     def catch_up(self) -> bool:
         """Have the relay read the kernel log now (a scrape came in) and say whether that brought records (they
@@ -286,6 +302,11 @@ class RelayClient:
             except OSError as exc:
                 self._failed(f"cannot connect to {self._path} ({exc})", backoff.delay, error=True)
             else:
+                with self._answer:
+                    self._open = conn
+                if stop.is_set():  # a wake() came before the connection was there to end
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
                 self._stats.connected = True
                 try:
                     frames = _FrameReader(conn, stop=stop, stall_after=self._stall_after, clock=self._clock)
@@ -305,10 +326,10 @@ class RelayClient:
                     self._failed(f"{exc}", backoff.delay, error=True)
                 finally:
                     with self._answer:
-                        self._conn = None
+                        self._conn = self._open = None
                         self._answer.notify_all()
+                        conn.close()  # under the lock: a wake() never shuts down a descriptor reused meanwhile
                     self._stats.connected = False
-                    conn.close()
             self._wait(backoff.next_delay(), sleep=sleep, stop=stop)
 
     # -- one connection ----------------------------------------------------------------------------

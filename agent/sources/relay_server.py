@@ -197,9 +197,12 @@ class _Session:
         kmsg_path: Path,
         poll_interval: float,
         heartbeat_interval: float,
+        stopping: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``stopping``: a descriptor that turns readable once the relay stops (:class:`_StopPipe`)."""
         self._conn = conn
+        self._stopping = stopping
         self._name = f"client #{number}"
         self._kmsg_path = kmsg_path
         self._poll = poll_interval
@@ -259,13 +262,19 @@ class _Session:
         """Until stop: wait for the source (a device) or the client, read what is ready, send it."""
         poller = select.poll()
         poller.register(self._conn, _POLLIN)
+        poller.register(self._stopping, select.POLLIN)
         if device:
             poller.register(fd, select.POLLIN)
         conn_fd = self._conn.fileno()
         last_send = self._clock()
         more = True  # read at once on start: the ring buffer is waiting
         while not self._stop.is_set():
-            ready = poller.poll(0 if more else self._poll * 1000)
+            # Idle, a device's session sleeps until a record, the client or stop, or its next heartbeat; a file
+            # (always readable) is looked at again every poll interval.
+            beat = max(0.0, self._heartbeat_interval - (self._clock() - last_send))
+            ready = poller.poll(0 if more else 1000 * (beat if device else min(beat, self._poll)))
+            if any(ready_fd == self._stopping for ready_fd, _ in ready):
+                return
             asked = any(ready_fd == conn_fd for ready_fd, _ in ready) and self._requests()
             chunk, more = self._read(fd, device=device)
             if chunk is not None or asked:
@@ -370,6 +379,7 @@ def run_relay(
         return 2
     server, inode = opened
     server.settimeout(poll_interval)
+    stopping = _StopPipe(stop)
     log.info("kmsg relay: serving %s on %s to %s", kmsg_path, socket_path, policy.describe())
     if ready is not None:
         ready.set()
@@ -377,6 +387,7 @@ def run_relay(
         _serve(
             server,
             stop=stop,
+            stopping=stopping.fileno(),
             gate=_Gate(policy=policy, stats=stats),
             stats=stats,
             kmsg_path=Path(kmsg_path),
@@ -385,6 +396,7 @@ def run_relay(
         )
     finally:
         server.close()
+        stopping.close()
         remove_if_ours(socket_path, inode)
     log.info(
         "kmsg relay: stopped (%d connections served, %d refused, %d refused while a session was live)",
@@ -412,6 +424,7 @@ def _serve(
     server: socket.socket,
     *,
     stop: threading.Event,
+    stopping: int,
     gate: _Gate,
     stats: RelayStats,
     kmsg_path: Path,
@@ -420,8 +433,13 @@ def _serve(
 ) -> None:
     """The accept loop: each admitted connection gets a new session; the last one is closed on the way out."""
     session: _Session | None = None
+    waiting = select.poll()  # for a connection or stop, however long: no wakeup in between
+    waiting.register(server, select.POLLIN)
+    waiting.register(stopping, select.POLLIN)
     try:
         while not stop.is_set():
+            if any(fd == stopping for fd, _ in waiting.poll()):
+                break
             conn = _accept(server, stop, poll_interval)
             if conn is None:
                 continue
@@ -438,6 +456,7 @@ def _serve(
                 kmsg_path=kmsg_path,
                 poll_interval=poll_interval,
                 heartbeat_interval=heartbeat_interval,
+                stopping=stopping,
             )
             session.start()
     finally:
@@ -445,8 +464,36 @@ def _serve(
             session.close()
 
 
+class _StopPipe:
+    """A descriptor that turns readable once ``stop`` is set, for the relay's waits to sleep on: a thread blocked
+    in ``stop.wait()`` (no wakeup meanwhile) writes it a byte. The relay then wakes only for a connection, a
+    record, a client's request or a heartbeat, never to look at ``stop``."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Lock()  # never a write to a descriptor closed (and reused) meanwhile
+        self._closed = False
+        threading.Thread(target=self._watch, args=(stop,), name="kmsg-relay-stop", daemon=True).start()
+
+    def fileno(self) -> int:
+        return self._read
+
+    def _watch(self, stop: threading.Event) -> None:
+        stop.wait()
+        with self._lock:
+            if not self._closed:
+                os.write(self._write, b"\0")
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._read)
+                os.close(self._write)
+
+
 def _accept(server: socket.socket, stop: threading.Event, poll_interval: float) -> socket.socket | None:
-    """The next connection; None when none came within a poll interval, or (after a wait) when accept failed."""
+    """The connection the server has ready; None when it is gone by now, or (after a wait) when accept failed."""
     try:
         conn, _ = server.accept()
     except TimeoutError:

@@ -146,9 +146,12 @@ class Consumer:
             return True
         raise AssertionError(f"unexpected extra record {extra}")
 
-    def finish(self) -> None:
-        """Set stop; fail unless records() returns (without raising) within WAIT."""
+    def finish(self, *, wake: bool = False) -> None:
+        """Set stop (then, with ``wake``, call the client's wake as the supervisor does); fail unless records()
+        returns (without raising) within WAIT."""
         self.stop_event.set()
+        if wake:
+            self.client.wake()
         self.thread.join(timeout=WAIT)
         assert not self.thread.is_alive(), "records() did not return after stop"
         assert self.error is None, f"records() raised {self.error!r}"

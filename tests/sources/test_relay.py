@@ -53,6 +53,7 @@ from helpers.relay import (
     wait_for,
     write_records,
 )
+from helpers.threads import wakeups_while_asleep
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
@@ -525,6 +526,30 @@ def test_batches_are_capped_and_never_empty(sock_dir: Path, monkeypatch: pytest.
 # Stop is honoured everywhere (finish() fails unless records() returns within WAIT)
 
 
+def test_an_idle_relay_on_a_device_sleeps_between_heartbeats_and_stops_at_once(sock_dir: Path) -> None:
+    """Idle CPU is wakeups (issue 37): between heartbeats neither the accept loop nor the session wakes, not
+    even once a poll interval to look at stop; stop still ends both at once. The device is a terminal nobody
+    writes to (pollable, like /dev/kmsg, and quiet whatever else logs meanwhile)."""
+    controller, terminal = os.openpty()
+    try:
+        relay = Relay(
+            socket_path=sock_dir / "s", kmsg_path=os.ttyname(terminal), heartbeat_interval=600.0, poll_interval=0.05
+        )
+        with raw_connect(sock_dir / "s") as conn:
+            assert json.loads(read_frame(conn) or b"")["source"] == "other-device"
+            session = next(
+                t for t in threading.enumerate() if t.name.startswith("kmsg-relay-") and t.name[-1].isdigit()
+            )
+            assert relay.thread.native_id is not None and session.native_id is not None
+            for tid in (relay.thread.native_id, session.native_id):
+                assert wakeups_while_asleep(tid, sleeps_in=["poll"], window=0.5) == 0  # 10 poll intervals
+            assert relay.stop() == 0
+            assert not session.is_alive()
+    finally:
+        os.close(controller)
+        os.close(terminal)
+
+
 def test_stop_while_connected_and_idle(sock_dir: Path) -> None:
     source = sock_dir / "kmsg"
     write_records(source, [record(1, "x")])
@@ -537,6 +562,33 @@ def test_stop_while_connected_and_idle(sock_dir: Path) -> None:
         assert not c.stats.connected
     finally:
         relay.stop()
+
+
+@pytest.mark.parametrize("phase", ["streaming", "before the hello"])
+def test_wake_ends_a_wait_that_no_frame_and_no_timeout_would_end_soon(sock_dir: Path, phase: str) -> None:
+    """The agent's reader waits on the socket for long (IDLE_WAIT; heartbeats come every couple of seconds):
+    stop, then wake (what the supervisor does), ends that wait at once: here no heartbeat comes for 10 min."""
+    source = sock_dir / "kmsg"
+    write_records(source, [record(1, "x")])
+    relay = fake = None
+    if phase == "streaming":
+        relay = Relay(socket_path=sock_dir / "s", kmsg_path=source, heartbeat_interval=600.0)
+    else:
+        fake = FakeRelay(sock_dir / "s", lambda conn, n: None)  # accepts, says nothing
+    c = client(sock_dir / "s", poll_interval=600.0, stall_after=1200.0)
+    consumer = Consumer(c)
+    try:
+        if relay is not None:
+            consumer.take(1)
+        else:
+            wait_for(lambda: c.stats.connected, what="the connection")
+        consumer.finish(wake=True)
+        assert not c.stats.connected and c.stats.reader_restarts == 0
+    finally:
+        if relay is not None:
+            relay.stop()
+        if fake is not None:
+            fake.close()
 
 
 def test_stop_while_the_relay_is_absent_and_the_client_backs_off(sock_dir: Path) -> None:

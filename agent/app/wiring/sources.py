@@ -27,9 +27,10 @@ def build_source(settings: Settings) -> Source:
     """The kernel log source: a kmsg-relay socket when configured, else the kmsg device (or file)."""
     stats = KmsgStats()
     if settings.kmsg_relay is not None:
-        from agent.sources.relay_client import RelayClient
+        from agent.sources.relay_client import IDLE_WAIT, RelayClient
 
-        return RelayClient(path=settings.kmsg_relay, stats=stats)
+        # Idle, it sleeps on the socket until a frame (a heartbeat every couple of seconds) or stop (wake) comes.
+        return RelayClient(path=settings.kmsg_relay, stats=stats, poll_interval=IDLE_WAIT)
     from agent.sources.kmsg.reader import KmsgReader
 
     # Idle, it sleeps on the device until a record or stop comes, waking only to stay within stall_timeout.
