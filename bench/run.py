@@ -664,19 +664,20 @@ def _tasks_cpu(pids: Sequence[int]) -> tuple[set[tuple[int, str]], float]:
     return tasks, total / 1e9
 
 
-def _idle_cpu_window(pids: Sequence[int], window: float) -> float:
-    """% of one core ``pids`` spend over the next ``window`` seconds. Per thread to the nanosecond where every
+def _idle_cpu_window(proc: Any, window: float) -> float:
+    """% of one core a detector (a process, or a :class:`Deployed` pair) spends over the next ``window``
+    seconds. Per thread to the nanosecond where every
     thread of the start lives on to the end (one born meanwhile ran only within the window); in clock ticks
     otherwise (a process's ticks keep its dead threads' time). Ticks are 10 ms: an idle agent's 120 s holds
     a handful of them, so one more or less moved the figure by 0.008 %."""
-    tasks, precise = _tasks_cpu(pids)
-    ticks, begun = sum(map(_cpu_seconds, pids)), time.monotonic()
+    tasks, precise = _tasks_cpu(_pids(proc))
+    ticks, begun = _cpu_of(proc), time.monotonic()
     time.sleep(window)
-    tasks_after, precise_after = _tasks_cpu(pids)
+    tasks_after, precise_after = _tasks_cpu(_pids(proc))
     elapsed = time.monotonic() - begun
     if tasks <= tasks_after:
         return 100.0 * (precise_after - precise) / elapsed
-    return 100.0 * (sum(map(_cpu_seconds, pids)) - ticks) / elapsed
+    return 100.0 * (_cpu_of(proc) - ticks) / elapsed
 
 
 def _idle_cpu_percent(*, packs: str, window: float) -> tuple[float, float]:
@@ -721,7 +722,7 @@ def _idle_cpu_percent(*, packs: str, window: float) -> tuple[float, float]:
         try:
             _wait(first_round_done, 120)
             time.sleep(IDLE_SETTLE)  # startup work (imports, first runs, a rule's first search) is not idling
-            idle = _idle_cpu_window([proc.pid], window)
+            idle = _idle_cpu_window(proc, window)
             status = Path(f"/proc/{proc.pid}/status").read_text()
             rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
         finally:
@@ -1351,7 +1352,7 @@ def _idle_cpu(start: Callable[[Path], Any], window: float) -> float:
         proc, _ = start(Path(tmpdir))
         try:
             time.sleep(IDLE_SETTLE)
-            return _idle_cpu_window(_pids(proc), window)
+            return _idle_cpu_window(proc, window)
         finally:
             _stop(proc)
 
