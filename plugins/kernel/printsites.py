@@ -48,6 +48,8 @@ COMMON_MACROS = {
 # Levels as the kernel numbers them (include/linux/kern_levels.h); error level or worse is <= 3.
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4, "notice": 5, "info": 6, "debug": 7}
 KERN_LEVEL = {f"KERN_{name.upper()}": name for name in LEVELS} | {"KERN_WARNING": "warning", "KERN_CONT": "cont"}
+# The character after KERN_SOH that each level's macro is (include/linux/kern_levels.h).
+_LEVEL_DIGIT = {f"KERN_{name.upper()}": str(n) for name, n in LEVELS.items()} | {"KERN_CONT": "c"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,24 +230,39 @@ def _arguments(text: str, start: int) -> tuple[list[str], int] | None:
     return None
 
 
-def _format(arg: str, macros: Mapping[str, str]) -> tuple[str | None, str]:
-    """(level from a KERN_* piece or None, the format text) of a format argument."""
+def _format(arg: str, macros: Mapping[str, str], *, leveled: bool = False) -> tuple[str | None, str]:
+    """(level from a KERN_* piece or None, the format text) of a format argument.
+
+    printk takes a record's level from the KERN_* pieces at the very start of the text it formats and drops
+    them; one after any text is printed as it is, mid-record: its two bytes, KERN_SOH and the level's digit,
+    stay in the message (``pr_err(KERN_ERR "seq: %u ...")`` under a pr_fmt reads ``neuron:f: \\x013seq: 5``
+    from /dev/kmsg). ``leveled``: the helper brings a level of its own (pr_err, dev_err), so every KERN_*
+    piece is kept in the text as ``{KERN_ERR}`` (a gap between literal runs, rendered as those two bytes);
+    :func:`scan_file` drops those its prefix leaves at the start, where printk reads them as the level."""
     level = None
     out = []
     for piece in re.findall(r'"(?:[^"\\\n]|\\.|\\\n)*"|[A-Za-z_]\w*|\S', arg):
         if piece.startswith('"'):
             out.append(_literal(piece))
         elif piece in KERN_LEVEL:
-            level = level or KERN_LEVEL[piece]
+            if leveled or any(out):
+                out.append("{" + piece + "}")
+            else:
+                level = level or KERN_LEVEL[piece]
         elif piece in macros:
+            own = macros.get(LEVEL_OF + piece, "")
+            if own and (leveled or any(out)):
+                out.append("{" + own + "}")
             out.append(macros[piece])
-            level = level or KERN_LEVEL.get(macros.get(LEVEL_OF + piece, ""))
+            level = level or KERN_LEVEL.get(own)
         elif piece.startswith("KERN_SOH"):
             continue
         elif re.fullmatch(r"[A-Za-z_]\w*", piece):
             out.append("{" + piece + "}")
     return level, "".join(out)
 
+
+_LEADING_LEVELS = re.compile(r"^(?:\{KERN_[A-Z]+\})+")
 
 # A return type right before a helper's name: the function's definition or prototype, not a call.
 _DECLARATION = re.compile(r"\b(?:void|int|bool)[ \t*]+$")
@@ -308,7 +325,7 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         parsed = _arguments(text, m.end() - 1)
         if parsed is None or len(parsed[0]) <= call.fmt_arg or not parsed[0][call.fmt_arg]:
             continue  # no format argument: a name in a comment ("the use of printk() could deadlock")
-        level, fmt = _format(parsed[0][call.fmt_arg], macros)
+        level, fmt = _format(parsed[0][call.fmt_arg], macros, leveled=call.level is not None)
         rest = parsed[0][call.fmt_arg + 1 :]
         if "__func__" in rest or "__FUNCTION__" in rest:
             fmt = _fill_func(fmt, rest, _enclosing_function(text, m.start()))
@@ -333,7 +350,10 @@ def scan_file(path: Path, rel: str, spec: Spec) -> Iterator[Site]:
         if "{__func__}" in prefix:  # a prefix that prints the function's name ("%s: " fmt, __func__)
             prefix = prefix.replace("{__func__}", _enclosing_function(text, m.start()) or "{__func__}")
         line = text.count("\n", 0, m.start()) + 1
-        yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=prefix + fmt, prefix=call.prefix)
+        printed = prefix + fmt
+        if call.prefix not in ("dev", "netdev"):  # dev_printk prints "<driver> <device>: " before the format
+            printed = _LEADING_LEVELS.sub("", printed)  # printk reads these as the level, and drops them
+        yield Site(level=level, where=f"{rel}:{line}", call=m[1], text=printed, prefix=call.prefix)
 
 
 def extract(root: Path, spec: Spec) -> list[Site]:
@@ -492,6 +512,7 @@ def render(site: Site, *, driver: str | Mapping[str, str] = "nvme", module: str 
     """
     driver = driver_of(site, driver)
     text = site.text.replace("{KBUILD_MODNAME}", module or driver)
+    text = re.sub(r"\{(KERN_[A-Z]+)\}", lambda m: "\x01" + _LEVEL_DIGIT[m[1]], text)  # printed as they are
     text = re.sub(r"\{[A-Za-z_]\w*\}", "X", text)
     text = _CONVERSION.sub(_conversion, _unescape(text))
     if site.prefix == "dev":
