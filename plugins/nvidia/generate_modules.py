@@ -214,6 +214,15 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^kernel-open/nvidia/os-interface\.c:",
         reason='os_log_error(): prints a caller\'s text ("%s"); no caller in this release',
     ),
+    # nv_drm_master_set() (nvidia-drm-drv.c) runs when a DRM client becomes master (a compositor, an X
+    # server, a second one started beside the first); it asks NVKMS for modeset ownership, and another
+    # client already holding it makes the request fail: the new client gets -EINVAL and the one that owns
+    # the display goes on. Two display clients on one GPU, not a fault of the GPU or the driver.
+    Exclusion(
+        pattern=r"\*ERROR\* \[nvidia-drm\] \[GPU ID 0x%08x\] Failed to grab (NVKMS )?modeset ownership$",
+        reason="a DRM client refused modeset ownership that another client holds (nv_drm_master_set)",
+        benign=True,
+    ),
 ]
 
 # Sites a specific rule of nvidia-monitor.yaml already speaks for: no rule here, so a line is reported once.
