@@ -106,6 +106,8 @@ MULTILINE = {
     "kernel/xfs-corruption-detail-in-report",  # an XFS verifier report's header with its detail lines
     "kernel/ext4-delalloc-detail-in-report",  # a failed delayed allocation's two records
     "kernel/mlx5-unrecoverable-synd-in-report",  # an mlx5 health report's header and its syndrome record
+    "kernel/scsi-additional-sense-in-report",  # a SCSI sense report's Sense Key line and its additional sense
+    "kernel/ata-eh-detail-in-report",  # a libata error-handler report's header and its detail records
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }

@@ -97,7 +97,7 @@ SILENT = [
         kprintf("sd 0:0:0:0: [sda] tag#0 Sense Key : %s [%s]%s\n", key, "current", "")
         for key in ["No Sense", "Recovered Error", "Not Ready", "Illegal Request", "Unit Attention", "Data Protect"]
     ],
-    "sd 3:0:0:0: [sdb] tag#3 Add. Sense: Unrecovered read error",
+    "sd 3:0:0:0: [sdb] tag#3 Add. Sense: Power on, reset, or bus device reset occurred",
     "sd 3:0:0:0: [sdb] tag#3 CDB: Write(10) 2a 00 00 00 14 88 00 00 08 00",
     # rate limiting of sources that are not I/O errors
     kprintf("%s: %d callbacks suppressed\n", "net_ratelimit", 5),

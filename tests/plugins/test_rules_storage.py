@@ -945,6 +945,269 @@ SOURCES: list[Source] = [
         "IOErrorsSuppressed",
         {"source": 0, "suppressed": 1},
     ),
+    # --- SCSI results and additional sense (issue 38) ---
+    Source(
+        "drivers/scsi/scsi_logging.c",
+        "[%s] tag#%d %s Result: hostbyte=%s driverbyte=%s cmd_age=%lus",
+        edges(
+            DISKS[:4],
+            [0, 4294967295],
+            ["FAILED", "TIMEOUT_ERROR"],
+            ["DID_OK", "DID_BAD_TARGET", "0x07"],
+            ["DRIVER_SENSE", "DRIVER_OK"],
+            [0, 94],
+        ),
+        "kernel/scsi-command-failed",
+        "SCSICommandFailed",
+        {"disk": 0, "tag": 1, "disposition": 2, "hostbyte": 3, "driverbyte": 4, "cmd_age_s": 5},
+        prefixes=["sd 0:0:0:0: ", "sd 15:0:0:1: ", ""],
+    ),
+    Source(
+        "drivers/scsi/sd.c",
+        "[%s] %s: Result: hostbyte=%s driverbyte=%s",
+        edges(
+            DISKS[:3],
+            ["Synchronize Cache(10) failed", "Start/Stop Unit failed", "Read Capacity(16) failed"],
+            ["DID_ERROR", "0x07"],
+            ["DRIVER_OK"],
+        ),
+        "kernel/scsi-command-failed",
+        "SCSICommandFailed",
+        {"disk": 0, "operation": lambda a: a[1].removesuffix(" failed"), "hostbyte": 2},
+        prefixes=["sd 0:0:0:0: "],
+    ),
+    Source(
+        "drivers/scsi/scsi_logging.c",
+        "[%s] tag#%d Add. Sense: %s",
+        edges(
+            DISKS[:3],
+            [0, 22],
+            [
+                "Unrecovered read error",
+                "Unrecovered read error - auto reallocate failed",
+                "Write error - auto reallocation failed",
+                "Peripheral device write fault",
+                "Logical unit communication failure",
+                "Id CRC or ECC error",
+                "Logical block guard check failed",
+                "Read retries exhausted",
+                "Medium format corrupted",
+                "No defect spare location available",
+                "Logical unit failure",
+                "Internal target failure",
+                "Scsi parity error",
+                "Information unit iuCRC error detected",
+                "Data phase error",
+                "PCIe completion timeout",
+                "Failure prediction threshold exceeded",
+                "Media failure prediction threshold exceeded",
+                "Hardware impending failure general hard drive failure",
+                "Spindle impending failure seek error rate too high",
+            ],
+        ),
+        "kernel/scsi-additional-sense",
+        "SCSIDiskError",
+        {"disk": 0, "sense": 2},
+        prefixes=["sd 3:0:0:0: ", ""],
+    ),
+    # --- libata error handling (issue 38) ---
+    Source(
+        "drivers/ata/libata-eh.c",
+        "ata%u.%02u: %s",
+        edges(
+            [1, 2, 32],
+            [0, 1],
+            [
+                "failed command: READ FPDMA QUEUED",
+                "failed command: WRITE DMA EXT",
+                "SError: { UnrecovData Handshk }",
+                "status: { DRDY ERR }",
+                "status: { Busy }",
+                "error: { UNC }",
+                "error: { ICRC ABRT }",
+                "irq_stat 0x08000000, interface fatal error",
+                "limiting speed to UDMA/66:PIO4",
+                "NCQ disabled due to excessive errors",
+                "failed to IDENTIFY (I/O error, err_mask=0x4)",
+            ],
+        ),
+        "kernel/ata-eh-detail",
+        "ATAError",
+        {"port": 0, "ata_device": lambda a: f"{a[1]:02d}"},
+    ),
+    Source(
+        "drivers/ata/libata-eh.c",
+        "ata%u: %s",
+        edges(
+            [1, 7],
+            [
+                "hard resetting link",
+                "soft resetting link",
+                "SError: { HostInt PHYRdyChg 10B8B DevExch }",
+                "irq_stat 0x00400000, PHY RDY changed",
+                "limiting SATA link speed to 1.5 Gbps",
+                "link is slow to respond, please be patient (ready=0)",
+                "device not ready (errno=-16), forcing hardreset",
+            ],
+        ),
+        "kernel/ata-eh-detail",
+        "ATAError",
+        {"port": 0},
+    ),
+    # --- btrfs (issue 38) ---
+    Source(
+        "fs/btrfs/super.c",
+        "BTRFS %s (device %s%s): %s",
+        edges(
+            ["error", "critical", "alert", "emergency"],
+            BDEVS[:4],
+            ["", ": state EA"],
+            ["open_ctree failed", "bdev /dev/dm-10 errs: wr 0, rd 0, flush 0, corrupt 1, gen 0"],
+        ),
+        "kernel/btrfs-error",
+        "BtrfsError",
+        {"level": 0, "device": 1},
+    ),
+    Source(
+        "fs/btrfs/super.c",
+        "BTRFS: error (device %s%s) in %s:%d: errno=%d %s",
+        edges(
+            BDEVS[:3],
+            ["", ": state A"],
+            ["btrfs_commit_transaction", "__btrfs_free_extent"],
+            [2564, 0],
+            [-5, -28],
+            ["IO failure", "No space left"],
+        ),
+        "kernel/btrfs-error",
+        "BtrfsError",
+        {"fs_device": 0, "function": 2, "source_line": 3, "errno": 4},
+    ),
+    Source(
+        "fs/btrfs/btrfs_inode.h",
+        "BTRFS warning (device %s): csum failed root %lld ino %llu off %llu csum 0x%08x expected csum 0x%08x mirror %d",
+        edges(BDEVS[:3], [257, -9], [4115546], [0], [0x3E8D9C48], [0x12711C61], [1, 2]),
+        "kernel/btrfs-checksum-error",
+        "BtrfsError",
+        {"device": 0},
+    ),
+    Source(
+        "fs/btrfs/scrub.c",
+        "BTRFS warning (device %s): %s at logical %llu on dev %s, physical %llu, root %llu, inode %llu, offset %llu, "
+        "length %u, links %u (path: %s)",
+        edges(
+            BDEVS[:2],
+            ["checksum error", "i/o error", "checksum/header error"],
+            [0],
+            ["/dev/sda2"],
+            [0],
+            [5],
+            [257],
+            [0],
+            [4096],
+            [1],
+            ["a/b"],
+        ),
+        "kernel/btrfs-checksum-error",
+        "BtrfsError",
+        {"device": 0, "scrub_error": 1},
+    ),
+]
+
+# Out-of-tree and non-torvalds printers (issue 38): Lustre/LNet (lustre/lustre-release), the Ceph client.
+OTHER_SOURCES: list[Source] = [
+    Source(
+        "lustre/lustre-release:libcfs/libcfs/debug.c",
+        "%s: %s",
+        edges(
+            ["LustreError", "LNetError"],
+            [
+                "11-0: jmain01-MDT0000-mdc-ffff88203810d800: operation obd_ping to node 172.31.126.88@o2ib failed: "
+                "rc = -107",
+                "26110:0:(super25.c:187:lustre_fill_super()) llite: Unable to mount <unknown>: rc = -5",
+                "166-1: MGC10.130.93.11@o2ib: Connection to MGS (at 10.130.93.10@o2ib) was lost; in progress "
+                "operations using this service will fail",
+            ],
+        ),
+        "kernel/lustre-error",
+        "LustreError",
+        {"subsystem": 0},
+    ),
+    Source(
+        "lustre/lustre-release:lustre/ptlrpc/import.c",
+        "Lustre: %s: Connection to %s (at %s) was lost; in progress operations using this service will wait for "
+        "recovery to complete",
+        edges(
+            ["fs-OST0000-osc-ffff8881", "lustre-MDT0000-lwp-OST0018"],
+            ["fs-OST0000", "MGS"],
+            ["10.0.1.5@tcp", "10.130.93.10@o2ib"],
+        ),
+        "kernel/lustre-connection-fault",
+        "LustreError",
+        {"target": 1, "nid": 2},
+    ),
+    Source(
+        "lustre/lustre-release:lustre/ptlrpc/import.c",
+        "Lustre: %s: This client was evicted by %s; in progress operations using this service will fail.",
+        edges(["fs-OST0000-osc-XXXXX"], ["fs-OST0000", "fs-MDT0000"]),
+        "kernel/lustre-connection-fault",
+        "LustreError",
+        {"evicted_by": 1},
+    ),
+    Source(
+        "lustre/lustre-release:lustre/ptlrpc/client.c",
+        "Lustre: %d:0:(client.c:2141:ptlrpc_expire_one_request()) @@@ Request sent has %s: "
+        "[sent 1508144508/real 1508144518]",
+        edges([2449], ["failed due to network error", "timed out for slow reply", "timed out for sent delay"]),
+        "kernel/lustre-connection-fault",
+        "LustreError",
+        {"request": 1},
+    ),
+    Source(
+        "lustre/lustre-release:lnet/klnds/o2iblnd/o2iblnd_cb.c",
+        "LNet: %d:0:(o2iblnd_cb.c:3174:kiblnd_check_conns()) Timed out tx for %s: %lld seconds",
+        edges([2431], ["172.31.126.87@o2ib", "10.0.0.1@o2ib1"], [0, 403055]),
+        "kernel/lustre-connection-fault",
+        "LustreError",
+        {"peer": 1},
+    ),
+    Source(
+        "torvalds/linux:net/ceph/messenger.c",
+        "libceph: %s%lld %s %s",
+        edges(
+            ["osd", "mon", "mds"],
+            [10, 0],
+            ["9.125.70.42:6801", "(1)192.168.178.80:3300"],
+            [
+                "socket closed (con state OPEN)",
+                "socket closed (con state V1_BANNER)",
+                "socket error on read",
+                "connect error",
+                "bad crc/signature",
+                "protocol error, bad tag",
+                "integrity error, bad crc",
+            ],
+        ),
+        "kernel/ceph-connection-fault",
+        "CephConnectionFault",
+        {"entity": 0, "id": 1, "address": 2, "error": 3},
+    ),
+    Source(
+        "torvalds/linux:net/ceph/mon_client.c",
+        "libceph: mon%d %s session lost, hunting for new mon",
+        edges([2, 0], ["(1)10.0.0.247:6789", "10.0.0.1:6789"]),
+        "kernel/ceph-connection-fault",
+        "CephConnectionFault",
+        {"mon": 0},
+    ),
+    Source(
+        "torvalds/linux:net/ceph/osdmap.c",
+        "libceph (%s e%u): osd%d down",
+        edges(["fb30d64e-7a8c-46d3-bbd7-77a3b1f080d1"], [857, 0], [2, 0]),
+        "kernel/ceph-connection-fault",
+        "CephConnectionFault",
+        {"osd": 2},
+    ),
 ]
 
 # node-problem-detector's rules (kernel-monitor.yaml, unchanged) on the same subsystems' printers:
@@ -1134,7 +1397,7 @@ def test_separated_lines_are_matched_as_if_alone():
 
 
 @pytest.mark.parametrize("engine_cls", ENGINES, ids=["fast", "reference"])
-@pytest.mark.parametrize("src", _by_source(SOURCES))
+@pytest.mark.parametrize("src", _by_source(SOURCES + OTHER_SOURCES))
 def test_every_rendered_line_is_reported_once_by_its_rule(engine_cls, src: Source):
     cases = list(src.cases())
     wrong = []
@@ -1338,6 +1601,31 @@ REPORTS = [
         (1, "kernel/ext4-fallback"),
         id="ext4 delayed allocation (inode.c mpage_map_and_submit_extent, ext4_print_free_blocks on ENOSPC)",
     ),
+    pytest.param(
+        [
+            "sd 1:0:0:0: [sdb] tag#22 Sense Key : Medium Error [current]",
+            "sd 1:0:0:0: [sdb] tag#22 Add. Sense: Unrecovered read error - auto reallocate failed",
+            "sd 1:0:0:0: [sdb] tag#22 CDB: Read(10) 28 00 00 00 14 88 00 00 08 00",
+        ],
+        (1, "kernel/scsi-disk-error"),
+        id="SCSI sense (scsi_logging.c scsi_print_sense_hdr)",
+    ),
+    pytest.param(
+        [
+            "ata2.00: exception Emask 0x0 SAct 0x5c50001f SErr 0x0 action 0x0",
+            "ata2.00: irq_stat 0x08000000, interface fatal error",
+            "ata2: SError: { UnrecovData Handshk }",
+            "ata2.00: failed command: READ FPDMA QUEUED",
+            "ata2.00: cmd 60/00:00:00:00:00/01:00:00:00:00/40 tag 0 ncq dma 131072 in",
+            "ata2.00: status: { DRDY ERR }",
+            "ata2.00: error: { UNC }",
+            "ata2: hard resetting link",
+            "ata2.00: configured for UDMA/133",
+            "ata2: EH complete",
+        ],
+        (1, "block/sites-5"),  # the exception header's generated rule
+        id="libata error-handler report (libata-eh.c ata_eh_link_report, ata_eh_reset)",
+    ),
 ]
 
 
@@ -1355,12 +1643,21 @@ def test_every_storage_rule_names_its_source_and_is_tested_here():
         r for r in load_rule_set([kernel / "kernel-monitor.yaml", kernel / "storage.yaml"]).rules if r.name not in npd
     ]
     # the threshold test; the quiet rule: its report examples (tests/fixtures/rules/storage-examples.yaml quiet)
-    tested = {src.rule for src in SOURCES} | {
+    tested = {src.rule for src in SOURCES + OTHER_SOURCES} | {
         "kernel/nvme-timeout-polled",
         "kernel/xfs-corruption-detail-in-report",
         "kernel/ext4-delalloc-detail-in-report",
+        "kernel/scsi-additional-sense-in-report",
+        "kernel/ata-eh-detail-in-report",
     }
     assert {r.name for r in storage} == tested
+    out_of_tree = {"kernel/lustre-error", "kernel/lustre-connection-fault"}
     for rule in storage:
-        assert rule.provenance and all(p.startswith("torvalds/linux:") for p in rule.provenance), rule.name
-    assert {r.name for r in storage if r.fallback} == {"kernel/ext4-fallback", "kernel/xfs-fallback"}
+        repository = "lustre/lustre-release:" if rule.name in out_of_tree else "torvalds/linux:"
+        assert rule.provenance and all(p.startswith(repository) for p in rule.provenance), rule.name
+    assert {r.name for r in storage if r.fallback} == {
+        "kernel/ext4-fallback",
+        "kernel/xfs-fallback",
+        "kernel/scsi-additional-sense",
+        "kernel/ata-eh-detail",
+    }
