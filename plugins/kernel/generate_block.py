@@ -1,7 +1,8 @@
 """Block layer, NVMe, SCSI and libata print sites (issue 38): the pack sites-block.yaml from
 plugins/kernel/sites/block.tsv.
 
-    python plugins/kernel/generate_block.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/block.tsv
+    python plugins/kernel/generate_block.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/block.tsv
     python plugins/kernel/generate_block.py generate plugins/kernel/sites/block.tsv > plugins/kernel/sites-block.yaml
 
 Every error-level print of the block core (block/, partitions), the NVMe host driver (PCIe, fabrics,

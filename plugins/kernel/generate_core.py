@@ -1,6 +1,7 @@
 """Kernel core print sites (issue 38): the pack sites-core.yaml from plugins/kernel/sites/core.tsv.
 
-    python plugins/kernel/generate_core.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/core.tsv
+    python plugins/kernel/generate_core.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/core.tsv
     python plugins/kernel/generate_core.py generate plugins/kernel/sites/core.tsv > plugins/kernel/sites-core.yaml
 
 Every error-level print of the kernel's own health checks (RCU stall and grace-period reports, the soft

@@ -1,6 +1,7 @@
 """Device-mapper print sites (issue 38): the pack sites-dm.yaml from plugins/kernel/sites/dm.tsv.
 
-    python plugins/kernel/generate_dm.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/dm.tsv
+    python plugins/kernel/generate_dm.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/dm.tsv
     python plugins/kernel/generate_dm.py generate plugins/kernel/sites/dm.tsv > plugins/kernel/sites-dm.yaml
 
 Every error-level print of the device-mapper core and its targets (linear, striped, crypt, verity,

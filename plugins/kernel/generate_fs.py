@@ -1,6 +1,7 @@
 """Filesystem print sites (issue 38): the pack sites-fs.yaml from plugins/kernel/sites/fs.tsv.
 
-    python plugins/kernel/generate_fs.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/fs.tsv
+    python plugins/kernel/generate_fs.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/fs.tsv
     python plugins/kernel/generate_fs.py generate plugins/kernel/sites/fs.tsv > plugins/kernel/sites-fs.yaml
 
 Every error-level print of the filesystems an accelerator host mounts (XFS and ext4 for local and
@@ -70,6 +71,7 @@ SPEC = Spec(
         "fs/nfs/*.c",
         "net/sunrpc/*.c",
         "fs/smb/client/*.c",
+        "fs/cifs/*.c",  # the SMB client before 6.4 (renamed below)
         "fs/fuse/*.c",
         "fs/overlayfs/*.c",
     ],
@@ -99,6 +101,7 @@ SPEC = Spec(
         "cifs_tcon_dbg": Call(level=None, fmt_arg=1, prefix="pr", level_arg=0, head="VFS: %s ", level_names=_VFS),
         **_SMBD,
     },
+    renamed={"fs/cifs/": "fs/smb/client/"},
     # The pr_fmt these directories take from a header.
     pr_fmt={
         "fs/smb/client/*.c": "CIFS: ",  # cifs_debug.h
@@ -246,6 +249,14 @@ EXCLUSIONS: list[Exclusion] = [
         r" disabled|\\\\\\\\%s cannot query dirs between root and final path)",
         where=r"^fs/smb/client/connect\.c:",
         reason="a working mount's notice (cache=ro/rw, dynperm with cifsacl, a read-only share, signing over RDMA, a prefix path)",  # noqa: E501
+        benign=True,
+    ),
+    # smb3_fs_context_parse_param() (5.10: cifs_dbg(VFS, ...); 6.1: cifs_errorf, no site): a mount that asked
+    # for SMB1 (vers=1.0) is told the dialect is less secure; the mount goes on with the dialect it asked for.
+    Exclusion(
+        pattern=r"^CIFS: VFS: Use of the less secure dialect vers=1\.0 is not recommended",
+        where=r"^fs/smb/client/",
+        reason="advice to a working mount that asked for SMB1 (vers=1.0): the mount goes on",
         benign=True,
     ),
     Exclusion(

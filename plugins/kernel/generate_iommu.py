@@ -1,6 +1,7 @@
 """IOMMU print sites (issue 38): the pack sites-iommu.yaml from plugins/kernel/sites/iommu.tsv.
 
-    python plugins/kernel/generate_iommu.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/iommu.tsv
+    python plugins/kernel/generate_iommu.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/iommu.tsv
     python plugins/kernel/generate_iommu.py generate plugins/kernel/sites/iommu.tsv > plugins/kernel/sites-iommu.yaml
 
 Every error-level print of the IOMMU core and the Intel VT-d (DMAR, interrupt remapping, SVM), AMD-Vi and

@@ -1,6 +1,7 @@
 """Machine-check, EDAC and thermal print sites (issue 38): the pack sites-mce.yaml from plugins/kernel/sites/mce.tsv.
 
-    python plugins/kernel/generate_mce.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/mce.tsv
+    python plugins/kernel/generate_mce.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/mce.tsv
     python plugins/kernel/generate_mce.py generate plugins/kernel/sites/mce.tsv > plugins/kernel/sites-mce.yaml
 
 Every error-level print of the x86 machine-check core (Intel, AMD, APEI), the EDAC core and the memory
@@ -84,6 +85,13 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^mce: \[Hardware Error\]: (RIP|TSC|PROCESSOR|Run the above)",
         where=_CORE,
         reason="a detail record of a machine-check report (the CPU/Bank/MCi_STATUS header is its finding)",
+    ),
+    # mce_panic() (5.10): "Some CPUs didn't answer in synchronization" when a CPU missed the rendezvous,
+    # printed after the report and before the panic; the report's header and the panic are the findings.
+    Exclusion(
+        pattern=r"^mce: \[Hardware Error\]: Some CPUs didn't answer in synchronization",
+        where=_CORE,
+        reason="a detail record of a machine-check panic (the report's header and the panic are its findings)",
     ),
     # amd_decode_mce() (EDAC mce_amd): one report per MCE, its first record decode_error_status()
     # ("Uncorrected, software containable error." / "System Fatal error." / ... are memory-pcie.yaml's

@@ -1,6 +1,7 @@
 """Software RAID (md) print sites (issue 38): the pack sites-md.yaml from plugins/kernel/sites/md.tsv.
 
-    python plugins/kernel/generate_md.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/md.tsv
+    python plugins/kernel/generate_md.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/md.tsv
     python plugins/kernel/generate_md.py generate plugins/kernel/sites/md.tsv > plugins/kernel/sites-md.yaml
 
 Every error-level print of the md core and its personalities (raid0, raid1, raid10, raid4/5/6, the

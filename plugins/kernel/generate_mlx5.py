@@ -1,6 +1,7 @@
 """mlx5 print sites (issue 38): the pack sites-mlx5.yaml from plugins/kernel/sites/mlx5.tsv.
 
-    python plugins/kernel/generate_mlx5.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/mlx5.tsv
+    python plugins/kernel/generate_mlx5.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/mlx5.tsv
     python plugins/kernel/generate_mlx5.py generate plugins/kernel/sites/mlx5.tsv > plugins/kernel/sites-mlx5.yaml
 
 Every error-level print of the mlx5 driver (ConnectX NICs and DPUs: mlx5_core's core, Ethernet, E-Switch,

@@ -1,6 +1,7 @@
 """Memory-management print sites (issue 38): the pack sites-mm.yaml from plugins/kernel/sites/mm.tsv.
 
-    python plugins/kernel/generate_mm.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/mm.tsv
+    python plugins/kernel/generate_mm.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/mm.tsv
     python plugins/kernel/generate_mm.py generate plugins/kernel/sites/mm.tsv > plugins/kernel/sites-mm.yaml
 
 Every error-level print under mm/ (the page allocator, the OOM killer, hardware poison handling, the slab

@@ -1,6 +1,7 @@
 """Networking core print sites (issue 38): the pack sites-net.yaml from plugins/kernel/sites/net.tsv.
 
-    python plugins/kernel/generate_net.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/net.tsv
+    python plugins/kernel/generate_net.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/net.tsv
     python plugins/kernel/generate_net.py generate plugins/kernel/sites/net.tsv > plugins/kernel/sites-net.yaml
 
 Every error-level print of the networking a Kubernetes accelerator host runs on (the device core of
@@ -272,9 +273,10 @@ def generate(sites: list[printsites.Site]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "extract":
-        root = Path(argv[1])
-        sys.stdout.write(printsites.write_extract(SPEC, root.name, extract(root)))
+    if len(argv) >= 2 and argv[0] == "extract":
+        roots = [Path(a) for a in argv[1:]]
+        sites = printsites.extract_releases(roots, extract)
+        sys.stdout.write(printsites.write_extract(SPEC, " + ".join(r.name for r in roots), sites))
         return 0
     return printsites.main(argv, spec=SPEC, generate=generate)
 

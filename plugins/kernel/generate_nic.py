@@ -1,6 +1,7 @@
 """AWS NIC print sites, ENA and EFA (issue 38): the pack sites-nic.yaml from plugins/kernel/sites/nic.tsv.
 
-    python plugins/kernel/generate_nic.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/nic.tsv
+    python plugins/kernel/generate_nic.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/nic.tsv
     python plugins/kernel/generate_nic.py generate plugins/kernel/sites/nic.tsv > plugins/kernel/sites-nic.yaml
 
 Every error-level print of the ENA Ethernet driver (drivers/net/ethernet/amazon/ena: its netif_err and
@@ -116,6 +117,14 @@ EXCLUSIONS: list[Exclusion] = [
         pattern=r"^Default llq .* is not supported, performing fallback",
         where=_ENA,
         reason="an informational notice at error level: the driver picks an LLQ setting the device supports",
+        benign=True,
+    ),
+    # ena_set_queues_placement_policy() (5.10): a device without LLQ; the driver places the queues in host
+    # memory and returns 0 (6.1 no longer prints it at error level). Older instance types print it at every probe.
+    Exclusion(
+        pattern=r"^LLQ is not supported Fallback to host mode policy",
+        where=_ENA,
+        reason="an informational notice at error level: the driver uses host-memory queues on a device without LLQ",
         benign=True,
     ),
     # ena_ethtool.c: the answer to an ethtool request (rxnfc commands, hash functions) the driver does

@@ -1,6 +1,7 @@
 """PCI, AER and DPC print sites (issue 38): the pack sites-pci.yaml from plugins/kernel/sites/pci.tsv.
 
-    python plugins/kernel/generate_pci.py extract /work/src/linux-source-6.1 > plugins/kernel/sites/pci.tsv
+    python plugins/kernel/generate_pci.py extract \\
+        /work/src/linux-source-6.1 /work/src/linux-source-5.10 > plugins/kernel/sites/pci.tsv
     python plugins/kernel/generate_pci.py generate plugins/kernel/sites/pci.tsv > plugins/kernel/sites-pci.yaml
 
 Every error-level print of the PCI core, the PCIe port services (AER, DPC, EDR, the error recovery of

@@ -33,7 +33,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 # Prefix macros of include/linux/printk.h / kernel.h and asm/mce.h, resolved in every file.
@@ -132,6 +132,9 @@ class Spec:
     # KBUILD_MODNAME of files whose module name is known (path glob -> module, from the Makefile:
     # drivers/nvme/host/tcp.c is nvme-tcp.ko, "nvme_tcp"); other files keep it as {KBUILD_MODNAME}.
     modules: Mapping[str, str] = field(default_factory=dict)
+    # Directories an older release named otherwise (old prefix -> the primary release's): an older
+    # release's site is named, and excluded, by the path the primary release gives it (fs/cifs/ -> fs/smb/client/).
+    renamed: Mapping[str, str] = field(default_factory=dict)
 
     def helpers(self) -> dict[str, Call]:
         return {**GENERIC_CALLS, **self.calls}
@@ -361,8 +364,45 @@ def extract(root: Path, spec: Spec) -> list[Site]:
     files = sorted({p for pattern in spec.paths for p in root.glob(pattern) if p.is_file()})
     sites: list[Site] = []
     for path in files:
-        sites += scan_file(path, str(path.relative_to(root)), spec)
+        rel = str(path.relative_to(root))
+        for old, new in spec.renamed.items():
+            if rel.startswith(old):
+                rel = new + rel[len(old) :]
+        sites += scan_file(path, rel, spec)
     return sites
+
+
+def extract_releases(roots: Sequence[Path], scan: Callable[[Path], list[Site]]) -> list[Site]:
+    """The sites of the first (primary) release, then those of each older release that print otherwise.
+
+    Fleets run many kernel releases and a message's words move between them (DMAR's fault record lost its
+    "PASID %x" for "NO_PASID", nf_conntrack's table-full warning gained its module's prefix): a rule made
+    from one release's formats misses the others' lines. An older release's site whose call and text the
+    primary has (from any helper), or whose pattern finds a line the primary prints, is the same print and is
+    left out; any other is kept, its ``where`` suffixed with
+    ``@<release>`` (so an exclusion naming a primary release's line number does not claim it)."""
+    sites = scan(roots[0])
+    seen = {s.text for s in sites}  # the same text from another helper (printk(KERN_ERR ...) for dev_err) too
+    # A pattern that finds a primary line would report it beside the primary's own rule: one print, two findings.
+    printed = [line for s in sites for line in render(s)]
+    for root in roots[1:]:
+        for site in scan(root):
+            if site.text not in seen and not _prints_as_one_of(site, printed):
+                seen.add(site.text)
+                sites.append(replace(site, where=f"{site.where}@{root.name}"))
+    return sites
+
+
+def _prints_as_one_of(site: Site, lines: Sequence[str]) -> bool:
+    """Whether the site's pattern finds a line the primary release prints: the same message, worded a little
+    otherwise (a clause the newer release added: "Slab cache still has objects when called from %pS")."""
+    pattern = site_pattern(site)
+    runs = literal_runs(site)
+    if pattern is None or not runs:
+        return False
+    longest = max(runs, key=len)
+    compiled = re.compile(pattern)
+    return any(longest in line and compiled.search(line) for line in lines)
 
 
 # --- the extract file -----------------------------------------------------------------------------------
@@ -830,12 +870,16 @@ def main(argv: Sequence[str], *, spec: Spec, generate: Callable[[list[Site]], st
     """``extract ROOT`` (the TSV on stdout) or ``generate EXTRACT`` (the pack on stdout)."""
     import sys
 
-    if len(argv) == 2 and argv[0] == "extract":
-        root = Path(argv[1])
-        sys.stdout.write(write_extract(spec, root.name, extract(root, spec)))
+    if len(argv) >= 2 and argv[0] == "extract":
+        roots = [Path(a) for a in argv[1:]]
+        sys.stdout.write(
+            write_extract(
+                spec, " + ".join(r.name for r in roots), extract_releases(roots, lambda root: extract(root, spec))
+            )
+        )
         return 0
     if len(argv) == 2 and argv[0] == "generate":
         sys.stdout.write(generate(read_extract(Path(argv[1]).read_text())))
         return 0
-    sys.stderr.write("usage: generate_<subsystem>.py extract SOURCE_ROOT | generate EXTRACT.tsv\n")
+    sys.stderr.write("usage: generate_<subsystem>.py extract SOURCE_ROOT [OLDER_ROOT ...] | generate EXTRACT.tsv\n")
     return 2
