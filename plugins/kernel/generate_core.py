@@ -151,19 +151,12 @@ EXCLUSIONS: list[Exclusion] = [
         where=r"^kernel/panic\.c:",
         reason="a detail record of a kernel panic (its Kernel panic - not syncing header is the finding)",
     ),
-    # lib/bug.c report_bug(): BUG() prints "kernel BUG at %s:%u!" and traps; do_error_trap() then dies
-    # with "invalid opcode: 0000 [#1] ...", kernel/oops's header of the same report.
-    Exclusion(
-        pattern=r"^[Kk]ernel BUG at ",
-        where=r"^lib/bug\.c:",
-        reason="the first record of a BUG() oops: the invalid opcode header after it is kernel/oops's finding",
-    ),
     # arch/x86/mm/fault.c show_fault_oops(): around kernel/oops-null-pointer-new-wording's "BUG: kernel
     # NULL pointer dereference" / "BUG: unable to handle page fault" come the NX/SMEP hint, the #PF
     # decode, the IDT/GDT and LDT/TSS descriptors, then the oops header; "Thread overran stack" after.
     Exclusion(
         pattern=r"^(%s: NULL|%s: 0x%hx -- |kernel tried to execute NX-protected page|unable to execute userspace code"
-        r"|#PF: |IDT: 0x%lx|Thread overran stack)",
+        r"|IDT: 0x%lx|Thread overran stack)",
         where=r"^arch/x86/mm/fault\.c:",
         reason="a detail record of a kernel page-fault oops (the BUG: line and the Oops header are its findings)",
     ),
@@ -185,6 +178,14 @@ LEAVE: list[Exclusion] = [
         reason="kernel-monitor.yaml kernel/rcu-kthread-starved (RCUKthreadStarved)",
     ),
     Exclusion(pattern=r"BUG: soft lockup - CPU#", reason="kernel-monitor.yaml kernel/soft-lockup (SoftLockup)"),
+    Exclusion(
+        pattern=r"^[Kk]ernel BUG at ", where=r"^lib/bug\.c:", reason="kernel-monitor.yaml kernel/bug-at (KernelOops)"
+    ),
+    Exclusion(
+        pattern=r"^#PF: ",
+        where=r"^arch/x86/mm/fault\.c:",
+        reason="kernel-monitor.yaml kernel/page-fault-decode (KernelOops; quiet after its BUG: line)",
+    ),
     Exclusion(pattern=r"Watchdog detected hard LOCKUP", reason="kernel-monitor.yaml kernel/hard-lockup (HardLockup)"),
     Exclusion(
         pattern=r"^INFO: task %s:%d blocked for more than", reason="kernel-monitor.yaml kernel/task-hung (TaskHung)"

@@ -108,6 +108,8 @@ MULTILINE = {
     "kernel/mlx5-unrecoverable-synd-in-report",  # an mlx5 health report's header and its syndrome record
     "kernel/scsi-additional-sense-in-report",  # a SCSI sense report's Sense Key line and its additional sense
     "kernel/ata-eh-detail-in-report",  # a libata error-handler report's header and its detail records
+    "kernel/bug-oops-header-in-report",  # "kernel BUG at" and the die() header after it
+    "kernel/page-fault-decode-in-report",  # a page fault's "BUG:" line and its "#PF:" decode
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }

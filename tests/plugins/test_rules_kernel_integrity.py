@@ -684,7 +684,8 @@ def test_the_transmit_watchdogs_warn_is_one_finding(engine_cls):
 
 @ENGINES
 def test_a_bug_report_gives_one_finding_at_its_header(engine_cls):
-    """lib/bug.c BUG(): "kernel BUG at %s:%u!" then the die() header (invalid opcode): one KernelOops."""
+    """lib/bug.c BUG(): "kernel BUG at %s:%u!" then the die() header (invalid opcode): one KernelOops, at the
+    record that names where the BUG fired (the header, in its report, is quiet; alone it is kernel/oops's)."""
     lines = [
         "------------[ cut here ]------------",
         render("kernel BUG at %s:%u!", "mm/slub.c", 4321),
@@ -696,4 +697,4 @@ def test_a_bug_report_gives_one_finding_at_its_header(engine_cls):
         "---[ end trace 0000000000000000 ]---",
     ]
     findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
-    assert [(f.line, f.rule) for f in findings] == [(3, "kernel/oops")]
+    assert [(f.line, f.rule) for f in findings] == [(2, "kernel/bug-at")]
