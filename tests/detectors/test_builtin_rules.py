@@ -110,6 +110,7 @@ MULTILINE = {
     "kernel/ata-eh-detail-in-report",  # a libata error-handler report's header and its detail records
     "kernel/bug-oops-header-in-report",  # "kernel BUG at" and the die() header after it
     "kernel/page-fault-decode-in-report",  # a page fault's "BUG:" line and its "#PF:" decode
+    "nvidia/sxid-detail-in-report",  # an SXid report's header and its error entry's records
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
 }

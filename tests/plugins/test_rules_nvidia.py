@@ -496,13 +496,51 @@ def _sxid_detail_reports() -> list[tuple[list[str], str]]:
 def test_an_sxid_report_with_its_detail_records_is_its_headers_one_finding(engine_cls, lines, rule):
     findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
     assert [(f.rule, f.line) for f in findings] == [(rule, 1)]
-    assert engine_cls(rule_set=RULE_SET).feed(lines[1:], line_numbers=1) == []  # read alone: quiet all the same
+    # Read without their header (a log cut short, a grep for the code), the records are the fallback's Events.
+    alone = engine_cls(rule_set=RULE_SET).feed(lines[1:], line_numbers=1)
+    assert {(f.rule, f.reason) for f in alone} == {("nvidia/sxid-fallback", findings[0].reason)}
 
 
 # --- other GPU-stack lines ---------------------------------------------------------------------
 
 OTHER_CASES = (
     [
+        # An SXid report's detail records read without their header (error_nvswitch.c): the fallback's Event.
+        Case(
+            f"sxid-detail-{i}",
+            [printf("nvidia-nvswitch%d: SXid (PCI:%04x:%02x:%02x.%x): %05d, ", sw, 0, bus, 0, 0, code) + rest],
+            "nvidia/sxid-fallback",
+            f"NVSwitchSXid{code}",
+            {"sxid": code},
+        )
+        for i, (sw, bus, code, rest) in enumerate(
+            [
+                (1, 0x87, 12028, "Severity 0 Engine instance 61 Sub-engine instance 00"),
+                (0, 0x05, 24007, "Severity 1 Engine instance 44 Sub-engine instance 00"),
+                (
+                    3,
+                    0x86,
+                    12028,
+                    "Data {"
+                    + ", ".join([f"0x{w:08x}" for w in (0x1C0, 0xE265F, 0x500, 0x40, 0, 0x8000, 0x5A000100, 0, 0)])
+                    + "}",
+                ),
+                (1, 0x84, 22013, "Data {" + ", ".join([f"0x{w:08x}" for w in (0x1C0, 0, 0, 0, 0, 0, 0, 0)]) + "}"),
+                (1, 0x84, 12028, "Data {0x000001c0, 0x00bd5c8a, 0x00000500, 0x00000064, 0x00000000, "),  # cut short
+            ]
+        )
+    ]
+    + [
+        # The last line of rm_is_supported_device's three-line message read alone: an Event, no device.
+        Case(f"fallen-off-bus-continuation-{i}", [text], "nvidia/fallen-off-bus-continuation", "GpuFallenOffBus")
+        for i, text in enumerate(
+            [
+                "NVRM: fallen off the bus and is not responding to commands.",
+                "               NVRM: fallen off the bus and is not responding to commands.",
+            ]
+        )
+    ]
+    + [
         Case(
             f"peermem-{text}",
             [text],
@@ -621,7 +659,7 @@ def test_rendered_line_gives_exactly_its_finding(engine_cls, case: Case):
 def test_every_rule_of_the_pack_has_rendered_lines():
     rules = {r.name for r in RULE_SET.rules if r.source == "nvidia-monitor"}
     threshold_only = {"nvidia/xid-repeated", "nvidia/sxid-correctable"}  # see the count-in-window tests below
-    quiet = {"nvidia/sxid-detail"}  # never a finding: see the SXid report test above
+    quiet = {"nvidia/sxid-detail-in-report"}  # never a finding: see the SXid report test above
     assert rules - threshold_only - quiet == {c.rule for c in CASES}
 
 
