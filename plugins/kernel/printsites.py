@@ -377,10 +377,10 @@ def extract_releases(roots: Sequence[Path], scan: Callable[[Path], list[Site]]) 
 
     Fleets run many kernel releases and a message's words move between them (DMAR's fault record lost its
     "PASID %x" for "NO_PASID", nf_conntrack's table-full warning gained its module's prefix): a rule made
-    from one release's formats misses the others' lines. An older release's site whose call and text the
-    primary has (from any helper), or whose pattern finds a line the primary prints, is the same print and is
-    left out; any other is kept, its ``where`` suffixed with
-    ``@<release>`` (so an exclusion naming a primary release's line number does not claim it)."""
+    from one release's formats misses the others' lines. An older release's site whose text the primary has
+    (from any helper), or whose pattern finds a line the primary prints, is the same print and is left out;
+    any other is kept, its ``where`` suffixed with ``@<release>`` (so an exclusion naming a primary
+    release's line number does not claim it)."""
     sites = scan(roots[0])
     seen = {s.text for s in sites}  # the same text from another helper (printk(KERN_ERR ...) for dev_err) too
     # A pattern that finds a primary line would report it beside the primary's own rule: one print, two findings.
