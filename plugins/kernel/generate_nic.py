@@ -55,6 +55,12 @@ SPEC = Spec(
         # include/rdma/ib_verbs.h: ibdev_err(ibdev, fmt, ...), ibdev_err_ratelimited(ibdev, fmt, ...).
         **_levels("ibdev", 1),
     },
+    # ena_com.h defines pr_fmt(fmt) KBUILD_MODNAME ": " fmt for the files that include it (5.10's ena_com.c
+    # printed with pr_err: "ena: Reading reg failed for timeout. ..."; 6.1's prints through netdev_err).
+    pr_fmt={
+        "drivers/net/ethernet/amazon/ena/ena_com.c": "ena: ",
+        "drivers/net/ethernet/amazon/ena/ena_eth_com.c": "ena: ",
+    },
 )
 
 FAMILY = Family(name="nic", reason="NICError", device_prefix=r"(?:ena|efa) ")
@@ -63,32 +69,33 @@ _ENA = r"^drivers/net/ethernet/amazon/ena/"
 _ENA_ETHTOOL = r"^drivers/net/ethernet/amazon/ena/ena_ethtool\.c:"
 
 # Sites no rule of this pack speaks for, and why. A multi-record report is one finding: its first record's.
+# "(?:ena: )?": 5.10's ena_com.c printed with pr_err and ena_com.h's pr_fmt, 6.1's with netdev_err.
 EXCLUSIONS: list[Exclusion] = [
     # ena_dump_stats_ex(): after "Trigger reset is on" (network.yaml kernel/ena-reset-triggered) and
     # "Destroy failure, restarting device", one "<counter name>: <value>" record per ethtool counter.
     Exclusion(
-        pattern=r"^%s: %llu",
+        pattern=r"^(?:ena: )?%s: %llu",
         where=_ENA_ETHTOOL,
         reason="a counter record of the statistics dump after a reset trigger (the trigger record is the finding)",
     ),
     # ena_tx_timeout() is the ndo_tx_timeout dev_watchdog() calls right after its "NETDEV WATCHDOG:
     # CPU: ..: transmit queue .. timed out" record (kernel/netdev-tx-timeout-cpu).
     Exclusion(
-        pattern=r"^Transmit time out",
+        pattern=r"^(?:ena: )?Transmit time out",
         where=_ENA,
         reason="the driver's record of a transmit timeout the NETDEV WATCHDOG record already reported",
     ),
     # create_queues_with_size_backoff(): "Not enough memory to create queues with sizes TX=, RX=" is
     # the failure; "Retrying ..." the next step of the same back-off.
     Exclusion(
-        pattern=r"^Retrying queue creation with sizes",
+        pattern=r"^(?:ena: )?Retrying queue creation with sizes",
         where=_ENA,
         reason="the second record of a queue-creation back-off (the 'Not enough memory' record is the finding)",
     ),
     # ena_fw_reset_device(): printed when the reset ENA made after a fault has brought the device back;
     # the fault and "Trigger reset is on" were reported before it.
     Exclusion(
-        pattern=r"^Device reset completed successfully",
+        pattern=r"^(?:ena: )?Device reset completed successfully",
         where=_ENA,
         reason="a success notice at error level: the device is back after a reset whose cause was the finding",
         benign=True,
@@ -99,7 +106,7 @@ EXCLUSIONS: list[Exclusion] = [
     # "Device reset completed successfully"; on teardown (remove, a failed probe's unwinding) the device
     # is going away. The same words in both drivers: a text rule could not tell them apart.
     Exclusion(
-        pattern=r"^(Reset indication didn't turn (on|off)|Device isn't ready, can't reset device)",
+        pattern=r"^(?:ena: )?(Reset indication didn't turn (on|off)|Device isn't ready, can't reset device)",
         reason="a step of an ENA/EFA device reset: the caller's record of the reset's outcome is the finding",
         benign=True,
     ),
@@ -107,14 +114,14 @@ EXCLUSIONS: list[Exclusion] = [
     # failed for GFID tracking" too), so a text rule on them would speak for other drivers' lines; the
     # queue or probe step that failed prints its own record after it.
     Exclusion(
-        pattern=r"^Memory allocation failed\\n$",
+        pattern=r"^(?:ena: )?Memory allocation failed\\n$",
         where=r"^drivers/net/ethernet/amazon/ena/ena_com\.c:",
         reason="generic words other drivers print too; the failed step's own record (the caller's) is the finding",
     ),
     # ena_com_config_llq_info(): the device does not offer the driver's default LLQ stride, entry size
     # or descriptors-before-header, and the driver uses one it does offer ("performing fallback").
     Exclusion(
-        pattern=r"^Default llq .* is not supported, performing fallback",
+        pattern=r"^(?:ena: )?Default llq .* is not supported, performing fallback",
         where=_ENA,
         reason="an informational notice at error level: the driver picks an LLQ setting the device supports",
         benign=True,
@@ -122,7 +129,7 @@ EXCLUSIONS: list[Exclusion] = [
     # ena_set_queues_placement_policy() (5.10): a device without LLQ; the driver places the queues in host
     # memory and returns 0 (6.1 no longer prints it at error level). Older instance types print it at every probe.
     Exclusion(
-        pattern=r"^LLQ is not supported Fallback to host mode policy",
+        pattern=r"^(?:ena: )?LLQ is not supported Fallback to host mode policy",
         where=_ENA,
         reason="an informational notice at error level: the driver uses host-memory queues on a device without LLQ",
         benign=True,
@@ -130,7 +137,7 @@ EXCLUSIONS: list[Exclusion] = [
     # ena_ethtool.c: the answer to an ethtool request (rxnfc commands, hash functions) the driver does
     # not support; the caller gets -EOPNOTSUPP. Tuning tools (irqbalance, tuned, ethtool -X) make these on healthy hosts.  # noqa: E501
     Exclusion(
-        pattern=r"^(Command parameter (%d )?is not supported|Unsupported hfunc)",
+        pattern=r"^(?:ena: )?(Command parameter (%d )?is not supported|Unsupported hfunc)",
         where=_ENA_ETHTOOL,
         reason="the driver refusing an ethtool request it does not support (the caller gets the error)",
         benign=True,
@@ -156,7 +163,8 @@ EXCLUSIONS: list[Exclusion] = [
 # Sites network.yaml's specific rules speak for: no rule here, so a line is reported once.
 LEAVE: list[Exclusion] = [
     Exclusion(
-        pattern=r"^(Keep alive watchdog timeout|ENA admin queue is not in running state|The number of lost tx "
+        pattern=r"^(?:ena: )?(Keep alive watchdog timeout|ENA admin queue is not in running state"
+        r"|The number of lost tx "
         r"completions is above|Potential MSIX issue on|Reset attempt failed\. Can not reset|Trigger reset is on)",
         where=_ENA,
         reason="network.yaml kernel/ena-* (keep-alive, admin queue, lost completions, MSI-X, reset)",
