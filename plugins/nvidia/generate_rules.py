@@ -104,7 +104,48 @@ MIN_PHRASE = 12  # an informational phrase shorter than this would silence too m
 # like the informational prints, so one fault is not reported twice. (phrase, where it is printed)
 CONTEXT_PHRASES = (
     ("*** End GSP Timeout ***", "src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c _kgspLogGspTimeout, 560-580 releases"),
-    ("Rate limiting GSP RPC error prints", "src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c portDbgPrintf, NV_PRINTF"),
+    # The warning-level twin of the "... for GPU at PCI:... The GPU likely needs to be reset." print, which
+    # is a finding of its own (nvidia-monitor.yaml: quiet after the report's Xid 119, alone the family's).
+    (
+        "Rate limiting GSP RPC error prints (printing 1 of every",
+        "src/nvidia/src/kernel/gpu/gsp/kernel_gsp.c _kgspRpcIncrementTimeoutCountAndRateLimitPrints NV_PRINTF",
+    ),
+)
+# Error-level prints whose own text says the driver carries on ("... (non-fatal)", "...; falling back to
+# PCIe virtual-wire interrupts", "Ignoring the failure and continuing"): quiet like the informational prints.
+TOLERATED_TEXT = re.compile(r"\(non-fatal\)|falling back to|Ignoring the failure and continuing")
+# Error-level prints of code that carries on after them (the print is all the failure does), printed on
+# healthy machines: quiet. (phrase, where it is printed, why)
+TOLERATED_SITES = (
+    (
+        "*** Chipset Setup Function Error!",
+        "src/nvidia/src/kernel/platform/chipset/chipset_pcie.c objClInitPcieChipset",
+        "a chipset-specific workaround setup returned an error; initialisation goes on (no return), GPUs work",
+    ),
+    (
+        "*** Root Port Setup Function Error",
+        "src/nvidia/src/kernel/platform/chipset/chipset_pcie.c objClInitPcieChipset",
+        "the root port's workaround setup, the same way",
+    ),
+    (
+        "Upstream port Setup Function Error",
+        "src/nvidia/src/kernel/platform/chipset/chipset_pcie.c objClInitPcieChipset",
+        "the upstream port's workaround setup, the same way",
+    ),
+    *(
+        (
+            f"Unable to read {register}",
+            f"src/nvidia/src/kernel/gpu/bif/arch/{arch} kbifCacheVFInfo_{chip}",
+            "caching the SR-IOV VF details (count, offset) for virtualisation; a config read that fails returns"
+            " from the void function and nothing else uses them on a bare-metal or passthrough GPU",
+        )
+        for register, arch, chip in (
+            ("NV_PF0_INITIAL_AND_TOTAL_VFS", "blackwell/kernel_bif_gb100.c", "GB100"),
+            ("NV_PF0_VF_STRIDE_AND_OFFSET", "blackwell/kernel_bif_gb100.c", "GB100"),
+            ("NV_EP_PCFG_GPU_SRIOV_INIT_TOT_VF", "hopper/kernel_bif_gh100.c", "GH100"),
+            ("NV_EP_PCFG_GPU_SRIOV_FIRST_VF_STRIDE", "hopper/kernel_bif_gh100.c", "GH100"),
+        )
+    ),
 )
 
 _CONVERSION = re.compile(r"%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|z|j|t)?[a-zA-Z%]")
@@ -259,11 +300,15 @@ def _segments(text: str) -> list[str]:
 
 def informational_phrases(sites: list[Site], words: set[str]) -> tuple[list[str], list[Site]]:
     """Phrases that keep informational prints silent, and the informational sites left without one."""
-    error_texts = [s.text for s in sites if s.level in ERROR_LEVELS or s.level in WARNING_LEVELS]
+    quiet = [s for s in sites if s.level in INFO_LEVELS or TOLERATED_TEXT.search(_c_unescape(s.text))]
+    quiet_ids = {id(s) for s in quiet}
+    error_texts = [
+        s.text for s in sites if (s.level in ERROR_LEVELS or s.level in WARNING_LEVELS) and id(s) not in quiet_ids
+    ]
     phrases: set[str] = set()
     uncovered = []
-    for site in sites:
-        if site.level not in INFO_LEVELS or not (_words(site.text) & words):
+    for site in quiet:
+        if not (_words(site.text) & words):
             continue
         # The longest literal run, preferably one holding the vocabulary word; never one that an
         # error-level site also prints (it would silence a real failure).
@@ -273,6 +318,7 @@ def informational_phrases(sites: list[Site], words: set[str]) -> tuple[list[str]
             continue
         phrases.add(max(candidates, key=lambda s: (bool(_words(s) & words), len(s), s)))
     phrases.update(phrase for phrase, _ in CONTEXT_PHRASES)
+    phrases.update(phrase for phrase, _, _ in TOLERATED_SITES)
     return sorted(phrases), uncovered
 
 
@@ -316,7 +362,9 @@ def generate(extract_text: str) -> str:
         "# releases) that no specific rule of nvidia-monitor.yaml understood, and that uses the driver's",
         "# failure vocabulary, is a warning Event: the driver does not say what the failure costs, so it",
         "# is not a node condition. Xid lines are left to the Xid rules. Informational prints that use a",
-        "# vocabulary word anyway are recognised by a phrase of their own and stay silent.",
+        "# vocabulary word anyway are recognised by a phrase of their own and stay silent, and so are the",
+        "# error-level prints that say the driver carries on ('(non-fatal)', 'falling back to') and those",
+        "# of code that carries on after them on healthy machines (generate_rules.TOLERATED_SITES).",
         "#",
         "# vocabulary (word: error-level sites / informational sites):",
     ]
@@ -360,6 +408,12 @@ def generate(extract_text: str) -> str:
             *[
                 f"      - {_yaml_quote(f'NVIDIA/open-gpu-kernel-modules:{where}: {phrase}')}"
                 for phrase, where in CONTEXT_PHRASES
+                if phrase in chunk
+            ],
+            *[
+                f"      - {_yaml_quote(f'NVIDIA/open-gpu-kernel-modules:{where}: {phrase} ({why})')}"
+                for phrase, where, why in TOLERATED_SITES
+                if phrase in chunk
             ],
             "    pattern: " + _yaml_quote(rf"\bNVRM:? +(?P<informational>)[^\n]*(?:{body}).*"),
             "    where: {informational: [never]}",

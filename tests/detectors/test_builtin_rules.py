@@ -113,6 +113,11 @@ MULTILINE = {
     "nvidia/sxid-detail-in-report",  # an SXid report's header and its error entry's records
     "nvidia/fallen-off-bus-multiline",  # "NVRM: The NVIDIA GPU ..." / "NVRM: fallen off the bus ..."
     "nvidia/gpu-not-supported",  # "NVRM: The NVIDIA GPU ..." / "NVRM: installed in this system is not supported"
+    "nvidia/invalid-bar-in-report",  # nv_pci_probe's invalid BAR report: its first line and the BAR line
+    "nvidia/gpu-crash-dump-in-report",  # the fault (an Xid, a GPU off the bus) and the crash-dump notice after it
+    "nvidia/gsp-rpc-rate-limited-in-report",  # the Xid 119s and the RPC rate-limit notice after them
+    "kernel/warning-netdev-watchdog-in-report",  # NETDEV WATCHDOG and the WARNING line of its WARN_ONCE
+    "kernel/pcie-dpc-trigger-in-report",  # a DPC containment event and its "%s detected" record (4.19-6.15)
 }
 
 

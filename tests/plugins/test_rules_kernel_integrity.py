@@ -127,6 +127,16 @@ for this_cpu, cpu in [(0, 0), (3, 7), (U32, U32)]:
         (this_cpu, cpu),
         ("kernel/hard-lockup", "HardLockup", {"detector": str(this_cpu), "cpu": str(cpu)}),
     )
+# arch/powerpc/kernel/watchdog.c (pr_fmt "watchdog: "; 4.13-5.x "Watchdog CPU:%d ..."): its own hard lockups
+for cpu in (0, 59, 2147483647):
+    for fmt, values in [
+        ("watchdog: CPU %d Hard LOCKUP", (cpu,)),
+        ("watchdog: CPU %d self-detected hard LOCKUP @ %pS", (cpu, "plpar_hcall_norets+0x1c/0x28")),
+        ("watchdog: CPU %d detected hard LOCKUP on other CPUs %s", (cpu, "8-11")),
+        ("Watchdog CPU:%d Hard LOCKUP", (cpu,)),
+        ("Watchdog CPU:%d detected Hard LOCKUP other CPUS:%s", (cpu, "0-3")),
+    ]:
+        add("hard-lockup", fmt, values, ("kernel/hard-lockup", "HardLockup", {}))
 add(  # 2.6.36-4.x with hardlockup_panic: the panic line is the only report
     "hard-lockup",
     "Kernel panic - not syncing: " + "Watchdog detected hard LOCKUP on cpu %d",
@@ -304,6 +314,18 @@ add(
     (0xF8A0C000,),
     ("kernel/oops-null-pointer-new-wording", "KernelOops", {"addr": "f8a0c000"}),
 )
+# arch/powerpc/mm/fault.c bad_page_fault: before 5.1 "Unable to handle kernel paging request for data at address
+# 0x%08lx" (or "for instruction fetch", "for unknown fault"), 5.1+ "BUG: Unable to handle kernel data access ..."
+for fmt, values in [
+    ("Unable to handle kernel paging request for data at address 0x%08lx", (0,)),
+    ("Unable to handle kernel paging request for data at address 0x%08lx", (0xC000000000001234,)),
+    ("Unable to handle kernel paging request for instruction fetch", ()),
+    ("Unable to handle kernel paging request for unknown fault", ()),
+    ("BUG: Unable to handle kernel data access on %s at 0x%08lx", ("write", 0x10)),
+    ("BUG: Unable to handle kernel instruction fetch%s", (" (bad address)",)),
+    ("BUG: Unable to handle kernel unaligned access at 0x%08lx", (0xDEADBEEF,)),
+]:
+    add("page-fault", fmt, values, ("kernel/oops-null-pointer-new-wording", "KernelOops", {}))
 # NPD's own wording stays NPD's rule alone (%p of NULL printed "(null)" before 4.15)
 for fmt, addr in [
     ("BUG: unable to handle kernel NULL pointer dereference at %p", None),
@@ -519,13 +541,14 @@ for (caller, symbol, module), (cpu, pid, file, line) in itertools.product(
         (file, line, caller),
         ("kernel/warning", "KernelWarning", {**fields, "file": file, "line": str(line)}),
     )
-# The transmit watchdog's WARN_ONCE: kernel/netdev-tx-timeout speaks for that report.
+# The transmit watchdog's WARN_ONCE: kernel/netdev-tx-timeout speaks for that report (the WARNING line is quiet
+# after its NETDEV WATCHDOG record: test_rules_network.py); read alone, the WARNING line is kernel/warning's.
 for fmt, values in [
     ("WARNING: CPU: %d PID: %d at %s:%d %pS", (3, 0, "net/sched/sch_generic.c", 525, "dev_watchdog+0x20f/0x250")),
     ("WARNING: CPU: %d PID: %d at %pS", (3, 0, "dev_watchdog+0x20f/0x250")),
     ("WARNING: at %s:%d %pS()", ("net/sched/sch_generic.c", 255, "dev_watchdog+0x1f5/0x200")),
 ]:
-    add("warning", fmt, values)
+    add("warning", fmt, values, ("kernel/warning", "KernelWarning", {"symbol": "dev_watchdog"}))
 
 # Look-alikes of the family that must stay silent for all of its rules (from the same sources)
 for fmt, values in [

@@ -228,6 +228,28 @@ for (prefix, pf), status in zip(pci_prefixes("DPC: "), itertools.cycle(DPC_STATU
             prefix + kformat("containment event, status:%#06x: %s detected\n", status, trigger),
             {**pf, "trigger": trigger},
         )
+    # 4.19-6.15: the trigger on a record of its own after the containment event; read alone, its Event
+    for trigger in ("unmasked uncorrectable error", "ERR_NONFATAL", "ERR_FATAL", "RP PIO error", "reserved error"):
+        add(
+            "kernel/pcie-dpc-trigger",
+            "PCIeContainmentEvent",
+            prefix + kformat("%s detected\n", trigger),
+            {**pf, "trigger": trigger},
+        )
+# Intel thermal throttling (drivers/thermal/intel/therm_throt.c; before 5.5 "... temperature above threshold, cpu
+# clock throttled ...", at times behind pr_fmt "mce: ")
+for cpu, level, events in itertools.product((0, 127), ("Core", "Package"), (0, 18446744073709551615)):
+    for fmt in (
+        "CPU%d: %s temperature is above threshold, cpu clock is throttled (total events = %lu)\n",
+        "CPU%d: %s temperature above threshold, cpu clock throttled (total events = %lu)\n",
+        "mce: CPU%d: %s temperature above threshold, cpu clock throttled (total events = %lu)\n",
+    ):
+        add(
+            "kernel/cpu-thermal-throttled",
+            "CPUThermalThrottled",
+            kformat(fmt, cpu, level, events),
+            {"cpu": str(cpu), "level": level, "events": str(events)},
+        )
 # 4.9-4.18 (pcie-dpc.c): dev_info(dev, "DPC containment event, status:%#06x source:%#06x\n") on the service device
 for status, source in ((0x1F01, 0), (0, 0xFFFF)):
     add(
@@ -756,6 +778,7 @@ for prefix, _pf in pci_prefixes("AER: "):
 for prefix, _pf in pci_prefixes("DPC: "):
     BENIGN += [
         prefix + kformat("containment event, status:%#06x: %s detected\n", 0x1F11, "software trigger"),
+        prefix + kformat("%s detected\n", "software trigger"),  # 4.19-6.15: a DPC trigger set on purpose
         prefix + kformat("enabled with IRQ %d\n", 26),
     ]
 BENIGN += [
@@ -927,7 +950,18 @@ def test_benign_rendered_line_stays_silent(engine_cls, line: str):
     assert engine_cls(rule_set=RULE_SET).feed([line]) == []
 
 
-QUIET = {"kernel/pcie-aer-detail-in-report"}  # matches and stays quiet: see the report tests below
+QUIET = {"kernel/pcie-aer-detail-in-report", "kernel/pcie-dpc-trigger-in-report"}  # quiet: see the report tests below
+
+
+@ENGINES
+@pytest.mark.parametrize("trigger", ["unmasked uncorrectable error", "ERR_NONFATAL", "ERR_FATAL", "RP PIO error"])
+def test_a_containment_event_and_its_trigger_record_are_one_finding(engine_cls, trigger: str):
+    lines = [
+        "pcieport 0000:00:1c.0: DPC: " + kformat("containment event, status:%#06x source:%#06x\n", 0x1F01, 0).strip(),
+        "pcieport 0000:00:1c.0: DPC: " + kformat("%s detected\n", trigger).strip(),
+    ]
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, times=0.0, line_numbers=1)
+    assert [(f.rule, f.line) for f in findings] == [("kernel/pcie-dpc-containment", 1)]
 
 
 def test_every_rule_of_the_family_has_rendered_cases():

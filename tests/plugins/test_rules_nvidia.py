@@ -308,6 +308,12 @@ def _device_cases() -> list[Case]:
         text = printf("NVRM: The NVIDIA probe routine failed for %d device(s).\n", count)
         fields = {"failed_devices": count}
         cases.append(Case(f"probe-{text}", kernel_lines(text), "nvidia/probe-failed", "GpuProbeFailed", fields))
+    # nv_drivers_init's conclusion when no GPU came up (and the proprietary driver's older wording)
+    for text in [
+        "NVRM: None of the NVIDIA devices were initialized.\n",
+        "NVRM: None of the NVIDIA graphics adapters were initialized!\n",
+    ]:
+        cases.append(Case(f"probe-{text}", kernel_lines(text), "nvidia/probe-failed", "GpuProbeFailed"))
     return cases
 
 
@@ -501,6 +507,83 @@ def test_an_sxid_report_with_its_detail_records_is_its_headers_one_finding(engin
     assert {(f.rule, f.reason) for f in alone} == {("nvidia/sxid-fallback", findings[0].reason)}
 
 
+# nv_pci_probe's invalid BAR report (one nv_printf, two lines), RmLogGpuCrash's notice after the fault it
+# dumped, and the GSP RPC timeouts' rate-limit notice after the Xid 119s it counts.
+INVALID_BAR = (
+    "NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:\n"
+    "NVRM: BAR%d is %lluM @ 0x%llx (PCI:%04x:%02x:%02x.%x)\n"
+)
+CRASH_DUMP = (
+    "NVRM: A GPU crash dump has been created. If possible, please run\n"
+    "NVRM: nvidia-bug-report.sh as root to collect this data before\n"
+    "NVRM: the NVIDIA kernel module is unloaded.\n"
+)
+RATE_LIMITED = (
+    "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:%04x:%02x:%02x (printing 1 of every %d).  "
+    "The GPU likely needs to be reset.\n"
+)
+
+
+def _report_cases() -> list[tuple[str, list[str], list[tuple[str, int]], list[tuple[str, str]]]]:
+    """(id, a report's lines, its findings as (rule, line), the findings of its last record(s) alone)."""
+    cases = []
+    for (dom, bus, dev, fn), (bar, size, addr) in zip(
+        PCI_ARGS,
+        [(0, 0, 0), (1, 0, 0), (3, 18446744073709551615, 0xFFFFFFFFFFFFFFFF), (5, 32768, 0xE0000000)],
+        strict=True,
+    ):
+        lines = kernel_lines(printf(INVALID_BAR, bar, size, addr, dom, bus, dev, fn))
+        cases.append(
+            (
+                f"bar{bar}-{dom:x}",
+                lines,
+                [("nvidia/invalid-bar", 1)],
+                [("nvidia/invalid-bar-continuation", "GpuInvalidBar")],
+            )
+        )
+    for (dom, bus, dev, _fn), code in zip(PCI_ARGS, [79, 48, 119, 13], strict=True):
+        xid = printf(
+            "NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=1234, name=python3, GPU has fallen off the bus.",
+            dom,
+            bus,
+            dev,
+            code,
+        )
+        lines = [xid, *kernel_lines(CRASH_DUMP)]
+        rule = "nvidia/xid-node" if code in NODE else "nvidia/xid-event"
+        cases.append((f"crash-dump-xid{code}", lines, [(rule, 1)], [("nvidia/gpu-crash-dump", "GpuCrashDumpCreated")]))
+    for (dom, bus, dev, _fn), skip in zip(PCI_ARGS, [30, 1, 2147483647, 0], strict=True):
+        xid = printf(
+            "NVRM: Xid (PCI:%04x:%02x:%02x): 119, pid=2357, name=nv-hostengine, Timeout after 6s of waiting for RPC "
+            "response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x2080a097 0x490).",
+            dom,
+            bus,
+            dev,
+        )
+        lines = [xid, xid, *kernel_lines(printf(RATE_LIMITED, dom, bus, dev, skip))]
+        cases.append(
+            (
+                f"rate-limited-{skip}",
+                lines,
+                [("nvidia/xid-node", 1), ("nvidia/xid-node", 2)],
+                [("nvidia/nvrm-failure", "NvidiaDriverError")],
+            )
+        )
+    return cases
+
+
+@ENGINES
+@pytest.mark.parametrize(
+    ("lines", "found", "alone"), [c[1:] for c in _report_cases()], ids=[c[0] for c in _report_cases()]
+)
+def test_a_report_and_the_records_after_its_header_are_the_headers_findings(engine_cls, lines, found, alone):
+    findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
+    assert [(f.rule, f.line) for f in findings] == found, lines
+    # The records after the header read without it (a log cut short, a grep): one Event.
+    tail = [line for line in lines[1:] if "Xid" not in line]
+    assert [(f.rule, f.reason) for f in engine_cls(rule_set=RULE_SET).feed(tail, line_numbers=1)] == alone, tail
+
+
 # --- other GPU-stack lines ---------------------------------------------------------------------
 
 OTHER_CASES = (
@@ -659,8 +742,15 @@ def test_rendered_line_gives_exactly_its_finding(engine_cls, case: Case):
 def test_every_rule_of_the_pack_has_rendered_lines():
     rules = {r.name for r in RULE_SET.rules if r.source == "nvidia-monitor"}
     threshold_only = {"nvidia/xid-repeated", "nvidia/sxid-correctable"}  # see the count-in-window tests below
-    quiet = {"nvidia/sxid-detail-in-report"}  # never a finding: see the SXid report test above
-    assert rules - threshold_only - quiet == {c.rule for c in CASES}
+    # never a finding: see the SXid report test and the report test above
+    quiet = {
+        "nvidia/sxid-detail-in-report",
+        "nvidia/invalid-bar-in-report",
+        "nvidia/gpu-crash-dump-in-report",
+        "nvidia/gsp-rpc-rate-limited-in-report",
+    }
+    reports = {rule for _, _, found, alone in _report_cases() for rule, _ in found + alone}
+    assert rules - threshold_only - quiet == {c.rule for c in CASES} | (reports & rules)
 
 
 @ENGINES

@@ -495,6 +495,13 @@ SOURCES: list[Source] = [
         {"device": 0},
     ),
     Source(
+        'fs/xfs/xfs_message.c: without a mounted superblock, __xfs_printk prints "%sXFS: %pV" (no device)',
+        "XFS: Internal error %s at line %d of file %s.  Caller 0x%p\n",
+        edges(["XFS_WANT_CORRUPTED_RETURN", "xfs_trans_cancel"], S32, ["fs/xfs/xfs_alloc.c"], ["ffffffffa01e76c2"]),
+        "kernel/xfs-fallback",
+        "XfsError",
+    ),
+    Source(
         "fs/xfs/xfs_log.c",
         XFS_MSG + "log mount/recovery failed: error %d",
         edges(BDEVS, [-74, *S32]),
@@ -1180,7 +1187,7 @@ OTHER_SOURCES: list[Source] = [
             [10, 0],
             ["9.125.70.42:6801", "(1)192.168.178.80:3300"],
             [
-                "socket closed (con state OPEN)",
+                "socket closed (con state PREOPEN)",
                 "socket closed (con state V1_BANNER)",
                 "socket error on read",
                 "connect error",
@@ -1192,6 +1199,33 @@ OTHER_SOURCES: list[Source] = [
         "kernel/ceph-connection-fault",
         "CephConnectionFault",
         {"entity": 0, "id": 1, "address": 2, "error": 3},
+    ),
+    Source(
+        "torvalds/linux:fs/ceph/mds_client.c",
+        "ceph: mds%d %s",
+        edges(
+            [0, 12, 2147483647, -1],
+            [
+                "closed our session",
+                "session blocklisted",
+                "reconnect denied",
+                "rejected session",
+                "caps stale",
+                "caps still stale",
+                "hung",
+            ],
+        ),
+        "kernel/ceph-mds-session-lost",
+        "CephSessionLost",
+        {"mds": 0, "event": 1},
+    ),
+    Source(
+        "torvalds/linux:fs/ceph/caps.c",
+        "ceph:  dropping dirty%s %s state for %s %lld",
+        edges(["+flushing", ""], ["Fw", "AxFxw"], ["ffff8802dc150518", "00000000a1b2c3d4"], [1099935956631, 0, -1]),
+        "kernel/ceph-dirty-data-dropped",
+        "CephDirtyDataDropped",
+        {"caps": 1},
     ),
     Source(
         "torvalds/linux:net/ceph/mon_client.c",
