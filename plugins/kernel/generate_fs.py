@@ -110,7 +110,9 @@ SPEC = Spec(
     },
 )
 
-FAMILY = Family(name="fs", reason="FilesystemError")
+# cifs_dbg(VFS, ...) printed "CIFS VFS: " before 5.10's pr_fmt "CIFS: " + "VFS: " (fs/cifs/cifs_debug.h:
+# pr_err("CIFS VFS: " fmt)), the form kernels of 4.x and 5.4 still print.
+FAMILY = Family(name="fs", reason="FilesystemError", older_prefixes={"CIFS: VFS: ": "CIFS:? VFS: "})
 
 # Sites no rule of this pack speaks for, and why. A multi-record report is one finding: its header's.
 EXCLUSIONS: list[Exclusion] = [

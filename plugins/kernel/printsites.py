@@ -683,6 +683,9 @@ class Family:
     reason: str
     severity: str = "warning"
     device_prefix: str = ""  # empty: dev_* sites are matched on their text alone
+    # A prefix the primary release prints that older releases printed otherwise -> a regex for both, put in
+    # front of the branches that begin with it (fs: 6.1's "CIFS: VFS: ", before 5.10 "CIFS VFS: ").
+    older_prefixes: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
     repository: str = "torvalds/linux"  # the provenance's source repository (owner/name)
 
@@ -770,11 +773,13 @@ def family_pack(
         exclusion = next((e for e in exclusions if e.matches(site)), None)
         if site.call.startswith("WARN") or site.call == "panic" or exclusion or any(e.matches(site) for e in leave):
             left += 1
-            branch = site_pattern(site) if exclusion is not None and exclusion.benign else None
+            branch = (
+                _with_older_prefixes(site_pattern(site), family) if exclusion is not None and exclusion.benign else None
+            )
             if branch is not None:
                 benign.setdefault(branch, []).append(site)
             continue
-        branch = site_pattern(site)
+        branch = _with_older_prefixes(site_pattern(site), family)
         if branch is None:
             unmatched.append(site)
             continue
@@ -829,6 +834,15 @@ def family_pack(
             after=["    where: {benign: [never]}"],
         )
     return "\n".join(out) + "\n"
+
+
+def _with_older_prefixes(branch: str | None, family: Family) -> str | None:
+    """The branch, its first literal's prefix widened to an older release's form where the family names one."""
+    for prefix, regex in family.older_prefixes.items():
+        escaped = re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", prefix)
+        if branch is not None and branch.startswith(escaped):
+            return regex + branch[len(escaped) :]
+    return branch
 
 
 def _family_rule(

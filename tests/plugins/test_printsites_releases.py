@@ -68,3 +68,36 @@ def test_an_exclusion_naming_a_primary_line_does_not_claim_an_older_site() -> No
     by_line = printsites.Exclusion(pattern="y", where=r"^drivers/ata/libata-eh\.c:(2[34]\d\d)$", reason="r")
     by_path = printsites.Exclusion(pattern="y", where=r"^drivers/ata/libata-eh\.c:", reason="r")
     assert (by_line.matches(site), by_path.matches(site)) == (False, True)
+
+
+def test_a_prefix_older_releases_printed_otherwise_is_widened_in_the_rules() -> None:
+    """fs: 6.1's cifs_dbg(VFS, ...) prints "CIFS: VFS: ", releases before 5.10 "CIFS VFS: " (the same sites):
+    the family names the older form, and the rule of such a site finds both lines; others are unchanged."""
+    import re
+
+    sites = [
+        printsites.Site(
+            level="err",
+            where="fs/smb/client/connect.c:1821",
+            call="cifs_dbg",
+            prefix="pr",
+            text="CIFS: VFS: Error connecting to socket. Aborting operation.\\n",
+        ),
+        printsites.Site(
+            level="err",
+            where="fs/smb/client/connect.c:99",
+            call="pr_err",
+            prefix="pr",
+            text="CIFS: reconnect timed out for a long while\\n",
+        ),
+    ]
+    family = printsites.Family(name="t", reason="R", older_prefixes={"CIFS: VFS: ": "CIFS:? VFS: "})
+    pack = printsites.family_pack(family=family, sites=sites, exclusions=[], leave=[], generator="g", extract_path="e")
+    (pattern,) = re.findall(r"^    pattern: '(.*)'$", pack, re.M)
+    for line, found in [
+        ("CIFS: VFS: Error connecting to socket. Aborting operation.", True),
+        ("CIFS VFS: Error connecting to socket. Aborting operation.", True),
+        ("CIFS: reconnect timed out for a long while", True),
+        ("CIFS reconnect timed out for a long while", False),
+    ]:
+        assert (re.fullmatch(pattern, line) is not None) == found, line
