@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import printsites
-from printsites import Call, Exclusion, Family, Spec
+from printsites import Exclusion, Family, Spec
 
 HERE = Path(__file__).resolve().parent
 EXTRACT = HERE / "sites" / "md.tsv"
@@ -30,9 +30,7 @@ SPEC = Spec(
     name="md",
     paths=["drivers/md/md.c", "drivers/md/md-*.c", "drivers/md/raid*.c"],
     # md's failures at warning level (see above); the rules' maxLevel is the sites' level.
-    calls={
-        f"pr_warn{suffix}": Call(level="warning", fmt_arg=0, prefix="pr") for suffix in ("", "_ratelimited", "_once")
-    },
+    calls=printsites.call_forms("pr_warn", "warning", 0, "pr"),
     levels=frozenset({"emerg", "alert", "crit", "err", "warn", "warning"}),
     printk_pr_fmt=False,
 )

@@ -69,19 +69,22 @@ class Call:
     level_names: Mapping[str, str] = field(default_factory=dict)
 
 
-def _family(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
+def call_forms(base: str, level: str, fmt_arg: int, prefix: str) -> dict[str, Call]:
+    """A print helper and its ``_ratelimited`` and ``_once`` forms, all printing alike."""
     call = Call(level=level, fmt_arg=fmt_arg, prefix=prefix)
     return {f"{base}{suffix}": call for suffix in ("", "_ratelimited", "_once")}
 
 
 # The generic print helpers of include/linux/printk.h, dev_printk.h, netdevice.h, pci.h.
 GENERIC_CALLS: dict[str, Call] = {
-    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pr_{lvl}", lvl, 0, "pr").items()},
-    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"dev_{lvl}", lvl, 1, "dev").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in call_forms(f"pr_{lvl}", lvl, 0, "pr").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in call_forms(f"dev_{lvl}", lvl, 1, "dev").items()},
     **{
-        k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"netdev_{lvl}", lvl, 1, "netdev").items()
+        k: v
+        for lvl in ("err", "crit", "alert", "emerg")
+        for k, v in call_forms(f"netdev_{lvl}", lvl, 1, "netdev").items()
     },
-    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in _family(f"pci_{lvl}", lvl, 1, "dev").items()},
+    **{k: v for lvl in ("err", "crit", "alert", "emerg") for k, v in call_forms(f"pci_{lvl}", lvl, 1, "dev").items()},
     "dev_err_probe": Call(level="err", fmt_arg=2, prefix="dev"),
     "printk": Call(level=None, fmt_arg=0, prefix="pr"),
     "printk_ratelimited": Call(level=None, fmt_arg=0, prefix="pr"),
@@ -710,7 +713,12 @@ def site_pattern(site: Site) -> str | None:
     runs = literal_runs(site)
     if not runs or max(map(len, runs)) < MIN_RUN:
         return None
-    return ".*".join(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", r) for r in runs)
+    return ".*".join(map(_escape, runs))
+
+
+def _escape(literal: str) -> str:
+    """``literal`` as an RE2 pattern that matches just it."""
+    return re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", literal)
 
 
 def _overlapping_together(table: Mapping[str, Sequence[Site]]) -> list[list[str]]:
@@ -771,15 +779,12 @@ def family_pack(
     left = 0
     for site in sites:
         exclusion = next((e for e in exclusions if e.matches(site)), None)
+        branch = _with_older_prefixes(site_pattern(site), family)
         if site.call.startswith("WARN") or site.call == "panic" or exclusion or any(e.matches(site) for e in leave):
             left += 1
-            branch = (
-                _with_older_prefixes(site_pattern(site), family) if exclusion is not None and exclusion.benign else None
-            )
-            if branch is not None:
+            if branch is not None and exclusion is not None and exclusion.benign:
                 benign.setdefault(branch, []).append(site)
             continue
-        branch = _with_older_prefixes(site_pattern(site), family)
         if branch is None:
             unmatched.append(site)
             continue
@@ -838,9 +843,10 @@ def family_pack(
 
 def _with_older_prefixes(branch: str | None, family: Family) -> str | None:
     """The branch, its first literal's prefix widened to an older release's form where the family names one."""
+    if branch is None:
+        return None
     for prefix, regex in family.older_prefixes.items():
-        escaped = re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", prefix)
-        if branch is not None and branch.startswith(escaped):
+        if branch.startswith(escaped := _escape(prefix)):
             return regex + branch[len(escaped) :]
     return branch
 

@@ -298,17 +298,26 @@ def _segments(text: str) -> list[str]:
     return [r for r in (re.sub(r"^NVRM\b:?", "", r).strip(" .:,") for r in runs) if r]
 
 
+def tolerated(site: Site) -> bool:
+    """Whether the pack keeps an error-level site silent because the driver carries on after it: its text says
+    so (TOLERATED_TEXT) or it is one of TOLERATED_SITES."""
+    text = _c_unescape(site.text)
+    return TOLERATED_TEXT.search(text) is not None or any(phrase in text for phrase, _, _ in TOLERATED_SITES)
+
+
 def informational_phrases(sites: list[Site], words: set[str]) -> tuple[list[str], list[Site]]:
     """Phrases that keep informational prints silent, and the informational sites left without one."""
-    quiet = [s for s in sites if s.level in INFO_LEVELS or TOLERATED_TEXT.search(_c_unescape(s.text))]
-    quiet_ids = {id(s) for s in quiet}
+
+    def says_it_carries_on(site: Site) -> bool:
+        return TOLERATED_TEXT.search(_c_unescape(site.text)) is not None
+
     error_texts = [
-        s.text for s in sites if (s.level in ERROR_LEVELS or s.level in WARNING_LEVELS) and id(s) not in quiet_ids
+        s.text for s in sites if (s.level in ERROR_LEVELS or s.level in WARNING_LEVELS) and not says_it_carries_on(s)
     ]
     phrases: set[str] = set()
     uncovered = []
-    for site in quiet:
-        if not (_words(site.text) & words):
+    for site in sites:
+        if not (site.level in INFO_LEVELS or says_it_carries_on(site)) or not (_words(site.text) & words):
             continue
         # The longest literal run, preferably one holding the vocabulary word; never one that an
         # error-level site also prints (it would silence a real failure).

@@ -7,6 +7,7 @@ the primary release gives its directory."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -73,23 +74,16 @@ def test_an_exclusion_naming_a_primary_line_does_not_claim_an_older_site() -> No
 def test_a_prefix_older_releases_printed_otherwise_is_widened_in_the_rules() -> None:
     """fs: 6.1's cifs_dbg(VFS, ...) prints "CIFS: VFS: ", releases before 5.10 "CIFS VFS: " (the same sites):
     the family names the older form, and the rule of such a site finds both lines; others are unchanged."""
-    import re
-
     sites = [
-        printsites.Site(
-            level="err",
-            where="fs/smb/client/connect.c:1821",
-            call="cifs_dbg",
-            prefix="pr",
-            text="CIFS: VFS: Error connecting to socket. Aborting operation.\\n",
-        ),
-        printsites.Site(
-            level="err",
-            where="fs/smb/client/connect.c:99",
-            call="pr_err",
-            prefix="pr",
-            text="CIFS: reconnect timed out for a long while\\n",
-        ),
+        printsites.Site(level="err", where=where, call=call, prefix="pr", text=text)
+        for where, call, text in [
+            (
+                "fs/smb/client/connect.c:1821",
+                "cifs_dbg",
+                "CIFS: VFS: Error connecting to socket. Aborting operation.\\n",
+            ),
+            ("fs/smb/client/connect.c:99", "pr_err", "CIFS: reconnect timed out for a long while\\n"),
+        ]
     ]
     family = printsites.Family(name="t", reason="R", older_prefixes={"CIFS: VFS: ": "CIFS:? VFS: "})
     pack = printsites.family_pack(family=family, sites=sites, exclusions=[], leave=[], generator="g", extract_path="e")

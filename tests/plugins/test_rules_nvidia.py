@@ -572,10 +572,11 @@ def _report_cases() -> list[tuple[str, list[str], list[tuple[str, int]], list[tu
     return cases
 
 
+REPORT_CASES = _report_cases()
+
+
 @ENGINES
-@pytest.mark.parametrize(
-    ("lines", "found", "alone"), [c[1:] for c in _report_cases()], ids=[c[0] for c in _report_cases()]
-)
+@pytest.mark.parametrize(("lines", "found", "alone"), [c[1:] for c in REPORT_CASES], ids=[c[0] for c in REPORT_CASES])
 def test_a_report_and_the_records_after_its_header_are_the_headers_findings(engine_cls, lines, found, alone):
     findings = engine_cls(rule_set=RULE_SET).feed(lines, line_numbers=1)
     assert [(f.rule, f.line) for f in findings] == found, lines
@@ -749,7 +750,7 @@ def test_every_rule_of_the_pack_has_rendered_lines():
         "nvidia/gpu-crash-dump-in-report",
         "nvidia/gsp-rpc-rate-limited-in-report",
     }
-    reports = {rule for _, _, found, alone in _report_cases() for rule, _ in found + alone}
+    reports = {rule for _, _, found, alone in REPORT_CASES for rule, _ in found + alone}
     assert rules - threshold_only - quiet == {c.rule for c in CASES} | (reports & rules)
 
 

@@ -130,12 +130,7 @@ REPORT_CONTEXT = {
     "src/nvidia/src/kernel/gpu/gsp/arch/blackwell/kernel_gsp_gb100.c:181",
 }
 # Error-level prints of code that carries on after them (generate_rules.TOLERATED_TEXT, TOLERATED_SITES): silent.
-TOLERATED = {
-    site.where
-    for site in SITES
-    if GEN.TOLERATED_TEXT.search(GEN._c_unescape(site.text))
-    or any(phrase in GEN._c_unescape(site.text) for phrase, _, _ in GEN.TOLERATED_SITES)
-}
+TOLERATED = {site.where for site in SITES if GEN.tolerated(site)}
 
 
 @ENGINES
